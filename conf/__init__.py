@@ -1,0 +1,1 @@
+"""The Hydra configuration tree of predmask (installed as a package so every CLI finds it)."""

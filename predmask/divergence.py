@@ -1,0 +1,256 @@
+"""Top-K divergences D and their predicted first-order change Ddot along the policy-gradient step (math.md §1-3)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "MASS_FLOOR",
+    "Coarse",
+    "coarse_distributions",
+    "topk_divergence",
+    "predicted_divergence_change",
+    "DIVERGENCES",
+    "TAILS",
+]
+
+Divergence = Literal["kl", "tv"]
+Tail = Literal["aggregated", "uniform", "exact"]
+DIVERGENCES: tuple[str, ...] = ("kl", "tv")
+TAILS: tuple[str, ...] = ("aggregated", "uniform", "exact")
+
+#: Probability floor for tail masses and log-probs (the DPPO reference code uses 1e-12).
+MASS_FLOOR = 1e-12
+_LOG_FLOOR = math.log(MASS_FLOOR)
+
+
+@dataclass(frozen=True)
+class Coarse:
+    """The K+2-category view ``S ∪ {T}`` of mu and pi for each token (math.md §1).
+
+    mu, pi:         [..., S] probabilities on the support, 0 on invalid slots
+    mu_lp, pi_lp:   [..., S] log-probs, floored at log(MASS_FLOOR), 0 on invalid slots
+    mu_T, pi_T:     [...]    tail masses, clamped at MASS_FLOOR
+    mu_T_clamped, pi_T_clamped: bool [...] where the clamp fired (raw tail below the floor, e.g. negative in bf16)
+    n_support:      [...]    number of valid slots
+    has_support:    bool [...] False for rows with no valid slot (padding): their D and Ddot are 0
+    """
+
+    mu: Tensor
+    pi: Tensor
+    mu_lp: Tensor
+    pi_lp: Tensor
+    valid: Tensor
+    mu_T: Tensor
+    pi_T: Tensor
+    mu_T_clamped: Tensor
+    pi_T_clamped: Tensor
+    n_support: Tensor
+    has_support: Tensor
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _check_inputs(mu_logprobs: Tensor, pi_logprobs: Tensor, valid: Tensor) -> None:
+    if mu_logprobs.shape != pi_logprobs.shape or mu_logprobs.shape != valid.shape:
+        raise ValueError(
+            "mu_logprobs, pi_logprobs and valid must have one shape, got "
+            f"{tuple(mu_logprobs.shape)}, {tuple(pi_logprobs.shape)}, {tuple(valid.shape)}"
+        )
+    if valid.dtype != torch.bool:
+        raise ValueError(f"valid must be a bool tensor, got {valid.dtype}")
+    if mu_logprobs.ndim == 0 or mu_logprobs.shape[-1] == 0:
+        raise ValueError("the support dimension (last) must have at least one slot")
+    for name, lp in (("mu_logprobs", mu_logprobs), ("pi_logprobs", pi_logprobs)):
+        if not (lp.is_floating_point()):
+            raise ValueError(f"{name} must be a float tensor, got {lp.dtype}")
+        bad = valid & (torch.isnan(lp) | (lp == float("inf")))
+        if bool(bad.any()):
+            raise ValueError(
+                f"{name} has {int(bad.sum())} NaN or +inf log-probs on valid support slots; "
+                "allowed: finite values or -inf (probability 0)"
+            )
+
+
+def coarse_distributions(mu_logprobs: Tensor, pi_logprobs: Tensor, valid: Tensor) -> Coarse:
+    """Validate the support log-probs and build the coarse distributions over ``S ∪ {T}``.
+
+    Log-probs may be -inf (treated as the floor); NaN or +inf on a valid slot raises ValueError. Log-probs
+    slightly above 0 (rounding in bf16) are clamped to 0. Computation is in float64 for float64 input, else in
+    float32.
+    """
+    _check_inputs(mu_logprobs, pi_logprobs, valid)
+    dtype = _compute_dtype(mu_logprobs, pi_logprobs)
+    zero = torch.zeros((), dtype=dtype, device=mu_logprobs.device)
+
+    def prep(lp: Tensor) -> tuple[Tensor, Tensor]:
+        lp = torch.where(valid, lp.to(dtype), zero).clamp(min=_LOG_FLOOR, max=0.0)
+        p = torch.where(valid, lp.exp(), zero)
+        return lp, p
+
+    mu_lp, mu = prep(mu_logprobs)
+    pi_lp, pi = prep(pi_logprobs)
+    raw_mu_T = 1.0 - mu.sum(-1)
+    raw_pi_T = 1.0 - pi.sum(-1)
+    n_support = valid.sum(-1)
+    return Coarse(
+        mu=mu,
+        pi=pi,
+        mu_lp=mu_lp,
+        pi_lp=pi_lp,
+        valid=valid,
+        mu_T=raw_mu_T.clamp_min(MASS_FLOOR),
+        pi_T=raw_pi_T.clamp_min(MASS_FLOOR),
+        mu_T_clamped=raw_mu_T < MASS_FLOOR,
+        pi_T_clamped=raw_pi_T < MASS_FLOOR,
+        n_support=n_support,
+        has_support=n_support > 0,
+    )
+
+
+def _kl(c: Coarse) -> Tensor:
+    support = (c.mu * (c.mu_lp - c.pi_lp)).sum(-1)
+    tail = c.mu_T * (c.mu_T.log() - c.pi_T.log())
+    return support + tail
+
+
+def _tv(c: Coarse) -> Tensor:
+    return 0.5 * ((c.mu - c.pi).abs().sum(-1) + (c.mu_T - c.pi_T).abs())
+
+
+def _divergence(c: Coarse, divergence: str) -> Tensor:
+    if divergence == "kl":
+        d = _kl(c)
+    elif divergence == "tv":
+        d = _tv(c)
+    else:
+        raise ValueError(f"unknown divergence {divergence!r}; allowed: {', '.join(DIVERGENCES)}")
+    return torch.where(c.has_support, d, torch.zeros_like(d))
+
+
+def topk_divergence(
+    mu_logprobs: Tensor, pi_logprobs: Tensor, valid: Tensor, *, divergence: Divergence = "kl"
+) -> Tensor:
+    """D per token over the coarse distributions ``S ∪ {T}`` (math.md §2).
+
+    mu_logprobs, pi_logprobs: [..., S] log-probs of the rollout and training policies on the support slots;
+    valid: bool [..., S]. ``divergence="kl"`` is the forward KL(mu‖pi), ``"tv"`` the total variation.
+    Rows with no valid slot (padding) get D = 0. Returns [...] in float32 (float64 for float64 input).
+    """
+    return _divergence(coarse_distributions(mu_logprobs, pi_logprobs, valid), divergence)
+
+
+def _check_sampled_index(sampled_index: Tensor, c: Coarse) -> None:
+    if sampled_index.shape != c.valid.shape[:-1]:
+        raise ValueError(
+            f"sampled_index {tuple(sampled_index.shape)} must have the leading shape {tuple(c.valid.shape[:-1])}"
+        )
+    if sampled_index.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"sampled_index must be an integer tensor, got {sampled_index.dtype}")
+    width = c.valid.shape[-1]
+    out_of_range = (sampled_index < 0) | (sampled_index >= width)
+    if bool(out_of_range.any()):
+        raise ValueError(f"sampled_index must lie in [0, {width}), got values outside on {int(out_of_range.sum())} tokens")
+    on_valid = c.valid.gather(-1, sampled_index.long().unsqueeze(-1)).squeeze(-1)
+    bad = c.has_support & ~on_valid
+    if bool(bad.any()):
+        raise ValueError(
+            f"sampled_index points at an invalid support slot on {int(bad.sum())} tokens; the sampled token must "
+            "always have a valid slot (build the support with predmask.build_support)"
+        )
+
+
+def _tail_q(
+    c: Coarse, tail: str, vocab_size: int | None, pi_tail_sq: Tensor | None
+) -> Tensor:
+    """q_T: the estimated squared mass of pi off the support (math.md §3.1 table)."""
+    if tail == "aggregated":
+        return c.pi_T**2
+    if tail == "uniform":
+        if vocab_size is None or isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            raise ValueError(f"tail='uniform' needs vocab_size as an int, got {vocab_size!r}")
+        width = c.valid.shape[-1]
+        if vocab_size <= width:
+            raise ValueError(
+                f"vocab_size={vocab_size} must exceed the support width {width} for tail='uniform'"
+            )
+        off_support = (vocab_size - c.n_support).to(c.pi_T.dtype)
+        return c.pi_T**2 / off_support
+    if tail == "exact":
+        if pi_tail_sq is None:
+            raise ValueError("tail='exact' needs pi_tail_sq (sum of squared training probabilities off the support)")
+        if pi_tail_sq.shape != c.pi_T.shape:
+            raise ValueError(f"pi_tail_sq {tuple(pi_tail_sq.shape)} must have shape {tuple(c.pi_T.shape)}")
+        q = pi_tail_sq.to(c.pi_T.dtype)
+        if bool((~torch.isfinite(q)).any()) or bool((q < 0).any()):
+            raise ValueError("pi_tail_sq must be finite and >= 0")
+        return q
+    raise ValueError(f"unknown tail estimator {tail!r}; allowed: {', '.join(TAILS)}")
+
+
+def _ddot_kl(c: Coarse, k: Tensor, q_T: Tensor) -> Tensor:
+    pi_k = c.pi.gather(-1, k).squeeze(-1)
+    mu_k = c.mu.gather(-1, k).squeeze(-1)
+    local = pi_k - mu_k
+    global_ = (c.pi * (c.mu - c.pi)).sum(-1)
+    tail = -q_T * (1.0 - c.mu_T / c.pi_T)
+    return local + global_ + tail
+
+
+def _ddot_tv(c: Coarse, k: Tensor, q_T: Tensor) -> Tensor:
+    # sign(0) = 0: TV is not differentiable where pi_b = mu_b; that bucket contributes nothing.
+    s = torch.sign(c.pi - c.mu)
+    s_T = torch.sign(c.pi_T - c.mu_T)
+    pi_k = c.pi.gather(-1, k).squeeze(-1)
+    s_k = s.gather(-1, k).squeeze(-1)
+    g = pi_k - (c.pi**2).sum(-1) - q_T
+    signed_mass = (s * c.pi).sum(-1) + s_T * c.pi_T
+    return 0.5 * (s_k * pi_k - (s * c.pi**2).sum(-1) - s_T * q_T - g * signed_mass)
+
+
+def predicted_divergence_change(
+    mu_logprobs: Tensor,
+    pi_logprobs: Tensor,
+    valid: Tensor,
+    sampled_index: Tensor,
+    *,
+    divergence: Divergence = "kl",
+    tail: Tail = "aggregated",
+    vocab_size: int | None = None,
+    pi_tail_sq: Tensor | None = None,
+) -> Tensor:
+    """Ddot per token: the directional derivative of D along the unit logit step ``v = e_k - pi`` (math.md §3).
+
+    The first-order change of D under the policy-gradient step on this token has the sign of ``A * Ddot``.
+    ``sampled_index`` long [...] is the slot of the sampled token k (must be valid on rows with support).
+    ``tail`` estimates q_T, the squared training mass off the support: "aggregated" (pi_T**2), "uniform"
+    (pi_T**2 / (vocab_size - |S|), needs ``vocab_size``) or "exact" (needs ``pi_tail_sq``, e.g. from
+    ``gather_support_logprobs(..., return_tail_sq=True)``). TV uses sign(0) = 0. Rows without support get 0.
+    """
+    c = coarse_distributions(mu_logprobs, pi_logprobs, valid)
+    return _ddot(c, sampled_index, divergence=divergence, tail=tail, vocab_size=vocab_size, pi_tail_sq=pi_tail_sq)
+
+
+def _ddot(
+    c: Coarse,
+    sampled_index: Tensor,
+    *,
+    divergence: str,
+    tail: str,
+    vocab_size: int | None,
+    pi_tail_sq: Tensor | None,
+) -> Tensor:
+    if divergence not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {divergence!r}; allowed: {', '.join(DIVERGENCES)}")
+    _check_sampled_index(sampled_index, c)
+    q_T = _tail_q(c, tail, vocab_size, pi_tail_sq)
+    k = sampled_index.long().unsqueeze(-1)
+    d = _ddot_kl(c, k, q_T) if divergence == "kl" else _ddot_tv(c, k, q_T)
+    return torch.where(c.has_support, d, torch.zeros_like(d))

@@ -1,0 +1,123 @@
+"""The top-K support a rollout reports, and the training log-probs gathered on it (math.md §1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["TopKSupport", "build_support", "gather_support_logprobs", "binary_support_valid"]
+
+
+@dataclass(frozen=True)
+class TopKSupport:
+    """The width K+1 support of each token: ``TopK(mu) ∪ {sampled}``.
+
+    ids:           long  [..., K+1] token ids of the support slots
+    mu_logprobs:   float [..., K+1] rollout (behaviour policy) log-probs on the slots
+    valid:         bool  [..., K+1] False for the extra slot when the sampled token is already in the top-K
+                   (and for slots the engine left empty)
+    sampled_index: long  [...]      slot of the sampled token, always a valid slot
+    """
+
+    ids: Tensor
+    mu_logprobs: Tensor
+    valid: Tensor
+    sampled_index: Tensor
+
+    @property
+    def width(self) -> int:
+        return int(self.ids.shape[-1])
+
+    def sampled_logprob(self, logprobs: Tensor) -> Tensor:
+        """Gather ``logprobs`` [..., K+1] at the sampled slot -> [...]."""
+        return logprobs.gather(-1, self.sampled_index.unsqueeze(-1)).squeeze(-1)
+
+
+def build_support(
+    topk_ids: Tensor,
+    topk_logprobs: Tensor,
+    sampled_ids: Tensor,
+    sampled_logprobs: Tensor,
+    topk_valid: Tensor | None = None,
+) -> TopKSupport:
+    """Build the K+1 support from what a rollout engine reports per generated token.
+
+    topk_ids [..., K] and topk_logprobs [..., K]: the engine's top-K of mu (any order);
+    sampled_ids [...] and sampled_logprobs [...]: the sampled token and its log-prob;
+    topk_valid [..., K] (optional): False where the engine reported fewer than K entries.
+
+    The extra slot K holds the sampled token when it is not among the valid top-K entries; otherwise it is
+    invalid and ``sampled_index`` points at the top-K slot that holds it.
+    """
+    if topk_ids.shape != topk_logprobs.shape:
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_logprobs {tuple(topk_logprobs.shape)} differ")
+    if topk_ids.shape[:-1] != sampled_ids.shape or sampled_ids.shape != sampled_logprobs.shape:
+        raise ValueError(
+            f"sampled_ids {tuple(sampled_ids.shape)} and sampled_logprobs {tuple(sampled_logprobs.shape)} "
+            f"must have the leading shape of topk_ids {tuple(topk_ids.shape[:-1])}"
+        )
+    if topk_valid is None:
+        topk_valid = torch.ones_like(topk_ids, dtype=torch.bool)
+    elif topk_valid.shape != topk_ids.shape:
+        raise ValueError(f"topk_valid {tuple(topk_valid.shape)} must match topk_ids {tuple(topk_ids.shape)}")
+    k = topk_ids.shape[-1]
+    hit = (topk_ids == sampled_ids.unsqueeze(-1)) & topk_valid
+    in_topk = hit.any(-1)
+    first_hit = hit.to(torch.int8).argmax(-1)
+    sampled_index = torch.where(in_topk, first_hit, torch.full_like(first_hit, k)).long()
+    ids = torch.cat([topk_ids, sampled_ids.unsqueeze(-1).to(topk_ids.dtype)], -1)
+    mu = torch.cat([topk_logprobs, sampled_logprobs.unsqueeze(-1).to(topk_logprobs.dtype)], -1)
+    valid = torch.cat([topk_valid, (~in_topk).unsqueeze(-1)], -1)
+    return TopKSupport(ids=ids, mu_logprobs=mu, valid=valid, sampled_index=sampled_index)
+
+
+def binary_support_valid(valid: Tensor, sampled_index: Tensor) -> Tensor:
+    """Validity mask of DPPO's binary support ``S = {k}``: only the sampled slot."""
+    onehot = torch.zeros_like(valid)
+    onehot.scatter_(-1, sampled_index.unsqueeze(-1), True)
+    return onehot & valid
+
+
+def gather_support_logprobs(
+    logits: Tensor,
+    ids: Tensor,
+    valid: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    return_tail_sq: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Training log-probs ``log_softmax(logits / temperature)`` gathered at the support ids.
+
+    logits [..., V] (any float dtype; computed in at least float32), ids long [..., S].
+    Uses ``logits[ids] - logsumexp(logits)``: the only [..., V] intermediate is the log-sum-exp reduction's,
+    no log-softmax tensor is materialised. Invalid slots get log-prob -inf.
+
+    With ``return_tail_sq`` also returns ``pi_tail_sq`` [...]: the sum of squared training probabilities off the
+    valid support (the exact tail of math.md §3.1). Computed as ``sum_j pi_j^2 - sum_{i in S} pi_i^2`` from a
+    second log-sum-exp, ``logsumexp(2 z) - 2 logsumexp(z)``, again without a [..., V] probability tensor.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if ids.shape[:-1] != logits.shape[:-1]:
+        raise ValueError(f"ids {tuple(ids.shape)} must share the leading shape of logits {tuple(logits.shape)}")
+    vocab = logits.shape[-1]
+    if valid is None:
+        valid = torch.ones_like(ids, dtype=torch.bool)
+    safe_ids = torch.where(valid, ids, torch.zeros_like(ids))
+    if bool(((safe_ids < 0) | (safe_ids >= vocab)).any()):
+        raise ValueError(f"support ids must lie in [0, {vocab}) on valid slots")
+    z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)
+    logp = z.gather(-1, safe_ids) - lse
+    neg_inf = torch.full_like(logp, float("-inf"))
+    logp = torch.where(valid, logp, neg_inf)
+    if not return_tail_sq:
+        return logp
+    # sum_j pi_j^2 = exp(logsumexp(2z) - 2 lse); subtract the (distinct) support slots' squares.
+    total_sq = torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lse.squeeze(-1))
+    support_sq = torch.where(valid, torch.exp(2.0 * logp), torch.zeros_like(logp)).sum(-1)
+    return logp, (total_sq - support_sq).clamp_min(0.0)
