@@ -80,6 +80,56 @@ def binary_support_valid(valid: Tensor, sampled_index: Tensor) -> Tensor:
     return onehot & valid
 
 
+class _SupportLogSoftmax(torch.autograd.Function):
+    """``log_softmax(z / T)`` gathered at ``ids``, with a hand-written backward that builds the logits gradient
+    in one [..., V] buffer: ``(scatter(g) - sum(g) * softmax(z / T)) / T``. Autograd's own graph for the same
+    expression keeps several [..., V] tensors alive (the exp of the log-sum-exp, the scatter of the gather, their
+    sum); this keeps only the gradient itself. Forward-mode AD (``torch.func.jvp``) is supported too."""
+
+    @staticmethod
+    def forward(logits: Tensor, ids: Tensor, temperature: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+        lse = torch.logsumexp(z, dim=-1, keepdim=True) if temperature == 1.0 else \
+            torch.logsumexp(z / temperature, dim=-1, keepdim=True)
+        return z.gather(-1, ids) / temperature - lse, lse
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+        logits, ids, temperature = inputs
+        _, lse = output
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(logits, ids, lse)
+        ctx.save_for_forward(logits, ids, lse)
+        ctx.temperature = temperature
+
+    @staticmethod
+    def _softmax(logits: Tensor, lse: Tensor, temperature: float) -> Tensor:
+        """softmax(z / T) in one fresh [..., V] buffer (float32 or float64)."""
+        z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+        p = z.sub(lse * temperature) if z is logits else z.sub_(lse * temperature)
+        return p.div_(temperature).exp_()
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor, _grad_lse: Tensor | None):  # type: ignore[no-untyped-def, override]
+        logits, ids, lse = ctx.saved_tensors
+        t = ctx.temperature
+        g = grad_out.to(lse.dtype)
+        grad = _SupportLogSoftmax._softmax(logits, lse, t)
+        grad.mul_(-g.sum(-1, keepdim=True)).scatter_add_(-1, ids, g)
+        if t != 1.0:
+            grad.div_(t)
+        return grad.to(logits.dtype), None, None
+
+    @staticmethod
+    def jvp(ctx, logits_t: Tensor, ids_t: Tensor | None, temperature_t: float | None):  # type: ignore[override]
+        logits, ids, lse = ctx.saved_tensors
+        t = ctx.temperature
+        p = _SupportLogSoftmax._softmax(logits, lse, t)
+        tangent = logits_t.to(p.dtype)
+        lse_t = (p * tangent).sum(-1, keepdim=True) / t
+        return tangent.gather(-1, ids) / t - lse_t, None
+
+
 def gather_support_logprobs(
     logits: Tensor,
     ids: Tensor,
@@ -91,8 +141,9 @@ def gather_support_logprobs(
     """Training log-probs ``log_softmax(logits / temperature)`` gathered at the support ids.
 
     logits [..., V] (any float dtype; computed in at least float32), ids long [..., S].
-    Uses ``logits[ids] - logsumexp(logits)``: the only [..., V] intermediate is the log-sum-exp reduction's,
-    no log-softmax tensor is materialised. Invalid slots get log-prob -inf.
+    Uses ``logits[ids] - logsumexp(logits)`` with a backward that writes the logits gradient in place (see
+    ``_SupportLogSoftmax``): no log-softmax tensor is materialised, forward or backward. Invalid slots get
+    log-prob -inf (and no gradient).
 
     With ``return_tail_sq`` also returns ``pi_tail_sq`` [...]: the sum of squared training probabilities off the
     valid support (the exact tail of math.md §3.1). Computed as ``sum_j pi_j^2 - sum_{i in S} pi_i^2`` from a
@@ -108,16 +159,15 @@ def gather_support_logprobs(
     safe_ids = torch.where(valid, ids, torch.zeros_like(ids))
     if bool(((safe_ids < 0) | (safe_ids >= vocab)).any()):
         raise ValueError(f"support ids must lie in [0, {vocab}) on valid slots")
-    z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-    if temperature != 1.0:
-        z = z / temperature
-    lse = torch.logsumexp(z, dim=-1, keepdim=True)
-    logp = z.gather(-1, safe_ids) - lse
-    neg_inf = torch.full_like(logp, float("-inf"))
-    logp = torch.where(valid, logp, neg_inf)
+    logp, _ = _SupportLogSoftmax.apply(logits, safe_ids, float(temperature))
+    logp = torch.where(valid, logp, torch.full_like(logp, float("-inf")))
     if not return_tail_sq:
         return logp
-    # sum_j pi_j^2 = exp(logsumexp(2z) - 2 lse); subtract the (distinct) support slots' squares.
-    total_sq = torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * lse.squeeze(-1))
+    # sum_j pi_j^2 = exp(logsumexp(2z/T) - 2 logsumexp(z/T)); subtract the (distinct) support slots' squares.
+    with torch.no_grad():
+        z = logits.detach()
+        z = (z if z.dtype in (torch.float32, torch.float64) else z.float()) / temperature
+        total_sq = torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))
+        del z
     support_sq = torch.where(valid, torch.exp(2.0 * logp), torch.zeros_like(logp)).sum(-1)
     return logp, (total_sq - support_sq).clamp_min(0.0)

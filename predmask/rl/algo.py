@@ -1,0 +1,166 @@
+"""GRPO pieces of the CPU engine: training log-probs on the rollout support, group advantages, one masked update.
+
+Reusable by the trainer and by the token-level study:
+
+- ``response_logits(model, batch, precision)``: training logits [B, R, V] at the response positions.
+- ``support_logprobs(model, batch, support, temperature, precision)`` -> ``TrainLogprobs``: log pi on the support
+  [B, R, K+1] (with grad), ``pi_tail_sq`` [B, R] (exact tail of math.md §3.1) and log pi of the sampled token.
+- ``grpo_advantages(rewards, group_size)``: group-normalised sequence advantages [B] (rows grouped consecutively).
+- ``token_advantages(adv, response_mask)``: broadcast to [B, R].
+- ``policy_update(model, optimizer, batch, support, advantages, method=..., params=...)``: one optimiser step of a
+  ``predmask`` loss on a (mini-)batch; returns the loss's metrics plus ``actor/grad_norm`` and ``actor/pg_loss``.
+- ``mismatch_metrics(batch, support, pi_logprobs)``: rollout-vs-training mismatch (top-K KL, verl's sampled KL).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from predmask.divergence import topk_divergence
+from predmask.methods import Method, MethodParams, policy_loss
+from predmask.rl.precision import PrecisionConfig, training_precision
+from predmask.rl.rollout import RolloutBatch
+from predmask.support import TopKSupport, gather_support_logprobs
+
+__all__ = [
+    "TrainLogprobs",
+    "response_logits",
+    "support_logprobs",
+    "grpo_advantages",
+    "token_advantages",
+    "policy_update",
+    "mismatch_metrics",
+]
+
+
+@dataclass
+class TrainLogprobs:
+    """Training-side log-probs of one batch: ``pi`` [B, R, K+1], ``pi_tail_sq`` [B, R], ``log_prob`` [B, R]."""
+
+    pi: Tensor
+    pi_tail_sq: Tensor
+    log_prob: Tensor
+
+
+def response_logits(model: nn.Module, batch: RolloutBatch, precision: PrecisionConfig | None = None) -> Tensor:
+    """Logits [B, R, V] predicting each response token, from one teacher-forced forward of prompt + response.
+
+    Runs in the training precision (fp32, or FP8 fake-quant for ``fp8_e2e``); keeps the autograd graph.
+    """
+    ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
+    attn = torch.cat([batch.prompt_mask, batch.response_mask], 1).long()
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)
+    p, r = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+    with training_precision(model, precision or PrecisionConfig.named("fp32")):
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos,
+                       logits_to_keep=slice(p - 1, p + r - 1)).logits
+    return logits.float()
+
+
+def support_logprobs(
+    model: nn.Module,
+    batch: RolloutBatch,
+    support: TopKSupport | None = None,
+    *,
+    temperature: float = 1.0,
+    precision: PrecisionConfig | None = None,
+) -> TrainLogprobs:
+    """Training log-probs on the rollout support (``gather_support_logprobs`` with the exact tail), with grad."""
+    s = support if support is not None else batch.support()
+    logits = response_logits(model, batch, precision)
+    pi, tail_sq = gather_support_logprobs(logits, s.ids, s.valid, temperature=temperature, return_tail_sq=True)
+    return TrainLogprobs(pi=pi, pi_tail_sq=tail_sq, log_prob=s.sampled_logprob(pi))
+
+
+def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, norm_by_std: bool = True) -> Tensor:
+    """GRPO outcome advantages: ``(r - mean_group) / (std_group + eps)``; rows ``g*n .. g*n+n-1`` form group g.
+
+    ``std`` is the unbiased sample std (as verl's GRPO); a group with one member gets advantage 0.
+    """
+    if group_size < 1 or rewards.ndim != 1 or rewards.shape[0] % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of {group_size}")
+    g = rewards.float().view(-1, group_size)
+    if group_size == 1:
+        return torch.zeros_like(rewards, dtype=torch.float32)
+    centred = g - g.mean(-1, keepdim=True)
+    if norm_by_std:
+        centred = centred / (g.std(-1, keepdim=True) + eps)
+    return centred.reshape(-1)
+
+
+def token_advantages(advantages: Tensor, response_mask: Tensor) -> Tensor:
+    """Broadcast sequence advantages [B] to response tokens [B, R] (zero on padding)."""
+    return advantages.unsqueeze(-1) * response_mask.to(torch.float32)
+
+
+def mismatch_metrics(batch: RolloutBatch, support: TopKSupport, pi_logprobs: Tensor) -> dict[str, float]:
+    """Rollout-vs-training mismatch on one batch, before any update (pure precision mismatch).
+
+    ``rollout_corr/topk_kl``: mean top-K KL(mu || pi) over response tokens (math.md §2);
+    ``rollout_corr/kl``: verl's sampled-token estimate, mean of ``log mu_k - log pi_k``;
+    ``rollout_corr/topk_kl_max``: the largest per-token top-K KL.
+    """
+    with torch.no_grad():
+        pi = pi_logprobs.detach()
+        d = topk_divergence(support.mu_logprobs, pi, support.valid, divergence="kl")
+        m = batch.response_mask
+        d_tok = d[m]
+        lp_pi = support.sampled_logprob(pi)
+        return {
+            "rollout_corr/topk_kl": float(d_tok.mean()) if d_tok.numel() else 0.0,
+            "rollout_corr/topk_kl_max": float(d_tok.max()) if d_tok.numel() else 0.0,
+            "rollout_corr/kl": float((batch.sampled_logprobs - lp_pi)[m].mean()) if d_tok.numel() else 0.0,
+        }
+
+
+def policy_update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    support: TopKSupport,
+    advantages: Tensor,
+    *,
+    method: str | Method,
+    params: MethodParams,
+    temperature: float = 1.0,
+    precision: PrecisionConfig | None = None,
+    grad_clip: float | None = 1.0,
+    step: bool = True,
+    overrides: dict[str, Any] | None = None,
+) -> tuple[dict[str, float], TrainLogprobs]:
+    """One optimiser step of ``predmask.policy_loss(method)`` on ``batch`` (anchor of r: the rollout's log mu).
+
+    ``advantages`` is [B] (sequence) or [B, R] (token). With ``step=False`` only the gradient is computed.
+    Returns ``(metrics, train_logprobs)``; the log-probs are those before the step (detached).
+    """
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    lp = support_logprobs(model, batch, support, temperature=temperature, precision=precision)
+    adv = advantages if advantages.ndim == 2 else token_advantages(advantages, batch.response_mask)
+    loss, metrics = policy_loss(
+        method,
+        log_prob=lp.log_prob,
+        old_log_prob=batch.sampled_logprobs,
+        advantages=adv,
+        response_mask=batch.response_mask,
+        mu_logprobs=support.mu_logprobs,
+        pi_logprobs=lp.pi,
+        valid=support.valid,
+        sampled_index=support.sampled_index,
+        pi_tail_sq=lp.pi_tail_sq,
+        params=params,
+        **(overrides or {}),
+    )
+    loss.backward()
+    clip = float("inf") if grad_clip is None else grad_clip
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if step:
+        optimizer.step()
+    metrics["actor/pg_loss"] = float(loss.detach())
+    metrics["actor/grad_norm"] = float(grad_norm)
+    detached = TrainLogprobs(lp.pi.detach(), lp.pi_tail_sq.detach(), lp.log_prob.detach())
+    return metrics, detached

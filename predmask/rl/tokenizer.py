@@ -1,0 +1,79 @@
+"""The task's tokenizer: every integer 0..max_number is one token, plus the few symbols of the arithmetic task.
+
+Pure python, nothing downloaded. With the default ``max_number=255`` the vocabulary has 265 tokens, far above the
+top-K width K=20, so the tail outside the top-20 of a rollout distribution is a real (if small) mass.
+
+Layout of the ids: ``<pad>=0, <bos>=1, <eos>=2``, then the symbols ``+ - = , \\boxed{ }``, then the numbers in
+order (``number_id(n) = NUMBER_OFFSET + n``). ``decode`` writes the text the reward parses
+(``49 , 44 \\boxed{44}``); ``encode`` splits text back into tokens and rejects what it cannot represent.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+__all__ = ["ArithmeticTokenizer", "SPECIALS", "SYMBOLS"]
+
+SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>")
+SYMBOLS: tuple[str, ...] = ("+", "-", "=", ",", "\\boxed{", "}")
+_PIECE = re.compile(r"<pad>|<bos>|<eos>|\\boxed\{|\d+|[+\-=,}]|\S")
+
+
+class ArithmeticTokenizer:
+    """Whole-number tokenizer for ``predmask.rl.task``."""
+
+    pad_id = 0
+    bos_id = 1
+    eos_id = 2
+
+    def __init__(self, max_number: int = 255) -> None:
+        if max_number < 20:
+            raise ValueError(f"max_number must be >= 20, got {max_number}")
+        self.max_number = max_number
+        self.tokens: tuple[str, ...] = SPECIALS + SYMBOLS + tuple(str(n) for n in range(max_number + 1))
+        self._ids = {t: i for i, t in enumerate(self.tokens)}
+        self.number_offset = len(SPECIALS) + len(SYMBOLS)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def token_id(self, token: str) -> int:
+        try:
+            return self._ids[token]
+        except KeyError:
+            raise ValueError(
+                f"token {token!r} is not in the vocabulary (numbers 0..{self.max_number} and {SYMBOLS + SPECIALS})"
+            ) from None
+
+    def number_id(self, n: int) -> int:
+        if not 0 <= n <= self.max_number:
+            raise ValueError(f"number {n} is outside the vocabulary range 0..{self.max_number}")
+        return self.number_offset + n
+
+    def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
+        """Split ``text`` into tokens; numbers above ``max_number`` or unknown characters raise ValueError."""
+        ids = [self.token_id(p) for p in _PIECE.findall(text)]
+        return ([self.bos_id] if bos else []) + ids + ([self.eos_id] if eos else [])
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = True, stop_at_eos: bool = True) -> str:
+        """Text of ``ids``; stops at the first ``<eos>`` unless ``stop_at_eos`` is False."""
+        out: list[str] = []
+        for i in ids:
+            i = int(i)
+            if stop_at_eos and i == self.eos_id:
+                break
+            if not 0 <= i < len(self.tokens):
+                raise ValueError(f"token id {i} outside the vocabulary [0, {len(self.tokens)})")
+            if skip_special and i < len(SPECIALS):
+                continue
+            out.append(self.tokens[i])
+        text = " ".join(out)
+        return text.replace("\\boxed{ ", "\\boxed{").replace(" }", "}")
+
+    def batch_decode(self, rows: Sequence[Sequence[int]]) -> list[str]:
+        return [self.decode(r) for r in rows]
