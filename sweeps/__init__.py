@@ -1,0 +1,1 @@
+"""sweeps: expand named Hydra grids of runs, submit them through submitit, track and ingest them."""

@@ -1,0 +1,123 @@
+"""Run directories of a sweep: where each run lives, its state on disk, and the per-sweep lock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeps.compose import RunSpec
+
+
+def runs_root() -> Path:
+    """Root of all run directories: ``$PREDMASK_RUNS`` or ``runs/`` under the working directory."""
+    return Path(os.environ.get("PREDMASK_RUNS", "runs"))
+
+
+def sweep_dir(sweep: str, root: Path | None = None) -> Path:
+    return (root or runs_root()) / sweep
+
+
+def run_dir(spec: RunSpec, root: Path | None = None) -> Path:
+    return sweep_dir(spec.sweep, root) / spec.run_id
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What the run directory says: status is one of new, running, completed, failed."""
+
+    status: str
+    step: int = 0
+    total_steps: int = 0
+    error: str | None = None
+
+
+def read_state(path: Path) -> RunState:
+    status_file = path / "status.json"
+    if not status_file.exists():
+        return RunState("new")
+    try:
+        data = json.loads(status_file.read_text())
+    except (json.JSONDecodeError, OSError):
+        return RunState("running")  # being replaced right now; the next poll reads it whole
+    return RunState(str(data.get("status", "running")), int(data.get("step") or 0),
+                    int(data.get("total_steps") or 0), data.get("error"))
+
+
+def write_job_record(path: Path, record: dict[str, Any]) -> None:
+    """The sweep's own note of how a run was submitted (job id, backend, command), beside the run's files."""
+    atomic_write(path / "job.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def read_job_record(path: Path) -> dict[str, Any]:
+    f = path / "job.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def write_planned_config(path: Path, spec: RunSpec) -> None:
+    """The resolved config the sweep composed, written before submission (the trainer writes config.yaml)."""
+    atomic_write(path / "planned_config.yaml", yaml.safe_dump(spec.config, sort_keys=False))
+
+
+class SweepLock:
+    """An exclusive lock on a sweep directory: one ``python -m sweeps`` per sweep at a time."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.path = directory / ".sweep.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise RuntimeError(
+                f"sweep directory {self.path.parent} is in use by {holder}; wait for it or stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> SweepLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def run_is_live(path: Path) -> bool:
+    """True while some process holds the run's own lock (a trainer job from an earlier sweep invocation)."""
+    lock = path / ".run.lock"
+    if not lock.exists():
+        return False
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -1,0 +1,193 @@
+"""Submit a sweep's runs through submitit (local processes or Slurm), follow them, and ingest what finishes.
+
+Why submitit directly and not hydra-submitit-launcher: the launcher submits one job array and blocks on it, and
+has no multi-node Ray start-up; here each run is its own job (4 nodes x 8 GPUs with Ray inside on a cluster),
+runs already completed are skipped, live ones are joined, and finished ones are ingested as they end.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import submitit
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from sweeps.compose import RunSpec
+from sweeps.jobs import TrainJob, trainer_argv
+from sweeps.runs import read_job_record, read_state, run_dir, run_is_live, write_job_record, write_planned_config
+
+POLL_SECONDS = 1.0
+
+
+@dataclass
+class Outcome:
+    """How each run of a sweep ended in this invocation."""
+
+    completed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # run_id -> message with the log path
+
+
+def backend_of(spec: RunSpec) -> str:
+    return str(spec.config["cluster"].get("backend", "local"))
+
+
+def trainer_of(spec: RunSpec) -> str:
+    return str(spec.config["cluster"].get("trainer", "cpu"))
+
+
+def job_command(spec: RunSpec, path: Path) -> list[str]:
+    """The exact argv a run executes: the CPU trainer, or the VeRL launcher with every override spelled out."""
+    if trainer_of(spec) == "verl":
+        from predmask.verl.overrides import verl_command  # no verl import: plain config translation
+
+        return verl_command(spec.config, path)
+    return trainer_argv(spec, path)
+
+
+def make_executor(spec: RunSpec, folder: Path) -> submitit.Executor:
+    """submitit executor for the run's cluster config."""
+    cluster = spec.config["cluster"]
+    if backend_of(spec) == "local":
+        ex = submitit.AutoExecutor(folder=folder, cluster="local")
+        ex.update_parameters(timeout_min=int(cluster.get("timeout_min", 24 * 60)))
+        return ex
+    from sweeps.slurm_ray import make_executor as slurm_executor
+
+    return slurm_executor(folder, cluster, trainer=trainer_of(spec))
+
+
+def make_job(spec: RunSpec, path: Path) -> Any:
+    """The picklable callable a run's job executes."""
+    if trainer_of(spec) == "verl":
+        from sweeps.slurm_ray import RayJob
+
+        return RayJob(command=job_command(spec, path), run_dir=str(path))
+    return TrainJob(job_command(spec, path), str(path), threads=int(spec.config["cluster"].get("threads", 1)))
+
+
+def sbatch_text(spec: RunSpec, path: Path) -> str | None:
+    """The sbatch script submitit would submit for this run (None for local runs); nothing is submitted."""
+    if backend_of(spec) == "local":
+        return None
+    ex = make_executor(spec, path.parent / ".submitit")
+    inner = getattr(ex, "_executor", ex)
+    header = "\n".join(["# predmask run " + spec.run_id, "# trainer command (inside the job):",
+                        "#   " + shlex.join(job_command(spec, path))])
+    text: str = inner._make_submission_file_text(  # type: ignore[attr-defined]
+        f"python -u -m submitit.core._submit {shlex.quote(str(inner.folder))}", spec.run_id)
+    return text.replace("\n", "\n" + header + "\n", 1)
+
+
+def _live_slurm_job(path: Path) -> submitit.Job[Any] | None:
+    """A Slurm job of this run submitted earlier and still queued or running, to join instead of resubmitting."""
+    record = read_job_record(path)
+    if record.get("backend") != "slurm" or not record.get("job_id"):
+        return None
+    job: submitit.Job[Any] = submitit.SlurmJob(folder=record["folder"], job_id=str(record["job_id"]))
+    state = job.state.upper()
+    return job if state in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING") else None
+
+
+def run_sweep(
+    specs: list[RunSpec],
+    *,
+    root: Path,
+    max_parallel: int,
+    on_finished: Callable[[RunSpec, Path], None],
+    console: Console,
+) -> Outcome:
+    """Submit every run not yet completed (at most ``max_parallel`` at once), follow them until they end.
+
+    ``on_finished`` is called for each run that ends (completed or failed), e.g. to ingest it. Ctrl-C cancels
+    the runs this invocation started; their directories keep every checkpoint, so a rerun resumes them.
+    """
+    outcome = Outcome()
+    pending: list[RunSpec] = []
+    for spec in specs:
+        path = run_dir(spec, root)
+        if read_state(path).status == "completed":
+            outcome.skipped.append(spec.run_id)
+        else:
+            pending.append(spec)
+    active: dict[str, tuple[RunSpec, Any, Any]] = {}  # run_id -> (spec, job, progress task)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        overall = progress.add_task(f"runs ({len(outcome.skipped)} already completed)", total=len(specs),
+                                    completed=len(outcome.skipped))
+        try:
+            while pending or active:
+                while pending and len(active) < max_parallel:
+                    spec = pending.pop(0)
+                    path = run_dir(spec, root)
+                    if backend_of(spec) == "local" and run_is_live(path):
+                        raise RuntimeError(f"run {spec.run_id} is live in another process ({path}); "
+                                           "wait for it or stop it before rerunning the sweep")
+                    job = _live_slurm_job(path) if backend_of(spec) == "slurm" else None
+                    if job is None:
+                        write_planned_config(path, spec)
+                        ex = make_executor(spec, root / spec.sweep / ".submitit")
+                        job = ex.submit(make_job(spec, path))
+                        write_job_record(path, {"backend": backend_of(spec), "job_id": str(job.job_id),
+                                                "folder": str(root / spec.sweep / ".submitit"),
+                                                "command": job_command(spec, path), "submitted": time.time()})
+                    label = f"{spec.run_id} {spec.method} {spec.model}/{spec.precision}"
+                    task = progress.add_task(label, total=None)
+                    active[spec.run_id] = (spec, job, task)
+                for run_id, (spec, job, task) in list(active.items()):
+                    path = run_dir(spec, root)
+                    state = read_state(path)
+                    progress.update(task, completed=state.step, total=state.total_steps or None)
+                    if not job.done():
+                        continue
+                    del active[run_id]
+                    progress.remove_task(task)
+                    try:
+                        job.result()
+                        outcome.completed.append(run_id)
+                    except Exception as err:  # noqa: BLE001 - a failed run is reported, the sweep goes on
+                        message = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
+                        outcome.failed[run_id] = f"{message} (log: {path / 'job.log'})"
+                    on_finished(spec, path)
+                    progress.advance(overall)
+                time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            for spec, job, _task in active.values():
+                if backend_of(spec) == "local":
+                    job.cancel(check=False)
+            console.print("[yellow]interrupted: local runs stopped; rerun the same command to resume them[/]")
+            raise
+    return outcome
+
+
+def dry_run_records(specs: list[RunSpec], root: Path) -> list[dict[str, Any]]:
+    """One record per run: its id, axes, the exact trainer argv and the sbatch script (None for local)."""
+    records = []
+    for spec in specs:
+        path = run_dir(spec, root)
+        records.append({
+            "run_id": spec.run_id, "method": spec.method, "delta": spec.delta, "model": spec.model,
+            "precision": spec.precision, "command": job_command(spec, path), "sbatch": sbatch_text(spec, path),
+        })
+    return records
+
+
+def write_dry_run(records: list[dict[str, Any]], directory: Path) -> Path:
+    """Write the dry-run scripts and commands under ``<sweep dir>/dry-run/`` (replaced as a whole)."""
+    out = directory / "dry-run"
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.iterdir():
+        old.unlink()
+    for rec in records:
+        (out / f"{rec['run_id']}.cmd").write_text(shlex.join(rec["command"]) + "\n")
+        if rec["sbatch"]:
+            (out / f"{rec['run_id']}.sbatch").write_text(rec["sbatch"])
+    (out / "runs.json").write_text(json.dumps(records, indent=2) + "\n")
+    return out
