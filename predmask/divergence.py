@@ -10,13 +10,13 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "DIVERGENCES",
     "MASS_FLOOR",
+    "TAILS",
     "Coarse",
     "coarse_distributions",
-    "topk_divergence",
     "predicted_divergence_change",
-    "DIVERGENCES",
-    "TAILS",
+    "topk_divergence",
 ]
 
 Divergence = Literal["kl", "tv"]

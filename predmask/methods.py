@@ -12,14 +12,14 @@ from predmask.divergence import _ddot, _divergence, coarse_distributions
 from predmask.support import binary_support_valid
 
 __all__ = [
+    "LOSS_AGG_MODES",
+    "METHODS",
     "Method",
     "MethodParams",
-    "METHODS",
-    "LOSS_AGG_MODES",
-    "register_method",
-    "get_method",
     "agg_loss",
+    "get_method",
     "policy_loss",
+    "register_method",
 ]
 
 LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
@@ -138,9 +138,9 @@ def agg_loss(
     loss_agg_mode: str,
     *,
     dp_size: int = 1,
-    batch_num_tokens: int | float | Tensor | None = None,
-    global_batch_size: int | float | Tensor | None = None,
-    loss_scale_factor: int | float | None = None,
+    batch_num_tokens: float | Tensor | None = None,
+    global_batch_size: float | Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> Tensor:
     """Aggregate a [batch, response_len] loss matrix into a scalar with verl's semantics.
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TopKSupport", "build_support", "gather_support_logprobs", "binary_support_valid"]
+__all__ = ["TopKSupport", "binary_support_valid", "build_support", "gather_support_logprobs"]
 
 
 @dataclass(frozen=True)

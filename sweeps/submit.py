@@ -21,7 +21,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sweeps.compose import RunSpec
 from sweeps.jobs import TrainJob, trainer_argv
-from sweeps.runs import read_job_record, read_state, run_dir, run_is_live, write_job_record, write_planned_config
+from sweeps.runs import (
+    read_job_record,
+    read_state,
+    run_dir,
+    run_is_live,
+    write_job_record,
+    write_planned_config,
+)
 
 POLL_SECONDS = 1.0
 

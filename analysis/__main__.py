@@ -1,0 +1,167 @@
+"""`python -m analysis <subcommand>`: ingest run directories into the results DB, and dispatch the analyses.
+
+Subcommands:
+  ingest <paths or globs> [--db PATH]   load run directories / verl file-logger JSONL into `runs` and `metrics`
+  token_level [options]                 the token-level study (its own module, analysis/token_level.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from analysis.store import IngestSummary, StoreError, connect, default_db_path, ingest_paths
+
+# ------------------------------------------------------------------------------------------------------
+# Delegated subcommands: name -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`
+# and parses its own arguments (Hydra-style overrides included). It is imported only when called, so a
+# missing or broken analysis never stops `ingest`.
+# >>> register further analyses here <<<
+DELEGATED: dict[str, tuple[str, str]] = {
+    "token_level": ("analysis.token_level", "the token-level study of the direction criteria (math.md §5)"),
+}
+# ------------------------------------------------------------------------------------------------------
+
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _console() -> Console:
+    """stdout console; wide enough for the summary table even when piped (rich assumes 80 columns then)."""
+    return Console(
+        highlight=False, soft_wrap=True, width=max(120, shutil.get_terminal_size((120, 24)).columns)
+    )
+
+
+def _ingest_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m analysis ingest",
+        description=(
+            "Load run directories (runs/<sweep>/<run_id>/ with config.yaml, status.json, metrics*.jsonl) or "
+            "standalone verl file-logger .jsonl files into the results database. Idempotent: ingesting the "
+            "same files again changes nothing. Earlier attempts (metrics.attempt-<n>.jsonl) are merged with "
+            "metrics.jsonl by step, the latest attempt winning. Corrupt lines are reported and skipped."
+        ),
+    )
+    p.add_argument(
+        "paths", nargs="+", help="run directories, folders holding run directories, files, or globs"
+    )
+    p.add_argument(
+        "--db", type=Path, default=None, help=f"database file (default: $PREDMASK_DB or {default_db_path()})"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the totals line and warnings")
+    return p
+
+
+def print_summary(summary: IngestSummary, db: Path, console: Console, quiet: bool = False) -> None:
+    """A per-run table (unless quiet) and one totals line."""
+    if not quiet and summary.runs:
+        table = Table(title=f"ingest → {db}", show_lines=False)
+        for col in (
+            "run",
+            "files",
+            "lines",
+            "rows",
+            "added",
+            "changed",
+            "bad lines",
+            "non-numeric",
+            "runs row",
+        ):
+            table.add_column(col, justify="left" if col == "run" else "right")
+        for r in summary.runs:
+            table.add_row(
+                r.run_id,
+                str(len(r.files)),
+                str(r.lines),
+                str(r.metric_rows),
+                str(r.rows_added),
+                str(r.rows_changed),
+                str(r.skipped_lines),
+                str(r.skipped_values),
+                r.run_registered,
+            )
+        console.print(table)
+    console.print(
+        f"{len(summary.runs)} run(s); {summary.rows_added} metric rows added, {summary.rows_changed} changed; "
+        f"{summary.skipped_lines} line(s) skipped, {summary.skipped_values} non-numeric value(s) skipped"
+    )
+
+
+def cmd_ingest(argv: Sequence[str]) -> int:
+    args = _ingest_parser().parse_args(list(argv))
+    db = args.db if args.db is not None else default_db_path()
+    try:
+        con = connect(db)
+    except StoreError as exc:
+        _err.print(f"error: {exc}")
+        return 2
+    try:
+        summary = ingest_paths(con, args.paths)
+    finally:
+        con.close()
+    for w in summary.warnings:
+        _err.print(f"warning: {w}")
+    for u in summary.unmatched:
+        _err.print(f"warning: {u}: no run directory or metrics file matched")
+    print_summary(summary, db, _console(), quiet=args.quiet)
+    if summary.unmatched:
+        _err.print(
+            f"error: {len(summary.unmatched)} input(s) matched nothing: {', '.join(summary.unmatched)}"
+        )
+        return 1
+    return 0
+
+
+def run_delegated(name: str, argv: Sequence[str]) -> int:
+    """Import DELEGATED[name]'s module now and call its main(argv)."""
+    module_name, _ = DELEGATED[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            _err.print(f"error: `{name}` is not available: module {module_name} is not installed")
+            return 2
+        raise
+    return int(module.main(list(argv)) or 0)
+
+
+COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
+    "ingest": (cmd_ingest, "load run directories / verl file-logger JSONL into the results database"),
+}
+
+
+def _usage() -> str:
+    entries = {name: help_ for name, (_, help_) in COMMANDS.items()}
+    entries.update({name: help_ for name, (_, help_) in DELEGATED.items()})
+    width = max(len(n) for n in entries)
+    lines = [f"  {n.ljust(width)}  {h}" for n, h in entries.items()]
+    return (
+        "usage: python -m analysis <command> [args]\n\ncommands:\n"
+        + "\n".join(lines)
+        + "\n\n`python -m analysis <command> --help` explains each."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name in COMMANDS:
+        return COMMANDS[name][0](rest)
+    if name in DELEGATED:
+        return run_delegated(name, rest)
+    _err.print(f"error: unknown command {name!r}; valid: {', '.join([*COMMANDS, *DELEGATED])}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

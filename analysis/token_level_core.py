@@ -1,0 +1,615 @@
+"""One seed of the token-level study (math.md §5): staleness, one masked optimiser step per mask, ΔD per token.
+
+``study_batch(model, batch, settings)`` takes the training policy (the base model, on any device) and a scored
+rollout batch with its top-K support, and returns one row per token outside the trust region (``D_pre > delta``):
+``D_pre``, ``r``, ``A``, ``Ddot`` with the aggregated / uniform / exact tails, the ratio and predictive keep
+decisions, and ``ΔD = D_post - D_pre`` after ONE optimiser step on the whole batch with each mask (ratio DPPO,
+predictive aggregated, uniform, exact; plus ``all``, the unmasked reference step, for the sign-accuracy checks).
+
+``pi_pre`` is the model after ``staleness`` mini-batch updates on the batch's own mini-batches (verl's
+mini-batching); every masked step starts from the same ``pi_pre`` and the same optimiser state (restored from a
+snapshot). The losses and updates are the CPU engine's (``predmask.rl.algo.policy_update`` with
+``predmask.policy_loss``), so the study measures exactly the masks the trainer applies; a run-time check compares
+the number of tokens each loss dropped with the keep decisions recorded here.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+import torch
+from torch import Tensor, nn
+
+from predmask import MethodParams, policy_loss, predicted_divergence_change, topk_divergence
+from predmask.rl.algo import TrainLogprobs, grpo_advantages, policy_update, support_logprobs, token_advantages
+from predmask.rl.precision import PrecisionConfig
+from predmask.rl.rollout import RolloutBatch
+from predmask.support import TopKSupport
+
+__all__ = [
+    "MASKS",
+    "REFERENCE_MASK",
+    "TAIL_COLUMNS",
+    "UPDATE_PATHS",
+    "SeedStudy",
+    "StudySettings",
+    "accumulate_gradient",
+    "forward_logprobs",
+    "make_optimizer",
+    "masked_update",
+    "minibatch_slices",
+    "stale_updates",
+    "study_batch",
+    "sub_batch",
+    "token_quantities",
+]
+
+#: mask name -> the predmask method whose loss makes the studied step with that mask
+MASKS: dict[str, str] = {
+    "ratio": "dppo_topk_kl",
+    "pred_agg": "predmask_kl_agg",
+    "pred_uniform": "predmask_kl_uniform",
+    "pred_exact": "predmask_kl_exact",
+}
+#: the unmasked reference step: the DPPO loss with an infinite threshold keeps every token
+REFERENCE_MASK = "all"
+_NO_TRUST_REGION = {"delta": float("inf")}
+UPDATE_PATHS: tuple[str, ...] = ("auto", "split", "direct")
+#: Ddot column -> tail estimator
+TAIL_COLUMNS: dict[str, str] = {"ddot_agg": "aggregated", "ddot_uniform": "uniform", "ddot_exact": "exact"}
+#: keep column -> Ddot column (predictive) or None (ratio)
+_KEEP_COLUMNS: dict[str, str | None] = {
+    "keep_ratio": None,
+    "keep_pred_agg": "ddot_agg",
+    "keep_pred_uniform": "ddot_uniform",
+    "keep_pred_exact": "ddot_exact",
+}
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    """Everything ``study_batch`` needs besides the model and the batch.
+
+    delta:          trust-region threshold on the top-K KL (tokens with D_pre > delta are studied)
+    group_size:     GRPO group size (rows g*n .. g*n+n-1 of the batch share a prompt)
+    vocab_size:     V (the uniform tail estimator needs it)
+    staleness:      mini-batch updates applied before the studied step (0 = pi_pre is the rollout's policy up
+                    to precision mismatch)
+    minibatches:    the batch is split into this many group-aligned mini-batches; stale update j trains on
+                    mini-batch j mod minibatches
+    stale_method:   the predmask method of the stale updates
+    lr, betas, weight_decay, adam_eps: AdamW hyperparameters (the optimiser of the stale and studied steps)
+    grad_clip:      gradient-norm clip of every step (None: no clipping)
+    ratio_cap, loss_agg_mode: predmask.MethodParams of every loss
+    reference_update: also take the unmasked step (``dd_all``, used by the sign-accuracy and first-order checks)
+    micro_batch:    sequences per forward/backward (None: the whole batch at once); gradients are accumulated
+    temperature:    the rollout temperature (training log-probs use the same)
+    precision:      training-side precision emulation (fp8_e2e fake-quantises the training forward)
+    check_masks:    compare each loss's dropped-token count with the recorded keep decisions (cheap)
+    update_path:    "split" (share the work of the masked steps; exact up to float rounding), "direct" (each step
+                    on its own, as the trainer takes it) or "auto" (split unless the loss aggregation is
+                    seq-mean-token-mean, whose per-sequence normalisation is not linear in the kept tokens)
+    """
+
+    delta: float = 0.15
+    group_size: int = 16
+    vocab_size: int = 265
+    staleness: int = 3
+    minibatches: int = 4
+    stale_method: str = "dppo_topk_kl"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    adam_eps: float = 1e-8
+    grad_clip: float | None = 1.0
+    ratio_cap: float = 10.0
+    loss_agg_mode: str = "token-mean"
+    reference_update: bool = True
+    micro_batch: int | None = None
+    temperature: float = 1.0
+    precision: PrecisionConfig = field(default_factory=lambda: PrecisionConfig.named("fp32"))
+    check_masks: bool = True
+    update_path: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.delta > 0:
+            raise ValueError(f"delta must be > 0, got {self.delta}")
+        if self.staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {self.staleness}")
+        if self.minibatches < 1:
+            raise ValueError(f"minibatches must be >= 1, got {self.minibatches}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise ValueError(f"micro_batch must be >= 1 or null, got {self.micro_batch}")
+        if self.update_path not in UPDATE_PATHS:
+            raise ValueError(
+                f"update_path must be one of {', '.join(UPDATE_PATHS)}, got {self.update_path!r}"
+            )
+        if self.update_path == "split" and self.loss_agg_mode == "seq-mean-token-mean":
+            raise ValueError(
+                "update_path=split needs a loss aggregation linear in the kept tokens; "
+                "seq-mean-token-mean is not (use update_path=direct)"
+            )
+
+    @property
+    def update_path_resolved(self) -> str:
+        if self.update_path != "auto":
+            return self.update_path
+        return "direct" if self.loss_agg_mode == "seq-mean-token-mean" else "split"
+
+    @property
+    def method_params(self) -> MethodParams:
+        return MethodParams(
+            delta=self.delta,
+            ratio_cap=self.ratio_cap,
+            loss_agg_mode=self.loss_agg_mode,
+            vocab_size=self.vocab_size,
+        )
+
+    def masks(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """mask name -> (method, loss overrides) of every studied step."""
+        out: dict[str, tuple[str, dict[str, Any]]] = {k: (v, {}) for k, v in MASKS.items()}
+        if self.reference_update:
+            out[REFERENCE_MASK] = (MASKS["ratio"], dict(_NO_TRUST_REGION))
+        return out
+
+
+@dataclass
+class SeedStudy:
+    """What one seed produced: the token rows (outside tokens), batch facts and timings."""
+
+    tokens: pl.DataFrame
+    n_tokens: int
+    facts: dict[str, float] = field(default_factory=dict)
+
+
+def make_optimizer(model: nn.Module, s: StudySettings) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters."""
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=s.lr,
+        betas=s.betas,
+        eps=s.adam_eps,
+        weight_decay=s.weight_decay,
+    )
+
+
+def _chunks(n: int, size: int | None) -> list[slice]:
+    if size is None or size >= n:
+        return [slice(0, n)]
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _select_support(s: TopKSupport, rows: slice | Tensor) -> TopKSupport:
+    return TopKSupport(s.ids[rows], s.mu_logprobs[rows], s.valid[rows], s.sampled_index[rows])
+
+
+def sub_batch(
+    batch: RolloutBatch, support: TopKSupport, rows: Tensor, width: int
+) -> tuple[RolloutBatch, TopKSupport]:
+    """Rows ``rows`` with their responses cut to the first ``width`` positions (causal: nothing earlier changes)."""
+    b = batch.select(rows)
+    cut = RolloutBatch(
+        b.prompt_ids,
+        b.prompt_mask,
+        b.response_ids[:, :width],
+        b.response_mask[:, :width],
+        b.sampled_logprobs[:, :width],
+        b.topk_ids[:, :width],
+        b.topk_logprobs[:, :width],
+        b.rewards,
+    )
+    sup = _select_support(support, rows)
+    return cut, TopKSupport(
+        sup.ids[:, :width], sup.mu_logprobs[:, :width], sup.valid[:, :width], sup.sampled_index[:, :width]
+    )
+
+
+def _rows_and_width(tokens: Tensor) -> tuple[Tensor, int]:
+    """Rows holding any True token and the width up to the last one."""
+    rows = tokens.any(-1).nonzero(as_tuple=True)[0]
+    if rows.numel() == 0:
+        return rows, 0
+    cols = tokens.any(0).nonzero(as_tuple=True)[0]
+    return rows, int(cols.max()) + 1
+
+
+def _batch_info(batch: RolloutBatch) -> dict[str, float]:
+    """verl's global_batch_info of the whole batch, so that a part's loss is its share of the whole-batch loss."""
+    m = batch.response_mask
+    return {
+        "batch_num_tokens": float(m.sum()),
+        "global_batch_size": float((m.sum(-1) > 0).sum()),
+        "loss_scale_factor": float(m.shape[-1]),
+    }
+
+
+def accumulate_gradient(
+    model: nn.Module,
+    batch: RolloutBatch,
+    support: TopKSupport,
+    adv_tok: Tensor,
+    method: str,
+    s: StudySettings,
+    *,
+    tokens: Tensor | None = None,
+    tokens_fn: Callable[[slice, TrainLogprobs], Tensor] | None = None,
+    info: Mapping[str, float] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[TrainLogprobs, int]:
+    """Add the gradient of ``method``'s loss on ``tokens`` (default: every response token) to ``.grad``.
+
+    Micro-batched; ``info`` (``global_batch_info``) normalises every part by the whole batch. ``tokens_fn`` may
+    pick the tokens of each micro-batch from its training log-probs. Returns the detached log-probs before the step
+    and the number of presented tokens the loss dropped.
+    """
+    model.train()
+    parts, dropped = [], 0
+    for rows in _chunks(batch.batch_size, s.micro_batch):
+        mb, sup = batch.select(rows), _select_support(support, rows)
+        lp = support_logprobs(model, mb, sup, temperature=s.temperature, precision=s.precision)
+        detached = TrainLogprobs(lp.pi.detach(), lp.pi_tail_sq.detach(), lp.log_prob.detach())
+        mask = mb.response_mask if tokens is None else tokens[rows]
+        if tokens_fn is not None:
+            mask = tokens_fn(rows, detached)
+        loss, metrics = policy_loss(
+            method,
+            log_prob=lp.log_prob,
+            old_log_prob=mb.sampled_logprobs,
+            advantages=adv_tok[rows],
+            response_mask=mask,
+            mu_logprobs=sup.mu_logprobs,
+            pi_logprobs=lp.pi,
+            valid=sup.valid,
+            sampled_index=sup.sampled_index,
+            pi_tail_sq=lp.pi_tail_sq,
+            params=s.method_params,
+            global_batch_info=dict(info or _batch_info(batch)),
+            **dict(overrides or {}),
+        )
+        if bool(mask.any()):
+            loss.backward()
+        dropped += round(metrics["actor/pg_clipfrac"] * int((mask & (adv_tok[rows] != 0)).sum()))
+        parts.append(detached)
+    return _cat_logprobs(parts), dropped
+
+
+def _clip_and_step(model: nn.Module, optimizer: torch.optim.Optimizer, s: StudySettings) -> None:
+    clip = float("inf") if s.grad_clip is None else s.grad_clip
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer.step()
+
+
+def masked_update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    support: TopKSupport,
+    advantages: Tensor,
+    method: str,
+    s: StudySettings,
+    overrides: Mapping[str, Any] | None = None,
+) -> TrainLogprobs:
+    """One optimiser step of ``method``'s masked loss on the whole batch; returns log pi before the step.
+
+    Without micro-batching this is the engine's ``policy_update``; with ``micro_batch`` the gradient of the same
+    whole-batch loss is accumulated over micro-batches, then clipped and applied once.
+    """
+    adv = advantages if advantages.ndim == 2 else token_advantages(advantages, batch.response_mask)
+    if len(_chunks(batch.batch_size, s.micro_batch)) == 1:
+        _, lp = policy_update(
+            model,
+            optimizer,
+            batch,
+            support,
+            adv,
+            method=method,
+            params=s.method_params,
+            temperature=s.temperature,
+            precision=s.precision,
+            grad_clip=s.grad_clip,
+            overrides=dict(overrides or {}),
+        )
+        return lp
+    optimizer.zero_grad(set_to_none=True)
+    lp, _ = accumulate_gradient(model, batch, support, adv, method, s, overrides=overrides)
+    _clip_and_step(model, optimizer, s)
+    return lp
+
+
+def _cat_logprobs(parts: list[TrainLogprobs]) -> TrainLogprobs:
+    if len(parts) == 1:
+        return parts[0]
+    return TrainLogprobs(
+        torch.cat([p.pi for p in parts]),
+        torch.cat([p.pi_tail_sq for p in parts]),
+        torch.cat([p.log_prob for p in parts]),
+    )
+
+
+@torch.no_grad()
+def forward_logprobs(
+    model: nn.Module, batch: RolloutBatch, support: TopKSupport, s: StudySettings
+) -> TrainLogprobs:
+    """Training log-probs on the support without a graph (micro-batched)."""
+    parts = []
+    for rows in _chunks(batch.batch_size, s.micro_batch):
+        lp = support_logprobs(
+            model,
+            batch.select(rows),
+            _select_support(support, rows),
+            temperature=s.temperature,
+            precision=s.precision,
+        )
+        parts.append(TrainLogprobs(lp.pi.detach(), lp.pi_tail_sq.detach(), lp.log_prob.detach()))
+    return _cat_logprobs(parts)
+
+
+def minibatch_slices(batch_size: int, group_size: int, minibatches: int) -> list[slice]:
+    """Contiguous, group-aligned mini-batches (verl splits a rollout batch the same way)."""
+    groups = batch_size // group_size
+    if groups < minibatches:
+        raise ValueError(f"{groups} prompt groups cannot be split into {minibatches} mini-batches")
+    bounds = [round(i * groups / minibatches) * group_size for i in range(minibatches + 1)]
+    return [slice(a, b) for a, b in itertools.pairwise(bounds)]
+
+
+def stale_updates(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    advantages: Tensor,
+    s: StudySettings,
+) -> None:
+    """``s.staleness`` mini-batch updates with ``s.stale_method`` (mini-batch j mod ``s.minibatches``)."""
+    if s.staleness == 0:
+        return
+    support = batch.support()
+    slices = minibatch_slices(batch.batch_size, s.group_size, s.minibatches)
+    for j in range(s.staleness):
+        rows = slices[j % len(slices)]
+        masked_update(
+            model,
+            optimizer,
+            batch.select(rows),
+            _select_support(support, rows),
+            advantages[rows],
+            s.stale_method,
+            s,
+        )
+
+
+def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    return copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+
+
+def _restore(
+    model: nn.Module, optimizer: torch.optim.Optimizer, snap: tuple[dict[str, Tensor], dict[str, Any]]
+) -> None:
+    model.load_state_dict(snap[0])
+    optimizer.load_state_dict(copy.deepcopy(snap[1]))  # the optimiser steps its state tensors in place
+
+
+def token_quantities(
+    batch: RolloutBatch, support: TopKSupport, lp: TrainLogprobs, adv_tok: Tensor, s: StudySettings
+) -> dict[str, Tensor]:
+    """Per-token [B, R] D_pre, r, A, Ddot per tail and the keep decisions of math.md §5 item 2."""
+    mu, pi, valid = support.mu_logprobs, lp.pi, support.valid
+    out: dict[str, Tensor] = {"d_pre": topk_divergence(mu, pi, valid, divergence="kl")}
+    out["pi"], out["pi_tail_sq"], out["log_prob"] = lp.pi, lp.pi_tail_sq, lp.log_prob
+    out["r"] = (lp.log_prob - batch.sampled_logprobs).exp()
+    out["a"] = adv_tok
+    for col, tail in TAIL_COLUMNS.items():
+        out[col] = predicted_divergence_change(
+            mu,
+            pi,
+            valid,
+            support.sampled_index,
+            divergence="kl",
+            tail=tail,
+            vocab_size=s.vocab_size,
+            pi_tail_sq=lp.pi_tail_sq,
+        )
+    outside = (out["d_pre"] > s.delta) & batch.response_mask
+    for keep, ddot in _KEEP_COLUMNS.items():
+        direction = out["r"] - 1.0 if ddot is None else out[ddot]
+        out[keep] = ~(outside & (adv_tok * direction > 0))
+    out["outside"] = outside
+    return out
+
+
+def _keep_of(name: str, q: Mapping[str, Tensor], mask: Tensor) -> Tensor:
+    return mask if name == REFERENCE_MASK else q[_MASK_KEEP[name]] & mask
+
+
+_MASK_KEEP = {
+    "ratio": "keep_ratio",
+    "pred_agg": "keep_pred_agg",
+    "pred_uniform": "keep_pred_uniform",
+    "pred_exact": "keep_pred_exact",
+}
+
+
+def _d_post_on(
+    model: nn.Module, batch: RolloutBatch, support: TopKSupport, tokens: Tensor, s: StudySettings
+) -> Tensor:
+    """D under the current model on the rows holding ``tokens`` (cut after the last one); 0 elsewhere, [B, R]."""
+    out = torch.zeros(tokens.shape, dtype=torch.float32, device=tokens.device)
+    rows, width = _rows_and_width(tokens)
+    if rows.numel() == 0:
+        return out
+    sub, sup = sub_batch(batch, support, rows, width)
+    post = forward_logprobs(model, sub, sup, s)
+    d = topk_divergence(sup.mu_logprobs, post.pi, sup.valid, divergence="kl")
+    out[rows, :width] = d.float()
+    return out
+
+
+def _steps_direct(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    support: TopKSupport,
+    adv_tok: Tensor,
+    s: StudySettings,
+    snap: tuple[dict[str, Tensor], dict[str, Any]],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Each mask's step taken on its own (restore, forward, backward, step); D_post on every response token."""
+    lp_pre: TrainLogprobs | None = None
+    d_post: dict[str, Tensor] = {}
+    for name, (method, overrides) in s.masks().items():
+        _restore(model, optimizer, snap)
+        lp = masked_update(model, optimizer, batch, support, adv_tok, method, s, overrides)
+        lp_pre = lp if lp_pre is None else lp_pre
+        d_post[name] = _d_post_on(model, batch, support, batch.response_mask, s)
+    assert lp_pre is not None
+    return token_quantities(batch, support, lp_pre, adv_tok, s), d_post
+
+
+def _steps_split(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    support: TopKSupport,
+    adv_tok: Tensor,
+    s: StudySettings,
+    snap: tuple[dict[str, Tensor], dict[str, Any]],
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """The same steps, sharing work: the loss is linear in the keep mask, so each mask's gradient is the gradient
+    on the tokens every mask keeps (one whole-batch backward) plus the gradient on that mask's other kept tokens
+    (a backward over the few rows holding them). D_post is evaluated on the rows holding outside tokens only.
+    """
+    masks = s.masks()
+    info = _batch_info(batch)
+    optimizer.zero_grad(set_to_none=True)
+
+    def common_tokens(rows: slice, lp: TrainLogprobs) -> Tensor:
+        mb, sup = batch.select(rows), _select_support(support, rows)
+        q = token_quantities(mb, sup, lp, adv_tok[rows], s)
+        keep = mb.response_mask.clone()
+        for name in masks:
+            keep &= _keep_of(name, q, mb.response_mask)
+        return keep
+
+    lp_pre, dropped = accumulate_gradient(
+        model, batch, support, adv_tok, MASKS["ratio"], s, tokens_fn=common_tokens, info=info
+    )
+    if dropped:
+        raise RuntimeError(f"the common-token loss dropped {dropped} tokens that every mask keeps")
+    q = token_quantities(batch, support, lp_pre, adv_tok, s)
+    mask = batch.response_mask
+    common = mask.clone()
+    for name in masks:
+        common &= _keep_of(name, q, mask)
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_common = [None if p.grad is None else p.grad.detach().clone() for p in params]
+    d_post: dict[str, Tensor] = {}
+    for name, (method, overrides) in masks.items():
+        _restore(model, optimizer, snap)
+        for p, g in zip(params, g_common):
+            p.grad = None if g is None else g.clone()
+        extra = _keep_of(name, q, mask) & ~common
+        rows, width = _rows_and_width(extra)
+        if rows.numel():
+            sub, sup = sub_batch(batch, support, rows, width)
+            _, dropped = accumulate_gradient(
+                model,
+                sub,
+                sup,
+                adv_tok[rows, :width],
+                method,
+                s,
+                tokens=extra[rows, :width],
+                info=info,
+                overrides=overrides,
+            )
+            if dropped:
+                raise RuntimeError(
+                    f"mask {name}: the loss dropped {dropped} tokens this study records as kept"
+                )
+        _clip_and_step(model, optimizer, s)
+        d_post[name] = _d_post_on(model, batch, support, q["outside"], s)
+    return q, d_post
+
+
+def _check_masks(
+    batch: RolloutBatch,
+    support: TopKSupport,
+    lp: TrainLogprobs,
+    adv_tok: Tensor,
+    q: Mapping[str, Tensor],
+    s: StudySettings,
+) -> None:
+    """Each method's own loss, on the same log-probs, drops exactly the tokens recorded here as not kept."""
+    mask = batch.response_mask
+    nonzero = int((mask & (adv_tok != 0)).sum())
+    for name, (method, overrides) in s.masks().items():
+        _, metrics = policy_loss(
+            method,
+            log_prob=lp.log_prob,
+            old_log_prob=batch.sampled_logprobs,
+            advantages=adv_tok,
+            response_mask=mask,
+            mu_logprobs=support.mu_logprobs,
+            pi_logprobs=lp.pi,
+            valid=support.valid,
+            sampled_index=support.sampled_index,
+            pi_tail_sq=lp.pi_tail_sq,
+            params=s.method_params,
+            **overrides,
+        )
+        theirs = round(metrics["actor/pg_clipfrac"] * nonzero)
+        mine = int((mask & ~_keep_of(name, q, mask)).sum())
+        if theirs != mine:
+            raise RuntimeError(
+                f"mask {name}: {method}'s loss drops {theirs} tokens, the study recorded {mine}"
+            )
+
+
+def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> SeedStudy:
+    """The study on one scored rollout batch (``batch.rewards`` filled); ``model`` is left at ``pi_pre``.
+
+    Returns one row per response token with ``D_pre > delta`` (columns of ``analysis.store.TOKEN_COLUMNS`` without
+    ``study_id``/``seed``, plus ``dd_all`` when ``s.reference_update``).
+    """
+    t0 = time.perf_counter()
+    support = batch.support()
+    adv = grpo_advantages(batch.rewards, s.group_size).to(batch.sampled_logprobs.device)
+    adv_tok = token_advantages(adv, batch.response_mask)
+    optimizer = make_optimizer(model, s)
+    stale_updates(model, optimizer, batch, adv, s)
+    t_stale = time.perf_counter()
+    snap = _snapshot(model, optimizer)
+    steps = _steps_split if s.update_path_resolved == "split" else _steps_direct
+    q, d_post = steps(model, optimizer, batch, support, adv_tok, s, snap)
+    _restore(model, optimizer, snap)
+    if s.check_masks:
+        lp = TrainLogprobs(q["pi"], q["pi_tail_sq"], q["log_prob"])
+        _check_masks(batch, support, lp, adv_tok, q, s)
+    outside = q["outside"]
+    seq_idx, pos_idx = outside.nonzero(as_tuple=True)
+    cols: dict[str, Any] = {"sequence": seq_idx.int(), "position": pos_idx.long()}
+    for name in ("d_pre", "r", "a", *TAIL_COLUMNS):
+        cols[name] = q[name][outside].double()
+    for keep in _KEEP_COLUMNS:
+        cols[keep] = q[keep][outside]
+    for name, d in d_post.items():
+        cols[f"dd_{name}"] = (d - q["d_pre"])[outside].double()
+    frame = pl.DataFrame({k: v.cpu().numpy() for k, v in cols.items()})
+    mask = batch.response_mask
+    t_end = time.perf_counter()
+    facts = {
+        "reward_mean": float(batch.rewards.float().mean()),
+        "d_pre_mean": float(q["d_pre"][mask].mean()) if bool(mask.any()) else 0.0,
+        "nonzero_adv_frac": float((adv_tok != 0)[mask].float().mean()) if bool(mask.any()) else 0.0,
+        "seconds_stale": t_stale - t0,
+        "seconds_masks": t_end - t_stale,
+    }
+    return SeedStudy(tokens=frame, n_tokens=int(mask.sum()), facts=facts)

@@ -1,0 +1,131 @@
+"""Fan the token-level study's seeds out to workers (submitit: local processes or a Slurm job array).
+
+Each worker loads the backend once, then runs its share of the seeds one after another. Every finished seed is two
+files in the study directory, each written atomically (tmp + ``os.replace``): ``seed-<n>.parquet`` (its token
+rows) and then ``seed-<n>.json`` (its per-seed row); the JSON file marks the seed as finished. A killed worker or a
+Ctrl-C therefore loses only the seeds in progress, and the main process (the only database writer) ingests
+whatever is finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+__all__ = ["SeedFiles", "WorkerSpec", "atomic_write_text", "make_seed_executor", "run_worker", "split_seeds"]
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class SeedFiles:
+    """The per-seed files of one study directory."""
+
+    root: Path
+
+    def tokens_path(self, seed: int) -> Path:
+        return self.root / f"seed-{seed:06d}.parquet"
+
+    def row_path(self, seed: int) -> Path:
+        return self.root / f"seed-{seed:06d}.json"
+
+    def done(self, seed: int) -> bool:
+        return self.row_path(seed).is_file() and self.tokens_path(seed).is_file()
+
+    def finished(self, seeds: Sequence[int]) -> list[int]:
+        return [s for s in seeds if self.done(s)]
+
+    def write(self, seed: int, tokens: pl.DataFrame, row: Mapping[str, Any]) -> None:
+        """Token rows first, then the seed row (whose presence marks the seed as finished)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tp = self.tokens_path(seed)
+        tmp = tp.with_name(f".{tp.name}.{os.getpid()}.tmp")
+        tokens.with_columns(pl.lit(seed, dtype=pl.Int32).alias("seed")).write_parquet(tmp)
+        os.replace(tmp, tp)
+        atomic_write_text(self.row_path(seed), json.dumps({"seed": seed, **row}, sort_keys=True))
+
+    def read_row(self, seed: int) -> dict[str, Any]:
+        return json.loads(self.row_path(seed).read_text())
+
+    def read_tokens(self, seed: int) -> pl.DataFrame:
+        return pl.read_parquet(self.tokens_path(seed))
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker runs (pickled once at submission)."""
+
+    config: dict[str, Any]
+    study_dir: str
+    seeds: tuple[int, ...]
+    threads: int = 1
+
+
+def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -> list[int]:
+    """Run ``spec.seeds`` not yet finished; returns the seeds this call finished."""
+    import torch
+
+    from analysis.token_level_backend import make_backend, run_seed, settings_of
+    from analysis.token_level_stats import seed_summary
+
+    torch.set_num_threads(spec.threads)
+    files = SeedFiles(Path(spec.study_dir))
+    todo = [s for s in spec.seeds if not files.done(s)]
+    if not todo:
+        return []
+    backend = make_backend(spec.config)
+    settings = settings_of(spec.config, backend.vocab_size)
+    finished = []
+    for seed in todo:
+        if files.done(seed):
+            continue
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = run_seed(backend, spec.config, settings, seed)
+        row = {
+            **seed_summary(result.tokens, result.n_tokens),
+            **{k: float(v) for k, v in result.facts.items()},
+            "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0,
+            "host": socket.gethostname(),
+        }
+        files.write(seed, result.tokens, row)
+        finished.append(seed)
+        if on_seed is not None:
+            on_seed(seed)
+    return finished
+
+
+def split_seeds(seeds: Sequence[int], workers: int) -> list[tuple[int, ...]]:
+    """Interleaved shares (worker i gets seeds i, i+W, ...), so partial progress is spread over the seed range."""
+    w = max(1, min(workers, len(seeds)))
+    return [tuple(seeds[i::w]) for i in range(w)]
+
+
+def make_seed_executor(folder: Path, cluster: Mapping[str, Any], launcher: Mapping[str, Any], jobs: int) -> Any:
+    """submitit executor for the seed workers: the shared executor layer (``sweeps.slurm_ray.make_executor``)
+    with one single-node task per worker (a job array on Slurm, at most ``launcher.array_parallelism`` at once)."""
+    from sweeps.slurm_ray import make_executor
+
+    cfg = dict(cluster)
+    cfg.update(nodes=1, tasks_per_node=1)
+    for key in ("gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min"):
+        if launcher.get(key) is not None:
+            cfg[key] = launcher[key]
+    if cfg.get("backend") == "local":
+        cfg.pop("gpus_per_node", None)
+    executor = make_executor(folder, cfg, name="token_level")
+    if cfg.get("backend") == "slurm":
+        executor.update_parameters(slurm_array_parallelism=int(launcher.get("array_parallelism") or jobs))
+    return executor

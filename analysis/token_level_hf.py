@@ -1,0 +1,267 @@
+"""The token-level study's GPU path: a Hugging Face causal-LM checkpoint, rollouts through vLLM or transformers.
+
+The study itself is the same code as on the CPU engine (``analysis.token_level_core``); this module only loads
+the checkpoint and produces a scored ``RolloutBatch`` with the top-K support of every generated token:
+
+- ``rollout_engine: vllm`` (when the ``vllm`` extra is installed): ``SamplingParams(n, temperature,
+  logprobs=K)``; vLLM returns up to K+1 log-probs per position, the sampled token always included
+  (``batch_from_vllm`` turns them into a batch). The log-probs must be those of the sampling distribution
+  (``logprobs_mode="processed_logprobs"``), so the LLM is built with it.
+- ``rollout_engine: transformers``: ``model.generate(do_sample=True, output_logits=True)`` on a rollout copy of
+  the policy in the precision's dtype (``predmask.rl.precision.make_rollout_model``); mu is
+  ``log_softmax(logits / temperature)`` of each step's raw logits, exactly the distribution sampled from
+  (top-k and top-p disabled).
+
+Prompts are the synthetic arithmetic task's (``predmask.rl.task``) rendered through ``prompt_template``; rewards
+are the task's 1/0 boxed-answer reward on the decoded response. Only the transformers path can run on CPU, where
+it is tested with a tiny randomly initialised model; the vLLM path is exercised with stand-in output objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from predmask.rl.precision import PrecisionConfig, make_rollout_model
+from predmask.rl.rollout import RolloutBatch
+from predmask.rl.task import Problem, reward
+
+__all__ = ["HFBackend", "batch_from_vllm", "generate_transformers", "resolve_device"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; otherwise the named device (must be available)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but CUDA is not available; allowed here: cpu, auto")
+    return dev
+
+
+def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r):] = True
+    return ids.to(device), mask.to(device)
+
+
+def _response_mask(response_ids: Tensor, eos_id: int) -> Tensor:
+    """True up to and including the first eos of each row."""
+    is_eos = (response_ids == eos_id).long()
+    before = is_eos.cumsum(-1) - is_eos  # eos seen strictly before this position
+    return before == 0
+
+
+@torch.no_grad()
+def generate_transformers(
+    model: nn.Module,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    *,
+    max_new_tokens: int,
+    eos_id: int,
+    pad_id: int,
+    top_k: int,
+    temperature: float = 1.0,
+) -> RolloutBatch:
+    """Sample with ``model.generate`` and report the top-K of mu per generated token (rewards left at zero).
+
+    Sampling uses the global torch RNG (seed it first). mu = softmax(logits / temperature) with no other logits
+    processor, so the reported log-probs are those of the distribution each token was drawn from.
+    """
+    from transformers import GenerationConfig
+
+    gen_cfg = GenerationConfig(
+        do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+        eos_token_id=eos_id, pad_token_id=pad_id, output_logits=True, return_dict_in_generate=True,
+    )
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gen_cfg)
+    p = prompt_ids.shape[1]
+    response = out.sequences[:, p:]
+    logits = torch.stack(list(out.logits), 1).float()  # [B, T, V] raw logits of each step
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    mask = _response_mask(response, eos_id)
+    response = torch.where(mask, response, torch.full_like(response, pad_id))
+    top = torch.topk(logp, top_k, dim=-1, sorted=True)
+    return RolloutBatch(
+        prompt_ids=prompt_ids, prompt_mask=prompt_mask.bool(), response_ids=response, response_mask=mask,
+        sampled_logprobs=logp.gather(-1, response.unsqueeze(-1)).squeeze(-1),
+        topk_ids=top.indices, topk_logprobs=top.values,
+        rewards=torch.zeros(response.shape[0], dtype=torch.float32, device=response.device),
+    )
+
+
+def batch_from_vllm(
+    outputs: Sequence[Any], *, top_k: int, eos_id: int, pad_id: int, device: torch.device | str = "cpu"
+) -> RolloutBatch:
+    """A RolloutBatch from vLLM ``RequestOutput``s (rows: request i's completions in order; rewards zero).
+
+    Each completion's ``logprobs[t]`` maps token id -> object with ``.logprob`` and ``.rank`` (1 = most likely);
+    the entries of rank <= K are the top-K, the sampled token (``token_ids[t]``) is always present.
+    """
+    prompts, responses, lps, tk_ids, tk_lps = [], [], [], [], []
+    for req in outputs:
+        for comp in req.outputs:
+            prompts.append(list(req.prompt_token_ids))
+            responses.append(list(comp.token_ids))
+            row_lp, row_ids, row_tlp = [], [], []
+            for tok, entries in zip(comp.token_ids, comp.logprobs):
+                row_lp.append(float(entries[tok].logprob))
+                ranked = sorted(((e.rank, int(i), float(e.logprob)) for i, e in entries.items()
+                                 if e.rank is not None and e.rank <= top_k))
+                if len(ranked) < top_k:
+                    raise ValueError(f"vLLM reported {len(ranked)} top log-probs, expected K={top_k}")
+                row_ids.append([i for _, i, _ in ranked[:top_k]])
+                row_tlp.append([lp for _, _, lp in ranked[:top_k]])
+            lps.append(row_lp)
+            tk_ids.append(row_ids)
+            tk_lps.append(row_tlp)
+    prompt_ids, prompt_mask = _left_pad(prompts, pad_id, torch.device("cpu"))
+    width = max(1, max(len(r) for r in responses))
+    b = len(responses)
+    response_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    sampled = torch.zeros((b, width), dtype=torch.float32)
+    topk_ids = torch.full((b, width, top_k), pad_id, dtype=torch.long)
+    topk_lps = torch.full((b, width, top_k), float("-inf"), dtype=torch.float32)
+    for i, r in enumerate(responses):
+        n = len(r)
+        if n:
+            response_ids[i, :n] = torch.tensor(r)
+            sampled[i, :n] = torch.tensor(lps[i])
+            topk_ids[i, :n] = torch.tensor(tk_ids[i])
+            topk_lps[i, :n] = torch.tensor(tk_lps[i])
+    lengths = torch.tensor([len(r) for r in responses])
+    mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    batch = RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, sampled, topk_ids, topk_lps,
+                         torch.zeros(b, dtype=torch.float32))
+    return RolloutBatch(**{k: v.to(device) for k, v in batch.__dict__.items()})
+
+
+class HFBackend:
+    """A Hugging Face checkpoint as the study's policy; rollouts through vLLM or transformers.
+
+    ``policy()`` returns the training model reset to the checkpoint's weights (float32 by default);
+    ``rollout(problems, n, seed)`` samples ``n`` responses per problem and scores them.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        precision: PrecisionConfig,
+        top_k: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        device: str = "auto",
+        train_dtype: str = "float32",
+        rollout_engine: str = "auto",
+        prompt_template: str = "{prompt}",
+        rollout_chunk: int = 256,
+        vllm_kwargs: dict[str, Any] | None = None,
+        label: str = "",
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.path = Path(path)
+        if not self.path.exists():
+            raise ValueError(f"model checkpoint {self.path} does not exist")
+        self.device = resolve_device(device)
+        self.precision = precision
+        self.top_k, self.max_new_tokens, self.temperature = top_k, max_new_tokens, temperature
+        self.prompt_template = prompt_template
+        self.rollout_chunk = rollout_chunk
+        self.label = label or str(self.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(self.path))
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[train_dtype]
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.path), dtype=dtype).to(self.device)
+        self.vocab_size = int(self.model.config.vocab_size)
+        self._base = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        eos = self.tokenizer.eos_token_id
+        self.eos_id = int(eos if eos is not None else self.model.config.eos_token_id)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.eos_id)
+        self.engine = self._pick_engine(rollout_engine)
+        self._llm: Any = None
+        self._vllm_kwargs = dict(vllm_kwargs or {})
+        self._rollout_model: nn.Module | None = None
+
+    @staticmethod
+    def _pick_engine(name: str) -> str:
+        if name not in ("auto", "vllm", "transformers"):
+            raise ValueError(f"rollout_engine must be auto, vllm or transformers, got {name!r}")
+        if name == "transformers":
+            return name
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            if name == "vllm":
+                raise ValueError("rollout_engine=vllm but vllm is not installed (pip install predmask[vllm])") from None
+            return "transformers"
+        return "vllm"
+
+    def policy(self) -> nn.Module:
+        self.model.load_state_dict(self._base)
+        return self.model
+
+    def _rollout_copy(self) -> nn.Module:
+        if self._rollout_model is None:
+            self.policy()
+            self._rollout_model = make_rollout_model(self.model, self.precision)
+        return self._rollout_model
+
+    def _texts(self, problems: Sequence[Problem]) -> list[str]:
+        return [self.prompt_template.format(prompt=p.prompt) for p in problems]
+
+    def rollout(self, problems: Sequence[Problem], n: int, seed: int) -> RolloutBatch:
+        texts = self._texts(problems)
+        answers = [p.answer for p in problems for _ in range(n)]
+        batch = self._rollout_vllm(texts, n, seed) if self.engine == "vllm" else self._rollout_hf(texts, n, seed)
+        decoded = self.tokenizer.batch_decode(
+            [row[m].tolist() for row, m in zip(batch.response_ids.cpu(), batch.response_mask.cpu())],
+            skip_special_tokens=True,
+        )
+        batch.rewards = torch.tensor([reward(t, a) for t, a in zip(decoded, answers)], dtype=torch.float32,
+                                     device=batch.response_ids.device)
+        return batch
+
+    def _rollout_hf(self, texts: list[str], n: int, seed: int) -> RolloutBatch:
+        from predmask.rl.rollout import concat_batches
+
+        torch.manual_seed(seed)
+        rows = [self.tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts for _ in range(n)]
+        model = self._rollout_copy()
+        parts = []
+        for start in range(0, len(rows), self.rollout_chunk):
+            ids, mask = _left_pad(rows[start:start + self.rollout_chunk], self.pad_id, self.device)
+            parts.append(generate_transformers(model, ids, mask, max_new_tokens=self.max_new_tokens,
+                                               eos_id=self.eos_id, pad_id=self.pad_id, top_k=self.top_k,
+                                               temperature=self.temperature))
+        if len(parts) == 1:
+            return parts[0]
+        cpu = [RolloutBatch(**{k: v.cpu() for k, v in p.__dict__.items()}) for p in parts]
+        joined = concat_batches(cpu, self.pad_id)
+        return RolloutBatch(**{k: v.to(self.device) for k, v in joined.__dict__.items()})
+
+    def _rollout_vllm(self, texts: list[str], n: int, seed: int) -> RolloutBatch:  # pragma: no cover - needs GPU
+        from vllm import LLM, SamplingParams
+
+        if self._llm is None:
+            kwargs = {"dtype": "bfloat16", "logprobs_mode": "processed_logprobs", "max_logprobs": self.top_k,
+                      "enable_prefix_caching": False, **self._vllm_kwargs}
+            if self.precision.rollout_fp8:
+                kwargs.setdefault("quantization", "fp8")
+            self._llm = LLM(model=str(self.path), **kwargs)
+        params = SamplingParams(n=n, temperature=self.temperature, top_p=1.0, top_k=-1,
+                                max_tokens=self.max_new_tokens, logprobs=self.top_k, seed=seed)
+        outputs = self._llm.generate(texts, params, use_tqdm=False)
+        return batch_from_vllm(outputs, top_k=self.top_k, eos_id=self.eos_id, pad_id=self.pad_id,
+                               device=self.device)

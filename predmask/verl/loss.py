@@ -1,0 +1,218 @@
+"""predmask's methods as verl policy losses: verl's signature, predmask's math (``predmask.policy_loss``).
+
+Every method of ``predmask.METHODS`` is registered under its own name, so
+``actor_rollout_ref.actor.policy_loss.loss_mode=<name>`` selects it. verl calls a policy loss with per-token
+tensors only; the rollout's top-K support reaches the loss through :func:`rollout_support` (a context the top-K
+plumbing in :mod:`predmask.verl.topk` sets around verl's ``ppo_loss``).
+
+Where the method parameters come from (verl's own ``ActorConfig`` fields, no new config keys):
+
+==================  =========================================  ===============================================
+predmask parameter  verl actor config key                       note
+==================  =========================================  ===============================================
+delta               ``actor_rollout_ref.actor.clip_ratio``      verl's own ``dppo_kl``/``dppo_tv`` use it as the
+                                                                divergence threshold too
+eps_low, eps_high   ``actor.clip_ratio_low`` / ``clip_ratio_high``  grpo_clip_higher's clip range
+ratio_cap           ``actor.clip_ratio_c``                      c in ``-A sg(min(r, c)) keep log pi``
+loss_agg_mode       ``actor.loss_agg_mode``                     passed by verl as an argument
+vocab_size          the logits' width, else ``model.hf_config.vocab_size``  for the uniform tail
+==================  =========================================  ===============================================
+
+The ratio is anchored on the rollout's log-probability of the sampled token (``log mu_k``) whenever the top-K
+plumbing provides it; without it (no ``rollout.calculate_log_probs``) only ``grpo_clip_higher`` can run, anchored
+on verl's ``old_log_prob``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from predmask.methods import METHODS, Method, MethodParams, get_method
+from predmask.methods import policy_loss as predmask_policy_loss
+from predmask.support import TopKSupport
+
+__all__ = [
+    "RolloutSupport",
+    "rollout_support",
+    "current_rollout_support",
+    "method_params",
+    "make_policy_loss",
+    "register_all",
+    "EXTRA_METRICS",
+]
+
+#: metrics added on top of ``predmask.policy_loss``'s: the largest |pi_k from the support gather - verl's
+#: log_prob| over response tokens -- a runtime check that the support is aligned with verl's log-probs.
+EXTRA_METRICS: tuple[str, ...] = ("actor/mask/pi_sampled_gap",)
+
+_GLOBAL_BATCH_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
+
+
+@dataclass(frozen=True)
+class RolloutSupport:
+    """The rollout-side inputs of one micro-batch, response-aligned like verl's log_prob [B, L].
+
+    anchor_logprobs: [B, L]    log mu_k of the sampled token (the anchor of r)
+    support:         TopKSupport [B, L, K+1] with the rollout log-probs mu (None for grpo_clip_higher)
+    pi_logprobs:     [B, L, K+1] training log-probs on the support (-inf on invalid slots)
+    pi_tail_sq:      [B, L]    sum of squared training probabilities off the support (exact tail only)
+    vocab_size:      V of the training logits
+    """
+
+    anchor_logprobs: Tensor
+    support: TopKSupport | None = None
+    pi_logprobs: Tensor | None = None
+    pi_tail_sq: Tensor | None = None
+    vocab_size: int | None = None
+
+
+_CURRENT: ContextVar[RolloutSupport | None] = ContextVar("predmask_rollout_support", default=None)
+
+
+@contextmanager
+def rollout_support(batch: RolloutSupport | None) -> Iterator[RolloutSupport | None]:
+    """Make ``batch`` visible to the registered losses for the duration of the block."""
+    token = _CURRENT.set(batch)
+    try:
+        yield batch
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_rollout_support() -> RolloutSupport | None:
+    """The support set by the innermost :func:`rollout_support` block, or None."""
+    return _CURRENT.get()
+
+
+def _config_value(config: Any, key: str, default: Any = None) -> Any:
+    getter = getattr(config, "get", None)
+    if callable(getter):
+        return getter(key, default)
+    return getattr(config, key, default)
+
+
+def _hf_vocab_size(config: Any) -> int | None:
+    model_config = _config_value(config, "model_config")
+    hf_config = _config_value(model_config, "hf_config") if model_config is not None else None
+    vocab = getattr(hf_config, "vocab_size", None)
+    return int(vocab) if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+
+
+def method_params(config: Any, loss_agg_mode: str, vocab_size: int | None = None) -> MethodParams:
+    """MethodParams from verl's actor config (see the module docstring for the key mapping)."""
+    if config is None:
+        raise ValueError("predmask policy losses need verl's actor config (config=None was passed)")
+
+    def number(key: str, default: float) -> float:
+        value = _config_value(config, key, None)
+        return float(default if value is None else value)
+
+    return MethodParams(
+        delta=number("clip_ratio", MethodParams.delta),
+        eps_low=number("clip_ratio_low", MethodParams.eps_low),
+        eps_high=number("clip_ratio_high", MethodParams.eps_high),
+        ratio_cap=number("clip_ratio_c", MethodParams.ratio_cap),
+        loss_agg_mode=loss_agg_mode,
+        vocab_size=vocab_size if vocab_size is not None else _hf_vocab_size(config),
+    )
+
+
+def _global_batch_info(config: Any) -> dict[str, Any]:
+    info = _config_value(config, "global_batch_info", None) or {}
+    if not isinstance(info, Mapping):
+        raise ValueError(f"config.global_batch_info must be a mapping, got {type(info).__name__}")
+    return {k: v for k, v in info.items() if k in _GLOBAL_BATCH_KEYS}
+
+
+PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Any]]]
+
+
+def make_policy_loss(name: str) -> PolicyLossFn:
+    """verl-signature policy loss for the predmask method ``name``."""
+    method: Method = get_method(name)
+
+    def policy_loss_fn(
+        old_log_prob: Tensor,
+        log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        if rollout_is_weights is not None:
+            raise ValueError(
+                f"policy loss {name!r} takes no rollout importance weights; "
+                "disable algorithm.rollout_correction (the ratio is already anchored on the rollout)"
+            )
+        batch = current_rollout_support()
+        mask = response_mask.bool()
+        if batch is None:
+            anchor = old_log_prob
+        else:
+            if tuple(batch.anchor_logprobs.shape) != tuple(log_prob.shape):
+                raise ValueError(
+                    f"rollout anchor {tuple(batch.anchor_logprobs.shape)} does not match log_prob "
+                    f"{tuple(log_prob.shape)}"
+                )
+            anchor = torch.where(mask, batch.anchor_logprobs.to(old_log_prob.dtype), old_log_prob)
+        support_kwargs: dict[str, Tensor | None] = {}
+        if method.needs_support:
+            if batch is None or batch.support is None or batch.pi_logprobs is None:
+                raise ValueError(
+                    f"policy loss {name!r} needs the rollout top-K support: set "
+                    "actor_rollout_ref.rollout.calculate_log_probs=K and start verl with "
+                    "`python -m predmask.verl.launch`"
+                )
+            support_kwargs = {
+                "mu_logprobs": batch.support.mu_logprobs,
+                "pi_logprobs": batch.pi_logprobs,
+                "valid": batch.support.valid,
+                "sampled_index": batch.support.sampled_index,
+                "pi_tail_sq": batch.pi_tail_sq,
+            }
+        params = method_params(config, loss_agg_mode, batch.vocab_size if batch is not None else None)
+        loss, metrics = predmask_policy_loss(
+            method,
+            log_prob=log_prob,
+            old_log_prob=anchor,
+            advantages=advantages,
+            response_mask=response_mask,
+            params=params,
+            global_batch_info=_global_batch_info(config),
+            **support_kwargs,
+        )
+        if method.needs_support and batch is not None and batch.support is not None and batch.pi_logprobs is not None:
+            pi_k = batch.support.sampled_logprob(batch.pi_logprobs.detach()).to(log_prob.dtype)
+            gap = (pi_k - log_prob.detach()).abs()[mask]
+            metrics["actor/mask/pi_sampled_gap"] = float(gap.max()) if gap.numel() else 0.0
+        return loss, metrics
+
+    policy_loss_fn.__name__ = f"predmask_policy_loss_{name}"
+    policy_loss_fn.__qualname__ = policy_loss_fn.__name__
+    policy_loss_fn.__doc__ = f"verl policy loss for predmask method {name!r}: {method.description}"
+    policy_loss_fn.predmask_method = name  # type: ignore[attr-defined]
+    return policy_loss_fn
+
+
+def register_all(core_algos: ModuleType) -> list[str]:
+    """Register every predmask method in ``core_algos``'s policy-loss registry; returns the names.
+
+    Idempotent. Refuses to shadow a verl loss of the same name that is not ours.
+    """
+    registry: dict[str, Any] = core_algos.POLICY_LOSS_REGISTRY
+    for name in METHODS:
+        existing = registry.get(name)
+        if existing is not None and getattr(existing, "predmask_method", None) != name:
+            raise ValueError(f"verl already has a policy loss named {name!r}; predmask will not replace it")
+        if existing is None:
+            core_algos.register_policy_loss(name)(make_policy_loss(name))
+    return list(METHODS)

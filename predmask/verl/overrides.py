@@ -1,0 +1,283 @@
+"""Translate a composed predmask run config into verl 0.9.1 Hydra overrides (pure; imports no verl).
+
+``verl_overrides(run_cfg)`` returns the overrides for ``python -m predmask.verl.launch`` (verl's ``main_ppo``).
+Keys read from ``run_cfg`` (a mapping or an OmegaConf DictConfig; ``?`` = optional, default in brackets):
+
+- ``method``: a method name, or a mapping with ``name`` and optionally ``delta``, ``eps_low``, ``eps_high``,
+  ``ratio_cap``, ``loss_agg_mode`` (defaults: ``predmask.MethodParams``)
+- ``delta``: the trust-region threshold when ``method.delta`` is absent; ``top_k``: K of the rollout support
+- ``precision``: ``bf16`` | ``fp8_rollout`` | ``fp8_e2e`` (a name, or a mapping with ``name``)
+- ``model``: ``path`` (HF id or local directory, required) and ``engine`` [megatron] | fsdp,
+  ``tensor_parallel`` [1], ``pipeline_parallel`` [1], ``expert_parallel`` [1], ``rollout_tensor_parallel`` [1],
+  ``train_batch_size`` [512], ``ppo_mini_batch_size`` [32], ``rollout_n`` [16], ``max_prompt_length`` [1024],
+  ``max_response_length`` [8192], ``max_token_len_per_gpu`` [2 * (prompt + response)], ``lr`` [1e-6],
+  ``temperature`` [1.0], ``val_temperature`` [1.0], ``val_top_p`` [1.0], ``gpu_memory_utilization`` [0.6],
+  ``total_training_steps`` [None: verl's epochs], ``total_epochs`` [1], ``test_freq`` [10], ``save_freq`` [20],
+  ``verl`` [{}]: extra raw verl overrides ``{dotted.key: value}`` (applied last)
+- ``cluster``: ``nodes`` (or ``nnodes``) and ``gpus_per_node`` (or ``n_gpus_per_node``), ``data_dir``?
+- ``data``?: ``train_files`` and ``val_files`` (str or list); else ``cluster.data_dir`` with the files written by
+  ``python -m sweeps.data prepare`` (``dapo_math_13k.parquet``, ``aime24.parquet``, ``aime25.parquet``)
+- ``seed`` [0], ``val_n`` [16], ``run_id``?, ``sweep``? (the project name, [predmask]), ``run_dir``?
+  (checkpoints under ``<run_dir>/checkpoints``, Hydra's output under ``<run_dir>/hydra``), ``verl`` [{}]
+
+The file logger path is passed into every Ray worker's environment when ``file_logger_path`` is given (verl's
+FileLogger reads ``VERL_FILE_LOGGER_PATH`` in the trainer process, a Ray actor).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from predmask.methods import METHODS, MethodParams, get_method
+
+__all__ = [
+    "PRECISIONS",
+    "ENGINES",
+    "PLUGIN_MODULE",
+    "PLUGIN_ENV",
+    "DATA_FILES",
+    "hydra_value",
+    "verl_overrides",
+]
+
+PRECISIONS: tuple[str, ...] = ("bf16", "fp8_rollout", "fp8_e2e")
+ENGINES: tuple[str, ...] = ("megatron", "fsdp")
+#: the module every verl process must import, and verl's env var that makes it do so (verl/__init__.py)
+PLUGIN_MODULE = "predmask.verl"
+PLUGIN_ENV = "VERL_USE_EXTERNAL_MODULES"
+#: file names written by ``python -m sweeps.data prepare``
+DATA_FILES: dict[str, str] = {"train": "dapo_math_13k.parquet", "aime24": "aime24.parquet", "aime25": "aime25.parquet"}
+RUNTIME_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
+
+_SAFE = re.compile(r"^[A-Za-z0-9_./@:+-]+$")
+_LOOKS_TYPED = re.compile(r"^(true|false|null|nan|inf|-inf|[+-]?[0-9][0-9_]*(\.[0-9]*)?([eE][+-]?[0-9]+)?)$", re.I)
+
+
+def hydra_value(value: Any) -> str:
+    """Format a Python value as a Hydra override value (strings quoted unless plainly safe)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        if _SAFE.match(value) and not _LOOKS_TYPED.match(value) and not value.startswith(("-", "+")):
+            return value
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, Sequence):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    raise ValueError(f"cannot express {type(value).__name__} value {value!r} as a Hydra override")
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    if cfg is None:
+        return default
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    getter = getattr(cfg, "get", None)
+    return getter(key, default) if callable(getter) else getattr(cfg, key, default)
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers -> plain Python (lists/dicts), other values unchanged."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf is a core dependency
+        return value
+    if isinstance(value, DictConfig | ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _require(cfg: Any, key: str, where: str) -> Any:
+    value = _get(cfg, key)
+    if value is None or value == "":
+        raise ValueError(f"run config is missing {where}.{key} (needed for a VeRL run)")
+    return value
+
+
+def _name(value: Any, what: str) -> str:
+    name = value if isinstance(value, str) else _get(value, "name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"run config {what} must be a name or a mapping with 'name', got {value!r}")
+    return name
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _files(value: Any) -> list[str]:
+    value = _plain(value)
+    files = [value] if isinstance(value, str) else list(value or [])
+    if not files or not all(isinstance(f, str) and f for f in files):
+        raise ValueError(f"data files must be a path or a list of paths, got {value!r}")
+    return files
+
+
+def _data_files(run_cfg: Any) -> tuple[list[str], list[str]]:
+    data = _get(run_cfg, "data")
+    if _get(data, "train_files") is not None:
+        return _files(_require(data, "train_files", "data")), _files(_require(data, "val_files", "data"))
+    data_dir = _get(_get(run_cfg, "cluster"), "data_dir")
+    if not data_dir:
+        raise ValueError("run config needs data.train_files/data.val_files or cluster.data_dir for a VeRL run")
+    base = str(data_dir).rstrip("/")
+    return [f"{base}/{DATA_FILES['train']}"], [f"{base}/{DATA_FILES['aime24']}", f"{base}/{DATA_FILES['aime25']}"]
+
+
+def _method_params(run_cfg: Any) -> tuple[str, MethodParams]:
+    method_cfg = _get(run_cfg, "method")
+    name = _name(method_cfg, "method")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
+    values: dict[str, Any] = {}
+    if not isinstance(method_cfg, str):
+        values.update({k: v for k, v in (_plain(method_cfg) or {}).items() if k != "name"})
+    if values.get("delta") is None and _get(run_cfg, "delta") is not None:
+        values["delta"] = _get(run_cfg, "delta")
+    return name, MethodParams.from_mapping({k: v for k, v in values.items() if v is not None})
+
+
+def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list[str]:
+    """verl Hydra overrides for one run (see the module docstring for the keys read); raises on bad input."""
+    name, params = _method_params(run_cfg)
+    method = get_method(name)
+    top_k = _positive_int(_get(run_cfg, "top_k"), "top_k")
+    precision = _name(_get(run_cfg, "precision", "bf16"), "precision")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
+    model = _get(run_cfg, "model")
+    if model is None:
+        raise ValueError("run config is missing model (needed for a VeRL run)")
+    path = str(_require(model, "path", "model"))
+    engine = str(_get(model, "engine", "megatron"))
+    if engine not in ENGINES:
+        raise ValueError(f"unknown model.engine {engine!r}; allowed: {', '.join(ENGINES)}")
+    if precision == "fp8_e2e" and engine != "megatron":
+        raise ValueError("precision fp8_e2e (FP8 training) needs model.engine=megatron")
+    cluster = _get(run_cfg, "cluster")
+    nnodes = _positive_int(_get(cluster, "nodes", _get(cluster, "nnodes")), "cluster.nodes")
+    gpus = _positive_int(_get(cluster, "gpus_per_node", _get(cluster, "n_gpus_per_node")), "cluster.gpus_per_node")
+    train_files, val_files = _data_files(run_cfg)
+    seed = int(_get(run_cfg, "seed", 0))
+    val_n = _positive_int(_get(run_cfg, "val_n", 16), "val_n")
+
+    def m(key: str, default: Any) -> Any:
+        value = _get(model, key, default)
+        return default if value is None else value
+
+    prompt_len = _positive_int(m("max_prompt_length", 1024), "model.max_prompt_length")
+    response_len = _positive_int(m("max_response_length", 8192), "model.max_response_length")
+    token_len = _positive_int(m("max_token_len_per_gpu", 2 * (prompt_len + response_len)), "model.max_token_len_per_gpu")
+    tp, pp, ep = (_positive_int(m(k, 1), f"model.{k}") for k in ("tensor_parallel", "pipeline_parallel", "expert_parallel"))
+    rollout_tp = _positive_int(m("rollout_tensor_parallel", 1), "model.rollout_tensor_parallel")
+
+    actor = "actor_rollout_ref.actor"
+    rollout = "actor_rollout_ref.rollout"
+    o: dict[str, Any] = {}
+    o["model_engine"] = "megatron" if engine == "megatron" else "dp"
+    # -- data and reward (reward: verl's default dispatch on data_source -> DAPO math scoring)
+    o["data.train_files"] = train_files
+    o["data.val_files"] = val_files
+    o["data.prompt_key"] = "prompt"
+    o["data.max_prompt_length"] = prompt_len
+    o["data.max_response_length"] = response_len
+    o["data.train_batch_size"] = _positive_int(m("train_batch_size", 512), "model.train_batch_size")
+    o["data.filter_overlong_prompts"] = True
+    o["data.truncation"] = "error"
+    o["data.seed"] = seed
+    # -- algorithm: GRPO advantages, no KL, one PPO epoch per batch (paper)
+    o["algorithm.adv_estimator"] = "grpo"
+    o["algorithm.use_kl_in_reward"] = False
+    # -- model
+    o["actor_rollout_ref.model.path"] = path
+    o["actor_rollout_ref.model.use_remove_padding"] = True
+    o["actor_rollout_ref.model.use_fused_kernels"] = False  # the support gather needs the logits
+    # -- actor: the loss and its parameters (see predmask.verl.loss for the key mapping)
+    o[f"{actor}.policy_loss.loss_mode"] = name
+    o[f"{actor}.loss_agg_mode"] = params.loss_agg_mode
+    if method.kind == "clip":
+        o[f"{actor}.clip_ratio_low"] = params.eps_low
+        o[f"{actor}.clip_ratio_high"] = params.eps_high
+    else:
+        o[f"{actor}.clip_ratio"] = params.delta
+        o[f"{actor}.clip_ratio_c"] = params.ratio_cap
+    o[f"{actor}.ppo_epochs"] = 1
+    o[f"{actor}.ppo_mini_batch_size"] = _positive_int(m("ppo_mini_batch_size", 32), "model.ppo_mini_batch_size")
+    o[f"{actor}.use_dynamic_bsz"] = True
+    o[f"{actor}.ppo_max_token_len_per_gpu"] = token_len
+    o[f"{actor}.use_kl_loss"] = False
+    o[f"{actor}.entropy_coeff"] = 0
+    o[f"{actor}.optim.lr"] = float(m("lr", 1e-6))
+    o[f"{actor}.data_loader_seed"] = seed
+    if engine == "megatron":
+        o[f"{actor}.megatron.tensor_model_parallel_size"] = tp
+        o[f"{actor}.megatron.pipeline_model_parallel_size"] = pp
+        o[f"{actor}.megatron.expert_model_parallel_size"] = ep
+        o[f"{actor}.megatron.context_parallel_size"] = 1
+        o[f"{actor}.megatron.seed"] = seed
+    else:
+        if tp != 1 or pp != 1 or ep != 1:
+            raise ValueError("model.engine=fsdp takes no tensor/pipeline/expert parallelism; use engine=megatron")
+        o[f"{actor}.fsdp_config.seed"] = seed
+    if precision == "fp8_e2e":
+        o[f"+{actor}.megatron.override_transformer_config.fp8"] = "hybrid"
+        o[f"+{actor}.megatron.override_transformer_config.fp8_recipe"] = "blockwise"
+        o[f"+{actor}.optim.override_optimizer_config.fp8_recipe"] = "blockwise"
+    # -- rollout: vLLM with the top-K support (calculate_log_probs=K; see predmask.verl.topk)
+    o[f"{rollout}.name"] = "vllm"
+    o[f"{rollout}.mode"] = "async"
+    o[f"{rollout}.calculate_log_probs"] = top_k
+    o[f"{rollout}.logprobs_mode"] = "processed_logprobs"
+    o[f"{rollout}.n"] = _positive_int(m("rollout_n", 16), "model.rollout_n")
+    o[f"{rollout}.temperature"] = float(m("temperature", 1.0))
+    o[f"{rollout}.top_p"] = 1.0
+    o[f"{rollout}.top_k"] = -1
+    o[f"{rollout}.tensor_model_parallel_size"] = rollout_tp
+    o[f"{rollout}.gpu_memory_utilization"] = float(m("gpu_memory_utilization", 0.6))
+    o[f"{rollout}.log_prob_max_token_len_per_gpu"] = token_len
+    o[f"{rollout}.seed"] = seed
+    o[f"{rollout}.val_kwargs.n"] = val_n
+    o[f"{rollout}.val_kwargs.do_sample"] = True
+    o[f"{rollout}.val_kwargs.temperature"] = float(m("val_temperature", 1.0))
+    o[f"{rollout}.val_kwargs.top_p"] = float(m("val_top_p", 1.0))
+    if precision in ("fp8_rollout", "fp8_e2e"):
+        o[f"{rollout}.quantization"] = "fp8"
+    # -- trainer
+    run_id = _get(run_cfg, "run_id")
+    run_dir = _get(run_cfg, "run_dir")
+    o["trainer.use_v1"] = False  # the top-K plumbing rides verl's DataProto path (the v1 trainer needs TransferQueue)
+    o["trainer.nnodes"] = nnodes
+    o["trainer.n_gpus_per_node"] = gpus
+    o["trainer.logger"] = ["console", "file"]
+    o["trainer.project_name"] = str(_get(run_cfg, "sweep", "predmask") or "predmask")
+    o["trainer.experiment_name"] = str(run_id or name)
+    o["trainer.val_before_train"] = True
+    o["trainer.test_freq"] = int(m("test_freq", 10))
+    o["trainer.save_freq"] = int(m("save_freq", 20))
+    o["trainer.resume_mode"] = "auto"
+    o["trainer.total_epochs"] = int(m("total_epochs", 1))
+    if m("total_training_steps", None) is not None:
+        o["trainer.total_training_steps"] = int(m("total_training_steps", None))
+    if run_dir:
+        o["trainer.default_local_dir"] = f"{str(run_dir).rstrip('/')}/checkpoints"
+        o["hydra.run.dir"] = f"{str(run_dir).rstrip('/')}/hydra"
+    # -- every Ray worker imports the plugin (verl/__init__.py honours VERL_USE_EXTERNAL_MODULES)
+    o[f"{RUNTIME_ENV}.{PLUGIN_ENV}"] = PLUGIN_MODULE
+    if file_logger_path:
+        o[f"{RUNTIME_ENV}.VERL_FILE_LOGGER_PATH"] = str(file_logger_path)
+    # -- raw extras: model.verl, then run_cfg.verl
+    for extra in (_get(model, "verl"), _get(run_cfg, "verl")):
+        for key, value in (_plain(extra) or {}).items():
+            o[str(key)] = _plain(value)
+    return [f"{key}={hydra_value(value)}" for key, value in o.items()]

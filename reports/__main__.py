@@ -1,0 +1,136 @@
+"""`python -m reports paper|list`: draw the paper's figures and tables from the results database, or list them.
+
+python -m reports paper [--db PATH] [--out DIR] [--sweep NAME ...] [--study ID] [--smooth W] [--only NAME ...]
+python -m reports list  [--db PATH] [--sweep NAME ...] [--study ID]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from analysis.store import StoreError, default_db_path
+from reports import registry
+from reports.paper import availability, build_paper
+
+DEFAULT_OUT = Path("reports") / "out"
+
+
+def _console(stderr: bool = False) -> Console:
+    width = max(120, shutil.get_terminal_size((120, 24)).columns)
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+
+
+def _sweeps(values: Sequence[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [s for v in values for s in v.split(",") if s]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m reports", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--db",
+            type=Path,
+            default=None,
+            help=f"results database (default: $PREDMASK_DB or {default_db_path()})",
+        )
+        sp.add_argument(
+            "--sweep",
+            action="append",
+            default=None,
+            metavar="NAME",
+            help="draw runs of these sweeps only (repeat or comma-separate); default per figure: main_comparison "
+            "for figures 1 and 5-8, tight_threshold for figure 2, falling back to every sweep",
+        )
+        sp.add_argument(
+            "--study", default=None, metavar="ID", help="token-level study id (default: the newest)"
+        )
+
+    paper = sub.add_parser("paper", help="draw every figure and table and write the index page")
+    common(paper)
+    paper.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})"
+    )
+    paper.add_argument(
+        "--smooth",
+        type=int,
+        default=0,
+        metavar="W",
+        help="trailing mean over W logged points on training curves (default 0: raw; labelled on each figure)",
+    )
+    paper.add_argument(
+        "--only", action="append", default=None, metavar="NAME", help="draw only these artefacts"
+    )
+    paper.add_argument("--debug", action="store_true", help="show the traceback when an artefact fails")
+    lst = sub.add_parser(
+        "list", help="list the figures and tables and whether the database has data for them"
+    )
+    common(lst)
+    return p
+
+
+def cmd_paper(args: argparse.Namespace) -> int:
+    out, err = _console(), _console(stderr=True)
+    if args.smooth < 0:
+        err.print(f"error: --smooth must be >= 0, got {args.smooth}")
+        return 2
+    db = args.db if args.db is not None else default_db_path()
+    try:
+        paper = build_paper(
+            db,
+            args.out,
+            sweeps=_sweeps(args.sweep),
+            study_id=args.study,
+            smooth=args.smooth,
+            only=_sweeps(args.only),
+            debug=args.debug,
+        )
+    except (StoreError, ValueError, KeyError) as exc:
+        err.print(f"error: {exc.args[0] if exc.args else exc}")
+        return 1
+    table = Table(title=f"report from {db}")
+    for col in ("artefact", "data", "files"):
+        table.add_column(col)
+    for r in paper.results:
+        table.add_row(r.name, "yes" if r.has_data else "[red]none[/red]", ", ".join(f.name for f in r.files))
+    out.print(table)
+    for name, why in paper.failures.items():
+        err.print(f"error: {name} failed: {why} (rerun with --debug for the traceback)")
+    out.print(f"index: {paper.index}")
+    return 1 if paper.failures else 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    db = args.db if args.db is not None else default_db_path()
+    try:
+        rows = availability(db, sweeps=_sweeps(args.sweep), study_id=args.study)
+    except (StoreError, ValueError) as exc:
+        # no database: still list what exists, saying there is no data
+        _console(stderr=True).print(f"note: {exc.args[0] if exc.args else exc}")
+        rows = [(a, "no database", False) for a in registry.artefacts()]
+    table = Table(title=f"report artefacts ({db})")
+    for col in ("name", "kind", "title", "data", "draws from"):
+        table.add_column(col)
+    for art, what, ok in rows:
+        table.add_row(art.name, art.kind, art.title, "yes" if ok else "no", what)
+    _console().print(table)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return cmd_paper(args) if args.command == "paper" else cmd_list(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,422 @@
+"""Read-only queries behind the reports: runs and their settings, metric series, token-level studies."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from reports.style import CPU_STAND_INS, PAPER_MODELS, PAPER_SETTINGS, PRECISION_LABELS, setting_label
+
+VAL_RE = re.compile(r"^val-core/(?P<src>.+)/acc/mean@(?P<n>\d+)$")  # a data_source may contain "/"
+AIME_RE = {
+    "aime24": re.compile(r"aime[_-]?(?:20)?24", re.IGNORECASE),
+    "aime25": re.compile(r"aime[_-]?(?:20)?25", re.IGNORECASE),
+}
+PREFERRED_AT_N = 16  # the paper's avg@16
+
+
+def table_exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    rows = con.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
+    ).fetchall()
+    return bool(rows[0][0])
+
+
+def table_columns(con: duckdb.DuckDBPyConnection, name: str) -> set[str]:
+    rows = con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [name]
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def count_rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    return (
+        int(con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]) if table_exists(con, table) else 0
+    )
+
+
+# ----------------------------------------------------------------------------------------------- runs
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """One row of `runs` with what the reports derive from it (setting, stand-in, backend)."""
+
+    run_id: str
+    sweep: str | None
+    method: str | None
+    delta: float | None
+    model: str | None
+    precision: str | None
+    seed: int | None
+    backend: str | None
+    status: str | None
+    config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def stands_in_for(self) -> str | None:
+        model_cfg = self.config.get("model") if isinstance(self.config, dict) else None
+        if isinstance(model_cfg, dict) and isinstance(model_cfg.get("stands_in_for"), str):
+            return model_cfg["stands_in_for"]
+        return CPU_STAND_INS.get(self.model or "")
+
+    @property
+    def paper_model(self) -> str:
+        return self.stands_in_for or self.model or "unknown model"
+
+    @property
+    def setting(self) -> tuple[str, str]:
+        return (self.paper_model, self.precision or "unknown precision")
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.backend == "local" or (self.backend is None and self.stands_in_for is not None)
+
+    def describe_scale(self) -> str:
+        if self.stands_in_for and self.model != self.stands_in_for:
+            return (
+                f"{self.model} (CPU stand-in for {PAPER_MODELS.get(self.stands_in_for, self.stands_in_for)})"
+            )
+        return PAPER_MODELS.get(self.model or "", self.model or "?")
+
+    def describe_precision(self) -> str:
+        label = PRECISION_LABELS.get(self.precision or "", self.precision or "?")
+        return (
+            f"{label} (emulated on CPU)"
+            if self.is_cpu
+            else f"{label} (real, {self.backend or 'unknown backend'})"
+        )
+
+    def describe_backend(self) -> str:
+        if self.backend == "local":
+            return "local (CPU engine)"
+        if self.backend == "slurm":
+            return "slurm (VeRL)"
+        return self.backend or "unknown"
+
+
+def load_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
+    """Every registered run (empty when the table does not exist)."""
+    if not table_exists(con, "runs"):
+        return []
+    rows = con.execute(
+        "SELECT run_id, sweep, method, delta, model, precision, seed, backend, status, config FROM runs ORDER BY run_id"
+    ).fetchall()
+    out = []
+    for r in rows:
+        try:
+            cfg = json.loads(r[9]) if r[9] else {}
+        except (TypeError, json.JSONDecodeError):
+            cfg = {}
+        out.append(RunInfo(*r[:9], config=cfg if isinstance(cfg, dict) else {}))
+    return out
+
+
+def same_delta(a: float | None, b: float) -> bool:
+    return a is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@dataclass(frozen=True)
+class RunSelection:
+    """The runs a figure draws from and the rule that chose them (shown on the report page)."""
+
+    runs: tuple[RunInfo, ...]
+    rule: str
+
+
+def select_runs(
+    runs: Sequence[RunInfo], delta: float | None, sweeps: Sequence[str] | None, default_sweep: str | None
+) -> RunSelection:
+    """Runs at threshold `delta` (None: any) from `sweeps` if given; else from `default_sweep` when it has
+    matching runs; else from every sweep."""
+    cands = [r for r in runs if delta is None or same_delta(r.delta, delta)]
+    where = f"δ = {delta:g}" if delta is not None else "any δ"
+    if sweeps:
+        chosen = [r for r in cands if r.sweep in set(sweeps)]
+        rule = f"{where}, sweep in {{{', '.join(sweeps)}}} (--sweep)"
+    elif default_sweep is not None and any(r.sweep == default_sweep for r in cands):
+        chosen = [r for r in cands if r.sweep == default_sweep]
+        rule = f"{where}, sweep {default_sweep} (default for this figure; --sweep to change)"
+    else:
+        chosen = cands
+        rule = f"{where}, all sweeps" + (f" (no {default_sweep} runs)" if default_sweep else "")
+    return RunSelection(tuple(chosen), rule)
+
+
+@dataclass(frozen=True)
+class PanelKey:
+    """One panel of a per-setting figure: a paper setting and the model that actually ran (None: no runs)."""
+
+    paper_model: str
+    precision: str
+    model: str | None
+
+    @property
+    def title(self) -> str:
+        head = setting_label(self.paper_model, self.precision)
+        if self.model is None:
+            stand = next((k for k, v in CPU_STAND_INS.items() if v == self.paper_model), None)
+            return head + (f"\n(CPU stand-in {stand}: no runs)" if stand else "\n(no runs)")
+        if self.model != self.paper_model:
+            return f"{head}\nCPU stand-in {self.model}, emulated precision"
+        return head
+
+
+def panel_keys(runs: Iterable[RunInfo]) -> list[PanelKey]:
+    """The paper's four settings in order (empty when no run has them), then any other setting found."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for r in runs:
+        found.setdefault(r.setting, set()).add(r.model or "?")
+    keys: list[PanelKey] = []
+    for setting in PAPER_SETTINGS:
+        models = sorted(found.pop(setting, set()))
+        keys.extend(PanelKey(*setting, m) for m in models) if models else keys.append(
+            PanelKey(*setting, None)
+        )
+    for setting in sorted(found):
+        keys.extend(PanelKey(*setting, m) for m in sorted(found[setting]))
+    return keys
+
+
+def runs_in_panel(runs: Iterable[RunInfo], key: PanelKey) -> list[RunInfo]:
+    return [
+        r for r in runs if r.setting == (key.paper_model, key.precision) and (r.model or "?") == key.model
+    ]
+
+
+# -------------------------------------------------------------------------------------------- metrics
+
+Series = tuple[np.ndarray, np.ndarray]  # (steps, values), sorted by step
+
+
+def metric_series(
+    con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], names: Sequence[str]
+) -> dict[tuple[str, str], Series]:
+    """(run_id, name) -> (steps, values) for the given runs and metric names, steps ascending."""
+    if not run_ids or not names or not table_exists(con, "metrics"):
+        return {}
+    cols = con.execute(
+        "SELECT run_id, name, step, value FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) "
+        "AND name IN (SELECT unnest(?::VARCHAR[])) ORDER BY run_id, name, step",
+        [list(run_ids), list(names)],
+    ).fetchnumpy()
+    run_col, name_col = np.asarray(cols["run_id"], dtype=object), np.asarray(cols["name"], dtype=object)
+    steps = np.asarray(cols["step"], dtype=np.int64)
+    values = np.asarray(cols["value"], dtype=np.float64)
+    out: dict[tuple[str, str], Series] = {}
+    if len(steps) == 0:
+        return out
+    key = np.char.add(np.char.add(run_col.astype(str), "\x00"), name_col.astype(str))
+    bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(key)]):
+        out[(str(run_col[lo]), str(name_col[lo]))] = (steps[lo:hi], values[lo:hi])
+    return out
+
+
+def metric_names_by_run(
+    con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], prefix: str
+) -> dict[str, list[str]]:
+    """run_id -> distinct metric names starting with prefix (runs without any are absent)."""
+    if not run_ids or not table_exists(con, "metrics"):
+        return {}
+    rows = con.execute(
+        "SELECT DISTINCT run_id, name FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) "
+        "AND starts_with(name, ?) ORDER BY run_id, name",
+        [list(run_ids), prefix],
+    ).fetchall()
+    out: dict[str, list[str]] = {}
+    for run_id, name in rows:
+        out.setdefault(run_id, []).append(name)
+    return out
+
+
+def aime_metric_names(names: Iterable[str]) -> dict[str, str]:
+    """{'aime24': name, 'aime25': name} from val-core/<src>/acc/mean@N names; prefers N = 16, else the largest."""
+    best: dict[str, tuple[int, str]] = {}
+    for name in names:
+        m = VAL_RE.match(name)
+        if not m:
+            continue
+        n = int(m.group("n"))
+        rank = 10**6 if n == PREFERRED_AT_N else n
+        for bench, pat in AIME_RE.items():
+            if pat.search(m.group("src")) and (bench not in best or rank > best[bench][0]):
+                best[bench] = (rank, name)
+    return {bench: name for bench, (_, name) in best.items()}
+
+
+def mean_on_common_steps(a: Series, b: Series) -> Series:
+    """Pointwise mean of two series on the steps both have."""
+    steps, ia, ib = np.intersect1d(a[0], b[0], assume_unique=True, return_indices=True)
+    return steps, (a[1][ia] + b[1][ib]) / 2.0
+
+
+def smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over the last `window` logged points (shorter at the start); window <= 1: unchanged.
+    NaN points stay NaN and are left out of their neighbours' means."""
+    if window <= 1 or len(values) == 0:
+        return values
+    finite = np.isfinite(values)
+    v = np.where(finite, values, 0.0)
+    kernel = np.ones(window)
+    sums = np.convolve(v, kernel)[: len(v)]
+    counts = np.convolve(finite.astype(float), kernel)[: len(v)]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = sums / counts
+    out[~finite] = np.nan
+    return out
+
+
+def last_steps(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """run_id -> (number of logged steps, last step)."""
+    if not run_ids or not table_exists(con, "metrics"):
+        return {}
+    rows = con.execute(
+        "SELECT run_id, count(DISTINCT step), max(step) FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) "
+        "GROUP BY run_id",
+        [list(run_ids)],
+    ).fetchall()
+    return {r[0]: (int(r[1]), int(r[2])) for r in rows}
+
+
+# --------------------------------------------------------------------------------------- token level
+
+
+@dataclass(frozen=True)
+class StudyInfo:
+    """One token-level study: its id, config and what it ran on."""
+
+    study_id: str
+    config: dict[str, Any]
+    n_seeds: int
+
+    def _get(self, *path: str) -> Any:
+        cur: Any = self.config
+        for p in path:
+            if not isinstance(cur, dict):
+                return None
+            cur = cur.get(p)
+        return cur
+
+    def describe(self) -> str:
+        """'backend, scale, precision' in words, for labels that must never be confused with the paper's."""
+        model = self._get("model", "name") or self._get("model")
+        model = model if isinstance(model, str) else "unknown model"
+        stands = self._get("model", "stands_in_for") or CPU_STAND_INS.get(model)
+        precision = self._get("precision", "name") or self._get("precision")
+        precision = precision if isinstance(precision, str) else "unknown precision"
+        cluster = self._get("cluster", "name") or self._get("cluster") or self._get("backend")
+        cpu = stands is not None and model != stands
+        backend = "CPU engine" if cpu or cluster in (None, "local") else f"cluster ({cluster})"
+        scale = (
+            f"{model} (stand-in for {PAPER_MODELS.get(stands, stands)})"
+            if cpu
+            else PAPER_MODELS.get(model, model)
+        )
+        prec = PRECISION_LABELS.get(precision, precision) + (" emulated" if cpu else "")
+        return f"{backend}, {scale}, {prec}"
+
+
+def load_studies(con: duckdb.DuckDBPyConnection) -> list[StudyInfo]:
+    """Every token-level study, newest first."""
+    if not table_exists(con, "token_level_studies"):
+        return []
+    has_seeds = table_exists(con, "token_level_seeds")
+    count = "(SELECT count(*) FROM token_level_seeds s WHERE s.study_id = t.study_id)" if has_seeds else "0"
+    rows = con.execute(
+        f"SELECT study_id, config, {count} FROM token_level_studies t ORDER BY created_at DESC NULLS LAST, study_id"
+    ).fetchall()
+    out = []
+    for sid, cfg, n in rows:
+        try:
+            parsed = json.loads(cfg) if cfg else {}
+        except (TypeError, json.JSONDecodeError):
+            parsed = {}
+        out.append(StudyInfo(sid, parsed if isinstance(parsed, dict) else {}, int(n)))
+    return out
+
+
+def pick_study(studies: Sequence[StudyInfo], study_id: str | None) -> StudyInfo | None:
+    """The requested study (ValueError naming the valid ids if unknown), else the newest one with seeds."""
+    if study_id is not None:
+        for s in studies:
+            if s.study_id == study_id:
+                return s
+        raise ValueError(
+            f"unknown study {study_id!r}; stored: {', '.join(s.study_id for s in studies) or 'none'}"
+        )
+    with_seeds = [s for s in studies if s.n_seeds > 0]
+    return with_seeds[0] if with_seeds else (studies[0] if studies else None)
+
+
+def seed_table(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, np.ndarray]:
+    """token_level_seeds of one study as column arrays (float, NaN for NULL), ordered by seed."""
+    if not table_exists(con, "token_level_seeds"):
+        return {}
+    cols = sorted(table_columns(con, "token_level_seeds") - {"study_id"})
+    raw = con.execute(
+        f"SELECT {', '.join(cols)} FROM token_level_seeds WHERE study_id = ? ORDER BY seed", [study_id]
+    ).fetchnumpy()
+    out: dict[str, np.ndarray] = {}
+    for c in cols:
+        arr = raw[c]
+        if np.ma.isMaskedArray(arr):
+            arr = arr.astype(float).filled(np.nan) if arr.dtype != object else np.ma.filled(arr, None)
+        try:
+            out[c] = np.asarray(arr, dtype=float)
+        except (TypeError, ValueError):
+            continue  # non-numeric extra columns are not part of the report
+    return out
+
+
+# (criterion, keep column, dD column); ratio is judged on its disagreement set with the aggregated criterion,
+# each predictive criterion on its own disagreement set with the ratio criterion (math.md §5).
+CRITERIA_TOKENS: tuple[tuple[str, str, str, str], ...] = (
+    ("ratio", "keep_ratio", "keep_pred_agg", "dd_ratio"),
+    ("predictive", "keep_pred_agg", "keep_ratio", "dd_pred_agg"),
+    ("predictive_uniform", "keep_pred_uniform", "keep_ratio", "dd_pred_uniform"),
+    ("predictive_exact", "keep_pred_exact", "keep_ratio", "dd_pred_exact"),
+)
+
+
+def pooled_corrective(
+    con: duckdb.DuckDBPyConnection, study_id: str
+) -> tuple[dict[str, tuple[int, int]], str]:
+    """criterion -> (corrective, kept) pooled over all seeds: kept = disagreement tokens the criterion keeps,
+    corrective = those with dD < 0. From token_level_tokens; from the seed counts when the study stored no
+    tokens. Returns the counts and the source used."""
+    out: dict[str, tuple[int, int]] = {}
+    if table_exists(con, "token_level_tokens"):
+        have = table_columns(con, "token_level_tokens")
+        parts, usable = [], []
+        for crit, keep, other, dd in CRITERIA_TOKENS:
+            if {keep, other, dd} <= have:
+                kept = f"{keep} AND NOT {other}"
+                parts.append(f"count(*) FILTER (WHERE {kept}), count(*) FILTER (WHERE {kept} AND {dd} < 0)")
+                usable.append(crit)
+        n_tokens = con.execute(
+            "SELECT count(*) FROM token_level_tokens WHERE study_id = ?", [study_id]
+        ).fetchall()
+        if parts and n_tokens[0][0] > 0:
+            row = con.execute(
+                f"SELECT {', '.join(parts)} FROM token_level_tokens WHERE study_id = ?", [study_id]
+            ).fetchall()[0]
+            for i, crit in enumerate(usable):
+                kept_n, corr_n = int(row[2 * i]), int(row[2 * i + 1])
+                if kept_n > 0:
+                    out[crit] = (corr_n, kept_n)
+            return out, "token_level_tokens (pooled over tokens)"
+    seeds = seed_table(con, study_id)
+    for crit in ("ratio", "predictive", "predictive_uniform", "predictive_exact"):
+        kept, corr = seeds.get(f"n_keep_{crit}"), seeds.get(f"n_corrective_{crit}")
+        if kept is not None and corr is not None and np.isfinite(kept).any() and np.nansum(kept) > 0:
+            ok = np.isfinite(kept) & np.isfinite(corr)
+            out[crit] = (int(corr[ok].sum()), int(kept[ok].sum()))
+    return out, "token_level_seeds counts (the study stored no tokens)"

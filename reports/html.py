@@ -1,0 +1,149 @@
+"""The report page reports/out/index.html: every figure, the tables, and where each figure's data came from."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from reports import data
+from reports.registry import ArtefactResult
+from reports.tables import TextTable, write_text_atomic
+
+CSS = """
+body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto;
+       max-width: 1400px; padding: 0 1em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
+h3 { font-size: 1.0em; }
+img { max-width: 100%; border: 1px solid #eee; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+.paper { background: #fff7e6; } .db { background: #e8f3fb; }
+.note { color: #555; font-size: 0.9em; } .empty { color: #a00; }
+details { margin: 0.5em 0; } nav a { margin-right: 1em; }
+"""
+
+
+def _esc(text: object) -> str:
+    return html.escape(str(text))
+
+
+def _table_html(t: TextTable, classes: Sequence[str] | None = None) -> str:
+    cls = list(classes or [""] * len(t.header))
+    head = "".join(f'<th class="{c}">{_esc(h)}</th>' for h, c in zip(t.header, cls))
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{c}">{_esc(v)}</td>' for v, c in zip(row, cls)) + "</tr>"
+        for row in t.rows
+    )
+    return f"<h3>{_esc(t.title)}</h3><p class='note'>{_esc(t.note)}</p><table><tr>{head}</tr>{body}</table>"
+
+
+def _provenance(result: ArtefactResult, steps: dict[str, tuple[int, int]]) -> str:
+    if result.study is not None:
+        s = result.study
+        return (
+            f"<p class='note'>Drawn from token-level study <code>{_esc(s.study_id)}</code> "
+            f"({s.n_seeds} seeds): {_esc(s.describe())}.</p>"
+        )
+    if not result.runs:
+        return f"<p class='note empty'>No runs drawn ({_esc(result.selection_rule)}).</p>"
+    backends = sorted({r.describe_backend() for r in result.runs})
+    scales = sorted({r.describe_scale() for r in result.runs})
+    emulated = any(r.is_cpu for r in result.runs)
+    summary = (
+        f"{len(result.runs)} run(s); selection: {result.selection_rule}; backend: {', '.join(backends)}; "
+        f"scale: {', '.join(scales)}; precision {'emulated on CPU' if emulated else 'real (cluster)'}"
+        + ("" if not emulated or all(r.is_cpu for r in result.runs) else " for the CPU runs")
+    )
+    rows = "".join(
+        "<tr>"
+        + "".join(
+            f"<td>{_esc(v)}</td>"
+            for v in (
+                r.run_id,
+                r.sweep or "—",
+                r.method or "—",
+                f"{r.delta:g}" if r.delta is not None else "—",
+                r.describe_scale(),
+                r.describe_precision(),
+                r.describe_backend(),
+                r.seed if r.seed is not None else "—",
+                r.status or "—",
+                steps.get(r.run_id, (0, 0))[0],
+                steps.get(r.run_id, (0, -1))[1] if r.run_id in steps else "—",
+            )
+        )
+        + "</tr>"
+        for r in result.runs
+    )
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in (
+            "run",
+            "sweep",
+            "method",
+            "δ",
+            "scale",
+            "precision",
+            "backend",
+            "seed",
+            "status",
+            "steps logged",
+            "last step",
+        )
+    )
+    return (
+        f"<p class='note'>{_esc(summary)}</p><details><summary>runs drawn from</summary>"
+        f"<table><tr>{head}</tr>{rows}</table></details>"
+    )
+
+
+def render_index(
+    results: Sequence[ArtefactResult], out: Path, db: Path, con_steps: dict[str, tuple[int, int]]
+) -> Path:
+    """Write out/index.html referencing every figure (PNG inline, PDF linked) and every table."""
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    nav = " ".join(f"<a href='#{_esc(r.name)}'>{_esc(r.name)}</a>" for r in results)
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        "<title>predmask report</title>",
+        f"<style>{CSS}</style></head><body>",
+        "<h1>predmask: the paper's figures and tables from the results database</h1>",
+        (
+            f"<p class='note'>Database <code>{_esc(db)}</code>, generated {generated}. Every figure below is drawn "
+            "from this database only; the paper's own numbers appear only in the labelled column of the "
+            "token-level table. CPU runs use small stand-in models with emulated precision.</p>"
+        ),
+        f"<nav>{nav}</nav>",
+    ]
+    for r in results:
+        parts.append(f"<h2 id='{_esc(r.name)}'>{_esc(r.title)}</h2>")
+        pngs = [f for f in r.files if f.suffix == ".png"]
+        others = [f for f in r.files if f.suffix != ".png"]
+        for f in pngs:
+            parts.append(f"<p><img src='{_esc(f.name)}' alt='{_esc(r.title)}'></p>")
+        if others:
+            parts.append(
+                "<p>Files: "
+                + ", ".join(f"<a href='{_esc(f.name)}'>{_esc(f.name)}</a>" for f in others)
+                + "</p>"
+            )
+        parts.append(f"<p>{_esc(r.caption)}</p>")
+        if not r.has_data:
+            parts.append("<p class='note empty'>No data for this artefact in the database.</p>")
+        for t in r.tables.values():
+            if r.name == "token_level_summary":
+                parts.append(_table_html(t, ["", "paper", "db"]))
+            else:
+                parts.append(_table_html(t))
+        parts.append(_provenance(r, con_steps))
+    parts.append("</body></html>")
+    return write_text_atomic(out / "index.html", "\n".join(parts))
+
+
+def run_steps(con, results: Sequence[ArtefactResult]) -> dict[str, tuple[int, int]]:
+    """(steps logged, last step) of every run any artefact drew from."""
+    ids = sorted({r.run_id for res in results for r in res.runs})
+    return data.last_steps(con, ids)

@@ -1,0 +1,103 @@
+"""Build the whole report from a database: every registered figure and table, then the index page."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from analysis.store import StoreError, connect
+from reports import data, registry
+from reports.html import render_index, run_steps
+
+
+class EmptyDatabase(StoreError):
+    """The database holds neither runs nor token-level studies: nothing to draw."""
+
+
+@dataclass
+class PaperResult:
+    """What `paper` produced: each artefact's result, the page, and the artefacts that failed."""
+
+    results: list[registry.ArtefactResult] = field(default_factory=list)
+    index: Path | None = None
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+def check_not_empty(con, db: Path) -> None:
+    n_runs = data.count_rows(con, "runs")
+    n_seeds = data.count_rows(con, "token_level_seeds")
+    if n_runs == 0 and n_seeds == 0:
+        raise EmptyDatabase(
+            f"results database {db} is empty (no runs, no token-level studies): "
+            "ingest runs first (python -m analysis ingest runs) or run python -m analysis token_level"
+        )
+
+
+def build_paper(
+    db: Path,
+    out: Path,
+    *,
+    sweeps: Sequence[str] | None = None,
+    study_id: str | None = None,
+    smooth: int = 0,
+    only: Sequence[str] | None = None,
+    formats: Sequence[str] = ("png", "pdf"),
+    debug: bool = False,
+) -> PaperResult:
+    """Draw every (or the `only`) artefact into `out` and write out/index.html. Raises StoreError (one line)
+    for a missing, locked or empty database and ValueError for an unknown study or artefact name."""
+    con = connect(db, read_only=True)
+    try:
+        check_not_empty(con, db)
+        ctx = registry.ReportContext(
+            con=con,
+            out=out,
+            sweeps=tuple(sweeps) if sweeps else None,
+            study_id=study_id,
+            smooth=smooth,
+            formats=tuple(formats),
+        )
+        _ = ctx.study  # an unknown --study fails here, before anything is drawn
+        chosen = registry.artefacts() if not only else [registry.get(n) for n in only]
+        paper = PaperResult()
+        for art in chosen:
+            try:
+                paper.results.append(art.fn(ctx))
+            except Exception as exc:
+                if debug:
+                    raise
+                paper.failures[art.name] = (
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                )
+        out.mkdir(parents=True, exist_ok=True)
+        paper.index = render_index(paper.results, out, db, run_steps(con, paper.results))
+        return paper
+    finally:
+        con.close()
+
+
+def availability(
+    db: Path, sweeps: Sequence[str] | None = None, study_id: str | None = None
+) -> list[tuple[registry.Artefact, str, bool]]:
+    """For `list`: each artefact, a short description of the data it would draw, and whether there is any."""
+    con = connect(db, read_only=True)
+    try:
+        ctx = registry.ReportContext(
+            con=con, out=Path("."), sweeps=tuple(sweeps) if sweeps else None, study_id=study_id, draw=False
+        )
+        rows = []
+        for art in registry.artefacts():
+            res = art.fn(ctx)
+            if art.source == "study":
+                what = (
+                    f"study {res.study.study_id} ({res.study.n_seeds} seeds)"
+                    if res.study
+                    else "no token-level study"
+                )
+            else:
+                what = f"{len(res.runs)} run(s); {res.selection_rule}"
+            rows.append((art, what, res.has_data))
+        return rows
+    finally:
+        con.close()
