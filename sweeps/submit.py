@@ -21,6 +21,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sweeps.compose import RunSpec
 from sweeps.jobs import TrainJob, trainer_argv
+from sweeps.slurm_ray import RayJob, ray_options, slurm_job_state
+from sweeps.slurm_ray import make_executor as slurm_executor
 from sweeps.runs import (
     read_job_record,
     read_state,
@@ -61,23 +63,22 @@ def job_command(spec: RunSpec, path: Path) -> list[str]:
 
 def make_executor(spec: RunSpec, folder: Path) -> submitit.Executor:
     """submitit executor for the run's cluster config."""
-    cluster = spec.config["cluster"]
-    if backend_of(spec) == "local":
-        ex = submitit.AutoExecutor(folder=folder, cluster="local")
-        ex.update_parameters(timeout_min=int(cluster.get("timeout_min", 24 * 60)))
-        return ex
-    from sweeps.slurm_ray import make_executor as slurm_executor
-
-    return slurm_executor(folder, cluster, trainer=trainer_of(spec))
+    cluster = dict(spec.config["cluster"])
+    if trainer_of(spec) == "cpu":
+        # a CPU-engine run is one process: one node, one task, no GPU, whatever shape the cluster has
+        cluster = {**cluster, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0}
+    return slurm_executor(folder, cluster)
 
 
 def make_job(spec: RunSpec, path: Path) -> Any:
     """The picklable callable a run's job executes."""
+    log = str(path / "job.log")
     if trainer_of(spec) == "verl":
-        from sweeps.slurm_ray import RayJob
-
-        return RayJob(command=job_command(spec, path), run_dir=str(path))
-    return TrainJob(job_command(spec, path), str(path), threads=int(spec.config["cluster"].get("threads", 1)))
+        return RayJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
+                      env=verl_env(spec.config, path), ray=ray_options(spec.config["cluster"]))
+    threads = str(spec.config["cluster"].get("threads", 1))
+    return TrainJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
+                    env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PREDMASK_THREADS": threads})
 
 
 def sbatch_text(spec: RunSpec, path: Path) -> str | None:
@@ -98,9 +99,29 @@ def _live_slurm_job(path: Path) -> submitit.Job[Any] | None:
     record = read_job_record(path)
     if record.get("backend") != "slurm" or not record.get("job_id"):
         return None
-    job: submitit.Job[Any] = submitit.SlurmJob(folder=record["folder"], job_id=str(record["job_id"]))
-    state = job.state.upper()
-    return job if state in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING") else None
+    state = slurm_job_state(str(record["job_id"]))  # squeue/scontrol: no accounting database needed
+    if state not in LIVE_SLURM_STATES:
+        return None
+    return submitit.SlurmJob(folder=record["folder"], job_id=str(record["job_id"]))
+
+
+LIVE_SLURM_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
+
+
+def _job_ended(job: submitit.Job[Any]) -> bool:
+    """Ended with a result file, or gone from Slurm without one (cancelled, killed, node failure)."""
+    if job.done():
+        return True
+    if isinstance(job, submitit.SlurmJob):
+        return slurm_job_state(str(job.job_id)) not in LIVE_SLURM_STATES
+    return False
+
+
+def _job_result(job: submitit.Job[Any]) -> Any:
+    """The job's result; multi-task jobs (Ray over 4 nodes) report through rank 0."""
+    if not job.done():
+        raise RuntimeError(f"job {job.job_id} ended without a result (cancelled or killed)")
+    return job.results()[0]
 
 
 def run_sweep(
@@ -152,12 +173,12 @@ def run_sweep(
                     path = run_dir(spec, root)
                     state = read_state(path)
                     progress.update(task, completed=state.step, total=state.total_steps or None)
-                    if not job.done():
+                    if not _job_ended(job):
                         continue
                     del active[run_id]
                     progress.remove_task(task)
                     try:
-                        job.result()
+                        _job_result(job)
                         outcome.completed.append(run_id)
                     except Exception as err:  # noqa: BLE001 - a failed run is reported, the sweep goes on
                         message = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)

@@ -1,0 +1,159 @@
+"""Unit tests of sweeps.slurm_ray that need no cluster: executors from the cluster configs, sbatch text,
+shell quoting (checked by running bash itself), option validation, and CommandJob on submitit's local
+executor (a real subprocess, no mocks)."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from sweeps.slurm_ray import (
+    CommandFailedError,
+    CommandJob,
+    RayClusterError,
+    RayJob,
+    RayOptions,
+    _JobContext,
+    gpus_per_node_from_env,
+    make_executor,
+    node_address,
+    ray_options,
+    setup_lines,
+    shell_join,
+)
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "cluster"
+NASTY = [
+    "; rm -rf x",
+    "$(touch pwned)",
+    "`touch pwned2`",
+    'it\'s "quoted" & | > out.txt',
+    "$HOME *",
+    "",
+    "line\nbreak",
+    "back\\slash",
+]
+
+
+def _sbatch(cluster: str, **overrides: Any) -> str:
+    cfg = OmegaConf.merge(OmegaConf.load(CONF / f"{cluster}.yaml"), overrides)
+    executor = make_executor("/tmp/predmask-unused", cfg, name="run")
+    return executor._executor._make_submission_file_text("python -m x", "uid")
+
+
+def test_cluster_configs_give_four_nodes_with_eight_gpus_each() -> None:
+    for cluster in ("slurm_emulated", "h20_4x8"):
+        text = _sbatch(cluster)
+        for flag in ("--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=h20"):
+            assert f"#SBATCH {flag}\n" in text, (cluster, flag)
+    assert "#SBATCH --exclusive\n" in _sbatch("h20_4x8")
+    assert "#SBATCH --time=2880\n" in _sbatch("h20_4x8")
+    assert "#SBATCH --signal=USR2@300\n" in _sbatch("h20_4x8")
+    assert (
+        ray_options(OmegaConf.load(CONF / "h20_4x8.yaml")).num_cpus == 64
+    )  # interpolated from cpus_per_task
+
+
+def test_sbatch_exports_are_shell_quoted_and_arrive_literally(tmp_path: Path) -> None:
+    """Run the generated export lines with bash: every value comes back byte for byte, nothing executes."""
+    env = {f"V{i}": value for i, value in enumerate(NASTY)}
+    lines = setup_lines({"setup": [], "env": {}}, env)
+    script = "\n".join(lines) + "\n" + "".join(f'printf "%s\\0" "$V{i}"\n' for i in range(len(NASTY)))
+    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, check=True)
+    assert out.stdout.split(b"\0")[:-1] == [v.encode() for v in NASTY]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    # the same lines are what the Slurm executor writes into the sbatch script
+    assert "\n".join(lines) in _sbatch("slurm_emulated", env=env)
+
+
+def test_shell_join_round_trips_through_a_shell(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", *NASTY]
+    out = subprocess.run(
+        ["bash", "-c", shell_join(argv)], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) == NASTY
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        ({"backend": "pbs"}, "cluster backend 'pbs' is not one of ['local', 'slurm']"),
+        ({"backend": "local", "nodes": 4}, "the local backend runs on one node, got nodes=4"),
+        ({"backend": "slurm", "nodes": 0}, "cluster nodes must be a positive integer, got 0"),
+        ({"backend": "slurm", "env": {"1BAD": "x"}}, "bad environment variable name '1BAD'"),
+    ],
+)
+def test_bad_cluster_config_is_one_clear_error(tmp_path: Path, cfg: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make_executor(tmp_path, cfg)
+
+
+def test_bad_ray_options_name_the_allowed_keys() -> None:
+    with pytest.raises(ValueError, match=r"unknown ray option\(s\) \['num_cpu'\]; allowed: \["):
+        RayOptions.from_mapping({"num_cpu": 2})
+    with pytest.raises(ValueError, match="ray.num_cpus must be >= 1, got 0"):
+        RayOptions(num_cpus=0)
+    with pytest.raises(ValueError, match="command must be a non-empty argv list"):
+        RayJob(command="python -m verl.trainer.main_ppo")
+
+
+@pytest.mark.parametrize(("value", "gpus"), [("8", 8), ("h20:8", 8), ("gpu:h20:4(IDX:0-3)", 4), ("", 0)])
+def test_gpus_per_node_from_slurm_environment(value: str, gpus: int) -> None:
+    assert gpus_per_node_from_env({"SLURM_GPUS_PER_NODE": value}) == gpus
+
+
+def test_node_address_resolves_known_hosts_and_names_unknown_ones() -> None:
+    assert node_address("localhost").startswith("127.")
+    with pytest.raises(RayClusterError, match="cannot resolve node 'no-such-node-"):
+        node_address("no-such-node-7f3a")
+
+
+def test_nodes_of_one_job_get_disjoint_worker_port_ranges(tmp_path: Path) -> None:
+    ranges = [
+        _JobContext("123", 0, rank, rank, 4, ["n"] * 4, 8, tmp_path, RayOptions()).worker_ports()
+        for rank in range(4)
+    ]
+    ports = [set(range(low, high + 1)) for low, high in ranges]
+    assert all(10002 <= low and high <= 32767 for low, high in ranges)
+    assert sum(len(p) for p in ports) == len(set().union(*ports)) == 4 * 1000
+
+
+def test_ray_job_pickles_and_checkpoint_requeues_the_same_callable() -> None:
+    job = RayJob(
+        command=["python", "-c", "pass"], run_dir="/r", env={"A": "$(x)"}, ray=RayOptions(num_cpus=2)
+    )
+    clone = pickle.loads(pickle.dumps(job))
+    assert clone == job
+    delayed = job.checkpoint()
+    assert delayed.function is job and delayed.args == () and delayed.kwargs == {}
+
+
+def test_command_job_on_the_local_executor_records_its_exit_status(tmp_path: Path) -> None:
+    executor = make_executor(tmp_path / "submitit", {"backend": "local", "timeout_min": 5})
+    script = (
+        "import json,os,sys; json.dump({'argv': sys.argv[1:], 'cwd': os.getcwd()}, open('argv.json', 'w'))"
+    )
+    ok = executor.submit(
+        CommandJob(command=[sys.executable, "-c", script, *NASTY], run_dir=str(tmp_path / "ok"))
+    )
+    bad = executor.submit(
+        CommandJob(command=[sys.executable, "-c", "raise SystemExit(3)"], run_dir=str(tmp_path / "bad"))
+    )
+    record = ok.result()
+    assert record["outcome"] == "completed" and record["returncode"] == 0
+    assert json.loads((tmp_path / "ok" / "argv.json").read_text())["argv"] == NASTY
+    assert json.loads((tmp_path / "ok" / "exit_status.json").read_text())["outcome"] == "completed"
+    with pytest.raises(Exception, match="CommandFailedError: command exited with status 3"):
+        bad.result()
+    status = json.loads((tmp_path / "bad" / "exit_status.json").read_text())
+    assert (status["outcome"], status["returncode"]) == ("failed", 3)
+    assert issubclass(CommandFailedError, RuntimeError)
