@@ -22,7 +22,9 @@ __all__ = [
     "register_method",
 ]
 
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean",
+)
 
 #: log-ratio clamp before exponentiation, for numerical safety (as verl does)
 _LOG_RATIO_CLAMP = 20.0
@@ -151,17 +153,19 @@ def agg_loss(
     if loss_agg_mode == "token-mean":
         denom = mask.sum() if batch_num_tokens is None else batch_num_tokens
         return (loss_mat * mask).sum() / denom * dp_size
-    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+    if loss_agg_mode == "token-sum":
+        return (loss_mat * mask).sum() * dp_size
+    if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
         tokens = mask.sum(-1)
         seq_losses = (loss_mat * mask).sum(-1)
         if loss_agg_mode == "seq-mean-token-mean":
             seq_losses = seq_losses / (tokens + 1e-8)
         seq_mask = (tokens > 0).to(loss_mat.dtype)
         denom = seq_mask.sum() if global_batch_size is None else global_batch_size
-        return (seq_losses * seq_mask).sum() / denom * dp_size
-    if loss_agg_mode == "seq-mean-token-sum-norm":
-        scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
-        return (loss_mat * mask).sum() / scale
+        loss = (seq_losses * seq_mask).sum() / denom * dp_size
+        if loss_agg_mode == "seq-mean-token-sum-norm":  # normalised by a fixed horizon, as verl 0.9 does
+            loss = loss / (loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor)
+        return loss
     raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}")
 
 

@@ -75,7 +75,7 @@ def make_job(spec: RunSpec, path: Path) -> Any:
     log = str(path / "job.log")
     if trainer_of(spec) == "verl":
         return RayJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
-                      env=verl_env(spec.config, path), ray=ray_options(spec.config["cluster"]))
+                      env=dict(spec.config["cluster"].get("env") or {}), ray=ray_options(spec.config["cluster"]))
     threads = str(spec.config["cluster"].get("threads", 1))
     return TrainJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
                     env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PREDMASK_THREADS": threads})

@@ -20,7 +20,7 @@ from types import ModuleType
 from predmask.verl._hooks import when_imported
 from predmask.verl.overrides import PLUGIN_ENV, PLUGIN_MODULE, verl_overrides
 
-__all__ = ["PLUGIN_ENV", "PLUGIN_MODULE", "verl_overrides", "install"]
+__all__ = ["PLUGIN_ENV", "PLUGIN_MODULE", "install", "verl_overrides"]
 
 
 def _register_losses(core_algos: ModuleType) -> None:

@@ -9,6 +9,10 @@ no Hydra-inside-Hydra. Before that it makes every process import :mod:`predmask.
   variable goes into Ray's job ``runtime_env`` through the override
   ``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=predmask.verl`` (added unless given).
 
+The Ray workers do not inherit this process's environment on a cluster started with ``ray start``, so the
+launcher also forwards ``VERL_FILE_LOGGER_PATH`` / ``VERL_FILE_LOGGER_ROOT`` when they are set here (replacing an
+override of the same variable: the job sets them per attempt; verl's FileLogger runs in the TaskRunner actor).
+
 It also adds ``trainer.use_v1=false`` unless given (the plugin rides verl's DataProto trainer) and refuses
 ``trainer.use_v1=true``. Any Hydra flag (``--cfg job``, ``--help``) passes through to verl.
 """
@@ -19,13 +23,16 @@ import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from predmask.verl.overrides import PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV
+from predmask.verl.overrides import PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
 
-__all__ = ["plugin_modules_value", "launch_argv", "main"]
+__all__ = ["FORWARDED_ENV", "keep_previous_attempt", "launch_argv", "main", "plugin_modules_value"]
 
-_KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.S)
+_KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
 TRAINER_MODULE = "verl.trainer.main_ppo"
+#: variables of this process's environment handed to every Ray worker (verl reads them in the trainer actor)
+FORWARDED_ENV: tuple[str, ...] = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT")
 
 
 def plugin_modules_value(current: str | None) -> str:
@@ -58,12 +65,38 @@ def launch_argv(overrides: Sequence[str], environ: Mapping[str, str]) -> tuple[l
     argv = list(overrides)
     env_key = f"{RUNTIME_ENV.lstrip('+')}.{PLUGIN_ENV}"
     if env_key not in keys:
-        argv.append(f"{RUNTIME_ENV}.{PLUGIN_ENV}='{modules}'" if "," in modules else f"{RUNTIME_ENV}.{PLUGIN_ENV}={modules}")
+        argv.append(f"{RUNTIME_ENV}.{PLUGIN_ENV}={hydra_value(modules)}")
     elif PLUGIN_MODULE not in keys[env_key]:
         raise ValueError(f"{env_key}={keys[env_key]} must include {PLUGIN_MODULE}")
     if use_v1 is None:
         argv.append("trainer.use_v1=false")
+    for var in FORWARDED_ENV:
+        value = environ.get(var)
+        if value:
+            key = f"{RUNTIME_ENV.lstrip('+')}.{var}"
+            argv = [a for a in argv if _override_keys([a]).get(key) is None]
+            argv.append(f"{RUNTIME_ENV}.{var}={hydra_value(value)}")
     return argv, {PLUGIN_ENV: modules}
+
+
+def keep_previous_attempt(metrics_file: Path) -> Path | None:
+    """verl's file logger truncates its file on start: move a previous attempt's lines aside first.
+
+    ``metrics.jsonl`` becomes ``metrics.attempt-<n>.jsonl`` (n one above the highest present), the naming the
+    results store merges by step (later attempts win). Returns the new name, or None when there was nothing.
+    """
+    if not metrics_file.is_file() or metrics_file.stat().st_size == 0:
+        return None
+    pattern = re.compile(rf"^{re.escape(metrics_file.stem)}\.attempt-(\d+){re.escape(metrics_file.suffix)}$")
+    taken = [int(m.group(1)) for p in metrics_file.parent.iterdir() if (m := pattern.match(p.name))]
+    target = metrics_file.with_name(f"{metrics_file.stem}.attempt-{max(taken, default=0) + 1}{metrics_file.suffix}")
+    os.replace(metrics_file, target)
+    return target
+
+
+def _logger_path(overrides: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    keys = _override_keys(overrides)
+    return keys.get(f"{RUNTIME_ENV.lstrip('+')}.VERL_FILE_LOGGER_PATH") or environ.get("VERL_FILE_LOGGER_PATH")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -73,10 +106,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         verl_argv, env = launch_argv(overrides, os.environ)
     except ValueError as exc:
         raise SystemExit(f"predmask.verl.launch: {exc}") from None
+    logger_path = _logger_path(verl_argv, os.environ)
+    if logger_path:
+        keep_previous_attempt(Path(logger_path.strip("'\"")))
     os.environ.update(env)
-    import predmask.verl  # noqa: F401  (the driver registers too, whatever imported verl first)
-
     from verl.trainer import main_ppo
+
+    import predmask.verl  # noqa: F401  (the driver registers too, whatever imported verl first)
 
     sys.argv = [main_ppo.__file__, *verl_argv]
     main_ppo.main()

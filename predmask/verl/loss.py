@@ -40,13 +40,13 @@ from predmask.methods import policy_loss as predmask_policy_loss
 from predmask.support import TopKSupport
 
 __all__ = [
-    "RolloutSupport",
-    "rollout_support",
-    "current_rollout_support",
-    "method_params",
-    "make_policy_loss",
-    "register_all",
     "EXTRA_METRICS",
+    "RolloutSupport",
+    "current_rollout_support",
+    "make_policy_loss",
+    "method_params",
+    "register_all",
+    "rollout_support",
 ]
 
 #: metrics added on top of ``predmask.policy_loss``'s: the largest |pi_k from the support gather - verl's
@@ -128,7 +128,7 @@ def method_params(config: Any, loss_agg_mode: str, vocab_size: int | None = None
 def _global_batch_info(config: Any) -> dict[str, Any]:
     info = _config_value(config, "global_batch_info", None) or {}
     if not isinstance(info, Mapping):
-        raise ValueError(f"config.global_batch_info must be a mapping, got {type(info).__name__}")
+        raise TypeError(f"config.global_batch_info must be a mapping, got {type(info).__name__}")
     return {k: v for k, v in info.items() if k in _GLOBAL_BATCH_KEYS}
 
 

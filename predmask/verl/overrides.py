@@ -1,44 +1,48 @@
 """Translate a composed predmask run config into verl 0.9.1 Hydra overrides (pure; imports no verl).
 
 ``verl_overrides(run_cfg)`` returns the overrides for ``python -m predmask.verl.launch`` (verl's ``main_ppo``).
-Keys read from ``run_cfg`` (a mapping or an OmegaConf DictConfig; ``?`` = optional, default in brackets):
+Keys read from ``run_cfg`` (a mapping or an OmegaConf DictConfig, shaped like the composed ``conf/`` tree;
+``?`` = optional, default in brackets):
 
 - ``method``: a method name, or a mapping with ``name`` and optionally ``delta``, ``eps_low``, ``eps_high``,
   ``ratio_cap``, ``loss_agg_mode`` (defaults: ``predmask.MethodParams``)
 - ``delta``: the trust-region threshold when ``method.delta`` is absent; ``top_k``: K of the rollout support
 - ``precision``: ``bf16`` | ``fp8_rollout`` | ``fp8_e2e`` (a name, or a mapping with ``name``)
-- ``model``: ``path`` (HF id or local directory, required) and ``engine`` [megatron] | fsdp,
-  ``tensor_parallel`` [1], ``pipeline_parallel`` [1], ``expert_parallel`` [1], ``rollout_tensor_parallel`` [1],
-  ``train_batch_size`` [512], ``ppo_mini_batch_size`` [32], ``rollout_n`` [16], ``max_prompt_length`` [1024],
-  ``max_response_length`` [8192], ``max_token_len_per_gpu`` [2 * (prompt + response)], ``lr`` [1e-6],
-  ``temperature`` [1.0], ``val_temperature`` [1.0], ``val_top_p`` [1.0], ``gpu_memory_utilization`` [0.6],
-  ``total_training_steps`` [None: verl's epochs], ``total_epochs`` [1], ``test_freq`` [10], ``save_freq`` [20],
-  ``verl`` [{}]: extra raw verl overrides ``{dotted.key: value}`` (applied last)
-- ``cluster``: ``nodes`` (or ``nnodes``) and ``gpus_per_node`` (or ``n_gpus_per_node``), ``data_dir``?
-- ``data``?: ``train_files`` and ``val_files`` (str or list); else ``cluster.data_dir`` with the files written by
-  ``python -m sweeps.data prepare`` (``dapo_math_13k.parquet``, ``aime24.parquet``, ``aime25.parquet``)
-- ``seed`` [0], ``val_n`` [16], ``run_id``?, ``sweep``? (the project name, [predmask]), ``run_dir``?
+- ``model``: ``path`` (HF id or local directory, required), ``engine`` [megatron] | fsdp,
+  ``parallel``: ``tensor`` [1], ``pipeline`` [1], ``expert`` [1] (Megatron only: verl's FSDP engine has no
+  tensor/pipeline/expert parallelism), ``sequence`` [1] (FSDP's Ulysses sequence parallelism), ``rollout_tensor`` [1];
+  ``batch``: ``train_prompts`` [256], ``responses_per_prompt`` [16], ``ppo_mini_batch_prompts`` [64],
+  ``max_prompt_length`` [1024], ``max_response_length`` [8192], ``max_token_len_per_gpu`` [2 (prompt + response)],
+  ``lr`` [1e-6], ``temperature`` [1.0], ``val_temperature`` [temperature], ``val_top_p`` [1.0],
+  ``total_steps`` [500], ``val_every`` [10], ``save_every`` [20], ``gpu_memory_utilization`` [0.6];
+  ``verl`` [{}]: extra raw verl overrides ``{dotted.key: value}`` (applied after ours)
+- ``cluster``: ``nodes`` and ``gpus_per_node``; ``data_dir``?
+- ``data``?: ``train_files`` and ``val_files`` (a path or a list), or ``dir``; else ``cluster.data_dir``. A
+  directory means the files of ``python -m sweeps.data prepare`` (:data:`DATA_FILES`).
+- ``seed`` [0], ``val_n`` [16], ``run_id``?, ``sweep``? (verl's project name, [predmask]), ``run_dir``?
   (checkpoints under ``<run_dir>/checkpoints``, Hydra's output under ``<run_dir>/hydra``), ``verl`` [{}]
 
-The file logger path is passed into every Ray worker's environment when ``file_logger_path`` is given (verl's
-FileLogger reads ``VERL_FILE_LOGGER_PATH`` in the trainer process, a Ray actor).
+``file_logger_path`` goes into every Ray worker's environment (verl's FileLogger reads ``VERL_FILE_LOGGER_PATH``
+in the trainer process, a Ray actor). :func:`verl_command` is the full argv of one run.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from predmask.methods import METHODS, MethodParams, get_method
 
 __all__ = [
-    "PRECISIONS",
-    "ENGINES",
-    "PLUGIN_MODULE",
-    "PLUGIN_ENV",
     "DATA_FILES",
+    "ENGINES",
+    "PLUGIN_ENV",
+    "PLUGIN_MODULE",
+    "PRECISIONS",
     "hydra_value",
+    "verl_command",
     "verl_overrides",
 ]
 
@@ -50,9 +54,22 @@ PLUGIN_ENV = "VERL_USE_EXTERNAL_MODULES"
 #: file names written by ``python -m sweeps.data prepare``
 DATA_FILES: dict[str, str] = {"train": "dapo_math_13k.parquet", "aime24": "aime24.parquet", "aime25": "aime25.parquet"}
 RUNTIME_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
+#: vLLM's default cap on logprobs per token (engine arg max_logprobs); a larger K raises it
+VLLM_DEFAULT_MAX_LOGPROBS = 20
 
 _SAFE = re.compile(r"^[A-Za-z0-9_./@:+-]+$")
-_LOOKS_TYPED = re.compile(r"^(true|false|null|nan|inf|-inf|[+-]?[0-9][0-9_]*(\.[0-9]*)?([eE][+-]?[0-9]+)?)$", re.I)
+_LOOKS_TYPED = re.compile(r"^(true|false|null|nan|inf|-inf|[+-]?[0-9][0-9_]*(\.[0-9]*)?([eE][+-]?[0-9]+)?)$", re.IGNORECASE)
+
+
+def _quoted(text: str) -> str:
+    """A single-quoted Hydra string that parses (and resolves) back to ``text`` literally.
+
+    Hydra keeps backslashes in quoted strings except runs right before a quote (doubled here, including before
+    the closing quote), ``\\'`` is a quote, and ``\\${`` keeps an interpolation literal.
+    """
+    text = text.replace("${", "\\${")
+    text = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, text)
+    return "'" + text.replace("'", "\\'") + "'"
 
 
 def hydra_value(value: Any) -> str:
@@ -68,7 +85,7 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, str):
         if _SAFE.match(value) and not _LOOKS_TYPED.match(value) and not value.startswith(("-", "+")):
             return value
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+        return _quoted(value)
     if isinstance(value, Mapping):
         return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, Sequence):
@@ -128,9 +145,11 @@ def _data_files(run_cfg: Any) -> tuple[list[str], list[str]]:
     data = _get(run_cfg, "data")
     if _get(data, "train_files") is not None:
         return _files(_require(data, "train_files", "data")), _files(_require(data, "val_files", "data"))
-    data_dir = _get(_get(run_cfg, "cluster"), "data_dir")
+    data_dir = _get(data, "dir") or _get(_get(run_cfg, "cluster"), "data_dir")
     if not data_dir:
-        raise ValueError("run config needs data.train_files/data.val_files or cluster.data_dir for a VeRL run")
+        raise ValueError(
+            "run config needs data.train_files/data.val_files, data.dir or cluster.data_dir for a VeRL run"
+        )
     base = str(data_dir).rstrip("/")
     return [f"{base}/{DATA_FILES['train']}"], [f"{base}/{DATA_FILES['aime24']}", f"{base}/{DATA_FILES['aime25']}"]
 
@@ -166,21 +185,28 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     if precision == "fp8_e2e" and engine != "megatron":
         raise ValueError("precision fp8_e2e (FP8 training) needs model.engine=megatron")
     cluster = _get(run_cfg, "cluster")
-    nnodes = _positive_int(_get(cluster, "nodes", _get(cluster, "nnodes")), "cluster.nodes")
-    gpus = _positive_int(_get(cluster, "gpus_per_node", _get(cluster, "n_gpus_per_node")), "cluster.gpus_per_node")
+    nnodes = _positive_int(_get(cluster, "nodes"), "cluster.nodes")
+    gpus = _positive_int(_get(cluster, "gpus_per_node"), "cluster.gpus_per_node")
     train_files, val_files = _data_files(run_cfg)
     seed = int(_get(run_cfg, "seed", 0))
     val_n = _positive_int(_get(run_cfg, "val_n", 16), "val_n")
+    parallel, batch_cfg = _get(model, "parallel"), _get(model, "batch")
 
-    def m(key: str, default: Any) -> Any:
-        value = _get(model, key, default)
+    def b(key: str, default: Any) -> Any:
+        value = _get(batch_cfg, key)
         return default if value is None else value
 
-    prompt_len = _positive_int(m("max_prompt_length", 1024), "model.max_prompt_length")
-    response_len = _positive_int(m("max_response_length", 8192), "model.max_response_length")
-    token_len = _positive_int(m("max_token_len_per_gpu", 2 * (prompt_len + response_len)), "model.max_token_len_per_gpu")
-    tp, pp, ep = (_positive_int(m(k, 1), f"model.{k}") for k in ("tensor_parallel", "pipeline_parallel", "expert_parallel"))
-    rollout_tp = _positive_int(m("rollout_tensor_parallel", 1), "model.rollout_tensor_parallel")
+    def par(key: str) -> int:
+        value = _get(parallel, key)
+        return _positive_int(1 if value is None else value, f"model.parallel.{key}")
+
+    prompt_len = _positive_int(b("max_prompt_length", 1024), "model.batch.max_prompt_length")
+    response_len = _positive_int(b("max_response_length", 8192), "model.batch.max_response_length")
+    token_len = _positive_int(b("max_token_len_per_gpu", 2 * (prompt_len + response_len)),
+                              "model.batch.max_token_len_per_gpu")
+    tp, pp, ep, rollout_tp = par("tensor"), par("pipeline"), par("expert"), par("rollout_tensor")
+    sp = par("sequence")
+    temperature = float(b("temperature", 1.0))
 
     actor = "actor_rollout_ref.actor"
     rollout = "actor_rollout_ref.rollout"
@@ -192,7 +218,7 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     o["data.prompt_key"] = "prompt"
     o["data.max_prompt_length"] = prompt_len
     o["data.max_response_length"] = response_len
-    o["data.train_batch_size"] = _positive_int(m("train_batch_size", 512), "model.train_batch_size")
+    o["data.train_batch_size"] = _positive_int(b("train_prompts", 256), "model.batch.train_prompts")
     o["data.filter_overlong_prompts"] = True
     o["data.truncation"] = "error"
     o["data.seed"] = seed
@@ -213,12 +239,12 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
         o[f"{actor}.clip_ratio"] = params.delta
         o[f"{actor}.clip_ratio_c"] = params.ratio_cap
     o[f"{actor}.ppo_epochs"] = 1
-    o[f"{actor}.ppo_mini_batch_size"] = _positive_int(m("ppo_mini_batch_size", 32), "model.ppo_mini_batch_size")
+    o[f"{actor}.ppo_mini_batch_size"] = _positive_int(b("ppo_mini_batch_prompts", 64), "model.batch.ppo_mini_batch_prompts")
     o[f"{actor}.use_dynamic_bsz"] = True
     o[f"{actor}.ppo_max_token_len_per_gpu"] = token_len
     o[f"{actor}.use_kl_loss"] = False
     o[f"{actor}.entropy_coeff"] = 0
-    o[f"{actor}.optim.lr"] = float(m("lr", 1e-6))
+    o[f"{actor}.optim.lr"] = float(b("lr", 1e-6))
     o[f"{actor}.data_loader_seed"] = seed
     if engine == "megatron":
         o[f"{actor}.megatron.tensor_model_parallel_size"] = tp
@@ -226,10 +252,16 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
         o[f"{actor}.megatron.expert_model_parallel_size"] = ep
         o[f"{actor}.megatron.context_parallel_size"] = 1
         o[f"{actor}.megatron.seed"] = seed
+        if sp != 1:
+            raise ValueError("model.parallel.sequence (Ulysses) applies to engine=fsdp; Megatron runs with CP=1 here")
     else:
         if tp != 1 or pp != 1 or ep != 1:
-            raise ValueError("model.engine=fsdp takes no tensor/pipeline/expert parallelism; use engine=megatron")
+            raise ValueError(
+                f"model.engine=fsdp has no tensor/pipeline/expert parallelism in verl 0.9.1 (got tensor={tp}, "
+                f"pipeline={pp}, expert={ep}): set them to 1 or use model.engine=megatron"
+            )
         o[f"{actor}.fsdp_config.seed"] = seed
+        o[f"{actor}.fsdp_config.ulysses_sequence_parallel_size"] = sp
     if precision == "fp8_e2e":
         o[f"+{actor}.megatron.override_transformer_config.fp8"] = "hybrid"
         o[f"+{actor}.megatron.override_transformer_config.fp8_recipe"] = "blockwise"
@@ -239,18 +271,20 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     o[f"{rollout}.mode"] = "async"
     o[f"{rollout}.calculate_log_probs"] = top_k
     o[f"{rollout}.logprobs_mode"] = "processed_logprobs"
-    o[f"{rollout}.n"] = _positive_int(m("rollout_n", 16), "model.rollout_n")
-    o[f"{rollout}.temperature"] = float(m("temperature", 1.0))
+    if top_k > VLLM_DEFAULT_MAX_LOGPROBS:
+        o[f"+{rollout}.engine_kwargs.vllm.max_logprobs"] = top_k
+    o[f"{rollout}.n"] = _positive_int(b("responses_per_prompt", 16), "model.batch.responses_per_prompt")
+    o[f"{rollout}.temperature"] = temperature
     o[f"{rollout}.top_p"] = 1.0
     o[f"{rollout}.top_k"] = -1
     o[f"{rollout}.tensor_model_parallel_size"] = rollout_tp
-    o[f"{rollout}.gpu_memory_utilization"] = float(m("gpu_memory_utilization", 0.6))
+    o[f"{rollout}.gpu_memory_utilization"] = float(b("gpu_memory_utilization", 0.6))
     o[f"{rollout}.log_prob_max_token_len_per_gpu"] = token_len
     o[f"{rollout}.seed"] = seed
     o[f"{rollout}.val_kwargs.n"] = val_n
     o[f"{rollout}.val_kwargs.do_sample"] = True
-    o[f"{rollout}.val_kwargs.temperature"] = float(m("val_temperature", 1.0))
-    o[f"{rollout}.val_kwargs.top_p"] = float(m("val_top_p", 1.0))
+    o[f"{rollout}.val_kwargs.temperature"] = float(b("val_temperature", temperature))
+    o[f"{rollout}.val_kwargs.top_p"] = float(b("val_top_p", 1.0))
     if precision in ("fp8_rollout", "fp8_e2e"):
         o[f"{rollout}.quantization"] = "fp8"
     # -- trainer
@@ -263,12 +297,11 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     o["trainer.project_name"] = str(_get(run_cfg, "sweep", "predmask") or "predmask")
     o["trainer.experiment_name"] = str(run_id or name)
     o["trainer.val_before_train"] = True
-    o["trainer.test_freq"] = int(m("test_freq", 10))
-    o["trainer.save_freq"] = int(m("save_freq", 20))
+    o["trainer.test_freq"] = _positive_int(b("val_every", 10), "model.batch.val_every")
+    o["trainer.save_freq"] = _positive_int(b("save_every", 20), "model.batch.save_every")
     o["trainer.resume_mode"] = "auto"
-    o["trainer.total_epochs"] = int(m("total_epochs", 1))
-    if m("total_training_steps", None) is not None:
-        o["trainer.total_training_steps"] = int(m("total_training_steps", None))
+    o["trainer.total_training_steps"] = _positive_int(b("total_steps", 500), "model.batch.total_steps")
+    o["trainer.total_epochs"] = 1000  # an upper bound: total_training_steps ends the run
     if run_dir:
         o["trainer.default_local_dir"] = f"{str(run_dir).rstrip('/')}/checkpoints"
         o["hydra.run.dir"] = f"{str(run_dir).rstrip('/')}/hydra"
@@ -281,3 +314,17 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
         for key, value in (_plain(extra) or {}).items():
             o[str(key)] = _plain(value)
     return [f"{key}={hydra_value(value)}" for key, value in o.items()]
+
+
+def verl_command(run_cfg: Any, run_dir: Any, *, python: str | None = None,
+                 file_logger_path: str | None = None) -> list[str]:
+    """The argv of one VeRL run: ``python -m predmask.verl.launch`` with every override spelled out.
+
+    ``run_dir`` overrides ``run_cfg.run_dir``; the file logger writes ``<run_dir>/metrics.jsonl`` unless
+    ``file_logger_path`` is given (at run time the job may set ``VERL_FILE_LOGGER_PATH``, e.g. one file per
+    attempt: the launcher forwards it to the workers in place of this default).
+    """
+    cfg = dict(_plain(run_cfg) if not isinstance(run_cfg, Mapping) else run_cfg)
+    cfg["run_dir"] = str(run_dir)
+    logger_path = file_logger_path or f"{str(run_dir).rstrip('/')}/metrics.jsonl"
+    return [python or sys.executable, "-m", "predmask.verl.launch", *verl_overrides(cfg, file_logger_path=logger_path)]

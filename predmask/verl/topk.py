@@ -41,22 +41,22 @@ from predmask.support import TopKSupport, build_support, gather_support_logprobs
 from predmask.verl.loss import RolloutSupport, rollout_support
 
 __all__ = [
-    "TOPK_KEY",
     "PI_KEY_PREFIX",
     "PI_TAIL_KEY",
+    "TOPK_KEY",
+    "TopKPolicyLoss",
     "TopKRecord",
-    "topk_setting",
+    "chunked_support_logprobs",
+    "install_actor",
+    "install_rollout",
+    "pack_response_tensor",
+    "packed_response_index",
     "parse_vllm_logprobs",
     "records_to_padded",
-    "support_from_records",
     "sequence_lengths",
-    "packed_response_index",
-    "pack_response_tensor",
-    "chunked_support_logprobs",
+    "support_from_records",
+    "topk_setting",
     "vocab_parallel_support_logprobs",
-    "TopKPolicyLoss",
-    "install_rollout",
-    "install_actor",
 ]
 
 #: non_tensor_batch / TensorDict key holding one TopKRecord per sample
@@ -272,7 +272,7 @@ def packed_response_index(prompt_lens: Tensor, response_lens: Tensor) -> tuple[T
     return rows, batch_idx, pos_idx
 
 
-def pack_response_tensor(values: Tensor, prompt_lens: Tensor, response_lens: Tensor, fill: float | int | bool = 0) -> Tensor:
+def pack_response_tensor(values: Tensor, prompt_lens: Tensor, response_lens: Tensor, fill: float | bool = 0) -> Tensor:
     """Scatter response-aligned ``values`` [B, L, ...] into a packed [total_tokens, ...] tensor (rest = ``fill``)."""
     rows, batch_idx, pos_idx = packed_response_index(prompt_lens, response_lens)
     total = int((prompt_lens.long() + response_lens.long()).sum())
@@ -376,7 +376,7 @@ def _records_of(data: Any) -> list[TopKRecord | None]:
     return list(records)
 
 
-def _padded(t: Tensor, fill: float | int | bool = 0) -> Tensor:
+def _padded(t: Tensor, fill: float | bool = 0) -> Tensor:
     return t.to_padded_tensor(fill) if t.is_nested else t
 
 
@@ -428,17 +428,17 @@ class TopKPolicyLoss:
         return str(getattr(self.config, "strategy", "fsdp"))
 
     # -- logits processor -----------------------------------------------------------------------------------
-    def _packed_support(self, data: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _packed_support(self, data: Any) -> tuple[Tensor, Tensor]:
+        """Support ids and validity [total_tokens, K+1] in verl's packed order (rows predicting each response token)."""
         records = _records_of(data)
         responses = _padded(data["responses"])
         response_mask = _padded(data["response_mask"])
         support, _ = support_from_records(records, responses, response_mask)
-        attention_mask = data["attention_mask"] if "attention_mask" in data.keys() else None
+        attention_mask = data.get("attention_mask", None)
         prompt_lens, response_lens = sequence_lengths(data["prompts"], data["responses"], attention_mask)
-        # response positions past a sample's response length are padding: never valid
         ids = pack_response_tensor(support.ids, prompt_lens, response_lens, fill=0)
         valid = pack_response_tensor(support.valid, prompt_lens, response_lens, fill=False)
-        return ids, valid, prompt_lens, response_lens
+        return ids, valid
 
     def _outputs(self, pi: Tensor, tail: Tensor | None, lead: torch.Size) -> dict[str, Tensor]:
         pi = torch.where(torch.isfinite(pi), pi, torch.zeros_like(pi))
@@ -451,14 +451,17 @@ class TopKPolicyLoss:
         """Logits-processor call: per-slot training log-probs, shaped like ``student_logits.shape[:2]``."""
         if not self.needs_logits:
             return {}
-        ids, valid, _, _ = self._packed_support(data)
+        ids, valid = self._packed_support(data)
         ids, valid = ids.to(student_logits.device), valid.to(student_logits.device)
         if self.strategy == "megatron":
             return self._megatron_support(student_logits, data, ids, valid, data_format)
         return self._fsdp_support(student_logits, ids, valid)
 
     def _fsdp_support(self, logits: Tensor, ids: Tensor, valid: Tensor) -> dict[str, Tensor]:
-        from verl.utils.ulysses import get_ulysses_sequence_parallel_rank, get_ulysses_sequence_parallel_world_size
+        from verl.utils.ulysses import (
+            get_ulysses_sequence_parallel_rank,
+            get_ulysses_sequence_parallel_world_size,
+        )
 
         sp = get_ulysses_sequence_parallel_world_size()
         if sp > 1:  # same pad-then-slice as verl's Ulysses inputs
@@ -481,7 +484,6 @@ class TopKPolicyLoss:
 
     def _megatron_support(self, logits: Tensor, data: Any, ids: Tensor, valid: Tensor, data_format: str) -> dict[str, Tensor]:
         from megatron.core import parallel_state as mpu
-
         from verl.models.mcore.util import preprocess_bshd_engine, preprocess_thd_engine
 
         offsets = data["input_ids"].offsets().to(ids.device)
@@ -546,7 +548,7 @@ class TopKPolicyLoss:
     ) -> Any:
         if student_logits is not None:
             return self.support_logprobs(student_logits, data, data_format)
-        if self.method is None or data is None or TOPK_KEY not in data.keys():
+        if self.method is None or data is None or TOPK_KEY not in data:
             if self.needs_logits:
                 raise ValueError(
                     f"policy loss {self.method.name!r} needs the rollout top-K (batch key {TOPK_KEY!r}): "  # type: ignore[union-attr]
@@ -570,7 +572,7 @@ def make_training_worker_cls(base: type) -> type:
 
         def train_batch(self, data: Any) -> Any:
             loss_fn = self.loss_fn
-            if isinstance(loss_fn, TopKPolicyLoss) and loss_fn.needs_logits and TOPK_KEY in data.keys():
+            if isinstance(loss_fn, TopKPolicyLoss) and loss_fn.needs_logits and TOPK_KEY in data:
                 _tu().assign_non_tensor(data, distillation_use_topk=True)
             return super().train_batch(data)
 
@@ -592,7 +594,7 @@ def install_actor(engine_workers: ModuleType) -> None:
 
 
 class _Pending:
-    __slots__ = ("k", "final")
+    __slots__ = ("final", "k")
 
     def __init__(self, k: int) -> None:
         self.k = k

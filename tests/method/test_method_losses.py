@@ -152,7 +152,8 @@ def test_agg_loss_modes(mode: str) -> None:
         "token-mean": torch.cat(rows).mean(),
         "seq-mean-token-sum": torch.stack([r.sum() for r in rows]).mean(),
         "seq-mean-token-mean": torch.stack([r.mean() for r in rows]).mean(),
-        "seq-mean-token-sum-norm": torch.cat(rows).sum() / 5,
+        "seq-mean-token-sum-norm": torch.stack([r.sum() for r in rows]).mean() / 5,
+        "token-sum": torch.cat(rows).sum(),
     }[mode]
     torch.testing.assert_close(got, expected)
     # With verl's global batch info the loss is normalised by the global counts instead.

@@ -1,0 +1,244 @@
+"""One-GPU check of the VeRL top-K path: vLLM rollout (logprobs=20) -> support -> every method's loss -> mask stats.
+
+Needs a CUDA GPU, vllm and a small causal LM (default Qwen/Qwen3-0.6B-Base; any local path works); runs in well
+under 5 minutes. It exercises the same pieces the VeRL plugin uses on the cluster:
+``predmask.verl.topk.parse_vllm_logprobs`` on vLLM's real ``CompletionOutput.logprobs``, the packed alignment and
+the support gather (``pack_response_tensor`` / ``chunked_support_logprobs``) on a transformers forward of the same
+model, and ``predmask.policy_loss`` for every method. Printed per method: loss, clip fraction, fraction outside
+the trust region, D mean/max, direction disagreements, tail clamps; and the largest gap between the sampled
+token's log-prob from the support gather and from a direct log-softmax (alignment check, ~1e-2 in bf16).
+
+    python scripts/gpu_check.py [--model PATH] [--k 20] [--prompts 8] [--samples 4] [--max-tokens 256]
+
+The non-GPU parts (everything but :func:`rollout` and :func:`training_logits`) are tested on CPU with a tiny
+transformers model and mock vLLM outputs (tests/verl/test_verl_gpu_check.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from predmask import METHODS, MethodParams, policy_loss
+from predmask.support import TopKSupport
+from predmask.verl.topk import (
+    TopKRecord,
+    chunked_support_logprobs,
+    pack_response_tensor,
+    packed_response_index,
+    parse_vllm_logprobs,
+    support_from_records,
+)
+
+__all__ = [
+    "PROMPTS",
+    "CheckBatch",
+    "build_batch",
+    "group_advantages",
+    "main",
+    "method_rows",
+    "print_rows",
+    "records_from_outputs",
+    "rewards_for",
+    "rollout",
+    "training_logits",
+]
+
+#: (prompt, answer): short math questions whose answer a small base model sometimes gets right
+PROMPTS: tuple[tuple[str, str], ...] = (
+    ("What is the sum of the first 100 positive integers? Answer:", "5050"),
+    ("A rectangle has sides 6 and 8. What is the length of its diagonal? Answer:", "10"),
+    ("How many prime numbers are less than 30? Answer:", "10"),
+    ("Solve for x: 2x + 7 = 31. Answer:", "12"),
+    ("What is 15% of 240? Answer:", "36"),
+    ("How many edges does an octahedron have? Answer:", "12"),
+    ("What is the greatest common divisor of 84 and 126? Answer:", "42"),
+    ("How many ways can 4 people sit in a row? Answer:", "24"),
+)
+
+
+@dataclass(frozen=True)
+class CheckBatch:
+    """A rollout batch, response-aligned [B, L(, S)], with the training side gathered on the support."""
+
+    support: TopKSupport
+    anchor: Tensor  # log mu_k [B, L]
+    pi_logprobs: Tensor  # [B, L, S]
+    pi_tail_sq: Tensor  # [B, L]
+    log_prob: Tensor  # log pi_k from a direct log-softmax [B, L]
+    response_mask: Tensor  # [B, L]
+    advantages: Tensor  # [B, L]
+    vocab_size: int
+
+
+def records_from_outputs(outputs: Sequence[Any], k: int) -> tuple[list[list[int]], list[TopKRecord], list[str]]:
+    """(prompt token ids, record, text) per completion from vLLM ``RequestOutput``s (``prompt_token_ids``,
+    ``outputs[i].token_ids``, ``outputs[i].logprobs``, ``outputs[i].text``)."""
+    prompts, records, texts = [], [], []
+    for request in outputs:
+        for completion in request.outputs:
+            prompts.append(list(request.prompt_token_ids))
+            records.append(parse_vllm_logprobs(completion.logprobs, list(completion.token_ids), k))
+            texts.append(str(getattr(completion, "text", "")))
+    return prompts, records, texts
+
+
+def rewards_for(texts: Sequence[str], answers: Sequence[str]) -> Tensor:
+    """+1 when the first line of a response contains the expected answer, else -1."""
+    first_lines = [t.strip().splitlines()[0] if t.strip() else "" for t in texts]
+    return torch.tensor([1.0 if a in line.replace(",", "") else -1.0 for line, a in zip(first_lines, answers, strict=True)])
+
+
+def group_advantages(rewards: Tensor, group: int) -> Tensor:
+    """GRPO advantages: rewards normalised within consecutive groups of ``group`` samples."""
+    r = rewards.view(-1, group)
+    return ((r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-6)).view(-1)
+
+
+def build_batch(
+    prompts: Sequence[Sequence[int]],
+    records: Sequence[TopKRecord],
+    logits_fn: Callable[[list[int]], Tensor],
+    rewards: Tensor,
+    *,
+    group: int,
+    temperature: float = 1.0,
+) -> CheckBatch:
+    """Gather the training log-probs on each rollout support through the plugin's packed alignment.
+
+    ``logits_fn(prompt + response ids)`` returns that sequence's logits [T, V]; the sequences are packed like
+    verl's no-padding stream and the support is scattered to the rows that predict each response token.
+    """
+    b = len(records)
+    width = max(r.length for r in records)
+    responses = torch.zeros(b, width, dtype=torch.long)
+    mask = torch.zeros(b, width, dtype=torch.long)
+    for i, rec in enumerate(records):
+        responses[i, : rec.length] = torch.as_tensor(rec.token_ids, dtype=torch.long)
+        mask[i, : rec.length] = 1
+    support, anchor = support_from_records(records, responses, mask)
+    prompt_lens = torch.tensor([len(p) for p in prompts])
+    response_lens = torch.tensor([r.length for r in records])
+    logits = torch.cat([logits_fn(list(p) + r.token_ids.tolist()) for p, r in zip(prompts, records, strict=True)])
+    ids = pack_response_tensor(support.ids, prompt_lens, response_lens, fill=0).to(logits.device)
+    valid = pack_response_tensor(support.valid, prompt_lens, response_lens, fill=False).to(logits.device)
+    pi_packed, tail_packed = chunked_support_logprobs(logits, ids, valid, temperature=temperature, return_tail_sq=True)
+    # back to response alignment, and the direct log-softmax of the sampled token for the alignment check
+    rows, bidx, pidx = packed_response_index(prompt_lens, response_lens)
+    pi = torch.full(support.ids.shape, float("-inf"))
+    tail = torch.zeros(b, width)
+    log_prob = torch.zeros(b, width)
+    pi[bidx, pidx] = pi_packed[rows].cpu()
+    tail[bidx, pidx] = tail_packed[rows].cpu()  # type: ignore[index]
+    sampled = responses[bidx, pidx].to(logits.device)
+    log_prob[bidx, pidx] = torch.log_softmax(logits[rows.to(logits.device)].float() / temperature, -1).gather(
+        -1, sampled.unsqueeze(-1)).squeeze(-1).cpu()
+    pi = torch.where(support.valid, pi, torch.full_like(pi, float("-inf")))
+    adv = group_advantages(rewards.float(), group).unsqueeze(-1).expand(b, width) * mask
+    return CheckBatch(support, anchor, pi, tail, log_prob, mask, adv.contiguous(), int(logits.shape[-1]))
+
+
+def method_rows(batch: CheckBatch, delta: float) -> list[dict[str, float | str]]:
+    """Every method's loss and mask metrics on the batch (predmask.policy_loss, anchored on the rollout)."""
+    rows: list[dict[str, float | str]] = []
+    mask = batch.response_mask.bool()
+    gap = (batch.support.sampled_logprob(batch.pi_logprobs) - batch.log_prob).abs()[mask]
+    for name, method in METHODS.items():
+        params = MethodParams(delta=delta, vocab_size=batch.vocab_size)
+        kwargs: dict[str, Any] = {}
+        if method.needs_support:
+            kwargs = {"mu_logprobs": batch.support.mu_logprobs, "pi_logprobs": batch.pi_logprobs,
+                      "valid": batch.support.valid, "sampled_index": batch.support.sampled_index,
+                      "pi_tail_sq": batch.pi_tail_sq}
+        log_prob = batch.log_prob.clone().requires_grad_(True)
+        loss, metrics = policy_loss(method, log_prob=log_prob, old_log_prob=batch.anchor, advantages=batch.advantages,
+                                    response_mask=batch.response_mask, params=params, **kwargs)
+        loss.backward()
+        grad_ok = log_prob.grad is not None and bool(torch.isfinite(log_prob.grad).all())
+        row: dict[str, float | str] = {"method": name, "loss": float(loss.detach()), "grad_finite": float(grad_ok)}
+        row.update({k.split("/")[-1]: float(v) for k, v in metrics.items()})
+        row["pi_sampled_gap"] = float(gap.max()) if gap.numel() else 0.0
+        rows.append(row)
+    return rows
+
+
+def print_rows(rows: Sequence[dict[str, float | str]], width: int | None = None) -> None:
+    """A rich table of :func:`method_rows` (``width``: console width, default the terminal's)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    cols = ["method", "loss", "pg_clipfrac", "outside_frac", "divergence_mean", "divergence_max",
+            "direction_disagree", "mu_tail_clamped", "pi_tail_clamped", "ppo_kl", "pi_sampled_gap", "grad_finite"]
+    table = Table(title="predmask methods on a vLLM top-K rollout")
+    for c in cols:
+        table.add_column(c)
+    for row in rows:
+        table.add_row(*[(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "-"))) for c in cols])
+    Console(width=width).print(table)
+
+
+def rollout(model: str, prompts: Sequence[str], *, k: int, samples: int, max_tokens: int, seed: int) -> list[Any]:
+    """vLLM generation with ``logprobs=k`` (GPU)."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=model, dtype="bfloat16", gpu_memory_utilization=0.4, max_logprobs=max(k, 20), seed=seed,
+              enforce_eager=True)
+    params = SamplingParams(n=samples, temperature=1.0, top_p=1.0, max_tokens=max_tokens, logprobs=k, seed=seed)
+    outputs = llm.generate(list(prompts), params)
+    del llm
+    torch.cuda.empty_cache()
+    return outputs
+
+
+def training_logits(model: str) -> Callable[[list[int]], Tensor]:
+    """A transformers forward of ``model`` on the GPU returning per-sequence logits [T, V] (float32)."""
+    from transformers import AutoModelForCausalLM
+
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).cuda().eval()
+
+    @torch.no_grad()
+    def logits_fn(ids: list[int]) -> Tensor:
+        x = torch.tensor([ids], device="cuda")
+        return net(input_ids=x).logits[0].float()
+
+    return logits_fn
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="Qwen/Qwen3-0.6B-Base")
+    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--delta", type=float, default=0.15)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU visible", file=sys.stderr)
+        return 2
+    start = time.time()
+    questions = PROMPTS[: args.prompts]
+    outputs = rollout(args.model, [q for q, _ in questions], k=args.k, samples=args.samples,
+                      max_tokens=args.max_tokens, seed=args.seed)
+    prompts, records, texts = records_from_outputs(outputs, args.k)
+    print(f"rollout: {len(records)} samples, {sum(r.length for r in records)} tokens, {time.time() - start:.1f}s")
+    rewards = rewards_for(texts, [a for _, a in questions for _ in range(args.samples)])
+    batch = build_batch(prompts, records, training_logits(args.model), rewards, group=args.samples)
+    rows = method_rows(batch, args.delta)
+    print_rows(rows)
+    elapsed = time.time() - start
+    ok = all(row["grad_finite"] == 1.0 for row in rows)
+    print(f"total {elapsed:.1f}s; gradients finite: {ok}")
+    return 0 if ok and elapsed < 300 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

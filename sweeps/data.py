@@ -1,0 +1,376 @@
+"""``python -m sweeps.data prepare``: the paper's data (DAPO-Math-17k filtered, AIME24, AIME25) as verl RLHF parquet.
+
+Writes ``<out>/dapo_math_13k.parquet`` (training), ``<out>/aime24.parquet`` and ``<out>/aime25.parquet``
+(evaluation) and ``<out>/manifest.json`` (counts per filter stage, sources, template). Each row is verl's RLHF
+format: ``data_source``, ``prompt`` (chat messages), ``ability``, ``reward_model`` {style, ground_truth},
+``extra_info`` {index, split, raw_problem, source_id}. verl's default reward dispatch scores ``math_dapo`` and
+``aime*`` with its DAPO math scoring (``verl.utils.reward_score.math_dapo``: the last ``Answer: ...`` line, else
+``\\boxed{}``), so the validation metrics are ``val-core/aime24/acc/mean@16`` and ``val-core/aime25/acc/mean@16``.
+
+Sources: local files (``--train-file``, ``--aime24-file``, ``--aime25-file``: .parquet, .jsonl or .json) or, for
+any set without a local file, the Hugging Face hub (``datasets`` is imported only then; cluster use).
+
+Training filter (the paper says "a filtered version of DAPO-Math-17k ... about 13k"; its exact filter is not
+published, so this is ours, with the count printed after every stage):
+1. rows with an empty problem or answer are dropped;
+2. duplicates are dropped (the hub release repeats each problem; key: whitespace-collapsed, case-folded problem);
+3. non-English problems are dropped (any CJK / kana / hangul / full-width character);
+4. the ground truth must be an integer (DAPO-Math's answers are integers by construction);
+5. optionally ``--max-problem-chars N`` drops long problems.
+Stages 1-4 should give about 14.1k problems on the public release (open-r1's deduplicated English subset of it has
+about that many; not checked here: no network); ``--max-problem-chars`` is the knob to bring it towards the
+paper's ~13k. Check the printed counts (and manifest.json) on the cluster.
+
+Every problem (training and evaluation) is re-wrapped in one prompt template (:data:`PROMPT_TEMPLATE`) so that
+training and evaluation prompts agree; DAPO-formatted prompts are unwrapped first (:func:`unwrap_problem`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DATA_SOURCES",
+    "HUB_SOURCES",
+    "OUTPUT_FILES",
+    "PROMPT_TEMPLATE",
+    "Problem",
+    "canonical_answer",
+    "extract_problem",
+    "filter_train",
+    "main",
+    "prepare",
+    "read_rows",
+    "reward_score",
+    "to_rlhf_rows",
+    "unwrap_problem",
+    "write_parquet",
+]
+
+#: the one prompt of every problem; the answer contract matches verl's DAPO math scoring (last "Answer:" line)
+PROMPT_TEMPLATE = (
+    "Solve the following math problem step by step. On the last line of your response, give the final answer "
+    'in the form "Answer: X" where X is the answer.\n\n{problem}'
+)
+#: default hub datasets (name, split) per set; override with --train-hub / --aime24-hub / --aime25-hub
+HUB_SOURCES: dict[str, tuple[str, str]] = {
+    "train": ("BytedTsinghua-SIA/DAPO-Math-17k", "train"),
+    "aime24": ("HuggingFaceH4/aime_2024", "train"),
+    "aime25": ("yentinglin/aime_2025", "train"),
+}
+OUTPUT_FILES: dict[str, str] = {"train": "dapo_math_13k.parquet", "aime24": "aime24.parquet", "aime25": "aime25.parquet"}
+#: data_source per set: verl dispatches "math_dapo" and names starting with "aime" to its DAPO math scoring
+DATA_SOURCES: dict[str, str] = {"train": "math_dapo", "aime24": "aime24", "aime25": "aime25"}
+
+_CJK = re.compile(r"[\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef]")
+_INT = re.compile(r"^[+-]?\d+$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: its text, its ground-truth answer and an id from the source."""
+
+    problem: str
+    answer: str
+    source_id: str = ""
+
+
+@dataclass
+class FilterReport:
+    """Row counts after each training-filter stage (for the manifest and the console)."""
+
+    stages: list[tuple[str, int]] = field(default_factory=list)
+
+    def add(self, stage: str, count: int) -> None:
+        self.stages.append((stage, count))
+
+
+def unwrap_problem(text: str) -> str:
+    """The bare problem from a DAPO-style prompt (instruction paragraph, problem, reminder paragraph).
+
+    A text whose first and last paragraphs both mention "Answer" is taken to be framed: the paragraphs between
+    them are the problem. Any other text is returned stripped.
+    """
+    text = text.strip()
+    parts = text.split("\n\n")
+    if len(parts) >= 3 and "answer" in parts[0].lower() and "answer" in parts[-1].lower():
+        return "\n\n".join(parts[1:-1]).strip()
+    return text
+
+
+def canonical_answer(value: Any) -> str:
+    """The ground truth as a string; integers without sign noise or leading zeros ("042" -> "42")."""
+    text = str(value).strip()
+    if _INT.match(text):
+        return str(int(text))
+    return text
+
+
+def _first(row: Mapping[str, Any], keys: Sequence[str]) -> Any:
+    for key in keys:
+        if row.get(key) not in (None, ""):
+            return row[key]
+    return None
+
+
+def extract_problem(row: Mapping[str, Any]) -> Problem:
+    """A :class:`Problem` from a verl-style row (prompt messages + reward_model.ground_truth) or a raw row
+    (problem/question + answer). Missing fields give empty strings (dropped by the filter)."""
+    prompt = row.get("prompt")
+    if isinstance(prompt, Sequence) and not isinstance(prompt, str) and prompt:
+        users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
+        text = unwrap_problem(str((users or list(prompt))[-1].get("content", "")))
+    else:
+        text = str(_first(row, ("problem", "Problem", "question", "prompt")) or "").strip()
+    reward = row.get("reward_model")
+    answer = reward.get("ground_truth") if isinstance(reward, Mapping) else None
+    if answer in (None, ""):
+        answer = _first(row, ("answer", "Answer", "ground_truth", "solution"))
+    extra = row.get("extra_info")
+    source_id = _first(row, ("id", "ID", "uid")) or (extra.get("index") if isinstance(extra, Mapping) else None)
+    return Problem(text, "" if answer is None else canonical_answer(answer), "" if source_id is None else str(source_id))
+
+
+def _dedupe_key(problem: str) -> str:
+    return " ".join(problem.split()).casefold()
+
+
+def dedupe(problems: Iterable[Problem]) -> list[Problem]:
+    """First occurrence of each problem (whitespace-collapsed, case-folded text)."""
+    seen: set[str] = set()
+    out = []
+    for p in problems:
+        key = _dedupe_key(p.problem)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def filter_train(problems: Iterable[Problem], *, max_problem_chars: int | None = None) -> tuple[list[Problem], FilterReport]:
+    """The training filter (module docstring), with the count after every stage."""
+    report = FilterReport()
+    rows = list(problems)
+    report.add("read", len(rows))
+    rows = [p for p in rows if p.problem and p.answer]
+    report.add("non-empty problem and answer", len(rows))
+    rows = dedupe(rows)
+    report.add("deduplicated", len(rows))
+    rows = [p for p in rows if not _CJK.search(p.problem)]
+    report.add("English (no CJK characters)", len(rows))
+    rows = [p for p in rows if _INT.match(p.answer)]
+    report.add("integer answer", len(rows))
+    if max_problem_chars is not None:
+        if max_problem_chars < 1:
+            raise ValueError(f"--max-problem-chars must be >= 1, got {max_problem_chars}")
+        rows = [p for p in rows if len(p.problem) <= max_problem_chars]
+        report.add(f"problem <= {max_problem_chars} characters", len(rows))
+    return rows, report
+
+
+def to_rlhf_rows(problems: Sequence[Problem], *, data_source: str, split: str) -> list[dict[str, Any]]:
+    """verl RLHF rows (the columns verl's RLHFDataset and reward loop read)."""
+    return [
+        {
+            "data_source": data_source,
+            "prompt": [{"role": "user", "content": PROMPT_TEMPLATE.format(problem=p.problem)}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": p.answer},
+            "extra_info": {"index": i, "split": split, "raw_problem": p.problem, "source_id": p.source_id},
+        }
+        for i, p in enumerate(problems)
+    ]
+
+
+def _parquet_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            (
+                "extra_info",
+                pa.struct(
+                    [("index", pa.int64()), ("split", pa.string()), ("raw_problem", pa.string()),
+                     ("source_id", pa.string())]
+                ),
+            ),
+        ]
+    )
+
+
+def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
+    """Write rows with the fixed RLHF schema, atomically (temporary file, then rename)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(list(rows), schema=_parquet_schema())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """Rows of a local .parquet, .jsonl or .json (a list of objects, or {"data": [...]}) file."""
+    if not path.is_file():
+        raise ValueError(f"data file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if suffix == ".jsonl":
+        with path.open() as fh:
+            return [json.loads(line) for line in fh if line.strip()]
+    if suffix == ".json":
+        data = json.loads(path.read_text())
+        rows = data.get("data") if isinstance(data, Mapping) else data
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a list of rows (or {{'data': [...]}})")
+        return rows
+    raise ValueError(f"unsupported data file {path}: allowed suffixes .parquet, .jsonl, .json")
+
+
+def hub_rows(name: str, split: str) -> Iterator[dict[str, Any]]:
+    """Rows of a Hugging Face hub dataset (network; imports ``datasets`` lazily)."""
+    try:
+        from datasets import load_dataset
+    except ImportError as exc:  # pragma: no cover - cluster path
+        raise ValueError(f"reading {name} from the hub needs the 'datasets' package ({exc}); or pass a local file") from None
+    yield from load_dataset(name, split=split)
+
+
+RowSource = Callable[[], Iterable[Mapping[str, Any]]]
+
+
+def _source(local: Path | None, hub: tuple[str, str]) -> tuple[RowSource, str]:
+    if local is not None:
+        return (lambda: read_rows(local)), str(local)
+    return (lambda: hub_rows(*hub)), f"hf://{hub[0]}[{hub[1]}]"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def prepare(
+    out: Path,
+    *,
+    train_file: Path | None = None,
+    aime24_file: Path | None = None,
+    aime25_file: Path | None = None,
+    hub: Mapping[str, tuple[str, str]] | None = None,
+    max_problem_chars: int | None = None,
+) -> dict[str, Any]:
+    """Build the three parquet files and the manifest under ``out``; returns the manifest."""
+    hub = {**HUB_SOURCES, **(hub or {})}
+    locals_ = {"train": train_file, "aime24": aime24_file, "aime25": aime25_file}
+    manifest: dict[str, Any] = {"template": PROMPT_TEMPLATE, "sets": {}}
+    for key in ("train", "aime24", "aime25"):
+        load, origin = _source(locals_[key], hub[key])
+        problems = [extract_problem(row) for row in load()]
+        if key == "train":
+            kept, report = filter_train(problems, max_problem_chars=max_problem_chars)
+            stages = report.stages
+        else:
+            kept = dedupe(p for p in problems if p.problem and p.answer)
+            stages = [("read", len(problems)), ("non-empty, deduplicated", len(kept))]
+        if not kept:
+            raise ValueError(f"{key}: no usable rows in {origin}")
+        split = "train" if key == "train" else "test"
+        path = out / OUTPUT_FILES[key]
+        write_parquet(to_rlhf_rows(kept, data_source=DATA_SOURCES[key], split=split), path)
+        manifest["sets"][key] = {
+            "file": OUTPUT_FILES[key], "source": origin, "data_source": DATA_SOURCES[key], "rows": len(kept),
+            "stages": [[stage, count] for stage, count in stages], "sha256": _sha256(path),
+        }
+    _write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def reward_score(data_source: str, response: str, ground_truth: str) -> float:
+    """The score verl gives ``response`` (its default dispatch on ``data_source``: DAPO math scoring, +1 / -1)."""
+    from verl.utils.reward_score import default_compute_score
+
+    result = default_compute_score(data_source, response, ground_truth)
+    return float(result["score"] if isinstance(result, Mapping) else result)
+
+
+def _hub_arg(value: str) -> tuple[str, str]:
+    name, _, split = value.partition(":")
+    if not name:
+        raise argparse.ArgumentTypeError(f"expected NAME[:SPLIT], got {value!r}")
+    return name, split or "train"
+
+
+def _print_manifest(manifest: Mapping[str, Any], out: Path) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # pragma: no cover - rich is a core dependency
+        print(json.dumps(manifest, indent=2))
+        return
+    table = Table(title=f"prepared data in {out}")
+    for col in ("set", "stage", "rows"):
+        table.add_column(col)
+    for key, info in manifest["sets"].items():
+        for i, (stage, count) in enumerate(info["stages"]):
+            table.add_row(key if i == 0 else "", stage, str(count))
+        table.add_row("", f"-> {info['file']} (data_source={info['data_source']})", str(info["rows"]))
+    Console().print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sweeps.data", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="build the training and evaluation parquet files")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--train-file", type=Path, help="local DAPO-Math-17k file (else the hub)")
+    p.add_argument("--aime24-file", type=Path, help="local AIME 2024 file (else the hub)")
+    p.add_argument("--aime25-file", type=Path, help="local AIME 2025 file (else the hub)")
+    p.add_argument("--train-hub", type=_hub_arg, help=f"hub NAME[:SPLIT] (default {HUB_SOURCES['train'][0]})")
+    p.add_argument("--aime24-hub", type=_hub_arg, help=f"hub NAME[:SPLIT] (default {HUB_SOURCES['aime24'][0]})")
+    p.add_argument("--aime25-hub", type=_hub_arg, help=f"hub NAME[:SPLIT] (default {HUB_SOURCES['aime25'][0]})")
+    p.add_argument("--max-problem-chars", type=int, help="drop training problems longer than this")
+    args = parser.parse_args(argv)
+    hub = {k: v for k, v in (("train", args.train_hub), ("aime24", args.aime24_hub), ("aime25", args.aime25_hub)) if v}
+    try:
+        manifest = prepare(
+            args.out, train_file=args.train_file, aime24_file=args.aime24_file, aime25_file=args.aime25_file,
+            hub=hub, max_problem_chars=args.max_problem_chars,
+        )
+    except ValueError as exc:
+        print(f"sweeps.data: {exc}", file=sys.stderr)
+        return 2
+    _print_manifest(manifest, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

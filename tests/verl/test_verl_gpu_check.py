@@ -1,0 +1,97 @@
+"""scripts/gpu_check.py without a GPU: everything but the vLLM rollout and the CUDA forward.
+
+vLLM's outputs are mocked (``RequestOutput``/``CompletionOutput`` with the documented ``logprobs`` structure) --
+vLLM needs a GPU and cannot be installed here; the script itself runs it on a GPU machine. The "rollout" samples
+from a tiny transformers model, so when it reports that model's own distribution the check must see D = 0.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from verl_helpers import tiny_causal_lm, vllm_position
+
+import predmask
+
+pytestmark = pytest.mark.verl
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("predmask_gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def mock_rollout(model, prompts: list[list[int]], samples: int, length: int, k: int, noise: float, seed: int = 0):
+    """vLLM-shaped outputs: each completion sampled token by token from the model (plus ``noise`` on the logits
+    the "rollout engine" reports and samples from)."""
+    g = torch.Generator().manual_seed(seed)
+    outputs = []
+    for prompt in prompts:
+        completions = []
+        for _ in range(samples):
+            ids, positions = list(prompt), []
+            for _ in range(length):
+                with torch.no_grad():
+                    logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+                mu = torch.log_softmax(logits + noise * torch.randn(logits.shape, generator=g), -1)
+                token = int(torch.multinomial(mu.exp(), 1, generator=g))
+                positions.append(vllm_position(mu, token, k))
+                ids.append(token)
+            completions.append(SimpleNamespace(token_ids=ids[len(prompt):], logprobs=positions, text=" 12\nmore"))
+        outputs.append(SimpleNamespace(prompt_token_ids=prompt, outputs=completions))
+    return outputs
+
+
+def logits_fn(model):
+    def run(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(input_ids=torch.tensor([ids])).logits[0].float()
+
+    return run
+
+
+@pytest.mark.parametrize("noise", [0.0, 1.5])
+def test_check_batch_and_method_rows(gpu_check, noise: float) -> None:
+    model = tiny_causal_lm(vocab=40)
+    prompts = [[3, 4, 5], [7, 8]]
+    outputs = mock_rollout(model, prompts, samples=3, length=5, k=6, noise=noise)
+    prompt_ids, records, texts = gpu_check.records_from_outputs(outputs, 6)
+    assert len(records) == 6 and prompt_ids[3] == [7, 8] and texts[0] == " 12\nmore"
+    rewards = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0])
+    batch = gpu_check.build_batch(prompt_ids, records, logits_fn(model), rewards, group=3)
+    rows = {row["method"]: row for row in gpu_check.method_rows(batch, delta=0.01)}
+    assert set(rows) == set(predmask.METHODS)
+    assert all(row["grad_finite"] == 1.0 and torch.isfinite(torch.tensor(row["loss"])) for row in rows.values())
+    gap = rows["predmask_kl_agg"]["pi_sampled_gap"]
+    assert gap < 1e-5  # the packed gather and the direct log-softmax agree on the sampled token
+    if noise == 0.0:  # the rollout reports the model's own distribution: no divergence, nothing masked
+        assert rows["dppo_topk_kl"]["divergence_max"] < 1e-5 and rows["predmask_kl_agg"]["outside_frac"] == 0.0
+        assert abs(rows["grpo_clip_higher"]["ppo_kl"]) < 1e-5 and rows["grpo_clip_higher"]["pg_clipfrac"] == 0.0
+    else:
+        assert rows["predmask_kl_agg"]["outside_frac"] > 0.0 and rows["dppo_topk_kl"]["divergence_mean"] > 0.01
+
+
+def test_rewards_and_group_advantages(gpu_check) -> None:
+    assert gpu_check.rewards_for([" 5050 is it", "no", ""], ["5050", "10", "1"]).tolist() == [1.0, -1.0, -1.0]
+    adv = gpu_check.group_advantages(torch.tensor([1.0, -1.0, 1.0, 1.0]), 2)
+    assert torch.allclose(adv[:2], torch.tensor([0.7071, -0.7071]), atol=1e-3) and torch.all(adv[2:] == 0)
+
+
+def test_print_rows_and_no_gpu_exit(gpu_check, capsys) -> None:
+    gpu_check.print_rows([{"method": "dppo_topk_kl", "loss": 0.5, "pg_clipfrac": 0.1}], width=250)
+    assert "dppo_topk_kl" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert gpu_check.main(["--prompts", "1"]) == 2
+        assert "no CUDA GPU" in capsys.readouterr().err

@@ -1,0 +1,124 @@
+"""The launcher: plugin environment and argv, verl's Hydra app run in-process, the plugin loaded in Ray workers.
+
+Real verl, real Hydra, real (local, CPU) Ray; nothing mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from verl_helpers import GOLDEN, require_verl
+
+from predmask.verl.launch import launch_argv, plugin_modules_value
+from predmask.verl.overrides import PLUGIN_ENV
+
+pytestmark = pytest.mark.verl
+REPO = Path(__file__).resolve().parents[2]
+ENV_OVERRIDE = f"+ray_kwargs.ray_init.runtime_env.env_vars.{PLUGIN_ENV}"
+
+
+def test_plugin_modules_value_appends_once() -> None:
+    assert plugin_modules_value(None) == "predmask.verl"
+    assert plugin_modules_value("a.b, c") == "a.b,c,predmask.verl"
+    assert plugin_modules_value("predmask.verl,x") == "predmask.verl,x"
+
+
+def test_launch_argv_adds_the_worker_env_and_the_v0_trainer() -> None:
+    argv, env = launch_argv(["trainer.nnodes=4"], {})
+    assert argv == ["trainer.nnodes=4", f"{ENV_OVERRIDE}=predmask.verl", "trainer.use_v1=false"]
+    assert env == {PLUGIN_ENV: "predmask.verl"}
+    argv, env = launch_argv(["trainer.use_v1=false"], {PLUGIN_ENV: "my.plugin"})
+    assert argv == ["trainer.use_v1=false", f"{ENV_OVERRIDE}='my.plugin,predmask.verl'"]
+    assert env == {PLUGIN_ENV: "my.plugin,predmask.verl"}
+
+
+def test_launch_argv_keeps_an_explicit_worker_env_and_refuses_bad_ones() -> None:
+    argv, _ = launch_argv([f"{ENV_OVERRIDE}=predmask.verl"], {})
+    assert argv.count(f"{ENV_OVERRIDE}=predmask.verl") == 1
+    with pytest.raises(ValueError, match="must include predmask.verl"):
+        launch_argv([f"{ENV_OVERRIDE}=other"], {})
+    with pytest.raises(ValueError, match="use_v1"):
+        launch_argv(["trainer.use_v1=true"], {})
+
+
+def test_launch_argv_forwards_the_file_logger_path_to_the_workers() -> None:
+    key = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH"
+    argv, _ = launch_argv(["a=1", f"{key}=/run/metrics.jsonl"], {"VERL_FILE_LOGGER_PATH": "/run/metrics.attempt2.jsonl"})
+    assert [a for a in argv if a.startswith(key)] == [f"{key}=/run/metrics.attempt2.jsonl"]
+    argv, _ = launch_argv(["a=1", f"{key}=/run/metrics.jsonl"], {})
+    assert f"{key}=/run/metrics.jsonl" in argv
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", PLUGIN_ENV)}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.mark.slow
+def test_launcher_runs_verls_hydra_app_with_the_overrides(tmp_path) -> None:
+    """``--cfg job`` makes verl's own Hydra app print the composed job config and stop before training."""
+    require_verl("verl.trainer.main_ppo")
+    overrides = (GOLDEN / "predmask_kl_agg__qwen3_30b_a3b_base__fp8_e2e.txt").read_text().split()
+    overrides = [o for o in overrides if not o.startswith("hydra.run.dir=")] + [f"hydra.run.dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "-m", "predmask.verl.launch", "--cfg", "job", *overrides],
+                          capture_output=True, text=True, timeout=240, env=_env(), cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for needle in ("loss_mode: predmask_kl_agg", "calculate_log_probs: 20", "quantization: fp8", "fp8: hybrid",
+                   "use_v1: false", "VERL_USE_EXTERNAL_MODULES: predmask.verl"):
+        assert needle in out, needle
+    bad = subprocess.run([sys.executable, "-m", "predmask.verl.launch", "trainer.use_v1=true"], capture_output=True,
+                         text=True, timeout=60, env=_env(), cwd=tmp_path, check=False)
+    assert bad.returncode != 0 and "use_v1" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_ray_workers_import_the_plugin_through_the_runtime_env(monkeypatch) -> None:
+    """What the launcher's runtime_env override does: a Ray worker that imports verl gets the losses registered
+    and the actor worker patched; without the variable it gets neither."""
+    require_verl("verl.workers.engine_workers")
+    ray = pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+
+    def probe():
+        from verl.trainer.ppo import core_algos
+        from verl.workers import engine_workers
+
+        import predmask
+
+        registered = sorted(n for n in predmask.METHODS if n in core_algos.POLICY_LOSS_REGISTRY)
+        patched = bool(getattr(engine_workers.ActorRolloutRefWorker.actor_worker_cls, "predmask_topk", False))
+        return registered, patched
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {PLUGIN_ENV: "predmask.verl", "PYTHONPATH": _env()["PYTHONPATH"]}})
+    try:
+        remote = ray.remote(probe)
+        registered, patched = ray.get(remote.remote(), timeout=180)
+        import predmask
+
+        assert registered == sorted(predmask.METHODS) and patched
+        control = remote.options(runtime_env={"env_vars": {PLUGIN_ENV: "", "PYTHONPATH": _env()["PYTHONPATH"]}})
+        assert ray.get(control.remote(), timeout=180) == ([], False)
+    finally:
+        ray.shutdown()
+
+
+def test_a_restart_keeps_the_previous_attempts_metrics(tmp_path) -> None:
+    """verl truncates its file logger's file on start; the launcher moves earlier attempts aside first."""
+    from predmask.verl.launch import keep_previous_attempt
+
+    metrics = tmp_path / "metrics.jsonl"
+    assert keep_previous_attempt(metrics) is None
+    metrics.write_text('{"step": 1, "data": {"a": 1}}\n')
+    assert keep_previous_attempt(metrics) == tmp_path / "metrics.attempt-1.jsonl"
+    metrics.write_text('{"step": 2, "data": {"a": 2}}\n')
+    assert keep_previous_attempt(metrics) == tmp_path / "metrics.attempt-2.jsonl"
+    assert not metrics.exists()
+    assert (tmp_path / "metrics.attempt-1.jsonl").read_text().startswith('{"step": 1')

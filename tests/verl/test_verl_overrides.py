@@ -1,0 +1,225 @@
+"""verl_overrides: golden command lines per method and precision, composed against verl 0.9.1's real Hydra config.
+
+Golden files (tests/verl/golden/*.txt, one override per line) were reviewed by eye; regenerate with
+``PREDMASK_UPDATE_GOLDEN=1 pytest tests/verl/test_verl_overrides.py`` and review the diff. The run configs are
+test fixtures shaped like the composed predmask config (the project's conf/model files may differ in values).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+from verl_helpers import GOLDEN, require_verl
+
+import predmask
+from predmask.verl.overrides import DATA_FILES, hydra_value, verl_command, verl_overrides
+
+pytestmark = pytest.mark.verl
+
+BATCH = {"train_prompts": 256, "responses_per_prompt": 16, "ppo_mini_batch_prompts": 64, "max_prompt_length": 1024,
+         "max_response_length": 8192, "lr": 1.0e-6, "temperature": 1.0, "total_steps": 500, "val_every": 10}
+MODELS = {
+    "qwen3_4b_base": {"name": "qwen3_4b_base", "path": "/models/Qwen3-4B-Base", "engine": "megatron",
+                      "parallel": {"tensor": 2, "pipeline": 1, "expert": 1, "rollout_tensor": 1}, "batch": BATCH},
+    "qwen3_8b_base": {"name": "qwen3_8b_base", "path": "/models/Qwen3-8B-Base", "engine": "megatron",
+                      "parallel": {"tensor": 4, "pipeline": 1, "expert": 1, "rollout_tensor": 2}, "batch": BATCH},
+    "qwen3_30b_a3b_base": {"name": "qwen3_30b_a3b_base", "path": "/models/Qwen3-30B-A3B-Base", "engine": "megatron",
+                           "parallel": {"tensor": 4, "pipeline": 1, "expert": 8, "rollout_tensor": 4}, "batch": BATCH},
+}
+#: the paper's four model-precision settings
+SETTINGS = [("qwen3_4b_base", "bf16"), ("qwen3_8b_base", "bf16"), ("qwen3_30b_a3b_base", "fp8_rollout"),
+            ("qwen3_30b_a3b_base", "fp8_e2e")]
+MAIN_METHODS = ["grpo_clip_higher", "dppo_topk_kl", "predmask_kl_agg", "predmask_kl_uniform"]
+CASES = [(m, model, prec) for m in MAIN_METHODS for model, prec in SETTINGS] + [
+    (m, "qwen3_4b_base", "bf16") for m in sorted(predmask.METHODS) if m not in MAIN_METHODS
+]
+
+
+def method_cfg(name: str) -> dict:
+    method = predmask.get_method(name)
+    if method.kind == "clip":
+        return {"name": name, "eps_low": 0.2, "eps_high": 0.28, "loss_agg_mode": "token-mean"}
+    return {"name": name, "delta": 0.15, "ratio_cap": 10.0, "loss_agg_mode": "token-mean"}
+
+
+def run_cfg(method: str, model: str, precision: str) -> dict:
+    return {
+        "method": method_cfg(method), "delta": 0.15, "top_k": 20, "seed": 1, "precision": {"name": precision},
+        "model": copy.deepcopy(MODELS[model]),
+        "cluster": {"name": "h20_4x8", "nodes": 4, "gpus_per_node": 8, "data_dir": "/shared/predmask/data"},
+        "run_id": f"{method}-{model}-{precision}", "sweep": "main_comparison",
+        "run_dir": f"/shared/predmask/runs/main_comparison/{method}-{model}-{precision}",
+    }
+
+
+def golden_path(method: str, model: str, precision: str) -> Path:
+    return GOLDEN / f"{method}__{model}__{precision}.txt"
+
+
+def render(method: str, model: str, precision: str) -> str:
+    cfg = run_cfg(method, model, precision)
+    return "\n".join(verl_overrides(cfg, file_logger_path=f"{cfg['run_dir']}/metrics.jsonl")) + "\n"
+
+
+@pytest.mark.parametrize(("method", "model", "precision"), CASES)
+def test_golden_command_lines(method: str, model: str, precision: str) -> None:
+    path = golden_path(method, model, precision)
+    text = render(method, model, precision)
+    if os.environ.get("PREDMASK_UPDATE_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.is_file(), f"missing golden file {path}; run with PREDMASK_UPDATE_GOLDEN=1 and review it"
+    assert text == path.read_text()
+
+
+def test_no_stale_golden_files() -> None:
+    expected = {golden_path(*case).name for case in CASES}
+    assert {p.name for p in GOLDEN.glob("*.txt")} == expected
+
+
+@pytest.fixture(scope="module")
+def compose():
+    """Compose overrides with verl's own ppo_trainer config (as main_ppo would), resolved."""
+    require_verl()
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        def run(overrides: list[str]):
+            cfg = hydra_compose(config_name="ppo_trainer", overrides=[o for o in overrides if not o.startswith("hydra.")])
+            OmegaConf.resolve(cfg)
+            return cfg
+
+        yield run
+
+
+@pytest.mark.parametrize(("method", "model", "precision"), CASES)
+def test_overrides_compose_with_verl_config(compose, method: str, model: str, precision: str) -> None:
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    cfg = compose(verl_overrides(run_cfg(method, model, precision), file_logger_path="/x/metrics.jsonl"))
+    assert not need_reference_policy(cfg) and not need_critic(cfg)
+    validate_config(config=cfg, use_reference_policy=False, use_critic=False)  # what main_ppo checks first
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    assert actor.policy_loss["loss_mode"] == method and actor.strategy == "megatron"
+    if predmask.get_method(method).kind == "clip":
+        assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
+    else:
+        assert (actor.clip_ratio, actor.clip_ratio_c) == (0.15, 10.0)
+    assert rollout.calculate_log_probs == 20 and rollout.val_kwargs.n == 16 and rollout.name == "vllm"
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.use_v1) == (4, 8, False)
+    assert list(cfg.trainer.logger) == ["console", "file"]
+    env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env.VERL_USE_EXTERNAL_MODULES == "predmask.verl" and env.VERL_FILE_LOGGER_PATH == "/x/metrics.jsonl"
+    assert rollout.quantization == ("fp8" if precision in ("fp8_rollout", "fp8_e2e") else None)
+    fp8 = actor.megatron.override_transformer_config.get("fp8")
+    assert fp8 == ("hybrid" if precision == "fp8_e2e" else None)
+    assert list(cfg.data.val_files) == [f"/shared/predmask/data/{DATA_FILES['aime24']}",
+                                        f"/shared/predmask/data/{DATA_FILES['aime25']}"]
+    assert cfg.actor_rollout_ref.model.path == MODELS[model]["path"]
+    assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == MODELS[model]["parallel"]["tensor"]
+    assert cfg.actor_rollout_ref.actor.megatron.expert_model_parallel_size == MODELS[model]["parallel"]["expert"]
+    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, actor.ppo_mini_batch_size) == (256, 16, 64)
+    assert cfg.trainer.total_training_steps == 500 and cfg.trainer.test_freq == 10
+
+
+def test_large_k_raises_vllms_logprob_cap(compose) -> None:
+    cfg = {**run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16"), "top_k": 32}
+    composed = compose(verl_overrides(cfg))
+    assert composed.actor_rollout_ref.rollout.calculate_log_probs == 32
+    assert composed.actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs == 32
+
+
+def test_fsdp_engine_and_explicit_data_files(compose) -> None:
+    cfg = run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16")
+    cfg["model"].update(engine="fsdp", parallel={"tensor": 1},
+                        verl={"actor_rollout_ref.actor.fsdp_config.param_offload": True})
+    cfg["data"] = {"train_files": "/d/train.parquet", "val_files": ["/d/a.parquet"]}
+    cfg["verl"] = {"trainer.total_training_steps": 3}
+    composed = compose(verl_overrides(cfg))
+    assert composed.actor_rollout_ref.actor.strategy == "fsdp"
+    assert composed.actor_rollout_ref.actor.fsdp_config.param_offload is True
+    assert list(composed.data.train_files) == ["/d/train.parquet"] and composed.trainer.total_training_steps == 3
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda c: c.update(method={"name": "nope"}), "unknown method 'nope'"),
+        (lambda c: c.update(precision="fp4"), "unknown precision 'fp4'"),
+        (lambda c: c["method"].update(delta=0.0), "delta must be > 0"),
+        (lambda c: c.update(top_k=0), "top_k must be an integer >= 1"),
+        (lambda c: c["model"].pop("path"), "model.path"),
+        (lambda c: c["cluster"].pop("data_dir"), "data.dir"),
+        (lambda c: c["model"]["batch"].update(total_steps=0), "model.batch.total_steps"),
+        (lambda c: c["cluster"].pop("nodes"), "cluster.nodes"),
+        (lambda c: c["model"].update(engine="fsdp"), "engine=megatron"),
+        (lambda c: c["model"].update(engine="deepspeed"), "unknown model.engine"),
+    ],
+)
+def test_bad_run_configs_fail_with_one_line(change, match) -> None:
+    cfg = copy.deepcopy(run_cfg("predmask_kl_agg", "qwen3_30b_a3b_base", "fp8_e2e"))
+    change(cfg)
+    with pytest.raises(ValueError, match=match):
+        verl_overrides(cfg)
+
+
+def test_verl_command_is_the_launcher_with_every_override(tmp_path) -> None:
+    cfg = run_cfg("predmask_kl_uniform", "qwen3_8b_base", "bf16")
+    argv = verl_command(cfg, tmp_path / "run", python="python3")
+    assert argv[:3] == ["python3", "-m", "predmask.verl.launch"]
+    assert f"trainer.default_local_dir={tmp_path}/run/checkpoints" in argv
+    assert f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={tmp_path}/run/metrics.jsonl" in argv
+    assert argv[3:] == verl_overrides({**cfg, "run_dir": str(tmp_path / "run")},
+                                      file_logger_path=f"{tmp_path}/run/metrics.jsonl")
+
+
+CONF_MODELS = sorted((Path(__file__).resolve().parents[2] / "conf" / "model").glob("qwen3_*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONF_MODELS, ids=[p.stem for p in CONF_MODELS])
+def test_project_model_configs_translate_and_compose(compose, path: Path) -> None:
+    """The project's own conf/model files (whatever their current values) give overrides verl accepts."""
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    precision = "fp8_e2e" if model.get("engine") == "megatron" else "bf16"
+    cfg = {**run_cfg("predmask_kl_agg", "qwen3_4b_base", precision), "model": model}
+    composed = compose(verl_overrides(cfg))
+    assert composed.actor_rollout_ref.model.path == model["path"]
+    assert composed.actor_rollout_ref.actor.strategy == model.get("engine", "megatron")
+
+
+def test_omegaconf_run_config_is_accepted() -> None:
+    from omegaconf import OmegaConf
+
+    cfg = run_cfg("dppo_topk_kl", "qwen3_8b_base", "bf16")
+    assert verl_overrides(OmegaConf.create(cfg)) == verl_overrides(cfg)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["plain", "/a/b-c_d.parquet", "Qwen/Qwen3-4B-Base", "hdfs://nn:9000/x", "user@host", "predmask.verl",
+     "a b", "x; rm -rf /", "$(whoami)", "`id`", "it's", "back\\slash", "ends\\", "q\\'uote", "1e-6", "true",
+     "null", "-starts", "a,b", "[x]", "k=v", "${oc.env:HOME}", "{a:1}", "tab\there"],
+)
+def test_hydra_values_round_trip_as_literal_strings(value: str) -> None:
+    """Parsed by Hydra's override grammar and resolved by OmegaConf, each value comes back unchanged."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    (override,) = OverridesParser.create().parse_overrides([f"key={hydra_value(value)}"])
+    assert OmegaConf.create({"key": override.value()}).key == value
+
+
+def test_hydra_values_of_other_types() -> None:
+    assert [hydra_value(v) for v in (True, None, 3, 0.15, ["a", 1], {"k": "v w"})] == [
+        "true", "null", "3", "0.15", "[a,1]", "{k:'v w'}"]
