@@ -17,7 +17,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 #: config keys that say where/how a run is launched, not what it computes: excluded from the run id
-LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "run_dir", "hydra")
+LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "run_dir", "cache_dir", "hydra")
 #: config groups whose options are checked up front with a one-line error
 GROUPS: tuple[str, ...] = ("method", "model", "precision", "cluster", "setting", "sweep")
 PRIMARY = "train"

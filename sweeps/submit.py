@@ -57,7 +57,7 @@ def job_command(spec: RunSpec, path: Path) -> list[str]:
     if trainer_of(spec) == "verl":
         from predmask.verl.overrides import verl_command  # no verl import: plain config translation
 
-        return verl_command(spec.config, path)
+        return verl_command(spec.config, path.resolve())
     return trainer_argv(spec, path)
 
 
@@ -77,8 +77,12 @@ def make_job(spec: RunSpec, path: Path) -> Any:
         return RayJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
                       env=dict(spec.config["cluster"].get("env") or {}), ray=ray_options(spec.config["cluster"]))
     threads = str(spec.config["cluster"].get("threads", 1))
+    # the job runs inside its run directory: hand it the sweep's base-model cache as an absolute path, so
+    # every run of the sweep shares one base model
+    cache = Path(str(spec.config.get("cache_dir", "results/cache"))).resolve()
     return TrainJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
-                    env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PREDMASK_THREADS": threads})
+                    env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PREDMASK_THREADS": threads,
+                         "PREDMASK_CACHE": str(cache)})
 
 
 def sbatch_text(spec: RunSpec, path: Path) -> str | None:
