@@ -56,7 +56,7 @@ def _ingest(db: Path, spec: RunSpec, path: Path, backend: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from sweeps.submit import backend_of, dry_run_records, run_sweep, write_dry_run
+    from sweeps.submit import backend_of, dry_run_records, job_command, run_sweep, write_dry_run
 
     specs = expand(args.sweep, args.overrides)
     root = Path(args.runs_root) if args.runs_root else runs_root()
@@ -77,6 +77,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             console.print(f"[dim]{len(records)} runs; scripts and commands written to {out}[/]")
         return 0
 
+    for spec in specs:  # every run's command composes (model and data paths, names) before anything is written
+        job_command(spec, root / spec.sweep / spec.run_id)
     db = _db_path(args.db)
     backend = backend_of(specs[0])
     max_parallel = args.max_parallel or int(specs[0].config["cluster"].get("max_parallel", 2))
@@ -103,7 +105,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
         if root.exists() else []
     table = Table(title=f"runs under {root}")
     for col in ("sweep", "run_id", "method", "model", "precision", "delta", "status", "step"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=True)
     import yaml
 
     for name in sweeps:
@@ -117,6 +119,8 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             step = f"{state.step}/{state.total_steps}" if state.total_steps else str(state.step)
             table.add_row(name, path.name, cfg["method"]["name"], cfg["model"]["name"], cfg["precision"]["name"],
                           str(cfg.get("delta")), state.status, step)
+    if not console.is_terminal:
+        console.width = max(console.width, 140)
     console.print(table)
     return 0
 
@@ -140,14 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # options may sit between overrides
     console = Console(stderr=args.format == "json")
     try:
         if args.sweep == "status":
             args.sweep = args.overrides[0] if args.overrides else None
             return cmd_status(args, console)
         return cmd_run(args, console)
-    except (SweepError, RuntimeError) as err:
+    except (ValueError, RuntimeError) as err:  # SweepError is a ValueError
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -157,3 +157,15 @@ def test_slurm_sweep_run_cancelled_midway_then_rerun_completes(tmp_path: Path, s
     assert _metric_steps(tmp_path / "db.duckdb")[run.name] == list(range(7))
     new_job = json.loads((run / "job.json").read_text())["job_id"]
     assert new_job != job_id
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("model.path=", "error: run config is missing model.path (needed for a VeRL run)"),
+    ("cluster.data_dir=", "error: run config needs data.train_files/data.val_files, data.dir or cluster.data_dir"),
+])
+def test_cluster_run_without_model_or_data_is_refused_before_submission(tmp_path: Path, override: str,
+                                                                        message: str) -> None:
+    out = _sweeps(tmp_path, "smoke", "cluster=h20_4x8", "method=dppo_topk_kl", override, timeout=300)
+    assert out.returncode == 2
+    assert out.stderr.strip().startswith(message) and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "db.duckdb").exists()
