@@ -113,6 +113,16 @@ SEED_COLUMNS: dict[str, str] = {
     "n_keep_predictive_exact": "BIGINT",
     "n_unsafe_predictive_exact": "BIGINT",
     "n_corrective_predictive_exact": "BIGINT",
+    # context of the seed: batch statistics and where the time went
+    "reward_mean": "DOUBLE",
+    "d_pre_mean": "DOUBLE",
+    "nonzero_adv_frac": "DOUBLE",
+    "seconds_rollout": "DOUBLE",
+    "seconds_stale": "DOUBLE",
+    "seconds_masks": "DOUBLE",
+    "seconds": "DOUBLE",
+    "cpu_seconds": "DOUBLE",
+    "host": "VARCHAR",
 }
 
 # One row per studied token (D_pre > delta). position: the token's index in the seed's flattened batch,

@@ -14,24 +14,24 @@ the seeds already stored for the same study (same config, whatever the seed coun
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import sys
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-__all__ = ["main", "compose_study", "study_id_of", "StudyInputError", "LAUNCHER_KEYS", "STUDY_VERSION"]
+__all__ = ["LAUNCHER_KEYS", "STUDY_VERSION", "StudyInputError", "compose_study", "main", "study_id_of"]
 
 #: bump when a code change alters what a study computes (it is part of the study id)
 STUDY_VERSION = 1
 #: keys that say where/how the study runs, not what it computes: excluded from the study id
-LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "launcher", "hydra")
+LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "launcher", "paths", "hydra")
 #: config groups whose values are checked against conf/<group>/*.yaml with a one-line error
 GROUPS: tuple[str, ...] = ("model", "precision", "cluster")
 #: short override names accepted on the command line
@@ -62,10 +62,14 @@ def _options(group: str) -> list[str]:
 def _normalise_overrides(overrides: Sequence[str], cluster: str | None) -> list[str]:
     out = []
     for ov in overrides:
+        if ov.startswith("~"):  # Hydra's delete syntax
+            out.append(ov)
+            continue
         if "=" not in ov:
             raise StudyInputError(f"bad override {ov!r}: expected key=value (e.g. delta=0.1)")
         key, value = ov.split("=", 1)
-        key = ALIASES.get(key, key)
+        prefix = "+" if key.startswith("+") else ""
+        key = prefix + ALIASES.get(key.lstrip("+"), key.lstrip("+"))
         if key in GROUPS and value not in _options(key):
             raise StudyInputError(f"unknown {key} {value!r}; valid: {', '.join(_options(key))}")
         out.append(f"{key}={value}")
@@ -91,11 +95,15 @@ def compose_study(overrides: Sequence[str] = (), cluster: str | None = None) -> 
             cfg = compose(PRIMARY, overrides=ovs)
             resolved = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
-        raise StudyInputError(f"cannot compose the study config with {' '.join(ovs) or 'no overrides'}: "
-                              f"{str(err).splitlines()[0]}") from None
+        raise StudyInputError(
+            f"cannot compose the study config with {' '.join(ovs) or 'no overrides'}: "
+            f"{str(err).splitlines()[0]}"
+        ) from None
     finally:
         GlobalHydra.instance().clear()
     assert isinstance(resolved, dict)
+    if resolved.get("checkpoint"):  # one study whatever the spelling of the path
+        resolved["checkpoint"] = str(Path(str(resolved["checkpoint"])).resolve())
     resolved["label"] = _label(resolved)
     return resolved
 
@@ -105,16 +113,18 @@ def _label(cfg: Mapping[str, Any]) -> str:
     from analysis.token_level_backend import model_label, precision_of
 
     m = cfg["model"]
-    prec = precision_of(cfg)
+    prec = cfg["precision"].get("label") or precision_of(cfg).label
     if m.get("backend") == "cpu":
-        return f"{model_label(cfg)}, {prec.label}"
-    return f"{m.get('name')} ({cfg.get('checkpoint') or m.get('path')}), rollout/training precision {prec.name}"
+        return f"{model_label(cfg)}; {prec}"
+    return f"{m.get('name')} ({cfg.get('checkpoint') or m.get('path')}); precision {cfg['precision'].get('name')}"
 
 
 def study_id_of(cfg: Mapping[str, Any]) -> str:
     """Stable hash of the study config without launcher keys (the seed count is not in the config)."""
     core = {k: v for k, v in cfg.items() if k not in LAUNCHER_KEYS}
-    blob = json.dumps({"study_version": STUDY_VERSION, **core}, sort_keys=True, separators=(",", ":"), default=str)
+    blob = json.dumps(
+        {"study_version": STUDY_VERSION, **core}, sort_keys=True, separators=(",", ":"), default=str
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -145,7 +155,13 @@ def validate(cfg: Mapping[str, Any]) -> None:
     _number(cfg, "delta", float, "a number > 0", lambda v: v > 0)
     _number(cfg, "top_k", int, "an integer >= 1", lambda v: v >= 1)
     group = _number(cfg, "group_size", int, "an integer >= 2", lambda v: v >= 2)
-    seqs = _number(cfg, "sequences", int, f"a positive multiple of group_size={group}", lambda v: v >= group and v % group == 0)
+    seqs = _number(
+        cfg,
+        "sequences",
+        int,
+        f"a positive multiple of group_size={group}",
+        lambda v: v >= group and v % group == 0,
+    )
     mbs = _number(cfg, "minibatches", int, "an integer >= 1", lambda v: v >= 1)
     if mbs > seqs // group:
         raise StudyInputError(f"minibatches={mbs} exceeds the {seqs // group} prompt groups of a seed")
@@ -162,8 +178,10 @@ def validate(cfg: Mapping[str, Any]) -> None:
     if m.get("backend") == "hf":
         path = ckpt or m.get("path")
         if not path or not Path(str(path)).exists():
-            raise StudyInputError(f"model {m.get('name')!r}: checkpoint path {path} does not exist (set "
-                                  "PREDMASK_MODEL_ROOT or checkpoint=...)")
+            raise StudyInputError(
+                f"model {m.get('name')!r}: checkpoint path {path} does not exist (set "
+                "PREDMASK_MODEL_ROOT or checkpoint=...)"
+            )
     else:
         from analysis.token_level_backend import task_of
         from predmask.rl.tokenizer import ArithmeticTokenizer
@@ -174,6 +192,8 @@ def validate(cfg: Mapping[str, Any]) -> None:
             raise StudyInputError(str(err)) from None
         if cfg["top_k"] >= vocab - 1:
             raise StudyInputError(f"top_k must be < {vocab - 1} (vocabulary {vocab}), got {cfg['top_k']}")
+        if ckpt is not None:
+            _check_cpu_checkpoint(cfg, vocab)
     try:
         from predmask.methods import get_method
 
@@ -181,6 +201,22 @@ def validate(cfg: Mapping[str, Any]) -> None:
         settings_of(cfg, vocab_size=1 << 20)
     except (ValueError, KeyError, TypeError) as err:
         raise StudyInputError(str(err).splitlines()[0]) from None
+
+
+def _check_cpu_checkpoint(cfg: Mapping[str, Any], vocab: int) -> None:
+    """Load a CPU-engine checkpoint into the configured architecture (cheap for CPU models)."""
+    from analysis.token_level_backend import load_checkpoint_weights
+    from predmask.rl.model import build_policy
+
+    try:
+        model = build_policy(cfg["model"], vocab, seed=0)
+        load_checkpoint_weights(model, Path(str(cfg["checkpoint"])))
+    except Exception as err:  # noqa: BLE001 - any load failure is bad input, reported in one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise StudyInputError(
+            f"checkpoint {cfg['checkpoint']} cannot be loaded into model "
+            f"{cfg['model'].get('name')!r}: {first}"
+        ) from None
 
 
 # ----------------------------------------------------------------------------------------------- the CLI
@@ -214,21 +250,49 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m analysis token_level --seeds 61 --cluster slurm_emulated precision=fp8_rollout"
         ),
     )
-    p.add_argument("--seeds", type=int, required=True, metavar="N",
-                   help="number of seeds: the study covers seeds START..START+N-1 (the paper uses 61)")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        required=True,
+        metavar="N",
+        help="number of seeds: the study covers seeds START..START+N-1 (the paper uses 61)",
+    )
     p.add_argument("--seed-start", type=int, default=0, metavar="START", help="first seed (default 0)")
-    p.add_argument("--cluster", default=None, metavar="NAME",
-                   help="conf/cluster entry that runs the workers: local (default; local processes), slurm_emulated or "
-                        "h20_4x8 (a Slurm job array)")
-    p.add_argument("--db", type=Path, default=None, help="results database (default: $PREDMASK_DB or results/predmask.duckdb)")
-    p.add_argument("--out", type=Path, default=None,
-                   help="folder of the per-seed files (default: results/token_level beside the database's results/)")
-    p.add_argument("--workers", type=int, default=None, metavar="W",
-                   help="worker processes / array tasks (default: the CPU count locally, capped by the seeds to run; "
-                        "launcher.array_parallelism on Slurm)")
-    p.add_argument("--inline", action="store_true",
-                   help="run the seeds in this process, one after another (no submitit; for debugging)")
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config and study id; run nothing")
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="NAME",
+        help="conf/cluster entry that runs the workers: local (default; local processes), slurm_emulated or "
+        "h20_4x8 (a Slurm job array)",
+    )
+    p.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help="results database (default: $PREDMASK_DB or results/predmask.duckdb)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder of the per-seed files, one sub-folder per study (default: results/token_level)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="W",
+        help="worker processes / array tasks (default: the CPU count locally, capped by the seeds to run; "
+        "launcher.array_tasks, else one per pending seed, on Slurm)",
+    )
+    p.add_argument(
+        "--inline",
+        action="store_true",
+        help="run the seeds in this process, one after another (no submitit; for debugging)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the resolved config and study id; run nothing"
+    )
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (see below)")
     return p
 
@@ -236,7 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _console() -> Console:
     import shutil
 
-    return Console(highlight=False, soft_wrap=True, width=max(120, shutil.get_terminal_size((120, 24)).columns))
+    return Console(
+        highlight=False, soft_wrap=True, width=max(120, shutil.get_terminal_size((120, 24)).columns)
+    )
 
 
 def _db_path(arg: Path | None) -> Path:
@@ -278,9 +344,7 @@ def ingest(db: Path, study_id: str, cfg: Mapping[str, Any], study_dir: Path, see
             return 0
         rows = pl.DataFrame([files.read_row(s) for s in done], infer_schema_length=None)
         tokens = pl.concat([files.read_tokens(s) for s in done], how="diagonal_relaxed")
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="token-level tables gained columns")
-            upsert_token_level(con, study_id, study_config(cfg), rows, tokens)
+        upsert_token_level(con, study_id, study_config(cfg), rows, tokens)
     finally:
         con.close()
     return len(done)
@@ -298,15 +362,29 @@ def _workers(args: argparse.Namespace, cfg: Mapping[str, Any], n: int) -> int:
 def _run_inline(cfg: dict[str, Any], study_dir: Path, pending: list[int], progress: Any, task: Any) -> None:
     from analysis.token_level_exec import WorkerSpec, run_worker
 
-    spec = WorkerSpec(cfg, str(study_dir), tuple(pending), threads=int((cfg.get("launcher") or {}).get("threads", 1)))
+    spec = WorkerSpec(
+        cfg, str(study_dir), tuple(pending), threads=int((cfg.get("launcher") or {}).get("threads", 1))
+    )
     run_worker(spec, on_seed=lambda _s: progress.advance(task))
 
 
-def _run_submitit(cfg: dict[str, Any], study_dir: Path, pending: list[int], workers: int, progress: Any,
-                  task: Any) -> list[str]:
+class _NoSacctNoise:
+    """Drop submitit's repeated "Bypassing sacct error" warnings (clusters without accounting, e.g. the emulated
+    one): completion is read from the seed files and the jobs' own state, not from sacct."""
+
+    def filter(self, record: Any) -> bool:
+        return "Bypassing sacct error" not in record.getMessage()
+
+
+def _run_submitit(
+    cfg: dict[str, Any], study_dir: Path, pending: list[int], workers: int, progress: Any, task: Any
+) -> list[str]:
     """Submit the workers, follow the seed files until every job ends; returns one message per failed job."""
+    import logging
+
     from analysis.token_level_exec import SeedFiles, WorkerSpec, make_seed_executor, run_worker, split_seeds
 
+    logging.getLogger("submitit").addFilter(_NoSacctNoise())
     launcher = dict(cfg.get("launcher") or {})
     if launcher.get("gpus_per_node") is None:
         launcher["gpus_per_node"] = 1 if cfg["model"].get("backend") == "hf" else 0
@@ -327,10 +405,8 @@ def _run_submitit(cfg: dict[str, Any], study_dir: Path, pending: list[int], work
             time.sleep(POLL_SECONDS)
     except KeyboardInterrupt:
         for j in jobs:
-            try:
+            with contextlib.suppress(Exception):  # best effort: a finished job cannot be cancelled
                 j.cancel(check=False)
-            except Exception:  # noqa: BLE001 - best effort: a finished job cannot be cancelled
-                pass
         raise
     progress.update(task, completed=len(files.finished(pending)))
     failures = []
@@ -339,8 +415,10 @@ def _run_submitit(cfg: dict[str, Any], study_dir: Path, pending: list[int], work
             j.result()
         except Exception as exc:  # noqa: BLE001 - report every failed worker, keep what finished
             last = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-            failures.append(f"worker {j.job_id} failed: {last[-1] if last else type(exc).__name__} "
-                            f"(log: {j.paths.stderr})")
+            failures.append(
+                f"worker {j.job_id} failed: {last[-1] if last else type(exc).__name__} "
+                f"(log: {j.paths.stderr})"
+            )
     return failures
 
 
@@ -370,7 +448,18 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args, cfg, study_id, seeds, console)
 
 
-def _run(args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: list[int], console: Console) -> int:
+def _absolute_paths(cfg: dict[str, Any]) -> None:
+    """Workers may start elsewhere (Slurm): make relative paths absolute against this process's directory."""
+    paths = dict(cfg.get("paths") or {})
+    for key, value in paths.items():
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            paths[key] = str(Path.cwd() / value)
+    cfg["paths"] = paths
+
+
+def _run(
+    args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: list[int], console: Console
+) -> int:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -394,16 +483,35 @@ def _run(args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: li
     files = SeedFiles(study_dir)
     on_disk = set(files.finished(seeds)) - stored
     pending = [s for s in seeds if s not in stored and s not in on_disk]
-    console.print(f"token-level study {study_id} ({cfg['label']}): {len(seeds)} seeds, {len(stored & set(seeds))} "
-                  f"stored, {len(on_disk)} finished on disk, {len(pending)} to run → {study_dir}")
+    console.print(
+        f"token-level study {study_id} ({cfg['label']}): {len(seeds)} seeds, {len(stored & set(seeds))} "
+        f"stored, {len(on_disk)} finished on disk, {len(pending)} to run → {study_dir}"
+    )
     failures: list[str] = []
     interrupted = False
     if pending:
+        _absolute_paths(cfg)
+        if cfg["model"].get("backend") == "cpu" and not cfg.get("checkpoint"):
+            from analysis.token_level_backend import base_model
+
+            _model, info = base_model(
+                cfg, progress=True
+            )  # build the cached base once, before the workers start
+            console.print(
+                f"base model: {info.get('cache_path')} (train accuracy {info.get('train_acc', float('nan')):.3f})"
+            )
         study_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(study_dir / "config.json", json.dumps(study_config(cfg), indent=1, sort_keys=True))
         workers = 1 if args.inline else _workers(args, cfg, len(pending))
-        columns = (TextColumn("[bold]seeds"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"),
-                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+        columns = (
+            TextColumn("[bold]seeds"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("elapsed"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+        )
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task("seeds", total=len(pending))
             try:
@@ -415,6 +523,8 @@ def _run(args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: li
                     failures = _run_submitit(cfg, study_dir, pending, workers, progress, task)
             except KeyboardInterrupt:
                 interrupted = True
+            except RuntimeError as exc:  # the inline worker's failed seeds (tracebacks printed above)
+                failures = [f"inline worker: {exc}"]
     try:
         n_new = ingest(db, study_id, cfg, study_dir, [s for s in seeds if s not in stored])
     except StoreError as err:
@@ -424,8 +534,10 @@ def _run(args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: li
     for msg in failures:
         _err.print(f"error: {msg}")
     if interrupted:
-        _err.print(f"interrupted: finished seeds are stored; rerun the same command to run the other "
-                   f"{len(seeds) - len(files.finished(seeds)) - len(stored - on_disk)} seed(s)")
+        remaining = sum(1 for s in seeds if s not in stored and not files.done(s))
+        _err.print(
+            f"interrupted: finished seeds are stored; rerun the same command to run the other {remaining} seed(s)"
+        )
         return 130
     con = connect(db, read_only=True)
     try:
@@ -435,7 +547,9 @@ def _run(args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: li
     print_report(data, console)
     missing = len(seeds) - data.seeds.height
     if missing:
-        _err.print(f"error: {missing} of {len(seeds)} seeds are not stored; rerun the same command to run them")
+        _err.print(
+            f"error: {missing} of {len(seeds)} seeds are not stored; rerun the same command to run them"
+        )
         return 1
     return 0
 

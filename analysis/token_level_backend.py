@@ -68,8 +68,8 @@ def load_checkpoint_weights(model: nn.Module, path: Path) -> None:
     """Load a training run's saved policy weights into ``model``.
 
     Accepts a file holding a state dict (``torch.save(model.state_dict())``) or a dict with a ``model`` /
-    ``state_dict`` entry, or a directory with ``model.safetensors`` / ``model.pt`` (the newest ``step-*``
-    sub-directory of a ``checkpoints/`` folder is taken).
+    ``state_dict`` entry (the CPU trainer's ``checkpoints/step_XXXXXX.pt``), or a directory: a run directory or its
+    ``checkpoints/`` (the newest ``step_*.pt`` is taken), or one holding ``model.safetensors`` / ``model.pt``.
     """
     target = _checkpoint_file(path)
     if target.suffix == ".safetensors":
@@ -85,22 +85,27 @@ def load_checkpoint_weights(model: nn.Module, path: Path) -> None:
                 break
     missing, unexpected = model.load_state_dict(dict(state), strict=False)
     if missing or unexpected:
-        raise ValueError(f"checkpoint {target} does not match the model: missing {list(missing)[:3]}, "
-                         f"unexpected {list(unexpected)[:3]}")
+        raise ValueError(
+            f"checkpoint {target} does not match the model: missing {list(missing)[:3]}, "
+            f"unexpected {list(unexpected)[:3]}"
+        )
 
 
 def _checkpoint_file(path: Path) -> Path:
+    """The weights file of ``path``: the file itself, or in a directory (a run directory, its ``checkpoints/``, or
+    a step directory) the newest ``step_*.pt`` (the CPU trainer's) or a ``model.safetensors`` / ``model.pt``."""
     if path.is_file():
         return path
     if not path.is_dir():
         raise ValueError(f"checkpoint {path} does not exist")
-    steps = sorted(path.glob("step-*"), key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit()
-                   else -1)
-    base = steps[-1] if steps else path
-    for name in ("model.safetensors", "model.pt", "policy.pt", "state.pt"):
-        if (base / name).is_file():
-            return base / name
-    raise ValueError(f"checkpoint {path}: no model.safetensors or model.pt found")
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    steps = sorted(p for p in folder.glob("step_*.pt") if p.stem[5:].isdigit())
+    if steps:
+        return steps[-1]
+    for name in ("model.safetensors", "model.pt"):
+        if (folder / name).is_file():
+            return folder / name
+    raise ValueError(f"checkpoint {path}: no step_*.pt, model.safetensors or model.pt found")
 
 
 class CpuEngineBackend:
@@ -132,22 +137,39 @@ class CpuEngineBackend:
 
     def rollout(self, problems: Sequence[Problem], n: int, seed: int) -> RolloutBatch:
         gen = torch.Generator().manual_seed(seed)
-        return rollout_problems(self._rollout_model, self.tokenizer, problems, n=n, max_new_tokens=self.max_new_tokens,
-                                temperature=self.temperature, top_k=self.top_k, generator=gen)
+        return rollout_problems(
+            self._rollout_model,
+            self.tokenizer,
+            problems,
+            n=n,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            generator=gen,
+        )
 
 
-def _cpu_base_model(cfg: Mapping[str, Any], task: TaskConfig) -> nn.Module:
-    """The CPU engine's base model for ``cfg.model`` (its pretrained, cached policy)."""
-    from predmask.rl import base  # the engine's base-model builder and cache
+def base_model(cfg: Mapping[str, Any], *, progress: bool = False) -> tuple[nn.Module, dict[str, Any]]:
+    """The CPU engine's pretrained base policy for ``cfg.model`` (built once, then loaded from the engine's cache)."""
+    from predmask.rl.base import BaseConfig, load_base_model
 
-    return base.load_base_model(cfg["model"], task)
+    paths = cfg.get("paths") or {}
+    return load_base_model(
+        cfg["model"],
+        task_of(cfg),
+        BaseConfig.from_mapping(dict(cfg.get("base") or {})),
+        response_len=int(cfg["max_new_tokens"]),
+        cache_dir=str(paths.get("cache_dir", "results/cache")),
+        progress=progress,
+    )
 
 
 def model_label(cfg: Mapping[str, Any]) -> str:
+    """How outputs name the model: a CPU model says which cluster model it stands in for."""
     m = cfg["model"]
     name = m.get("name")
     if m.get("backend") == "cpu":
-        return f"{name} (CPU stand-in for {m.get('stands_in_for', '?')})"
+        return f"{name} (CPU stand-in for {m.get('stands_in_for', '?')}, not the real model)"
     return str(name)
 
 
@@ -160,20 +182,38 @@ def make_backend(cfg: Mapping[str, Any]) -> Backend:
 
         hf = dict(cfg.get("hf") or {})
         path = cfg.get("checkpoint") or m.get("path")
-        return HFBackend(path, precision=precision, top_k=int(cfg["top_k"]), max_new_tokens=int(cfg["max_new_tokens"]),
-                         temperature=float(cfg["temperature"]), device=str(cfg.get("device", "auto")),
-                         train_dtype=str(hf.get("train_dtype", "float32")),
-                         rollout_engine=str(hf.get("rollout_engine", "auto")),
-                         prompt_template=str(hf.get("prompt_template", "{prompt}")),
-                         rollout_chunk=int(hf.get("rollout_chunk", 256)), vllm_kwargs=hf.get("vllm_kwargs"),
-                         label=model_label(cfg))
+        return HFBackend(
+            path,
+            precision=precision,
+            top_k=int(cfg["top_k"]),
+            max_new_tokens=int(cfg["max_new_tokens"]),
+            temperature=float(cfg["temperature"]),
+            device=str(cfg.get("device", "auto")),
+            train_dtype=str(hf.get("train_dtype", "float32")),
+            rollout_engine=str(hf.get("rollout_engine", "auto")),
+            prompt_template=str(hf.get("prompt_template", "{prompt}")),
+            rollout_chunk=int(hf.get("rollout_chunk", 256)),
+            vllm_kwargs=hf.get("vllm_kwargs"),
+            label=model_label(cfg),
+        )
     task = task_of(cfg)
-    model = _cpu_base_model(cfg, task)
-    if cfg.get("checkpoint"):
+    tokenizer = ArithmeticTokenizer(task.max_number)
+    if cfg.get("checkpoint"):  # a training run's weights: the architecture comes from the model entry
+        from predmask.rl.model import build_policy
+
+        model = build_policy(cfg["model"], tokenizer.vocab_size, seed=0)
         load_checkpoint_weights(model, Path(str(cfg["checkpoint"])))
-    return CpuEngineBackend(model, ArithmeticTokenizer(task.max_number), precision=precision,
-                            top_k=int(cfg["top_k"]), max_new_tokens=int(cfg["max_new_tokens"]),
-                            temperature=float(cfg["temperature"]), label=model_label(cfg))
+    else:
+        model, _info = base_model(cfg)
+    return CpuEngineBackend(
+        model,
+        tokenizer,
+        precision=precision,
+        top_k=int(cfg["top_k"]),
+        max_new_tokens=int(cfg["max_new_tokens"]),
+        temperature=float(cfg["temperature"]),
+        label=model_label(cfg),
+    )
 
 
 def settings_of(cfg: Mapping[str, Any], vocab_size: int) -> StudySettings:
@@ -182,13 +222,23 @@ def settings_of(cfg: Mapping[str, Any], vocab_size: int) -> StudySettings:
     clip = cfg.get("grad_clip")
     mb = cfg.get("micro_batch")
     return StudySettings(
-        delta=float(cfg["delta"]), group_size=int(cfg["group_size"]), vocab_size=int(vocab_size),
-        staleness=int(cfg["staleness"]), minibatches=int(cfg["minibatches"]), stale_method=str(cfg["stale_method"]),
-        lr=float(cfg["lr"]), betas=tuple(float(b) for b in cfg["betas"]),  # type: ignore[arg-type]
-        weight_decay=float(cfg["weight_decay"]), adam_eps=float(cfg["adam_eps"]),
-        grad_clip=None if clip is None else float(clip), ratio_cap=float(cfg["ratio_cap"]),
-        loss_agg_mode=str(cfg["loss_agg_mode"]), reference_update=bool(cfg["reference_update"]),
-        micro_batch=None if mb is None else int(mb), temperature=float(cfg["temperature"]), precision=precision,
+        delta=float(cfg["delta"]),
+        group_size=int(cfg["group_size"]),
+        vocab_size=int(vocab_size),
+        staleness=int(cfg["staleness"]),
+        minibatches=int(cfg["minibatches"]),
+        stale_method=str(cfg["stale_method"]),
+        lr=float(cfg["lr"]),
+        betas=tuple(float(b) for b in cfg["betas"]),  # type: ignore[arg-type]
+        weight_decay=float(cfg["weight_decay"]),
+        adam_eps=float(cfg["adam_eps"]),
+        grad_clip=None if clip is None else float(clip),
+        ratio_cap=float(cfg["ratio_cap"]),
+        loss_agg_mode=str(cfg["loss_agg_mode"]),
+        reference_update=bool(cfg["reference_update"]),
+        micro_batch=None if mb is None else int(mb),
+        temperature=float(cfg["temperature"]),
+        precision=precision,
         update_path=str(cfg["update_path"]),
     )
 

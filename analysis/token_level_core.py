@@ -94,7 +94,8 @@ class StudySettings:
     check_masks:    compare each loss's dropped-token count with the recorded keep decisions (cheap)
     update_path:    "split" (share the work of the masked steps; exact up to float rounding), "direct" (each step
                     on its own, as the trainer takes it) or "auto" (split unless the loss aggregation is
-                    seq-mean-token-mean, whose per-sequence normalisation is not linear in the kept tokens)
+                    seq-mean-token-mean, whose per-sequence normalisation is not linear in the kept tokens, or the
+                    training forward is FP8 with per-tensor activation scales, which couple the rows of a forward)
     """
 
     delta: float = 0.15
@@ -137,12 +138,21 @@ class StudySettings:
                 "update_path=split needs a loss aggregation linear in the kept tokens; "
                 "seq-mean-token-mean is not (use update_path=direct)"
             )
+        if self.update_path == "split" and self.precision.train_fp8:
+            raise ValueError(
+                "update_path=split needs a training forward independent of the batch's other rows; precision "
+                f"{self.precision.name} quantises activations per tensor (use update_path=direct)"
+            )
 
     @property
     def update_path_resolved(self) -> str:
+        """``split`` unless the loss aggregation or the training precision makes a row's gradient depend on the
+        other rows of its forward (seq-mean-token-mean; FP8 training with per-tensor activation scales)."""
         if self.update_path != "auto":
             return self.update_path
-        return "direct" if self.loss_agg_mode == "seq-mean-token-mean" else "split"
+        return (
+            "direct" if self.loss_agg_mode == "seq-mean-token-mean" or self.precision.train_fp8 else "split"
+        )
 
     @property
     def method_params(self) -> MethodParams:
@@ -386,15 +396,29 @@ def stale_updates(
         )
 
 
+def _to_cpu(value: Any) -> Any:
+    """A CPU copy of a (nested) state: tensors copied, containers rebuilt."""
+    if isinstance(value, Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return copy.deepcopy(value)
+
+
 def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    return copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+    """Model weights and optimiser state, copied to host memory (a GPU keeps room for the steps)."""
+    return _to_cpu(model.state_dict()), _to_cpu(optimizer.state_dict())
 
 
 def _restore(
     model: nn.Module, optimizer: torch.optim.Optimizer, snap: tuple[dict[str, Tensor], dict[str, Any]]
 ) -> None:
     model.load_state_dict(snap[0])
-    optimizer.load_state_dict(copy.deepcopy(snap[1]))  # the optimiser steps its state tensors in place
+    optimizer.load_state_dict(
+        _to_cpu(snap[1])
+    )  # a fresh copy: the optimiser steps its state tensors in place
 
 
 def token_quantities(

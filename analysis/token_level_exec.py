@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,7 +75,11 @@ class WorkerSpec:
 
 
 def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -> list[int]:
-    """Run ``spec.seeds`` not yet finished; returns the seeds this call finished."""
+    """Run ``spec.seeds`` not yet finished; returns the seeds this call finished.
+
+    A seed that raises is reported (traceback on stderr, the job's log) and skipped; the worker goes on with its
+    other seeds and raises one RuntimeError naming the failed seeds at the end.
+    """
     import torch
 
     from analysis.token_level_backend import make_backend, run_seed, settings_of
@@ -87,12 +92,20 @@ def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -
         return []
     backend = make_backend(spec.config)
     settings = settings_of(spec.config, backend.vocab_size)
-    finished = []
+    finished: list[int] = []
+    failed: dict[int, str] = {}
     for seed in todo:
         if files.done(seed):
             continue
         t0, c0 = time.perf_counter(), time.process_time()
-        result = run_seed(backend, spec.config, settings, seed)
+        try:
+            result = run_seed(backend, spec.config, settings, seed)
+        except Exception as exc:  # noqa: BLE001 - one bad seed must not cost the worker's other seeds
+            traceback.print_exc()
+            failed[seed] = (
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            )
+            continue
         row = {
             **seed_summary(result.tokens, result.n_tokens),
             **{k: float(v) for k, v in result.facts.items()},
@@ -104,6 +117,11 @@ def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -
         finished.append(seed)
         if on_seed is not None:
             on_seed(seed)
+    if failed:
+        first = next(iter(failed.items()))
+        raise RuntimeError(
+            f"{len(failed)} seed(s) failed ({', '.join(map(str, failed))}); seed {first[0]}: {first[1]}"
+        )
     return finished
 
 
@@ -113,15 +131,17 @@ def split_seeds(seeds: Sequence[int], workers: int) -> list[tuple[int, ...]]:
     return [tuple(seeds[i::w]) for i in range(w)]
 
 
-def make_seed_executor(folder: Path, cluster: Mapping[str, Any], launcher: Mapping[str, Any], jobs: int) -> Any:
+def make_seed_executor(
+    folder: Path, cluster: Mapping[str, Any], launcher: Mapping[str, Any], jobs: int
+) -> Any:
     """submitit executor for the seed workers: the shared executor layer (``sweeps.slurm_ray.make_executor``)
     with one single-node task per worker (a job array on Slurm, at most ``launcher.array_parallelism`` at once)."""
     from sweeps.slurm_ray import make_executor
 
     cfg = dict(cluster)
     cfg.update(nodes=1, tasks_per_node=1)
-    for key in ("gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min"):
-        if launcher.get(key) is not None:
+    for key in ("gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min", "slurm_additional_parameters"):
+        if launcher.get(key) is not None:  # a seed worker is one small task, not the cluster's multi-node run
             cfg[key] = launcher[key]
     if cfg.get("backend") == "local":
         cfg.pop("gpus_per_node", None)

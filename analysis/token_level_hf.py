@@ -49,8 +49,8 @@ def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) 
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
     for i, r in enumerate(rows):
         if r:
-            ids[i, width - len(r):] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r):] = True
+            ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r) :] = True
     return ids.to(device), mask.to(device)
 
 
@@ -81,8 +81,15 @@ def generate_transformers(
     from transformers import GenerationConfig
 
     gen_cfg = GenerationConfig(
-        do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-        eos_token_id=eos_id, pad_token_id=pad_id, output_logits=True, return_dict_in_generate=True,
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
     out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gen_cfg)
     p = prompt_ids.shape[1]
@@ -93,9 +100,13 @@ def generate_transformers(
     response = torch.where(mask, response, torch.full_like(response, pad_id))
     top = torch.topk(logp, top_k, dim=-1, sorted=True)
     return RolloutBatch(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask.bool(), response_ids=response, response_mask=mask,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask.bool(),
+        response_ids=response,
+        response_mask=mask,
         sampled_logprobs=logp.gather(-1, response.unsqueeze(-1)).squeeze(-1),
-        topk_ids=top.indices, topk_logprobs=top.values,
+        topk_ids=top.indices,
+        topk_logprobs=top.values,
         rewards=torch.zeros(response.shape[0], dtype=torch.float32, device=response.device),
     )
 
@@ -116,8 +127,13 @@ def batch_from_vllm(
             row_lp, row_ids, row_tlp = [], [], []
             for tok, entries in zip(comp.token_ids, comp.logprobs):
                 row_lp.append(float(entries[tok].logprob))
-                ranked = sorted(((e.rank, int(i), float(e.logprob)) for i, e in entries.items()
-                                 if e.rank is not None and e.rank <= top_k))
+                ranked = sorted(
+                    (
+                        (e.rank, int(i), float(e.logprob))
+                        for i, e in entries.items()
+                        if e.rank is not None and e.rank <= top_k
+                    )
+                )
                 if len(ranked) < top_k:
                     raise ValueError(f"vLLM reported {len(ranked)} top log-probs, expected K={top_k}")
                 row_ids.append([i for _, i, _ in ranked[:top_k]])
@@ -141,8 +157,16 @@ def batch_from_vllm(
             topk_lps[i, :n] = torch.tensor(tk_lps[i])
     lengths = torch.tensor([len(r) for r in responses])
     mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    batch = RolloutBatch(prompt_ids, prompt_mask, response_ids, mask, sampled, topk_ids, topk_lps,
-                         torch.zeros(b, dtype=torch.float32))
+    batch = RolloutBatch(
+        prompt_ids,
+        prompt_mask,
+        response_ids,
+        mask,
+        sampled,
+        topk_ids,
+        topk_lps,
+        torch.zeros(b, dtype=torch.float32),
+    )
     return RolloutBatch(**{k: v.to(device) for k, v in batch.__dict__.items()})
 
 
@@ -204,7 +228,9 @@ class HFBackend:
             import vllm  # noqa: F401
         except ImportError:
             if name == "vllm":
-                raise ValueError("rollout_engine=vllm but vllm is not installed (pip install predmask[vllm])") from None
+                raise ValueError(
+                    "rollout_engine=vllm but vllm is not installed (pip install predmask[vllm])"
+                ) from None
             return "transformers"
         return "vllm"
 
@@ -224,13 +250,18 @@ class HFBackend:
     def rollout(self, problems: Sequence[Problem], n: int, seed: int) -> RolloutBatch:
         texts = self._texts(problems)
         answers = [p.answer for p in problems for _ in range(n)]
-        batch = self._rollout_vllm(texts, n, seed) if self.engine == "vllm" else self._rollout_hf(texts, n, seed)
+        batch = (
+            self._rollout_vllm(texts, n, seed) if self.engine == "vllm" else self._rollout_hf(texts, n, seed)
+        )
         decoded = self.tokenizer.batch_decode(
             [row[m].tolist() for row, m in zip(batch.response_ids.cpu(), batch.response_mask.cpu())],
             skip_special_tokens=True,
         )
-        batch.rewards = torch.tensor([reward(t, a) for t, a in zip(decoded, answers)], dtype=torch.float32,
-                                     device=batch.response_ids.device)
+        batch.rewards = torch.tensor(
+            [reward(t, a) for t, a in zip(decoded, answers)],
+            dtype=torch.float32,
+            device=batch.response_ids.device,
+        )
         return batch
 
     def _rollout_hf(self, texts: list[str], n: int, seed: int) -> RolloutBatch:
@@ -241,27 +272,51 @@ class HFBackend:
         model = self._rollout_copy()
         parts = []
         for start in range(0, len(rows), self.rollout_chunk):
-            ids, mask = _left_pad(rows[start:start + self.rollout_chunk], self.pad_id, self.device)
-            parts.append(generate_transformers(model, ids, mask, max_new_tokens=self.max_new_tokens,
-                                               eos_id=self.eos_id, pad_id=self.pad_id, top_k=self.top_k,
-                                               temperature=self.temperature))
+            ids, mask = _left_pad(rows[start : start + self.rollout_chunk], self.pad_id, self.device)
+            parts.append(
+                generate_transformers(
+                    model,
+                    ids,
+                    mask,
+                    max_new_tokens=self.max_new_tokens,
+                    eos_id=self.eos_id,
+                    pad_id=self.pad_id,
+                    top_k=self.top_k,
+                    temperature=self.temperature,
+                )
+            )
         if len(parts) == 1:
             return parts[0]
         cpu = [RolloutBatch(**{k: v.cpu() for k, v in p.__dict__.items()}) for p in parts]
         joined = concat_batches(cpu, self.pad_id)
         return RolloutBatch(**{k: v.to(self.device) for k, v in joined.__dict__.items()})
 
-    def _rollout_vllm(self, texts: list[str], n: int, seed: int) -> RolloutBatch:  # pragma: no cover - needs GPU
+    def _rollout_vllm(
+        self, texts: list[str], n: int, seed: int
+    ) -> RolloutBatch:  # pragma: no cover - needs GPU
         from vllm import LLM, SamplingParams
 
         if self._llm is None:
-            kwargs = {"dtype": "bfloat16", "logprobs_mode": "processed_logprobs", "max_logprobs": self.top_k,
-                      "enable_prefix_caching": False, **self._vllm_kwargs}
+            kwargs = {
+                "dtype": "bfloat16",
+                "logprobs_mode": "processed_logprobs",
+                "max_logprobs": self.top_k,
+                "enable_prefix_caching": False,
+                **self._vllm_kwargs,
+            }
             if self.precision.rollout_fp8:
                 kwargs.setdefault("quantization", "fp8")
             self._llm = LLM(model=str(self.path), **kwargs)
-        params = SamplingParams(n=n, temperature=self.temperature, top_p=1.0, top_k=-1,
-                                max_tokens=self.max_new_tokens, logprobs=self.top_k, seed=seed)
+        params = SamplingParams(
+            n=n,
+            temperature=self.temperature,
+            top_p=1.0,
+            top_k=-1,
+            max_tokens=self.max_new_tokens,
+            logprobs=self.top_k,
+            seed=seed,
+        )
         outputs = self._llm.generate(texts, params, use_tqdm=False)
-        return batch_from_vllm(outputs, top_k=self.top_k, eos_id=self.eos_id, pad_id=self.pad_id,
-                               device=self.device)
+        return batch_from_vllm(
+            outputs, top_k=self.top_k, eos_id=self.eos_id, pad_id=self.pad_id, device=self.device
+        )

@@ -1,0 +1,238 @@
+"""`python -m analysis token_level` end to end on a tiny CPU policy: bad input, the table, reruns, the same rows.
+
+The policy is a 1-layer Qwen3 briefly pretrained here on a one-operation arithmetic task (a few seconds) and
+passed as ``checkpoint=``, so that rollouts earn some reward and the study has advantages to work with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+import torch
+from token_level_helpers import TINY_MODEL, TINY_TASK
+
+from analysis.token_level import main, study_id_of
+from analysis.token_level_exec import SeedFiles, WorkerSpec, run_worker
+from predmask.rl.model import build_policy
+from predmask.rl.tokenizer import ArithmeticTokenizer
+
+ARCH = [f"model.{k}={v}" for k, v in TINY_MODEL.items() if k not in ("name", "backend", "arch")]
+TASK = [
+    "task.max_number=20",
+    "task.operand_max=9",
+    "task.train_ops=[1,1]",
+    "task.pretrain_ops=[1,1]",
+    "task.eval_ops=[2,2]",
+    "task.eval_size=4",
+]
+SMALL = [
+    "sequences=16",
+    "group_size=4",
+    "minibatches=2",
+    "staleness=2",
+    "lr=0.05",
+    "delta=0.01",
+    "max_new_tokens=6",
+    "top_k=5",
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny policy pretrained for a few seconds (so that some rollouts are correct), saved as a state dict."""
+    from predmask.rl.base import BaseConfig, pretrain
+
+    torch.set_num_threads(1)
+    tok = ArithmeticTokenizer(TINY_TASK.max_number)
+    model = build_policy(TINY_MODEL, tok.vocab_size, 0)
+    pretrain(model, tok, TINY_TASK, BaseConfig(steps=300, batch_size=32, lr=1e-2, warmup=10), progress=False)
+    path = tmp_path_factory.mktemp("ckpt") / "policy.pt"
+    torch.save(model.state_dict(), path)
+    return path
+
+
+def _overrides(checkpoint: Path) -> list[str]:
+    return [f"checkpoint={checkpoint}", *ARCH, *TASK, *SMALL]
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+        (["--seeds", "2", "delta=-0.1"], "delta must be a number > 0, got -0.1"),
+        (
+            ["--seeds", "2", "checkpoint=/nonexistent/policy.pt"],
+            "checkpoint /nonexistent/policy.pt does not exist",
+        ),
+        (["--seeds", "2", "model=no_such_model"], "unknown model 'no_such_model'; valid:"),
+        (["--seeds", "2", "precision=fp4"], "unknown precision 'fp4'; valid:"),
+        (["--seeds", "2", "sequences=10"], "sequences must be a positive multiple of group_size"),
+        (["--seeds", "2", "--cluster", "nowhere"], "unknown cluster 'nowhere'; valid:"),
+        (["--seeds", "2", "no_such_key=1"], "cannot compose the study config"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(
+    argv: list[str],
+    needle: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PREDMASK_DB", raising=False)
+    rc = main([*argv, "--db", str(tmp_path / "db.duckdb"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and needle in err, err
+    assert _files(tmp_path) == []
+
+
+def _stored(db: Path) -> tuple[list[int], int]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        seeds = [r[0] for r in con.execute("SELECT seed FROM token_level_seeds ORDER BY seed").fetchall()]
+        tokens = con.execute("SELECT count(*) FROM token_level_tokens").fetchone()
+        return seeds, int(tokens[0]) if tokens else 0
+    finally:
+        con.close()
+
+
+def _token_rows(db: Path) -> list[tuple]:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(
+            "SELECT * EXCLUDE (study_id) FROM token_level_tokens ORDER BY seed, sequence, position"
+        ).fetchall()
+    finally:
+        con.close()
+
+
+def test_study_end_to_end_reruns_and_recovery(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, out = tmp_path / "db.duckdb", tmp_path / "out"
+    common = ["--db", str(db), "--out", str(out), *_overrides(checkpoint)]
+    assert main(["--seeds", "2", "--inline", *common]) == 0
+    text = capsys.readouterr().out
+    assert "paper (Qwen3, 61 seeds)" in text and "CPU stand-in" in text and "emulation" in text
+    seeds, n_tokens = _stored(db)
+    assert seeds == [0, 1] and n_tokens > 0
+
+    # a rerun with more seeds runs only the new one and leaves the finished seeds' files alone
+    study_dir = next(p for p in out.iterdir() if p.is_dir())
+    files = SeedFiles(study_dir)
+    before = {s: files.row_path(s).stat().st_mtime_ns for s in (0, 1)}
+    assert main(["--seeds", "3", "--inline", *common]) == 0
+    assert "2 stored, 0 finished on disk, 1 to run" in capsys.readouterr().out
+    assert {s: files.row_path(s).stat().st_mtime_ns for s in (0, 1)} == before
+    assert _stored(db)[0] == [0, 1, 2]
+
+    # a worker that finished seed 3 before the main process died: its files are ingested, nothing is recomputed
+    from analysis.token_level import compose_study
+
+    cfg = compose_study(_overrides(checkpoint))
+    assert study_id_of(cfg) == study_dir.name
+    assert run_worker(WorkerSpec(cfg, str(study_dir), (3,))) == [3]
+    mtime = files.row_path(3).stat().st_mtime_ns
+    assert main(["--seeds", "4", "--inline", *common]) == 0
+    assert "3 stored, 1 finished on disk, 0 to run" in capsys.readouterr().out
+    assert files.row_path(3).stat().st_mtime_ns == mtime
+    assert _stored(db)[0] == [0, 1, 2, 3]
+
+    # the same seeds in a fresh database and folder give the same token rows
+    db2, out2 = tmp_path / "db2.duckdb", tmp_path / "out2"
+    assert (
+        main(["--seeds", "2", "--inline", "--db", str(db2), "--out", str(out2), *_overrides(checkpoint)]) == 0
+    )
+    first = [r for r in _token_rows(db) if r[0] in (0, 1)]
+    assert first == _token_rows(db2)
+
+
+def test_study_shares_the_trainers_task_and_base_model() -> None:
+    """The study's task, base-model pretraining and response budget equal conf/train.yaml's, so both load the
+    same cached base model (its cache key hashes these)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from analysis.token_level import compose_study
+
+    study = compose_study([])
+    GlobalHydra.instance().clear()
+    with initialize_config_module(config_module="conf", version_base=None):
+        train = OmegaConf.to_container(compose("train"), resolve=True)
+    GlobalHydra.instance().clear()
+    assert isinstance(train, dict)
+    strip = lambda d: {k: v for k, v in d.items() if k != "label"}
+    assert strip(study["task"]) == strip(train["task"])
+    assert study["base"] == train["base"]
+    assert study["max_new_tokens"] == train["rollout"]["response_length"]
+    assert study["model"] == train["model"] and study["precision"] == train["precision"]
+
+
+@pytest.mark.slow
+def test_submitit_local_workers(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seeds fan out to submitit's local executor (separate processes); the main process ingests their files."""
+    db, out = tmp_path / "db.duckdb", tmp_path / "out"
+    rc = main(["--seeds", "3", "--workers", "2", "--db", str(db), "--out", str(out), *_overrides(checkpoint)])
+    assert rc == 0, capsys.readouterr().err
+    assert "2 worker(s) on local" in capsys.readouterr().out
+    assert _stored(db)[0] == [0, 1, 2]
+
+
+@pytest.mark.slurm
+def test_slurm_job_array(
+    slurm_cluster: dict, checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the emulated Slurm cluster the seeds run as a job array (one task per seed); the main process ingests."""
+    db, out = tmp_path / "db.duckdb", tmp_path / "out"
+    rc = main(
+        [
+            "--seeds",
+            "2",
+            "--cluster",
+            "slurm_emulated",
+            "--db",
+            str(db),
+            "--out",
+            str(out),
+            *_overrides(checkpoint),
+        ]
+    )
+    text = capsys.readouterr()
+    assert rc == 0, text.err
+    assert "2 worker(s) on slurm_emulated" in text.out
+    assert _stored(db)[0] == [0, 1]
+    submission = next(out.rglob("*_submission.sh")).read_text()
+    assert "#SBATCH --array=0-1" in submission and "--exclusive" not in submission
+
+
+def test_a_failing_seed_costs_only_itself(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A seed that raises is reported; the worker's other seeds finish and are stored; the exit status is 1."""
+    import analysis.token_level_backend as backend
+
+    real = backend.run_seed
+
+    def flaky(b, cfg, settings, seed):
+        if seed == 1:
+            raise FloatingPointError("injected failure")
+        return real(b, cfg, settings, seed)
+
+    monkeypatch.setattr(backend, "run_seed", flaky)
+    db = tmp_path / "db.duckdb"
+    rc = main(
+        ["--seeds", "3", "--inline", "--db", str(db), "--out", str(tmp_path / "out"), *_overrides(checkpoint)]
+    )
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "1 seed(s) failed (1); seed 1: FloatingPointError: injected failure" in err
+    assert "1 of 3 seeds are not stored" in err
+    assert _stored(db)[0] == [0, 2]
