@@ -470,8 +470,9 @@ def _run(
     )
 
     from analysis.store import StoreError, connect
-    from analysis.token_level_exec import SeedFiles, atomic_write_text
+    from analysis.token_level_exec import SeedFiles
     from analysis.token_level_report import load_study, print_report
+    from predmask.io import atomic_write_text
 
     db = _db_path(args.db)
     study_dir = _out_root(args.out) / study_id

@@ -10,7 +10,6 @@ whatever is finished.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 import traceback
@@ -21,13 +20,9 @@ from typing import Any
 
 import polars as pl
 
-__all__ = ["SeedFiles", "WorkerSpec", "atomic_write_text", "make_seed_executor", "run_worker", "split_seeds"]
+from predmask.io import atomic_write, atomic_write_text
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+__all__ = ["SeedFiles", "WorkerSpec", "make_seed_executor", "run_worker", "split_seeds"]
 
 
 @dataclass(frozen=True)
@@ -51,10 +46,8 @@ class SeedFiles:
     def write(self, seed: int, tokens: pl.DataFrame, row: Mapping[str, Any]) -> None:
         """Token rows first, then the seed row (whose presence marks the seed as finished)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        tp = self.tokens_path(seed)
-        tmp = tp.with_name(f".{tp.name}.{os.getpid()}.tmp")
-        tokens.with_columns(pl.lit(seed, dtype=pl.Int32).alias("seed")).write_parquet(tmp)
-        os.replace(tmp, tp)
+        atomic_write(self.tokens_path(seed),
+                     tokens.with_columns(pl.lit(seed, dtype=pl.Int32).alias("seed")).write_parquet)
         atomic_write_text(self.row_path(seed), json.dumps({"seed": seed, **row}, sort_keys=True))
 
     def read_row(self, seed: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from predmask.io import atomic_write_text
 from sweeps.compose import RunSpec
 
 
@@ -26,14 +27,6 @@ def sweep_dir(sweep: str, root: Path | None = None) -> Path:
 
 def run_dir(spec: RunSpec, root: Path | None = None) -> Path:
     return sweep_dir(spec.sweep, root) / spec.run_id
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)
@@ -60,7 +53,7 @@ def read_state(path: Path) -> RunState:
 
 def write_job_record(path: Path, record: dict[str, Any]) -> None:
     """The sweep's own note of how a run was submitted (job id, backend, command), beside the run's files."""
-    atomic_write(path / "job.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path / "job.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def read_job_record(path: Path) -> dict[str, Any]:
@@ -70,7 +63,7 @@ def read_job_record(path: Path) -> dict[str, Any]:
 
 def write_planned_config(path: Path, spec: RunSpec) -> None:
     """The resolved config the sweep composed, written before submission (the trainer writes config.yaml)."""
-    atomic_write(path / "planned_config.yaml", yaml.safe_dump(spec.config, sort_keys=False))
+    atomic_write_text(path / "planned_config.yaml", yaml.safe_dump(spec.config, sort_keys=False))
 
 
 class SweepLock:
