@@ -21,8 +21,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from sweeps.compose import RunSpec
 from sweeps.jobs import TrainJob, trainer_argv
-from sweeps.slurm_ray import RayJob, ray_options, slurm_job_state
-from sweeps.slurm_ray import make_executor as slurm_executor
 from sweeps.runs import (
     read_job_record,
     read_state,
@@ -31,6 +29,8 @@ from sweeps.runs import (
     write_job_record,
     write_planned_config,
 )
+from sweeps.slurm_ray import RayJob, ray_options, slurm_job_state
+from sweeps.slurm_ray import make_executor as slurm_executor
 
 POLL_SECONDS = 1.0
 

@@ -28,12 +28,12 @@ from predmask.support import TopKSupport, gather_support_logprobs
 
 __all__ = [
     "TrainLogprobs",
+    "grpo_advantages",
+    "mismatch_metrics",
+    "policy_update",
     "response_logits",
     "support_logprobs",
-    "grpo_advantages",
     "token_advantages",
-    "policy_update",
-    "mismatch_metrics",
 ]
 
 

@@ -26,12 +26,12 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "PRECISIONS",
     "E4M3_MAX",
+    "PRECISIONS",
     "PrecisionConfig",
     "fake_quant_e4m3",
-    "quantizable_linears",
     "make_rollout_model",
+    "quantizable_linears",
     "sync_rollout_model",
     "training_precision",
 ]
@@ -93,7 +93,7 @@ class PrecisionConfig:
         return f"{self.name} (CPU emulation: " + ", ".join(parts) + ")"
 
 
-def fake_quant_e4m3(x: Tensor, dim: int | None = None) -> Tensor:
+def fake_quant_e4m3(x: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
     """Round ``x`` onto the e4m3 grid with an absmax scale (per tensor, or per slice along ``dim``), then back.
 
     The result has ``x``'s dtype. Zeros stay zero; an all-zero slice is returned unchanged.
@@ -182,63 +182,47 @@ def sync_rollout_model(rollout_model: nn.Module, train_model: nn.Module, precisi
 def training_precision(model: nn.Module, precision: PrecisionConfig) -> Iterator[None]:
     """Context in which the training model's forward runs in the training precision.
 
-    For ``train_fp8`` it fake-quantises linear weights (per tensor) and, with ``fp8_activations``, their inputs
-    (per tensor), with straight-through gradients, by temporary forward hooks; otherwise it does nothing.
+    For ``train_fp8`` it fake-quantises linear weights (per tensor; fused MoE experts per expert) and, with
+    ``fp8_activations``, their inputs (per tensor), with straight-through gradients, through temporary forward
+    hooks that swap the quantised weight in for the duration of each module's forward; otherwise a no-op.
     """
     if not precision.train_fp8:
         yield
         return
+    originals: dict[tuple[int, str], tuple[nn.Module, Tensor]] = {}
     handles = []
-    weight_hooks: list[tuple[nn.Module, str]] = []
     if precision.fp8_activations:
         for mod in _act_quant_modules(model):
             handles.append(mod.register_forward_pre_hook(_act_quant_hook(per_token=False)))
-    for _name, lin in quantizable_linears(model):
-        weight_hooks.append((lin, "weight"))
-    experts = [(n, p) for n, p in _experts_weights(model)]
-    originals: dict[int, Tensor] = {}
-
-    def swap_in(mod: nn.Module, _args: tuple[Any, ...]) -> None:
-        w = mod._parameters["weight"]
-        originals[id(mod)] = w
-        mod._parameters["weight"] = _ste(w, fake_quant_e4m3(w))  # type: ignore[assignment]
-
-    def swap_out(mod: nn.Module, _args: tuple[Any, ...], _out: Any) -> None:
-        mod._parameters["weight"] = originals.pop(id(mod))  # type: ignore[assignment]
-
-    for lin, _ in weight_hooks:
-        handles.append(lin.register_forward_pre_hook(swap_in))
-        handles.append(lin.register_forward_hook(swap_out))
-    expert_mods = _expert_owner_modules(model, [n for n, _ in experts])
-    for mod, pname in expert_mods:
-        handles.append(mod.register_forward_pre_hook(_swap_in_param(pname, originals)))
-        handles.append(mod.register_forward_hook(_swap_out_param(pname, originals)))
+    targets = [(lin, "weight", None) for _name, lin in quantizable_linears(model)]
+    for name, _p in _experts_weights(model):
+        owner, pname = name.rsplit(".", 1)
+        targets.append((model.get_submodule(owner), pname, (1, 2)))
+    for mod, pname, dim in targets:
+        handles.append(mod.register_forward_pre_hook(_swap_in(pname, dim, originals)))
+        handles.append(mod.register_forward_hook(_swap_out(pname, originals)))
     try:
         yield
     finally:
         for h in handles:
             h.remove()
+        for (_, pname), (mod, w) in originals.items():  # a forward that raised midway: put weights back
+            mod._parameters[pname] = w  # type: ignore[assignment]
+        originals.clear()
 
 
-def _expert_owner_modules(model: nn.Module, names: list[str]) -> list[tuple[nn.Module, str]]:
-    out = []
-    for n in names:
-        owner, pname = n.rsplit(".", 1)
-        out.append((model.get_submodule(owner), pname))
-    return out
-
-
-def _swap_in_param(pname: str, originals: dict):
+def _swap_in(pname: str, dim: int | tuple[int, ...] | None, originals: dict):
     def hook(mod: nn.Module, _args: tuple[Any, ...]) -> None:
         w = mod._parameters[pname]
-        originals[(id(mod), pname)] = w
-        mod._parameters[pname] = _ste(w, fake_quant_e4m3(w, dim=(1, 2)))  # type: ignore[assignment]
+        assert w is not None
+        originals[(id(mod), pname)] = (mod, w)
+        mod._parameters[pname] = _ste(w, fake_quant_e4m3(w, dim=dim))  # type: ignore[assignment]
 
     return hook
 
 
-def _swap_out_param(pname: str, originals: dict):
+def _swap_out(pname: str, originals: dict):
     def hook(mod: nn.Module, _args: tuple[Any, ...], _out: Any) -> None:
-        mod._parameters[pname] = originals.pop((id(mod), pname))  # type: ignore[assignment]
+        mod._parameters[pname] = originals.pop((id(mod), pname))[1]  # type: ignore[assignment]
 
     return hook

@@ -22,7 +22,7 @@ from predmask.rl.task import Problem, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.support import TopKSupport, build_support
 
-__all__ = ["RolloutBatch", "encode_prompts", "generate", "rollout_problems", "concat_batches"]
+__all__ = ["RolloutBatch", "concat_batches", "encode_prompts", "generate", "rollout_problems"]
 
 
 @dataclass
@@ -74,14 +74,14 @@ def encode_prompts(tokenizer: ArithmeticTokenizer, prompts: Sequence[str]) -> tu
     return ids, mask
 
 
-def _pad_right(x: Tensor, width: int, value: float | int) -> Tensor:
+def _pad_right(x: Tensor, width: int, value: float) -> Tensor:
     if x.shape[1] >= width:
         return x
     pad_shape = (x.shape[0], width - x.shape[1], *x.shape[2:])
     return torch.cat([x, torch.full(pad_shape, value, dtype=x.dtype)], 1)
 
 
-def _pad_left(x: Tensor, width: int, value: float | int) -> Tensor:
+def _pad_left(x: Tensor, width: int, value: float) -> Tensor:
     if x.shape[1] >= width:
         return x
     return torch.cat([torch.full((x.shape[0], width - x.shape[1]), value, dtype=x.dtype), x], 1)

@@ -1,16 +1,19 @@
 """The synthetic verifiable math task of the CPU engine: seeded multi-step integer arithmetic, boxed answers, 1/0 reward.
 
-A problem is a left-to-right chain of additions and subtractions, e.g. ``37 + 12 - 5 =``. The worked solution
-writes every intermediate result, separated by commas, then the final answer in ``\\boxed{}``:
-``49 , 44 \\boxed{44}``. Every number (operands, intermediate results, answers) lies in ``[0, max_number]`` so
-that each number is one token of the task's tokenizer (``predmask.rl.tokenizer``).
+A problem is a left-to-right chain of additions and subtractions written as a fixed form of ``slots`` operation
+slots, unused ones blank, e.g. ``7 + 2 - 5 _ _ _ _ _ _ =`` (3 of 5 slots blank). The worked solution writes every
+intermediate result, separated by commas, then the final answer in ``\\boxed{}``: ``9 , 4 \\boxed{4}``. Every
+number (operands, intermediate results, answers) lies in ``[0, max_number]`` so that each number is one token of
+the task's tokenizer (``predmask.rl.tokenizer``). The fixed form keeps every operand at the same distance from
+the step that uses it, which is what lets a two-layer policy learn the task in a minute of CPU pretraining.
 
 Splits (``make_split``):
 
-- ``train``: 1..``train_max_ops`` operations, operands in ``[0, operand_max]``; the RL prompts.
-- ``aime24_standin``: harder held-out problems (``eval_ops[0]`` operations), stand-in for AIME 2024.
-- ``aime25_standin``: harder held-out problems (``eval_ops[1]`` operations, wider operands), stand-in for AIME 2025.
-- ``pretrain``: the supervised data of the base model (1..``pretrain_max_ops`` operations).
+- ``train``: ``train_ops`` (default 1..4) operations, operands in ``[0, operand_max]``; the RL prompts.
+- ``aime24_standin``: harder held-out problems (``eval_ops[0]``, default 4 operations), stand-in for AIME 2024.
+- ``aime25_standin``: harder held-out problems (``eval_ops[1]``, default 5 operations), stand-in for AIME 2025.
+- ``pretrain``: the supervised data of the base model (``pretrain_ops``, default 1..5 operations); its worked
+  solutions can be made noisy (``noisy_steps``: arithmetic slips), as a web corpus is.
 
 Held-out problems never occur in ``train`` or ``pretrain`` (their expressions are excluded by construction).
 The evaluation splits are stand-ins for the paper's AIME sets, named so in configs and labelled so in outputs.
@@ -28,16 +31,19 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 __all__ = [
-    "SPLITS",
     "EVAL_SPLITS",
+    "SPLITS",
     "STANDIN_LABEL",
-    "TaskConfig",
     "Problem",
+    "TaskConfig",
+    "extract_answer",
+    "format_solution",
+    "guess_solution",
+    "iter_train_prompts",
     "make_problem",
     "make_split",
-    "extract_answer",
+    "noisy_steps",
     "reward",
-    "iter_train_prompts",
 ]
 
 EVAL_SPLITS: tuple[str, ...] = ("aime24_standin", "aime25_standin")
@@ -48,15 +54,26 @@ STANDIN_LABEL = "synthetic arithmetic stand-in for the paper's AIME24/AIME25 (no
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """Shape of the arithmetic task; every field changes the data (and so the base-model cache key)."""
+    """Shape of the arithmetic task; every field changes the data (and so the base-model cache key).
+
+    max_number:    largest number token (results never leave ``[0, max_number]``)
+    operand_max:   operands are drawn from ``[0, operand_max]``
+    train_ops:     inclusive range of the number of operations of ``train`` problems
+    pretrain_ops:  the same for the base model's supervised data
+    eval_ops:      number of operations of (aime24_standin, aime25_standin)
+    eval_size:     problems per evaluation split (AIME has 30)
+    slots:         prompts are written as a fixed form of ``slots`` operation slots, unused ones blank (``_ _``),
+                   so every prompt has the same length (0: no blanks, variable-length prompts)
+    seed:          seed of every split
+    """
 
     max_number: int = 255
-    operand_max: int = 49
-    train_max_ops: int = 3
-    pretrain_max_ops: int = 4
-    eval_ops: tuple[int, int] = (3, 4)
-    eval_operand_max: tuple[int, int] = (49, 49)
+    operand_max: int = 9
+    train_ops: tuple[int, int] = (1, 4)
+    pretrain_ops: tuple[int, int] = (1, 5)
+    eval_ops: tuple[int, int] = (4, 5)
     eval_size: int = 30
+    slots: int = 5
     seed: int = 1234
 
     def __post_init__(self) -> None:
@@ -64,24 +81,30 @@ class TaskConfig:
             raise ValueError(f"task.max_number must be >= 20, got {self.max_number}")
         if not 1 <= self.operand_max <= self.max_number:
             raise ValueError(f"task.operand_max must lie in [1, max_number={self.max_number}], got {self.operand_max}")
-        if self.train_max_ops < 1 or self.pretrain_max_ops < 1:
-            raise ValueError("task.train_max_ops and task.pretrain_max_ops must be >= 1")
-        if len(self.eval_ops) != 2 or len(self.eval_operand_max) != 2:
-            raise ValueError("task.eval_ops and task.eval_operand_max need one value per eval split (2)")
-        if min(self.eval_ops) < 1 or not all(1 <= m <= self.max_number for m in self.eval_operand_max):
-            raise ValueError(f"bad eval_ops {self.eval_ops} or eval_operand_max {self.eval_operand_max}")
+        for name in ("train_ops", "pretrain_ops", "eval_ops"):
+            v = getattr(self, name)
+            if len(v) != 2 or min(v) < 1:
+                raise ValueError(f"task.{name} needs two values >= 1, got {v}")
+        for name in ("train_ops", "pretrain_ops"):
+            lo, hi = getattr(self, name)
+            if lo > hi:
+                raise ValueError(f"task.{name} must be an increasing range [lo, hi], got {(lo, hi)}")
         if self.eval_size < 1:
             raise ValueError(f"task.eval_size must be >= 1, got {self.eval_size}")
+        most = max(self.train_ops[1], self.pretrain_ops[1], *self.eval_ops)
+        if self.slots and self.slots < most:
+            raise ValueError(f"task.slots ({self.slots}) must be 0 or >= the most operations of any split ({most})")
 
     @classmethod
     def from_mapping(cls, values: dict) -> TaskConfig:
-        """Build from a config mapping (lists become tuples); unknown keys raise a one-line error."""
+        """Build from a config mapping (lists become tuples; ``label`` is ignored); unknown keys raise an error."""
         known = set(cls.__dataclass_fields__)
+        values = {k: v for k, v in values.items() if k != "label"}
         bad = sorted(set(values) - known)
         if bad:
             raise ValueError(f"unknown task keys {bad}; allowed: {sorted(known)}")
         v = dict(values)
-        for k in ("eval_ops", "eval_operand_max"):
+        for k in ("train_ops", "pretrain_ops", "eval_ops"):
             if k in v:
                 v[k] = tuple(int(x) for x in v[k])
         return cls(**v)
@@ -92,11 +115,15 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class Problem:
-    """One arithmetic problem: ``numbers[0] ops[0] numbers[1] ops[1] ... =`` evaluated left to right."""
+    """One arithmetic problem: ``numbers[0] ops[0] numbers[1] ops[1] ... =`` evaluated left to right.
+
+    With ``slots`` > len(ops) the prompt ends with blank slots (``_ _`` each) before ``=``.
+    """
 
     numbers: tuple[int, ...]
     ops: tuple[str, ...]
     steps: tuple[int, ...] = field(default=())
+    slots: int = 0
 
     @property
     def answer(self) -> int:
@@ -107,12 +134,13 @@ class Problem:
         parts = [str(self.numbers[0])]
         for op, n in zip(self.ops, self.numbers[1:]):
             parts += [op, str(n)]
+        parts += ["_", "_"] * max(0, self.slots - len(self.ops))
         return " ".join(parts) + " ="
 
     @property
     def solution(self) -> str:
         """The worked solution: intermediate results, then the boxed answer."""
-        return " , ".join(str(s) for s in self.steps) + f" \\boxed{{{self.answer}}}"
+        return format_solution(self.steps)
 
 
 def _evaluate(numbers: tuple[int, ...], ops: tuple[str, ...]) -> tuple[int, ...]:
@@ -123,8 +151,8 @@ def _evaluate(numbers: tuple[int, ...], ops: tuple[str, ...]) -> tuple[int, ...]
     return tuple(steps)
 
 
-def make_problem(rng: random.Random, n_ops: int, operand_max: int, max_number: int) -> Problem:
-    """Draw one problem whose intermediate results all stay in ``[0, max_number]``."""
+def make_problem(rng: random.Random, n_ops: int, operand_max: int, max_number: int, slots: int = 0) -> Problem:
+    """Draw one problem whose intermediate results all stay in ``[0, max_number]`` (prompt form of ``slots``)."""
     numbers = [rng.randint(0, operand_max)]
     ops: list[str] = []
     acc = numbers[0]
@@ -137,7 +165,36 @@ def make_problem(rng: random.Random, n_ops: int, operand_max: int, max_number: i
         acc = acc + n if op == "+" else acc - n
         numbers.append(n)
         ops.append(op)
-    return Problem(tuple(numbers), tuple(ops), _evaluate(tuple(numbers), tuple(ops)))
+    return Problem(tuple(numbers), tuple(ops), _evaluate(tuple(numbers), tuple(ops)), slots)
+
+
+def noisy_steps(problem: Problem, rng: random.Random, noise: float, max_number: int, max_offset: int = 3) -> tuple[int, ...]:
+    """The problem's intermediate results as a noisy corpus would write them.
+
+    With probability ``noise`` per step the written result is off by 1..``max_offset`` (an arithmetic slip) and the
+    chain continues from the wrong value, so the final answer is wrong too. Values stay in ``[0, max_number]``.
+    """
+    if not 0.0 <= noise < 1.0:
+        raise ValueError(f"noise must lie in [0, 1), got {noise}")
+    acc, steps = problem.numbers[0], []
+    for op, n in zip(problem.ops, problem.numbers[1:]):
+        acc = min(max(acc + n if op == "+" else acc - n, 0), max_number)
+        if noise > 0 and rng.random() < noise:
+            offsets = [d for d in range(-max_offset, max_offset + 1) if d and 0 <= acc + d <= max_number]
+            acc += rng.choice(offsets)
+        steps.append(acc)
+    return tuple(steps)
+
+
+def guess_solution(problem: Problem, rng: random.Random, spread: int, max_number: int) -> str:
+    """A bare answer without working, as a careless author writes it: the answer off by up to ``spread``."""
+    value = min(max(problem.answer + rng.randint(-spread, spread), 0), max_number)
+    return f"\\boxed{{{value}}}"
+
+
+def format_solution(steps: tuple[int, ...]) -> str:
+    """Solution text of a list of intermediate results (the last one is the boxed answer)."""
+    return " , ".join(str(s) for s in steps) + f" \\boxed{{{steps[-1]}}}"
 
 
 def _split_seed(cfg: TaskConfig, split: str) -> int:
@@ -159,7 +216,7 @@ def make_split(cfg: TaskConfig, split: str, size: int | None = None) -> list[Pro
         seen: set[Problem] = set()
         out: list[Problem] = []
         while len(out) < n:
-            p = make_problem(rng, cfg.eval_ops[i], cfg.eval_operand_max[i], cfg.max_number)
+            p = make_problem(rng, cfg.eval_ops[i], cfg.operand_max, cfg.max_number, cfg.slots)
             if p not in seen:
                 seen.add(p)
                 out.append(p)
@@ -179,12 +236,12 @@ def iter_train_prompts(cfg: TaskConfig, split: str = "train", start: int = 0) ->
     """
     if split not in ("train", "pretrain"):
         raise ValueError(f"iter_train_prompts takes split 'train' or 'pretrain', got {split!r}")
-    max_ops = cfg.train_max_ops if split == "train" else cfg.pretrain_max_ops
+    lo, hi = cfg.train_ops if split == "train" else cfg.pretrain_ops
     heldout = _heldout(cfg)
     rng = random.Random(_split_seed(cfg, split))
     i = 0
     while True:
-        p = make_problem(rng, rng.randint(1, max_ops), cfg.operand_max, cfg.max_number)
+        p = make_problem(rng, rng.randint(lo, hi), cfg.operand_max, cfg.max_number, cfg.slots)
         if p in heldout:
             continue
         if i >= start:

@@ -1,9 +1,9 @@
 """The task's tokenizer: every integer 0..max_number is one token, plus the few symbols of the arithmetic task.
 
-Pure python, nothing downloaded. With the default ``max_number=255`` the vocabulary has 265 tokens, far above the
+Pure python, nothing downloaded. With the default ``max_number=255`` the vocabulary has 266 tokens, far above the
 top-K width K=20, so the tail outside the top-20 of a rollout distribution is a real (if small) mass.
 
-Layout of the ids: ``<pad>=0, <bos>=1, <eos>=2``, then the symbols ``+ - = , \\boxed{ }``, then the numbers in
+Layout of the ids: ``<pad>=0, <bos>=1, <eos>=2``, then the symbols ``+ - = , \\boxed{ } _`` (``_`` a blank slot), then the numbers in
 order (``number_id(n) = NUMBER_OFFSET + n``). ``decode`` writes the text the reward parses
 (``49 , 44 \\boxed{44}``); ``encode`` splits text back into tokens and rejects what it cannot represent.
 """
@@ -13,11 +13,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-__all__ = ["ArithmeticTokenizer", "SPECIALS", "SYMBOLS"]
+__all__ = ["SPECIALS", "SYMBOLS", "ArithmeticTokenizer"]
 
 SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>")
-SYMBOLS: tuple[str, ...] = ("+", "-", "=", ",", "\\boxed{", "}")
-_PIECE = re.compile(r"<pad>|<bos>|<eos>|\\boxed\{|\d+|[+\-=,}]|\S")
+SYMBOLS: tuple[str, ...] = ("+", "-", "=", ",", "\\boxed{", "}", "_")
+_PIECE = re.compile(r"<pad>|<bos>|<eos>|\\boxed\{|\d+|[+\-=,}_]|\S")
 
 
 class ArithmeticTokenizer:

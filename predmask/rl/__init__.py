@@ -1,0 +1,53 @@
+"""predmask.rl: the CPU-scale GRPO engine (tiny Qwen3 policy, synthetic verifiable arithmetic, emulated precision).
+
+Modules: ``task`` (data, reward), ``tokenizer``, ``model`` (Qwen3 / Qwen3-MoE policy), ``precision`` (bf16 / FP8
+emulation), ``base`` (cached pretrained base model), ``rollout`` (KV-cache sampling with top-K log-probs),
+``algo`` (support log-probs, GRPO advantages, masked update), ``engine`` (everything of a run as one object),
+``train`` (``python -m predmask.rl.train``), ``bench`` (``python -m predmask.rl.bench``).
+
+Imports are lazy so that ``import predmask`` stays light; the names below are the public API.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TaskConfig": "task",
+    "Problem": "task",
+    "EVAL_SPLITS": "task",
+    "STANDIN_LABEL": "task",
+    "make_split": "task",
+    "iter_train_prompts": "task",
+    "extract_answer": "task",
+    "reward": "task",
+    "ArithmeticTokenizer": "tokenizer",
+    "build_policy": "model",
+    "PrecisionConfig": "precision",
+    "make_rollout_model": "precision",
+    "sync_rollout_model": "precision",
+    "fake_quant_e4m3": "precision",
+    "BaseConfig": "base",
+    "load_base_model": "base",
+    "RolloutBatch": "rollout",
+    "generate": "rollout",
+    "rollout_problems": "rollout",
+    "TrainLogprobs": "algo",
+    "support_logprobs": "algo",
+    "grpo_advantages": "algo",
+    "token_advantages": "algo",
+    "policy_update": "algo",
+    "mismatch_metrics": "algo",
+    "Engine": "engine",
+    "compose_train_config": "engine",
+    "select_support": "engine",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"predmask.rl.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'predmask.rl' has no attribute {name!r}")

@@ -1,0 +1,377 @@
+"""`python -m predmask.rl.train [hydra overrides]`: one GRPO training run of the CPU engine, resumable.
+
+Composes ``conf/train.yaml`` (defaults: method, model, precision, cluster) with Hydra overrides, e.g.
+
+    python -m predmask.rl.train method=predmask_kl_agg model=cpu_s precision=bf16 delta=0.15 \\
+        trainer.steps=200 seed=0 run_dir=runs/x
+
+and writes the run directory (the contract of every CPU or VeRL run):
+
+- ``config.yaml``  the resolved config, written before training starts (the CPU model actually trained, the
+                   precision emulation and the stand-in labels included);
+- ``metrics.jsonl`` one verl file-logger line ``{"step": N, "data": {...}}`` per step (step 0: validation before
+                   training), verl metric names plus the mask and mismatch metrics;
+- ``status.json``  ``{"status", "step", "total_steps", "updated", "error"}``, replaced atomically;
+- ``checkpoints/step_XXXXXX.pt`` model, optimiser, RNG states and data position every ``trainer.save_every``
+                   steps and at the end (the last ``trainer.keep_checkpoints`` are kept);
+- ``train.log``    the human log (appended across restarts).
+
+Started again with the same config after any kind of death (SIGKILL included), a run resumes from its last
+checkpoint and first truncates ``metrics.jsonl`` to the checkpoint's step, so the file ends with each step once.
+Sampling is seeded per step from ``seed``, so the same seed and config give the same metrics on the same machine
+(all but the wall-clock ``timing_s/*`` and ``perf/*`` values). A completed run started again does nothing.
+Hydra does not change the working directory and writes no ``outputs/`` or ``.hydra/`` directories.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from predmask.io import atomic_write, atomic_write_text
+from predmask.rl.engine import Engine, resolve_cpu_model, to_container, validate_config
+from predmask.rl.task import STANDIN_LABEL, Problem, TaskConfig, iter_train_prompts
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "CONFIG_FILE",
+    "LOG_FILE",
+    "METRICS_FILE",
+    "NONDETERMINISTIC_PREFIXES",
+    "STATUS_FILE",
+    "latest_checkpoint",
+    "main",
+    "read_metrics",
+    "run",
+    "truncate_metrics",
+    "write_status",
+]
+
+CONFIG_FILE = "config.yaml"
+METRICS_FILE = "metrics.jsonl"
+STATUS_FILE = "status.json"
+LOG_FILE = "train.log"
+CHECKPOINT_DIR = "checkpoints"
+#: metric name prefixes that measure wall-clock time (excluded from determinism checks)
+NONDETERMINISTIC_PREFIXES = ("timing_s/", "perf/throughput", "perf/time")
+#: config keys that may change between a run and its resumption
+_RESUMABLE_KEYS = ({"trainer", "steps"}, {"trainer", "progress"}, {"trainer", "log_every"})
+
+log = logging.getLogger("predmask.rl.train")
+
+
+# ----------------------------------------------------------------------------------------------- files
+def write_status(run_dir: Path, status: str, step: int, total_steps: int, error: str | None = None) -> None:
+    """Replace ``status.json`` atomically."""
+    payload = {"status": status, "step": step, "total_steps": total_steps, "updated": time.time(), "error": error}
+    atomic_write_text(run_dir / STATUS_FILE, json.dumps(payload) + "\n")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """Parsed metrics lines; an unparseable line (a torn last write) and everything after it are ignored."""
+    out: list[dict[str, Any]] = []
+    if not path.exists():
+        return out
+    with open(path) as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if not (isinstance(rec, dict) and "step" in rec and "data" in rec):
+                break
+            out.append(rec)
+    return out
+
+
+def truncate_metrics(path: Path, max_step: int) -> int:
+    """Keep only the lines with ``step <= max_step`` (atomically); returns how many were dropped."""
+    if not path.exists():
+        return 0
+    records = read_metrics(path)
+    with open(path) as fh:
+        total_lines = sum(1 for _ in fh)
+    kept = [r for r in records if int(r["step"]) <= max_step]
+    dropped = total_lines - len(kept)
+    if dropped:
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return dropped
+
+
+class _MetricsWriter:
+    """verl's file logger: one JSON line per step, flushed and synced before the step counts as done."""
+
+    def __init__(self, path: Path) -> None:
+        self.fh = open(path, "a")  # noqa: SIM115 - held open for the whole run, closed by close()
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        self.fh.write(json.dumps({"step": step, "data": {k: _clean(v) for k, v in data.items()}}) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+# ----------------------------------------------------------------------------------------------- checkpoints
+def _ckpt_path(run_dir: Path, step: int) -> Path:
+    return run_dir / CHECKPOINT_DIR / f"step_{step:06d}.pt"
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run directory, or None."""
+    d = run_dir / CHECKPOINT_DIR
+    if not d.is_dir():
+        return None
+    found = sorted(p for p in d.glob("step_*.pt") if p.name[5:11].isdigit())
+    return found[-1] if found else None
+
+
+def _save_checkpoint(run_dir: Path, step: int, engine: Engine, data_position: int, keep: int) -> Path:
+    path = _ckpt_path(run_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = {
+        "step": step,
+        "data_position": data_position,
+        "model": engine.model.state_dict(),
+        "optimizer": engine.optimizer.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
+    }
+    atomic_write(path, lambda tmp: torch.save(blob, tmp))
+    for old in sorted(path.parent.glob("step_*.pt"))[:-keep]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def _load_checkpoint(path: Path, engine: Engine) -> tuple[int, int]:
+    blob = torch.load(path, map_location="cpu", weights_only=False)
+    engine.model.load_state_dict(blob["model"])
+    engine.optimizer.load_state_dict(blob["optimizer"])
+    torch.set_rng_state(blob["rng"]["torch"])
+    random.setstate(blob["rng"]["python"])
+    engine.sync_rollout()
+    return int(blob["step"]), int(blob["data_position"])
+
+
+# ----------------------------------------------------------------------------------------------- config
+def _diff_keys(a: Any, b: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[tuple[str, ...]] = []
+        for k in sorted(set(a) | set(b)):
+            out += _diff_keys(a.get(k), b.get(k), (*prefix, str(k)))
+        return out
+    return [] if a == b else [prefix]
+
+
+def _prepare_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """Resolve the config, map a cluster model to its CPU stand-in, and validate every section (ValueError)."""
+    c = to_container(cfg)
+    c["model"] = resolve_cpu_model(c["model"])
+    validate_config(c)
+    return c
+
+
+def _check_or_write_config(run_dir: Path, c: dict[str, Any]) -> None:
+    path = run_dir / CONFIG_FILE
+    if path.exists():
+        old = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        diffs = [d for d in _diff_keys(old, c) if set(d) not in _RESUMABLE_KEYS]
+        if diffs:
+            names = ", ".join(".".join(d) for d in diffs[:6])
+            raise ValueError(f"run_dir {run_dir} holds a run with a different config ({names}); use another run_dir")
+    atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.create(c)))
+
+
+# ----------------------------------------------------------------------------------------------- logging
+class _ConsoleFilter(logging.Filter):
+    """Lets through every record except those logged with ``extra={"console": False}``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return bool(getattr(record, "console", True))
+
+
+def _setup_logging(run_dir: Path) -> list[logging.Handler]:
+    """``train.log`` gets every line; the console (stdout) the same minus the quiet step lines."""
+    file_handler = logging.FileHandler(run_dir / LOG_FILE, mode="a")
+    file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(logging.Formatter("[predmask.rl] %(message)s"))
+    console.addFilter(_ConsoleFilter())
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for h in (file_handler, console):
+        log.addHandler(h)
+    return [file_handler, console]
+
+
+def _use_progress(setting: str | bool) -> bool:
+    if isinstance(setting, bool):
+        return setting
+    if setting == "auto":
+        return sys.stdout.isatty()
+    return str(setting).lower() in ("true", "1", "yes")
+
+
+def _step_summary(step: int, data: Mapping[str, Any]) -> str:
+    parts = [f"step {step}"]
+    for key, short in (("critic/score/mean", "score"), ("response_length/mean", "len"),
+                       ("actor/pg_clipfrac", "clipfrac"), ("actor/mask/outside_frac", "outside"),
+                       ("rollout_corr/topk_kl", "mismatch_topk_kl")):
+        if key in data:
+            parts.append(f"{short}={data[key]:.4g}")
+    for key, value in data.items():
+        if key.startswith("val-core/"):
+            parts.append(f"{key.split('/')[1]}={value:.3f}")
+    return " ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------- the run
+def _problem_stream(task: TaskConfig, start: int) -> Iterator[Problem]:
+    return iter_train_prompts(task, split="train", start=start)
+
+
+def run(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """Train one run to ``trainer.steps`` (resuming if its run_dir has a checkpoint); returns a summary dict."""
+    c = _prepare_config(cfg)
+    run_dir = Path(c["run_dir"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _check_or_write_config(run_dir, c)
+    handlers = _setup_logging(run_dir)
+    total = int(c["trainer"]["steps"])
+    step = 0
+    try:
+        torch.set_num_threads(int(c["trainer"].get("threads", 1)))
+        write_status(run_dir, "running", 0, total)
+        log.info("start: run_dir=%s method=%s delta=%s seed=%s", run_dir, c["method"]["name"], c["delta"], c["seed"])
+        log.info("model: %s%s", c["model"].get("label", c["model"]["name"]),
+                 f" (resolved from {c['model']['resolved_from']})" if c["model"].get("resolved_from") else "")
+        log.info("precision: %s", c["precision"].get("label", c["precision"]["name"]))
+        log.info("eval splits: %s", STANDIN_LABEL)
+        progress = _use_progress(c["trainer"].get("progress", "auto"))
+        log.info("loading the base model from %s (pretrained on first use, about a minute)", c["cache_dir"])
+        engine = Engine(c, progress=progress)
+        log.info("policy: %d parameters, vocabulary %d; base model %s (train acc %.3f, %s)",
+                 engine.n_parameters, engine.tokenizer.vocab_size, engine.base_info.get("cache_path"),
+                 engine.base_info.get("train_acc", float("nan")),
+                 "built now" if engine.base_info.get("built") else "from cache")
+        summary = _train(engine, c, run_dir, progress)
+        write_status(run_dir, "completed", summary["step"], total)
+        log.info("completed at step %d", summary["step"])
+        return summary
+    except BaseException as exc:
+        last = read_metrics(run_dir / METRICS_FILE)
+        step = int(last[-1]["step"]) if last else 0
+        write_status(run_dir, "failed", step, total, error=f"{type(exc).__name__}: {exc}")
+        log.exception("failed at step %d", step, extra={"console": not isinstance(exc, ValueError)})
+        raise
+    finally:
+        for h in handlers:
+            log.removeHandler(h)
+            h.close()
+
+
+def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> dict[str, Any]:
+    t = engine.trainer_cfg
+    seed = int(c["seed"])
+    metrics_path = run_dir / METRICS_FILE
+    ckpt = latest_checkpoint(run_dir)
+    start_step, data_pos = 0, 0
+    if ckpt is not None:
+        start_step, data_pos = _load_checkpoint(ckpt, engine)
+        dropped = truncate_metrics(metrics_path, start_step)
+        log.info("resumed from %s (step %d); dropped %d metrics lines past it", ckpt.name, start_step, dropped)
+    else:
+        dropped = truncate_metrics(metrics_path, -1)
+        if dropped:
+            log.info("no checkpoint: restarting from step 0, dropped %d metrics lines", dropped)
+    writer = _MetricsWriter(metrics_path)
+    last_val: dict[str, float] = {}
+    try:
+        if start_step == 0 and t.val_before_train:
+            t0 = time.perf_counter()
+            val = engine.validate(seed * 7_919)
+            val["timing_s/testing"] = time.perf_counter() - t0
+            writer.log({**val, "training/global_step": 0}, step=0)
+            last_val = val
+            log.info(_step_summary(0, val))
+        if start_step >= t.steps:
+            log.info("already at step %d of %d: nothing to do", start_step, t.steps)
+            return {"step": start_step, "resumed": ckpt is not None, **last_val}
+        stream = _problem_stream(engine.task, data_pos)
+
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("score {task.fields[score]:.3f} val {task.fields[val]}"), TimeElapsedColumn(),
+                   TimeRemainingColumn())
+        with Progress(*columns, disable=not progress) as bar:
+            job = bar.add_task(f"GRPO {engine.method_name} {engine.model_cfg['name']} {engine.precision.name}",
+                               total=t.steps, completed=start_step, score=float("nan"), val="-")
+            data: dict[str, Any] = {}
+            for step in range(start_step + 1, t.steps + 1):
+                t0 = time.perf_counter()
+                problems = [next(stream) for _ in range(t.train_batch_size)]
+                data_pos += t.train_batch_size
+                gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+                data = engine.train_step(problems, gen)
+                if (t.val_every and step % t.val_every == 0) or step == t.steps:
+                    tv = time.perf_counter()
+                    last_val = engine.validate(seed * 7_919 + step)
+                    data.update(last_val)
+                    data["timing_s/testing"] = time.perf_counter() - tv
+                data["timing_s/step"] = time.perf_counter() - t0
+                data["perf/throughput"] = data["perf/total_num_tokens"] / max(data["timing_s/step"], 1e-9)
+                data["training/global_step"] = step
+                writer.log(data, step=step)
+                loud = step % max(1, t.log_every) == 0 or any(k.startswith("val-core/") for k in data)
+                log.info(_step_summary(step, data), extra={"console": loud and not progress})
+                if (t.save_every and step % t.save_every == 0) or step == t.steps:
+                    _save_checkpoint(run_dir, step, engine, data_pos, t.keep_checkpoints)
+                write_status(run_dir, "running", step, t.steps)
+                val_txt = " ".join(f"{v:.2f}" for k, v in last_val.items() if k.startswith("val-core/")) or "-"
+                bar.update(job, advance=1, score=data.get("critic/score/mean", float("nan")), val=val_txt)
+        return {"step": t.steps, "resumed": ckpt is not None, **last_val}
+    finally:
+        writer.close()
+
+
+def main() -> None:
+    """Hydra entry point (``python -m predmask.rl.train``)."""
+    import hydra
+
+    @hydra.main(config_path="pkg://conf", config_name="train", version_base=None)
+    def _app(cfg: DictConfig) -> None:
+        try:
+            run(cfg)
+        except ValueError as exc:  # bad input: one clear line, non-zero exit
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+
+    _app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The trainer (predmask.rl.train): run-directory contract, verl metric lines, resume after SIGKILL, determinism."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from predmask.rl.engine import compose_train_config
+from predmask.rl.train import NONDETERMINISTIC_PREFIXES, read_metrics, run, truncate_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: a run small enough for tests: 40-step base model, 4 prompts x 4 responses, 2 mini-batches
+TINY = [
+    "method=predmask_kl_agg", "model=cpu_s", "precision=bf16",
+    "base.steps=40", "base.batch_size=16", "base.eval_problems=8",
+    "task.eval_size=3", "rollout.n=4", "rollout.response_length=8",
+    "trainer.train_batch_size=4", "trainer.ppo_mini_batch_size=2", "trainer.val_n=2",
+    "trainer.progress=false",
+]
+
+VERL_NAMES = ("critic/score/mean", "response_length/mean", "actor/ppo_kl", "actor/pg_clipfrac",
+              "training/global_step", "actor/pg_loss", "actor/grad_norm")
+MASK_NAMES = ("actor/mask/tokens", "actor/mask/divergence_mean", "actor/mask/divergence_max",
+              "actor/mask/outside_frac", "actor/mask/mu_tail_clamped", "actor/mask/pi_tail_clamped",
+              "actor/mask/direction_disagree")
+VAL_NAMES = ("val-core/aime24_standin/acc/mean@2", "val-core/aime25_standin/acc/mean@2")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Builds the tiny base model once (in this process); every run below loads it from this cache."""
+    from predmask.rl.engine import Engine
+
+    d = tmp_path_factory.mktemp("cache")
+    torch.set_num_threads(1)
+    Engine(compose_train_config([*TINY, f"cache_dir={d}"]), progress=False)
+    return d
+
+
+def _overrides(cache_dir: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [*TINY, f"cache_dir={cache_dir}", f"run_dir={run_dir}", *extra]
+
+
+def _scientific(records: list[dict]) -> list[tuple[int, dict]]:
+    return [(r["step"], {k: v for k, v in r["data"].items() if not k.startswith(NONDETERMINISTIC_PREFIXES)})
+            for r in records]
+
+
+def test_run_directory_contract_and_metric_names(cache_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    summary = run(compose_train_config(_overrides(cache_dir, run_dir, "trainer.steps=4", "trainer.val_every=2",
+                                                  "trainer.save_every=2")))
+    assert summary["step"] == 4
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "completed" and status["step"] == 4 and status["total_steps"] == 4
+    assert status["error"] is None and status["updated"] <= time.time()
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]                    # every line is one JSON object
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert all(set(r) == {"step", "data"} for r in records)
+    for r in records[1:]:
+        d = r["data"]
+        for name in (*VERL_NAMES, *MASK_NAMES, "rollout_corr/topk_kl", "rollout_corr/kl"):
+            assert name in d, name
+        assert d["training/global_step"] == r["step"]
+        assert 0.0 <= d["critic/score/mean"] <= 1.0 and 1 <= d["response_length/mean"] <= 8
+        assert all(isinstance(v, (int, float)) for v in d.values())
+    for step in (0, 2, 4):
+        for name in VAL_NAMES:
+            assert 0.0 <= records[step]["data"][name] <= 1.0
+    assert not any(n in records[1]["data"] for n in VAL_NAMES)
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert cfg["method"]["name"] == "predmask_kl_agg" and cfg["trainer"]["steps"] == 4
+    assert "emulation" in cfg["precision"]["label"] and "stand-in" in cfg["model"]["label"]
+    assert cfg["model"]["stands_in_for"] == "qwen3_4b_base" and "stand-in" in cfg["task"]["label"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002.pt", "step_000004.pt"]
+    log = (run_dir / "train.log").read_text()
+    assert "CPU emulation" in log and "stand-in" in log and "completed at step 4" in log
+    # started again when complete: nothing is redone, nothing duplicated
+    run(compose_train_config(_overrides(cache_dir, run_dir, "trainer.steps=4", "trainer.val_every=2",
+                                        "trainer.save_every=2")))
+    assert (run_dir / "metrics.jsonl").read_text().splitlines() == lines
+
+
+def test_a_different_config_in_the_same_run_dir_is_refused(cache_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run(compose_train_config(_overrides(cache_dir, run_dir, "trainer.steps=1")))
+    with pytest.raises(ValueError, match="different config.*seed"):
+        run(compose_train_config(_overrides(cache_dir, run_dir, "trainer.steps=1", "seed=5")))
+
+
+def test_truncate_metrics_drops_lines_past_a_step_and_a_torn_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "data": {"x": s}}) + "\n" for s in range(6)) + '{"step": 6, "da')
+    assert truncate_metrics(path, 3) == 3
+    assert [r["step"] for r in read_metrics(path)] == [0, 1, 2, 3]
+    assert truncate_metrics(path, 3) == 0
+
+
+def _cli(args: list[str], cwd: Path, **kw) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-m", "predmask.rl.train", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_equals_an_uninterrupted_run(cache_dir: Path, tmp_path: Path) -> None:
+    """Real subprocesses: one uninterrupted run; one killed with SIGKILL mid-way, then started again."""
+    extra = ("trainer.steps=16", "trainer.save_every=4", "trainer.val_every=5")
+    full_dir, killed_dir = tmp_path / "full", tmp_path / "killed"
+    full = _cli(_overrides(cache_dir, full_dir, *extra), cwd=tmp_path)
+    out, _ = full.communicate(timeout=300)
+    assert full.returncode == 0, out
+
+    victim = _cli(_overrides(cache_dir, killed_dir, *extra), cwd=tmp_path)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        recs = read_metrics(killed_dir / "metrics.jsonl")
+        if recs and recs[-1]["step"] >= 6:
+            break
+        time.sleep(0.005)
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate(timeout=60)
+    assert victim.returncode == -signal.SIGKILL
+    status = json.loads((killed_dir / "status.json").read_text())
+    before = read_metrics(killed_dir / "metrics.jsonl")
+    assert status["status"] == "running" and before[-1]["step"] < 16, "the run finished before it was killed"
+
+    resumed = _cli(_overrides(cache_dir, killed_dir, *extra), cwd=tmp_path)
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert "resumed from step_0000" in (killed_dir / "train.log").read_text()
+
+    a = read_metrics(full_dir / "metrics.jsonl")
+    b = read_metrics(killed_dir / "metrics.jsonl")
+    assert [r["step"] for r in b] == list(range(17))                  # no duplicated, no missing step
+    assert _scientific(a) == _scientific(b)                            # same seed + config -> same metrics
+    assert json.loads((killed_dir / "status.json").read_text())["status"] == "completed"
+    # Hydra changed no directory and wrote no outputs/.hydra/multirun directories
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "killed"]
+
+
+def test_cli_bad_input_is_one_line(cache_dir: Path, tmp_path: Path) -> None:
+    proc = _cli(_overrides(cache_dir, tmp_path / "r", "trainer.train_batch_size=3"), cwd=tmp_path)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "error: trainer.train_batch_size (3) must be a multiple of trainer.ppo_mini_batch_size (2)" in out
+    assert "Traceback" not in out
+    # rejected before anything is written (Hydra itself creates hydra.run.dir = run_dir, left empty)
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+
+
+def test_cluster_model_maps_to_its_cpu_standin_and_unknown_names_fail() -> None:
+    from hydra.errors import ConfigCompositionException
+
+    from predmask.rl.train import _prepare_config
+
+    c = _prepare_config(compose_train_config(["+setting=qwen3_30b_a3b_fp8_rollout"]))
+    assert c["model"]["name"] == "cpu_moe" and c["model"]["resolved_from"] == "qwen3_30b_a3b_base"
+    assert c["precision"]["name"] == "fp8_rollout"
+    with pytest.raises(ConfigCompositionException, match="nonexistent_method"):
+        compose_train_config(["method=nonexistent_method"])
+    from predmask.rl.engine import to_container
+
+    bad = to_container(compose_train_config([]))
+    bad["model"]["backend"] = "hf"
+    with pytest.raises(ValueError, match="not a CPU model"):
+        _prepare_config(bad)
