@@ -8,7 +8,15 @@ from torch.func import jvp
 
 import predmask as pm
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64_default():
+    """These checks run in float64; restore the default afterwards so no other test inherits it."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
 
 
 def _random_case(seed: int, vocab: int = 40, k: int = 6, tokens: int = 16, shift: float = 0.7):
