@@ -397,7 +397,7 @@ def _draw_fig3(ctx: ReportContext, result: ArtefactResult) -> list:
                 zorder=4,
             )
             ax.annotate(
-                f"{100 * mean:.1f}%\n± {100 * se:.1f} SE",
+                f"{100 * mean:.1f}%\n± {100 * se:.1f} SE\n(n={st['n_paired']} paired)",
                 (x + (-0.18 if x == 0 else 0.18), 100 * mean),
                 xytext=(-10 if x == 0 else 10, 0),
                 textcoords="offset points",
