@@ -27,7 +27,14 @@ import torch
 from torch import Tensor, nn
 
 from predmask import MethodParams, policy_loss, predicted_divergence_change, topk_divergence
-from predmask.rl.algo import TrainLogprobs, grpo_advantages, policy_update, support_logprobs, token_advantages
+from predmask.rl.algo import (
+    TrainLogprobs,
+    grpo_advantages,
+    policy_update,
+    rollout_policy_loss,
+    support_logprobs,
+    token_advantages,
+)
 from predmask.rl.precision import PrecisionConfig
 from predmask.rl.rollout import RolloutBatch
 from predmask.support import TopKSupport
@@ -269,20 +276,9 @@ def accumulate_gradient(
         mask = mb.response_mask if tokens is None else tokens[rows]
         if tokens_fn is not None:
             mask = tokens_fn(rows, detached)
-        loss, metrics = policy_loss(
-            method,
-            log_prob=lp.log_prob,
-            old_log_prob=mb.sampled_logprobs,
-            advantages=adv_tok[rows],
-            response_mask=mask,
-            mu_logprobs=sup.mu_logprobs,
-            pi_logprobs=lp.pi,
-            valid=sup.valid,
-            sampled_index=sup.sampled_index,
-            pi_tail_sq=lp.pi_tail_sq,
-            params=s.method_params,
-            global_batch_info=dict(info or _batch_info(batch)),
-            **dict(overrides or {}),
+        loss, metrics = rollout_policy_loss(
+            method, mb, sup, lp, adv_tok[rows], mask, s.method_params,
+            global_batch_info=dict(info or _batch_info(batch)), **dict(overrides or {}),
         )
         if bool(mask.any()):
             loss.backward()

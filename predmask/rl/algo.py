@@ -117,6 +117,34 @@ def mismatch_metrics(batch: RolloutBatch, support: TopKSupport, pi_logprobs: Ten
         }
 
 
+def rollout_policy_loss(
+    method: str | Method,
+    batch: RolloutBatch,
+    support: TopKSupport,
+    lp: TrainLogprobs,
+    advantages: Tensor,
+    response_mask: Tensor,
+    params: MethodParams,
+    **kwargs: Any,
+) -> tuple[Tensor, dict[str, float]]:
+    """``predmask.policy_loss`` on a rollout batch: ratio anchored on the rollout's log mu of the sampled token,
+    the support's mu and the training log-probs ``lp``; ``kwargs`` go to policy_loss (e.g. global_batch_info)."""
+    return policy_loss(
+        method,
+        log_prob=lp.log_prob,
+        old_log_prob=batch.sampled_logprobs,
+        advantages=advantages,
+        response_mask=response_mask,
+        mu_logprobs=support.mu_logprobs,
+        pi_logprobs=lp.pi,
+        valid=support.valid,
+        sampled_index=support.sampled_index,
+        pi_tail_sq=lp.pi_tail_sq,
+        params=params,
+        **kwargs,
+    )
+
+
 def policy_update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -141,20 +169,8 @@ def policy_update(
     optimizer.zero_grad(set_to_none=True)
     lp = support_logprobs(model, batch, support, temperature=temperature, precision=precision)
     adv = advantages if advantages.ndim == 2 else token_advantages(advantages, batch.response_mask)
-    loss, metrics = policy_loss(
-        method,
-        log_prob=lp.log_prob,
-        old_log_prob=batch.sampled_logprobs,
-        advantages=adv,
-        response_mask=batch.response_mask,
-        mu_logprobs=support.mu_logprobs,
-        pi_logprobs=lp.pi,
-        valid=support.valid,
-        sampled_index=support.sampled_index,
-        pi_tail_sq=lp.pi_tail_sq,
-        params=params,
-        **(overrides or {}),
-    )
+    loss, metrics = rollout_policy_loss(method, batch, support, lp, adv, batch.response_mask, params,
+                                        **(overrides or {}))
     loss.backward()
     clip = float("inf") if grad_clip is None else grad_clip
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
