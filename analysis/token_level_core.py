@@ -26,7 +26,7 @@ import polars as pl
 import torch
 from torch import Tensor, nn
 
-from predmask import MethodParams, policy_loss, predicted_divergence_change, topk_divergence
+from predmask import MethodParams, predicted_divergence_change, topk_divergence
 from predmask.rl.algo import (
     TrainLogprobs,
     grpo_advantages,
@@ -571,20 +571,7 @@ def _check_masks(
     mask = batch.response_mask
     nonzero = int((mask & (adv_tok != 0)).sum())
     for name, (method, overrides) in s.masks().items():
-        _, metrics = policy_loss(
-            method,
-            log_prob=lp.log_prob,
-            old_log_prob=batch.sampled_logprobs,
-            advantages=adv_tok,
-            response_mask=mask,
-            mu_logprobs=support.mu_logprobs,
-            pi_logprobs=lp.pi,
-            valid=support.valid,
-            sampled_index=support.sampled_index,
-            pi_tail_sq=lp.pi_tail_sq,
-            params=s.method_params,
-            **overrides,
-        )
+        _, metrics = rollout_policy_loss(method, batch, support, lp, adv_tok, mask, s.method_params, **overrides)
         theirs = round(metrics["actor/pg_clipfrac"] * nonzero)
         mine = int((mask & ~_keep_of(name, q, mask)).sum())
         if theirs != mine:
