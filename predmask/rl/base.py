@@ -38,6 +38,7 @@ from rich.progress import (
 from torch import Tensor, nn
 
 from predmask.io import atomic_write
+from predmask.rl._config import check_known_keys
 from predmask.rl.model import build_policy, hf_config
 from predmask.rl.rollout import encode_prompts, rollout_problems
 from predmask.rl.task import (
@@ -102,10 +103,7 @@ class BaseConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> BaseConfig:
-        known = set(cls.__dataclass_fields__)
-        bad = sorted(set(values) - known)
-        if bad:
-            raise ValueError(f"unknown base keys {bad}; allowed: {sorted(known)}")
+        check_known_keys(cls, values, "base")
         return cls(**values)
 
 

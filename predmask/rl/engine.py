@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import conf as conf_pkg
 from predmask.methods import MethodParams, get_method
+from predmask.rl._config import check_known_keys
 from predmask.rl.algo import TrainLogprobs, grpo_advantages, mismatch_metrics, policy_update, support_logprobs
 from predmask.rl.base import BaseConfig, load_base_model
 from predmask.rl.model import check_cpu_model_config, count_parameters
@@ -157,10 +158,7 @@ class TrainerConfig:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> TrainerConfig:
-        known = set(cls.__dataclass_fields__)
-        bad = sorted(set(values) - known)
-        if bad:
-            raise ValueError(f"unknown trainer keys {bad}; allowed: {sorted(known)}")
+        check_known_keys(cls, values, "trainer")
         v = dict(values)
         if "betas" in v:
             v["betas"] = tuple(float(b) for b in v["betas"])

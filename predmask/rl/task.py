@@ -30,6 +30,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
+from predmask.rl._config import check_known_keys
+
 __all__ = [
     "EVAL_SPLITS",
     "SPLITS",
@@ -98,11 +100,8 @@ class TaskConfig:
     @classmethod
     def from_mapping(cls, values: dict) -> TaskConfig:
         """Build from a config mapping (lists become tuples; ``label`` is ignored); unknown keys raise an error."""
-        known = set(cls.__dataclass_fields__)
         values = {k: v for k, v in values.items() if k != "label"}
-        bad = sorted(set(values) - known)
-        if bad:
-            raise ValueError(f"unknown task keys {bad}; allowed: {sorted(known)}")
+        check_known_keys(cls, values, "task")
         v = dict(values)
         for k in ("train_ops", "pretrain_ops", "eval_ops"):
             if k in v:
