@@ -69,7 +69,9 @@ def _kill_everything_under(tmp: Path) -> None:
 
 @pytest.mark.slow
 def test_local_sweep_killed_midway_then_rerun_completes_without_duplicates(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "sweeps", "smoke", METHODS, *TINY], cwd=tmp_path,
+    # 40 steps, so that a run seen at step 3 is still running when the kill lands a moment later
+    args = ["smoke", METHODS, *TINY, "trainer.steps=40", "trainer.val_every=20"]
+    proc = subprocess.Popen([sys.executable, "-m", "sweeps", *args], cwd=tmp_path,
                             env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -79,20 +81,20 @@ def test_local_sweep_killed_midway_then_rerun_completes_without_duplicates(tmp_p
         _kill_everything_under(tmp_path)
     assert json.loads((killed_run / "status.json").read_text())["status"] == "running"
 
-    done = _sweeps(tmp_path, "smoke", METHODS, *TINY)
+    done = _sweeps(tmp_path, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 failed" in done.stdout
     steps = _metric_steps(tmp_path / "db.duckdb")
     assert len(steps) == 2
     for run_id, seen in steps.items():
-        assert seen == list(range(7)), (run_id, seen)  # step 0 (validation) .. 6, each once
-        assert _file_steps(tmp_path / "runs" / "smoke" / run_id) == list(range(7))
+        assert seen == list(range(41)), (run_id, seen)  # step 0 (validation) .. 40, each once
+        assert _file_steps(tmp_path / "runs" / "smoke" / run_id) == list(range(41))
 
     # A rerun finds everything done, submits nothing and leaves the database as it was.
     before = duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True)
     rows_before = before.execute("SELECT count(*) FROM metrics").fetchall()
     before.close()
-    again = _sweeps(tmp_path, "smoke", METHODS, *TINY)
+    again = _sweeps(tmp_path, *args)
     assert again.returncode == 0 and "2 already done" in again.stdout, again.stdout + again.stderr
     after = duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True)
     assert after.execute("SELECT count(*) FROM metrics").fetchall() == rows_before
