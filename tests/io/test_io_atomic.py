@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from predmask.io import atomic_write, atomic_write_text
+from predmask.io import atomic_write, atomic_write_bytes, atomic_write_text
 
 
 def test_write_replaces_whole_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -29,3 +32,22 @@ def test_a_failing_writer_keeps_the_previous_file(tmp_path: Path) -> None:
         atomic_write(target, half_then_fail)
     assert target.read_text() == "previous"
     assert [p.name for p in tmp_path.iterdir()] == ["seed.parquet"]
+
+
+def test_bytes_are_written_whole_and_exactly(tmp_path: Path) -> None:
+    target = tmp_path / "fig" / "plot.png"
+    data = bytes(range(256)) * 3
+    atomic_write_bytes(target, data)
+    atomic_write_bytes(target, data[::-1])
+    assert target.read_bytes() == data[::-1]
+    assert [p.name for p in target.parent.iterdir()] == ["plot.png"]
+
+
+def test_text_is_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """In an ASCII locale (C, no UTF-8 mode) the platform default would fail on δ; the helper writes UTF-8."""
+    target = tmp_path / "table.md"
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    code = "import sys; from pathlib import Path; from predmask.io import atomic_write_text; " \
+           "atomic_write_text(Path(sys.argv[1]), '\\u03b4 = 0.15 \\u00b1 0.02')"
+    subprocess.run([sys.executable, "-c", code, str(target)], env=env, check=True)
+    assert target.read_bytes() == "δ = 0.15 ± 0.02".encode()

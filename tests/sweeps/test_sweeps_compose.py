@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from sweeps.compose import GROUPS, SweepError, expand, group_options, run_id_of, sweep_names
+from predmask.config import group_options, stable_id
+from sweeps.compose import GROUPS, SweepError, expand, sweep_names
 
 
 def test_every_sweep_expands_to_its_grid() -> None:
@@ -28,6 +29,12 @@ def test_main_comparison_local_maps_settings_to_cpu_standins() -> None:
     assert all(r.config["method"].get("delta", 0.15) == 0.15 for r in runs)
 
 
+def test_each_sweep_runs_at_its_own_delta_unless_the_command_line_sweeps_it() -> None:
+    assert {r.delta for r in expand("tight_threshold")} == {0.05}
+    assert {r.config["method"]["delta"] for r in expand("tight_threshold")} == {0.05}
+    assert {r.delta for r in expand("tight_threshold", ["delta=0.1"])} == {0.1}
+
+
 def test_cluster_runs_keep_the_paper_models() -> None:
     runs = expand("main_comparison", ["cluster=h20_4x8"])
     assert {r.model for r in runs} == {"qwen3_4b_base", "qwen3_8b_base", "qwen3_30b_a3b_base"}
@@ -44,13 +51,14 @@ def test_run_ids_are_stable_and_ignore_launcher_keys() -> None:
     a = [r.run_id for r in expand("smoke")]
     b = [r.run_id for r in expand("smoke")]
     assert a == b and len(set(a)) == 4
+    assert a == [stable_id(r.config) for r in expand("smoke")]
     cfg = expand("smoke")[0].config
     moved = json.loads(json.dumps(cfg))
     moved["run_dir"] = "/elsewhere"
     moved["cluster"] = {"name": "other"}
-    assert run_id_of(moved) == run_id_of(cfg)
+    assert stable_id(moved) == stable_id(cfg)
     moved["delta"] = 0.5
-    assert run_id_of(moved) != run_id_of(cfg)
+    assert stable_id(moved) != stable_id(cfg)
 
 
 @pytest.mark.parametrize("group", [g for g in GROUPS if g not in ("sweep",)])
@@ -78,7 +86,7 @@ def test_bad_input_is_one_clear_line(overrides: list[str], message: str) -> None
 
 def test_unknown_sweep_from_the_command_line(tmp_path) -> None:
     proc = subprocess.run([sys.executable, "-m", "sweeps", "nonesuch"], capture_output=True, text=True,
-                          cwd=tmp_path)
+                          cwd=tmp_path, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"error: unknown sweep 'nonesuch'; valid: {', '.join(sweep_names())}"]

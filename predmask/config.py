@@ -1,0 +1,227 @@
+"""The one config layer: the installed conf/ tree, Hydra compose with structured schemas, stable ids, option entries.
+
+- ``compose(config_name, overrides)`` composes a primary config of conf/ (``train``, ``token_level``) with Hydra's
+  compose API after storing the structured-config schemas in Hydra's ConfigStore: the engine's dataclasses (task,
+  base, rollout, trainer sections) always, and a caller's own (the study passes ``schemas={"token_level_schema": ...}``).
+  The YAML files name their schema in their defaults list and only select values; unknown keys and wrong types
+  fail at compose time with one line (``ConfigError``).
+- ``stable_id(config)`` is the identity of a run or a study: a hash of the resolved config minus launcher keys and
+  display labels.
+- ``group_options``, ``group_entry``, ``option_choices``, ``label`` read conf/<group>/<name>.yaml for reports and checks;
+  ``cpu_standin`` maps a cluster model entry to the CPU model that trains in its place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Collection, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = [
+    "DISPLAY_KEYS",
+    "LAUNCHER_KEYS",
+    "ConfigError",
+    "compose",
+    "conf_dir",
+    "cpu_standin",
+    "group_entry",
+    "group_options",
+    "label",
+    "option_choices",
+    "stable_id",
+    "store_schemas",
+    "to_container",
+]
+
+#: config keys that say where/how a run is launched, not what it computes: excluded from the run id
+LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "run_dir", "cache_dir", "hydra")
+
+
+class ConfigError(ValueError):
+    """A config that does not compose or an unknown option; the message is one line."""
+
+
+def conf_dir() -> Path:
+    """The installed config tree (works from any working directory)."""
+    return Path(str(resources.files("conf")))
+
+
+def _engine_schemas() -> dict[tuple[str | None, str], Any]:
+    """(group, name) -> node of the engine's schemas, as named in the defaults lists of conf/."""
+    from predmask.rl.base import BaseConfig
+    from predmask.rl.schema import RolloutConfig, TrainerConfig
+    from predmask.rl.task import TaskConfig
+
+    return {
+        ("task", "schema"): TaskConfig,
+        ("base", "schema"): BaseConfig,
+        (None, "train_schema"): {"rollout": RolloutConfig, "trainer": TrainerConfig},
+    }
+
+
+def _schema_node(node: Any) -> DictConfig:
+    """A dataclass (or a mapping of them) as a writable typed node: YAML values merge into it, a frozen
+    dataclass's read-only flag would refuse them (the dataclass itself is built from the resolved config)."""
+    cfg = OmegaConf.structured(node) if not isinstance(node, Mapping) else OmegaConf.create(
+        {k: OmegaConf.structured(v) for k, v in node.items()}
+    )
+    assert isinstance(cfg, DictConfig)
+    for child in [cfg, *(cfg._get_node(k) for k in cfg)]:  # nodes, not values: a schema field may be MISSING
+        if isinstance(child, DictConfig):
+            OmegaConf.set_readonly(child, False)
+    return cfg
+
+
+def store_schemas(schemas: Mapping[str, Any] | None = None) -> None:
+    """Store the engine's schemas and ``schemas`` (primary-level name -> dataclass) in Hydra's ConfigStore.
+
+    Call it before ``@hydra.main`` of an app that composes conf/ itself; ``compose`` calls it.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for (group, name), node in _engine_schemas().items():
+        store.store(name=name, group=group, node=_schema_node(node))
+    for name, node in (schemas or {}).items():
+        store.store(name=name, node=_schema_node(node))
+
+
+def compose(
+    config_name: str,
+    overrides: Sequence[str] = (),
+    *,
+    schemas: Mapping[str, Any] | None = None,
+    return_hydra_config: bool = False,
+) -> DictConfig:
+    """Hydra compose of the primary config ``conf/<config_name>.yaml`` with ``overrides``, schemas stored first."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    store_schemas(schemas)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="conf", version_base=None):
+            cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(
+            f"cannot compose {config_name} with {' '.join(overrides) or 'no overrides'}: {_one_line(err)}"
+        ) from None
+    finally:
+        GlobalHydra.instance().clear()
+    _check_schema_keys(cfg)
+    return cfg
+
+
+def _check_schema_keys(cfg: DictConfig, path: str = "") -> None:
+    """Keys appended with ``+key=value`` into a schema node must still be fields of its dataclass."""
+    kind = OmegaConf.get_type(cfg)
+    if dataclasses.is_dataclass(kind):
+        known = {f.name for f in dataclasses.fields(kind)}
+        bad = sorted(set(cfg.keys()) - known)  # type: ignore[arg-type]
+        if bad:
+            raise ConfigError(f"unknown {path or 'config'} keys {bad}; allowed: {sorted(known)}")
+    for key in cfg:
+        node = cfg._get_node(key)  # type: ignore[union-attr]
+        if isinstance(node, DictConfig) and str(key) != "hydra":
+            _check_schema_keys(node, f"{path}.{key}" if path else str(key))
+
+
+def _one_line(err: BaseException) -> str:
+    """Hydra's message (and its cause's) up to the first blank line, without OmegaConf's full_key/object_type lines."""
+    parts = [err, *([err.__cause__] if err.__cause__ else [])]
+    lines = [ln.strip() for e in parts for ln in str(e).strip().split("\n\n")[0].splitlines()]
+    keep = [ln.rstrip(":") for ln in lines if ln and not ln.startswith(("full_key:", "object_type=", "reference_type="))]
+    return ": ".join(keep) or type(err).__name__
+
+
+def to_container(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A resolved plain-dict copy of a config (without the ``hydra`` node)."""
+    node = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    out = OmegaConf.to_container(node, resolve=True)
+    assert isinstance(out, dict)
+    out.pop("hydra", None)
+    return out  # type: ignore[return-value]
+
+
+#: keys that only say how an option is displayed: never part of an id, so editing a label orphans no run
+DISPLAY_KEYS: frozenset[str] = frozenset({"label"})
+
+
+def _without_display_keys(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_display_keys(v) for k, v in value.items() if k not in DISPLAY_KEYS}
+    if isinstance(value, list | tuple):
+        return [_without_display_keys(v) for v in value]
+    return value
+
+
+def stable_id(config: Mapping[str, Any], exclude: Collection[str] = LAUNCHER_KEYS) -> str:
+    """12-hex sha256 of the resolved ``config`` without the ``exclude`` keys and without ``label`` keys at any
+    depth (display text): the same computation, the same id."""
+    core = _without_display_keys({k: v for k, v in config.items() if k not in exclude})
+    blob = json.dumps(core, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def group_options(group: str) -> list[str]:
+    """Names of the options of config group ``group`` (conf/<group>/*.yaml), sorted."""
+    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
+
+
+def group_entry(group: str, name: str) -> dict[str, Any]:
+    """The YAML of option ``name`` of ``group`` as a plain dict (interpolations left as written)."""
+    path = conf_dir() / group / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown {group} {name!r}; valid: {', '.join(group_options(group)) or 'none'}")
+    out = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    assert isinstance(out, dict)
+    return out  # type: ignore[return-value]
+
+
+def option_choices(group: str, name: str) -> dict[str, str]:
+    """The group choices an option's defaults list makes, e.g. a setting's ``{"model": ..., "precision": ...}``."""
+    out: dict[str, str] = {}
+    for item in group_entry(group, name).get("defaults", []):
+        if isinstance(item, dict):
+            for key, value in item.items():
+                out[str(key).removeprefix("override ").lstrip("/")] = str(value)
+    return out
+
+
+def label(group: str, name: str) -> str:
+    """Display label of option ``name`` of ``group``: its ``label:`` key in conf/ (an option packaged
+    ``_global_``, such as a setting, keeps its own keys under its group name: ``setting.label``)."""
+    entry = group_entry(group, name)
+    own = entry.get(group) if isinstance(entry.get(group), dict) else entry
+    if not isinstance(own.get("label"), str):
+        raise ConfigError(f"{group} {name!r} has no label: key in conf/{group}/{name}.yaml")
+    return own["label"]
+
+
+def cpu_standin(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The CPU model to train for a model entry: itself when ``backend: cpu``, else its ``cpu_standin`` entry.
+
+    A stand-in carries ``resolved_from`` = the name of the model it replaces.
+    """
+    if model_cfg.get("backend") == "cpu":
+        return dict(model_cfg)
+    name = model_cfg.get("name")
+    standin = model_cfg.get("cpu_standin")
+    if not standin:
+        cpu = [m for m in group_options("model") if group_entry("model", m).get("backend") == "cpu"]
+        choices = f"{', '.join(cpu[:-1])} or {cpu[-1]}" if len(cpu) > 1 else "".join(cpu)
+        raise ConfigError(f"model {name!r} is not a CPU model and names no cpu_standin; use model={choices}")
+    if standin not in group_options("model"):
+        raise ConfigError(f"cpu_standin {standin!r} of model {name!r} has no conf/model/{standin}.yaml")
+    resolved = OmegaConf.to_container(OmegaConf.load(conf_dir() / "model" / f"{standin}.yaml"), resolve=True)
+    assert isinstance(resolved, dict)
+    return {**resolved, "resolved_from": name}  # type: ignore[dict-item]
