@@ -1,28 +1,39 @@
-"""Top-K divergences D and their predicted first-order change Ddot along the policy-gradient step (math.md §1-3)."""
+"""Top-K divergences D and their predicted first-order change Ddot along the policy-gradient step (math.md §1-3).
+
+Two registries of behaviour: ``DIVERGENCES`` (a divergence is one function of the coarse distributions,
+registered with :func:`register_divergence` together with its directional derivative) and ``TAILS`` (an estimator of
+q_T, the squared training mass off the support, registered with :func:`register_tail`). Adding either is one new
+registered function; :func:`topk_divergence`, :func:`predicted_divergence_change` and the masked losses of
+``predmask.methods`` look them up by name.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
+
+from predmask.registry import Registry
 
 __all__ = [
     "DIVERGENCES",
     "MASS_FLOOR",
     "TAILS",
     "Coarse",
+    "Divergence",
     "coarse_distributions",
+    "divergence_change",
+    "divergence_of",
+    "get_divergence",
+    "get_tail",
     "predicted_divergence_change",
+    "register_divergence",
+    "register_tail",
     "topk_divergence",
 ]
-
-Divergence = Literal["kl", "tv"]
-Tail = Literal["aggregated", "uniform", "exact"]
-DIVERGENCES: tuple[str, ...] = ("kl", "tv")
-TAILS: tuple[str, ...] = ("aggregated", "uniform", "exact")
 
 #: Probability floor for tail masses and log-probs (the DPPO reference code uses 1e-12).
 MASS_FLOOR = 1e-12
@@ -52,6 +63,43 @@ class Coarse:
     pi_T_clamped: Tensor
     n_support: Tensor
     has_support: Tensor
+
+
+#: ``value(c)``: D per token [...]
+DivergenceValue = Callable[[Coarse], Tensor]
+#: ``change(c, k, q_T)``: Ddot per token along ``v = e_k - pi`` (``k`` long [..., 1] the sampled slot, ``q_T`` [...])
+DivergenceChange = Callable[[Coarse, Tensor, Tensor], Tensor]
+#: ``tail(c, vocab_size, pi_tail_sq)``: q_T per token [...]
+TailEstimator = Callable[[Coarse, int | None, Tensor | None], Tensor]
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A registered divergence: ``value(c)`` is D per token over ``S ∪ {T}`` (rows with support; the caller zeroes
+    the rest), ``change(c, k, q_T)`` its directional derivative along ``e_k - pi`` (math.md §3)."""
+
+    name: str
+    value: DivergenceValue
+    change: DivergenceChange
+
+
+DIVERGENCES: Registry[Divergence] = Registry("divergence")
+TAILS: Registry[TailEstimator] = Registry("tail estimator")
+#: decorator: register a q_T estimator under a name
+register_tail = TAILS.register
+#: the registered divergence / q_T estimator of a name (one-line ValueError listing the allowed names)
+get_divergence = DIVERGENCES.lookup
+get_tail = TAILS.lookup
+
+
+def register_divergence(name: str, *, change: DivergenceChange) -> Callable[[DivergenceValue], DivergenceValue]:
+    """Decorator: register ``value`` as the divergence ``name`` with its directional derivative ``change``."""
+
+    def decorator(value: DivergenceValue) -> DivergenceValue:
+        DIVERGENCES.add(name, Divergence(name, value, change))
+        return value
+
+    return decorator
 
 
 def _compute_dtype(*tensors: Tensor) -> torch.dtype:
@@ -115,36 +163,21 @@ def coarse_distributions(mu_logprobs: Tensor, pi_logprobs: Tensor, valid: Tensor
     )
 
 
-def _kl(c: Coarse) -> Tensor:
-    support = (c.mu * (c.mu_lp - c.pi_lp)).sum(-1)
-    tail = c.mu_T * (c.mu_T.log() - c.pi_T.log())
-    return support + tail
-
-
-def _tv(c: Coarse) -> Tensor:
-    return 0.5 * ((c.mu - c.pi).abs().sum(-1) + (c.mu_T - c.pi_T).abs())
-
-
-def _divergence(c: Coarse, divergence: str) -> Tensor:
-    if divergence == "kl":
-        d = _kl(c)
-    elif divergence == "tv":
-        d = _tv(c)
-    else:
-        raise ValueError(f"unknown divergence {divergence!r}; allowed: {', '.join(DIVERGENCES)}")
+def divergence_of(c: Coarse, divergence: str) -> Tensor:
+    """D per token of the registered ``divergence`` on coarse distributions; rows without support get 0."""
+    d = get_divergence(divergence).value(c)
     return torch.where(c.has_support, d, torch.zeros_like(d))
 
 
-def topk_divergence(
-    mu_logprobs: Tensor, pi_logprobs: Tensor, valid: Tensor, *, divergence: Divergence = "kl"
-) -> Tensor:
+def topk_divergence(mu_logprobs: Tensor, pi_logprobs: Tensor, valid: Tensor, *, divergence: str = "kl") -> Tensor:
     """D per token over the coarse distributions ``S ∪ {T}`` (math.md §2).
 
     mu_logprobs, pi_logprobs: [..., S] log-probs of the rollout and training policies on the support slots;
-    valid: bool [..., S]. ``divergence="kl"`` is the forward KL(mu‖pi), ``"tv"`` the total variation.
-    Rows with no valid slot (padding) get D = 0. Returns [...] in float32 (float64 for float64 input).
+    valid: bool [..., S]. ``divergence`` names a registered divergence: ``"kl"`` is the forward KL(mu‖pi),
+    ``"tv"`` the total variation. Rows with no valid slot (padding) get D = 0. Returns [...] in float32 (float64
+    for float64 input).
     """
-    return _divergence(coarse_distributions(mu_logprobs, pi_logprobs, valid), divergence)
+    return divergence_of(coarse_distributions(mu_logprobs, pi_logprobs, valid), divergence)
 
 
 def _check_sampled_index(sampled_index: Tensor, c: Coarse) -> None:
@@ -167,35 +200,38 @@ def _check_sampled_index(sampled_index: Tensor, c: Coarse) -> None:
         )
 
 
-def _tail_q(
-    c: Coarse, tail: str, vocab_size: int | None, pi_tail_sq: Tensor | None
-) -> Tensor:
-    """q_T: the estimated squared mass of pi off the support (math.md §3.1 table)."""
-    if tail == "aggregated":
-        return c.pi_T**2
-    if tail == "uniform":
-        if vocab_size is None or isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-            raise ValueError(f"tail='uniform' needs vocab_size as an int, got {vocab_size!r}")
-        width = c.valid.shape[-1]
-        if vocab_size <= width:
-            raise ValueError(
-                f"vocab_size={vocab_size} must exceed the support width {width} for tail='uniform'"
-            )
-        off_support = (vocab_size - c.n_support).to(c.pi_T.dtype)
-        return c.pi_T**2 / off_support
-    if tail == "exact":
-        if pi_tail_sq is None:
-            raise ValueError("tail='exact' needs pi_tail_sq (sum of squared training probabilities off the support)")
-        if pi_tail_sq.shape != c.pi_T.shape:
-            raise ValueError(f"pi_tail_sq {tuple(pi_tail_sq.shape)} must have shape {tuple(c.pi_T.shape)}")
-        q = pi_tail_sq.to(c.pi_T.dtype)
-        if bool((~torch.isfinite(q)).any()) or bool((q < 0).any()):
-            raise ValueError("pi_tail_sq must be finite and >= 0")
-        return q
-    raise ValueError(f"unknown tail estimator {tail!r}; allowed: {', '.join(TAILS)}")
+@register_tail("aggregated")
+def _tail_aggregated(c: Coarse, vocab_size: int | None, pi_tail_sq: Tensor | None) -> Tensor:
+    """q_T = pi_T**2: the tail as one token (math.md §3.1)."""
+    return c.pi_T**2
 
 
-def _ddot_kl(c: Coarse, k: Tensor, q_T: Tensor) -> Tensor:
+@register_tail("uniform")
+def _tail_uniform(c: Coarse, vocab_size: int | None, pi_tail_sq: Tensor | None) -> Tensor:
+    """q_T = pi_T**2 / (V - |S|): the tail spread evenly over the tokens off the support."""
+    if vocab_size is None or isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise ValueError(f"tail='uniform' needs vocab_size as an int, got {vocab_size!r}")
+    width = c.valid.shape[-1]
+    if vocab_size <= width:
+        raise ValueError(f"vocab_size={vocab_size} must exceed the support width {width} for tail='uniform'")
+    off_support = (vocab_size - c.n_support).to(c.pi_T.dtype)
+    return c.pi_T**2 / off_support
+
+
+@register_tail("exact")
+def _tail_exact(c: Coarse, vocab_size: int | None, pi_tail_sq: Tensor | None) -> Tensor:
+    """q_T = sum of squared training probabilities off the support, given as ``pi_tail_sq``."""
+    if pi_tail_sq is None:
+        raise ValueError("tail='exact' needs pi_tail_sq (sum of squared training probabilities off the support)")
+    if pi_tail_sq.shape != c.pi_T.shape:
+        raise ValueError(f"pi_tail_sq {tuple(pi_tail_sq.shape)} must have shape {tuple(c.pi_T.shape)}")
+    q = pi_tail_sq.to(c.pi_T.dtype)
+    if bool((~torch.isfinite(q)).any()) or bool((q < 0).any()):
+        raise ValueError("pi_tail_sq must be finite and >= 0")
+    return q
+
+
+def _kl_change(c: Coarse, k: Tensor, q_T: Tensor) -> Tensor:
     pi_k = c.pi.gather(-1, k).squeeze(-1)
     mu_k = c.mu.gather(-1, k).squeeze(-1)
     local = pi_k - mu_k
@@ -204,7 +240,15 @@ def _ddot_kl(c: Coarse, k: Tensor, q_T: Tensor) -> Tensor:
     return local + global_ + tail
 
 
-def _ddot_tv(c: Coarse, k: Tensor, q_T: Tensor) -> Tensor:
+@register_divergence("kl", change=_kl_change)
+def _kl(c: Coarse) -> Tensor:
+    """Forward KL(mu‖pi) over ``S ∪ {T}``."""
+    support = (c.mu * (c.mu_lp - c.pi_lp)).sum(-1)
+    tail = c.mu_T * (c.mu_T.log() - c.pi_T.log())
+    return support + tail
+
+
+def _tv_change(c: Coarse, k: Tensor, q_T: Tensor) -> Tensor:
     # sign(0) = 0: TV is not differentiable where pi_b = mu_b; that bucket contributes nothing.
     s = torch.sign(c.pi - c.mu)
     s_T = torch.sign(c.pi_T - c.mu_T)
@@ -215,14 +259,20 @@ def _ddot_tv(c: Coarse, k: Tensor, q_T: Tensor) -> Tensor:
     return 0.5 * (s_k * pi_k - (s * c.pi**2).sum(-1) - s_T * q_T - g * signed_mass)
 
 
+@register_divergence("tv", change=_tv_change)
+def _tv(c: Coarse) -> Tensor:
+    """Total variation over ``S ∪ {T}``."""
+    return 0.5 * ((c.mu - c.pi).abs().sum(-1) + (c.mu_T - c.pi_T).abs())
+
+
 def predicted_divergence_change(
     mu_logprobs: Tensor,
     pi_logprobs: Tensor,
     valid: Tensor,
     sampled_index: Tensor,
     *,
-    divergence: Divergence = "kl",
-    tail: Tail = "aggregated",
+    divergence: str = "kl",
+    tail: str = "aggregated",
     vocab_size: int | None = None,
     pi_tail_sq: Tensor | None = None,
 ) -> Tensor:
@@ -230,15 +280,17 @@ def predicted_divergence_change(
 
     The first-order change of D under the policy-gradient step on this token has the sign of ``A * Ddot``.
     ``sampled_index`` long [...] is the slot of the sampled token k (must be valid on rows with support).
-    ``tail`` estimates q_T, the squared training mass off the support: "aggregated" (pi_T**2), "uniform"
-    (pi_T**2 / (vocab_size - |S|), needs ``vocab_size``) or "exact" (needs ``pi_tail_sq``, e.g. from
-    ``gather_support_logprobs(..., return_tail_sq=True)``). TV uses sign(0) = 0. Rows without support get 0.
+    ``tail`` names a registered q_T estimator (the squared training mass off the support): "aggregated"
+    (pi_T**2), "uniform" (pi_T**2 / (vocab_size - |S|), needs ``vocab_size``) or "exact" (needs ``pi_tail_sq``,
+    e.g. from ``gather_support_logprobs(..., return_tail_sq=True)``). TV uses sign(0) = 0. Rows without support
+    get 0.
     """
     c = coarse_distributions(mu_logprobs, pi_logprobs, valid)
-    return _ddot(c, sampled_index, divergence=divergence, tail=tail, vocab_size=vocab_size, pi_tail_sq=pi_tail_sq)
+    return divergence_change(c, sampled_index, divergence=divergence, tail=tail, vocab_size=vocab_size,
+                             pi_tail_sq=pi_tail_sq)
 
 
-def _ddot(
+def divergence_change(
     c: Coarse,
     sampled_index: Tensor,
     *,
@@ -247,10 +299,9 @@ def _ddot(
     vocab_size: int | None,
     pi_tail_sq: Tensor | None,
 ) -> Tensor:
-    if divergence not in DIVERGENCES:
-        raise ValueError(f"unknown divergence {divergence!r}; allowed: {', '.join(DIVERGENCES)}")
+    """Ddot per token on coarse distributions (see :func:`predicted_divergence_change`)."""
+    change = get_divergence(divergence).change
     _check_sampled_index(sampled_index, c)
-    q_T = _tail_q(c, tail, vocab_size, pi_tail_sq)
-    k = sampled_index.long().unsqueeze(-1)
-    d = _ddot_kl(c, k, q_T) if divergence == "kl" else _ddot_tv(c, k, q_T)
+    q_T = get_tail(tail)(c, vocab_size, pi_tail_sq)
+    d = change(c, sampled_index.long().unsqueeze(-1), q_T)
     return torch.where(c.has_support, d, torch.zeros_like(d))

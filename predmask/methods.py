@@ -1,68 +1,77 @@
-"""The method registry and the masked policy losses of math.md §4, with verl's loss aggregation modes."""
+"""The method registry and the masked policy losses of math.md §4, with verl's loss aggregation modes.
+
+Behaviour lives in registries of functions, in the spirit of verl's ``core_algos`` (one decorator per function,
+one lookup by name): a loss kind (``LOSS_KINDS``: PPO ratio clipping, or the DPPO loss form with a divergence
+mask), a direction criterion (``DIRECTIONS``: does this token's gradient step move the policy further from the
+rollout?), a support (``SUPPORTS``: which slots the divergence is taken over), and from ``predmask.divergence``
+the divergences and tail estimators. A method (``METHODS``) is one registration naming one of each, plus its
+``conf/method/<name>.yaml``. :func:`policy_loss` only dispatches; a new criterion, divergence or tail is one
+registered function. Parameter defaults are :class:`MethodParams`' (the YAML files select values, they do not
+repeat the defaults).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from predmask.divergence import _ddot, _divergence, coarse_distributions
+from predmask import metrics as M
+from predmask.divergence import (
+    Coarse,
+    coarse_distributions,
+    divergence_change,
+    divergence_of,
+    get_divergence,
+    get_tail,
+)
+from predmask.registry import Registry
 from predmask.support import binary_support_valid
 
 __all__ = [
+    "DIRECTIONS",
     "LOSS_AGG_MODES",
+    "LOSS_KINDS",
     "METHODS",
+    "SUPPORTS",
+    "LossBatch",
+    "LossKind",
     "Method",
     "MethodParams",
     "agg_loss",
     "get_method",
+    "method_config",
     "policy_loss",
+    "register_direction",
+    "register_loss_kind",
     "register_method",
+    "register_support",
 ]
 
 LOSS_AGG_MODES: tuple[str, ...] = (
     "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean",
 )
+#: the direction criterion every other one is compared with (``actor/mask/direction_disagree``)
+REFERENCE_DIRECTION = "ratio"
 
 #: log-ratio clamp before exponentiation, for numerical safety (as verl does)
 _LOG_RATIO_CLAMP = 20.0
 
 
 @dataclass(frozen=True)
-class Method:
-    """One trust-region mask.
-
-    kind:       "clip" (PPO ratio clipping) or "divergence" (DPPO loss form with a divergence mask)
-    divergence: D of the proximity test ("kl" or "tv")
-    support:    "topk" (TopK(mu) ∪ {k}) or "binary" ({k} only, DPPO's binary approximation)
-    direction:  "ratio" (A·(r-1) > 0) or "predictive" (A·Ddot > 0)
-    tail:       q_T estimator for the predictive direction ("aggregated", "uniform", "exact")
-    """
-
-    name: str
-    kind: Literal["clip", "divergence"]
-    divergence: Literal["kl", "tv"] | None = None
-    support: Literal["topk", "binary"] | None = None
-    direction: Literal["ratio", "predictive"] | None = None
-    tail: Literal["aggregated", "uniform", "exact"] | None = None
-    description: str = ""
-
-    @property
-    def needs_support(self) -> bool:
-        return self.kind == "divergence"
-
-
-@dataclass(frozen=True)
 class MethodParams:
-    """Hyperparameters of every method; each method reads the ones it uses.
+    """Hyperparameters of every method, with their defaults (the one place of them); each loss kind reads its own.
 
-    delta:          trust-region threshold on D (divergence methods)
-    eps_low, eps_high: PPO clip range of grpo_clip_higher (DAPO's clip-higher values)
-    ratio_cap:      c in the DPPO loss ``-A * sg(min(r, c)) * keep * log pi_k``
-    loss_agg_mode:  one of verl's modes (LOSS_AGG_MODES)
-    vocab_size:     V, needed by the uniform tail estimator
+    delta:          trust-region threshold on D (divergence methods; paper: 0.15, tight-threshold study: 0.05;
+                    a run config links it to its top-level ``delta``)
+    eps_low, eps_high: PPO clip range of grpo_clip_higher (DAPO's clip-higher values 0.2 / 0.28, as in the paper)
+    ratio_cap:      c in the DPPO loss ``-A * sg(min(r, c)) * keep * log pi_k`` (our choice: the DPPO reference
+                    code's default)
+    loss_agg_mode:  one of verl's modes (LOSS_AGG_MODES; our choice: the paper's Table 1 was not available)
+    vocab_size:     V, needed by the uniform tail estimator (known at run time, not configured)
     """
 
     delta: float = 0.15
@@ -91,15 +100,129 @@ class MethodParams:
         return cls(**{k: v for k, v in values.items() if k in known})
 
 
-METHODS: dict[str, Method] = {}
+@dataclass(frozen=True)
+class LossBatch:
+    """The per-token inputs of one loss call, as :func:`policy_loss` prepared them (all [batch, response_len]).
+
+    ``mask`` is the bool response mask, ``adv`` the advantages in the log-prob dtype, ``ratio`` = exp of the
+    clamped ``log_prob - old_log_prob`` (with grad), ``nonzero_adv`` the response tokens with a nonzero advantage.
+    The support tensors [batch, response_len, K+1] and ``pi_tail_sq`` are None when the caller gave none.
+    """
+
+    log_prob: Tensor
+    advantages: Tensor
+    adv: Tensor
+    mask: Tensor
+    ratio: Tensor
+    nonzero_adv: Tensor
+    mu_logprobs: Tensor | None
+    pi_logprobs: Tensor | None
+    valid: Tensor | None
+    sampled_index: Tensor | None
+    pi_tail_sq: Tensor | None
+
+
+@dataclass(frozen=True)
+class DirectionInputs:
+    """What a direction criterion sees (no grad): the coarse distributions, advantages [B, R], the detached ratio,
+    the sampled slot, ``pi_tail_sq`` (or None), the method and its parameters."""
+
+    coarse: Coarse
+    advantages: Tensor
+    ratio: Tensor
+    sampled_index: Tensor
+    pi_tail_sq: Tensor | None
+    method: Method
+    params: MethodParams
+
+
+#: ``loss(method, params, batch) -> (loss_mat [B, R], dropped bool [B, R], extra metrics)``
+LossFn = Callable[["Method", MethodParams, LossBatch], tuple[Tensor, Tensor, dict[str, float]]]
+#: ``direction(inputs) -> bool [B, R]``: True where this token's gradient step increases D
+DirectionFn = Callable[[DirectionInputs], Tensor]
+#: ``support(valid, sampled_index) -> bool [..., K+1]``: the slots D is taken over
+SupportFn = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class LossKind:
+    """A registered loss form: its function, whether it needs the top-K support, the parameters it reads."""
+
+    name: str
+    loss: LossFn
+    needs_support: bool
+    params: tuple[str, ...]
+
+
+LOSS_KINDS: Registry[LossKind] = Registry("loss kind")
+DIRECTIONS: Registry[DirectionFn] = Registry("direction criterion")
+SUPPORTS: Registry[SupportFn] = Registry("support")
+#: decorator: register a direction criterion under a name
+register_direction = DIRECTIONS.register
+#: decorator: register a support (the slots the divergence is taken over) under a name
+register_support = SUPPORTS.register
+
+
+def register_loss_kind(name: str, *, needs_support: bool, params: tuple[str, ...]) -> Callable[[LossFn], LossFn]:
+    """Decorator: register a loss form under ``name``; ``params`` are the MethodParams fields it reads."""
+    unknown = sorted(set(params) - {f.name for f in fields(MethodParams)})
+    if unknown:
+        raise ValueError(f"loss kind {name!r} names unknown parameters {unknown}")
+
+    def decorator(fn: LossFn) -> LossFn:
+        LOSS_KINDS.add(name, LossKind(name, fn, needs_support, params))
+        return fn
+
+    return decorator
+
+
+@dataclass(frozen=True)
+class Method:
+    """One trust-region mask: a registration naming its parts (each a key of its registry).
+
+    kind:       loss form, a key of LOSS_KINDS: "clip" (PPO ratio clipping) or "divergence" (DPPO loss form
+                with a divergence mask)
+    divergence: D of the proximity test, a key of predmask.divergence.DIVERGENCES ("kl", "tv")
+    support:    a key of SUPPORTS: "topk" (TopK(mu) ∪ {k}) or "binary" ({k} only, DPPO's binary approximation)
+    direction:  a key of DIRECTIONS: "ratio" (A·(r-1) > 0) or "predictive" (A·Ddot > 0)
+    tail:       q_T estimator of the predictive direction, a key of predmask.divergence.TAILS
+    The ratio's anchor is the caller's ``old_log_prob`` (every caller passes the rollout's log mu_k when the
+    rollout reports it).
+    """
+
+    name: str
+    kind: str
+    divergence: str | None = None
+    support: str | None = None
+    direction: str | None = None
+    tail: str | None = None
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        LOSS_KINDS.lookup(self.kind)
+        if self.needs_support:
+            get_divergence(self.divergence or "")
+            SUPPORTS.lookup(self.support or "")
+            DIRECTIONS.lookup(self.direction or "")
+        if self.tail is not None:
+            get_tail(self.tail)
+
+    @property
+    def needs_support(self) -> bool:
+        return LOSS_KINDS[self.kind].needs_support
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The MethodParams fields this method reads (its configurable parameters)."""
+        return LOSS_KINDS[self.kind].params
+
+
+METHODS: Registry[Method] = Registry("method")
 
 
 def register_method(method: Method) -> Method:
-    """Add a method to the registry (names are unique)."""
-    if method.name in METHODS:
-        raise ValueError(f"method {method.name!r} is already registered")
-    METHODS[method.name] = method
-    return method
+    """Add a method to the registry (names are unique); its parts must be registered."""
+    return METHODS.add(method.name, method)
 
 
 def get_method(name: str) -> Method:
@@ -110,23 +233,12 @@ def get_method(name: str) -> Method:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}") from None
 
 
-register_method(Method("grpo_clip_higher", "clip", description="GRPO with PPO clip-higher (eps 0.2/0.28)"))
-for _div in ("kl", "tv"):
-    register_method(
-        Method(f"dppo_topk_{_div}", "divergence", _div, "topk", "ratio",
-               description=f"DPPO: top-K {_div.upper()} proximity, ratio direction")
-    )
-    register_method(
-        Method(f"dppo_binary_{_div}", "divergence", _div, "binary", "ratio",
-               description=f"DPPO: binary {_div.upper()} proximity, ratio direction")
-    )
-for _div, _tails in (("kl", ("agg", "uniform", "exact")), ("tv", ("agg", "uniform"))):
-    for _t in _tails:
-        register_method(
-            Method(f"predmask_{_div}_{_t}", "divergence", _div, "topk", "predictive",
-                   "aggregated" if _t == "agg" else _t,
-                   description=f"predictive mask: top-K {_div.upper()}, {_t} tail")
-        )
+def method_config(section: dict[str, Any]) -> dict[str, Any]:
+    """A run config's ``method`` section completed with every parameter the method reads (its value, else the
+    MethodParams default): what a run records in its config.yaml. Other keys (``name``, ``label``) are kept."""
+    m = get_method(str(section.get("name")))
+    params = MethodParams.from_mapping(dict(section))
+    return {**section, **{p: getattr(params, p) for p in m.params}}
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -201,77 +313,127 @@ def policy_loss(
     ``valid`` and ``sampled_index``; ``predmask_*_exact`` needs ``pi_tail_sq`` and ``*_uniform`` needs
     ``params.vocab_size``. ``param_overrides`` replace fields of ``params`` (e.g. ``delta=0.05``).
 
-    Returns ``(loss, metrics)``; metric names follow verl (``actor/pg_clipfrac``, ``actor/ppo_kl``) plus the
-    mask metrics under ``actor/mask/...``.
+    Returns ``(loss, metrics)``; metric names are ``predmask.metrics``' (verl's ``actor/pg_clipfrac``,
+    ``actor/ppo_kl`` plus the mask metrics under ``actor/mask/...``).
     """
     m = method if isinstance(method, Method) else get_method(method)
     p = replace(params or MethodParams(), **param_overrides) if param_overrides else (params or MethodParams())
     _check_token_shapes(log_prob=log_prob, old_log_prob=old_log_prob, advantages=advantages,
                         response_mask=response_mask)
     mask = response_mask.bool()
-    adv = advantages.to(log_prob.dtype)
     log_ratio = (log_prob - old_log_prob).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    ratio = log_ratio.exp()
-    nonzero_adv = mask & (advantages != 0)
+    batch = LossBatch(
+        log_prob=log_prob, advantages=advantages, adv=advantages.to(log_prob.dtype), mask=mask,
+        ratio=log_ratio.exp(), nonzero_adv=mask & (advantages != 0), mu_logprobs=mu_logprobs,
+        pi_logprobs=pi_logprobs, valid=valid, sampled_index=sampled_index, pi_tail_sq=pi_tail_sq,
+    )
     metrics: dict[str, float] = {
-        "actor/ppo_kl": float(_masked_mean(-log_ratio.detach(), mask)),
-        "actor/mask/tokens": float(mask.sum()),
+        M.PPO_KL: float(_masked_mean(-log_ratio.detach(), mask)),
+        M.MASK_TOKENS: float(mask.sum()),
     }
-    agg = dict(global_batch_info or {})
+    loss_mat, dropped, extra = LOSS_KINDS[m.kind].loss(m, p, batch)
+    loss = agg_loss(loss_mat, mask, p.loss_agg_mode, **dict(global_batch_info or {}))
+    metrics[M.CLIPFRAC] = float(_masked_mean(dropped.float(), batch.nonzero_adv))
+    metrics[M.CLIPFRAC_LOWER] = float(_masked_mean((dropped & (advantages < 0)).float(), batch.nonzero_adv))
+    metrics.update(extra)
+    return loss, metrics
 
-    if m.kind == "clip":
-        surr1 = -adv * ratio
-        surr2 = -adv * ratio.clamp(1.0 - p.eps_low, 1.0 + p.eps_high)
-        loss_mat = torch.maximum(surr1, surr2)
-        r = ratio.detach()
-        dropped = ((advantages > 0) & (r > 1.0 + p.eps_high)) | ((advantages < 0) & (r < 1.0 - p.eps_low))
-        dropped = dropped & mask
-        loss = agg_loss(loss_mat, mask, p.loss_agg_mode, **agg)
-        metrics["actor/pg_clipfrac"] = float(_masked_mean(dropped.float(), nonzero_adv))
-        metrics["actor/pg_clipfrac_lower"] = float(_masked_mean((dropped & (advantages < 0)).float(), nonzero_adv))
-        return loss, metrics
 
-    missing = [n for n, t in (("mu_logprobs", mu_logprobs), ("pi_logprobs", pi_logprobs), ("valid", valid),
-                              ("sampled_index", sampled_index)) if t is None]
+# ----------------------------------------------------------------------------------------------- loss kinds
+@register_loss_kind("clip", needs_support=False, params=("eps_low", "eps_high", "loss_agg_mode"))
+def _clip_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """PPO clipping with the clip-higher range: ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))``."""
+    surr1 = -b.adv * b.ratio
+    surr2 = -b.adv * b.ratio.clamp(1.0 - p.eps_low, 1.0 + p.eps_high)
+    r = b.ratio.detach()
+    dropped = ((b.advantages > 0) & (r > 1.0 + p.eps_high)) | ((b.advantages < 0) & (r < 1.0 - p.eps_low))
+    return torch.maximum(surr1, surr2), dropped & b.mask, {}
+
+
+@register_loss_kind("divergence", needs_support=True, params=("delta", "ratio_cap", "loss_agg_mode"))
+def _divergence_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """The DPPO loss form ``-A sg(min(r, c)) keep log pi_k``: a token is dropped when it lies outside the trust
+    region (D > delta) and the method's direction criterion says its step increases D."""
+    missing = [n for n, t in (("mu_logprobs", b.mu_logprobs), ("pi_logprobs", b.pi_logprobs), ("valid", b.valid),
+                              ("sampled_index", b.sampled_index)) if t is None]
     if missing:
         raise ValueError(f"method {m.name!r} needs the top-K support; missing: {', '.join(missing)}")
-    assert mu_logprobs is not None and pi_logprobs is not None and valid is not None and sampled_index is not None
-    if mu_logprobs.shape[:-1] != log_prob.shape:
+    assert b.mu_logprobs is not None and b.pi_logprobs is not None and b.valid is not None
+    assert b.sampled_index is not None and m.divergence is not None
+    if b.mu_logprobs.shape[:-1] != b.log_prob.shape:
         raise ValueError(
-            f"support tensors {tuple(mu_logprobs.shape)} must be [*{tuple(log_prob.shape)}, K+1]"
+            f"support tensors {tuple(b.mu_logprobs.shape)} must be [*{tuple(b.log_prob.shape)}, K+1]"
         )
     with torch.no_grad():
-        div_valid = valid if m.support == "topk" else binary_support_valid(valid, sampled_index)
-        c = coarse_distributions(mu_logprobs.detach(), pi_logprobs.detach(), div_valid)
-        d = _divergence(c, m.divergence or "kl")
-        outside = (d > p.delta) & mask
-        ratio_increases = (advantages * (ratio.detach() - 1.0)) > 0
-        if m.direction == "predictive":
-            ddot = _ddot(c, sampled_index, divergence=m.divergence or "kl", tail=m.tail or "aggregated",
-                         vocab_size=p.vocab_size, pi_tail_sq=pi_tail_sq)
-            increases = (advantages * ddot) > 0
-        else:
-            increases = ratio_increases
+        div_valid = SUPPORTS.lookup(m.support or "")(b.valid, b.sampled_index)
+        c = coarse_distributions(b.mu_logprobs.detach(), b.pi_logprobs.detach(), div_valid)
+        d = divergence_of(c, m.divergence)
+        outside = (d > p.delta) & b.mask
+        inputs = DirectionInputs(c, b.advantages, b.ratio.detach(), b.sampled_index, b.pi_tail_sq, m, p)
+        increases = DIRECTIONS.lookup(m.direction or "")(inputs)
         dropped = outside & increases
-        keep = mask & ~dropped
+        keep = b.mask & ~dropped
+        # how often this criterion decides differently from the reference one, where it matters
+        disagree = None if m.direction == REFERENCE_DIRECTION else \
+            outside & b.nonzero_adv & (increases != DIRECTIONS[REFERENCE_DIRECTION](inputs))
 
-    capped = ratio.detach().clamp(max=p.ratio_cap)
-    loss_mat = -adv * capped * keep.to(log_prob.dtype) * log_prob
-    loss = agg_loss(loss_mat, mask, p.loss_agg_mode, **agg)
+    capped = b.ratio.detach().clamp(max=p.ratio_cap)
+    loss_mat = -b.adv * capped * keep.to(b.log_prob.dtype) * b.log_prob
+    d_masked = d[b.mask]
+    extra = {
+        M.MASK_DIVERGENCE_MEAN: float(d_masked.mean()) if d_masked.numel() else 0.0,
+        M.MASK_DIVERGENCE_MAX: float(d_masked.max()) if d_masked.numel() else 0.0,
+        M.MASK_OUTSIDE_FRAC: float(_masked_mean(outside.float(), b.mask)),
+        M.MASK_MU_TAIL_CLAMPED: float((c.mu_T_clamped & b.mask).sum()),
+        M.MASK_PI_TAIL_CLAMPED: float((c.pi_T_clamped & b.mask).sum()),
+    }
+    if disagree is not None:
+        extra[M.MASK_DIRECTION_DISAGREE] = float(disagree.sum())
+    return loss_mat, dropped, extra
 
-    d_masked = d[mask]
-    metrics.update(
-        {
-            "actor/pg_clipfrac": float(_masked_mean(dropped.float(), nonzero_adv)),
-            "actor/pg_clipfrac_lower": float(_masked_mean((dropped & (advantages < 0)).float(), nonzero_adv)),
-            "actor/mask/divergence_mean": float(d_masked.mean()) if d_masked.numel() else 0.0,
-            "actor/mask/divergence_max": float(d_masked.max()) if d_masked.numel() else 0.0,
-            "actor/mask/outside_frac": float(_masked_mean(outside.float(), mask)),
-            "actor/mask/mu_tail_clamped": float((c.mu_T_clamped & mask).sum()),
-            "actor/mask/pi_tail_clamped": float((c.pi_T_clamped & mask).sum()),
-        }
-    )
-    if m.direction == "predictive":
-        disagree = outside & nonzero_adv & (increases != ratio_increases)
-        metrics["actor/mask/direction_disagree"] = float(disagree.sum())
-    return loss, metrics
+
+# ----------------------------------------------------------------------------------------------- directions
+@register_direction("ratio")
+def _ratio_direction(x: DirectionInputs) -> Tensor:
+    """DPPO's criterion: the step increases D when it moves the ratio away from 1, ``A (r - 1) > 0``."""
+    return (x.advantages * (x.ratio - 1.0)) > 0
+
+
+@register_direction("predictive")
+def _predictive_direction(x: DirectionInputs) -> Tensor:
+    """The predictive criterion: the first-order change of D along the step, ``A Ddot > 0`` (math.md §3)."""
+    ddot = divergence_change(x.coarse, x.sampled_index, divergence=x.method.divergence or "",
+                             tail=x.method.tail or "", vocab_size=x.params.vocab_size, pi_tail_sq=x.pi_tail_sq)
+    return (x.advantages * ddot) > 0
+
+
+# ----------------------------------------------------------------------------------------------- supports
+@register_support("topk")
+def _topk_support(valid: Tensor, sampled_index: Tensor) -> Tensor:
+    """TopK(mu) ∪ {k}: every valid slot."""
+    return valid
+
+
+SUPPORTS.add("binary", binary_support_valid)
+
+
+# ----------------------------------------------------------------------------------------------- methods
+register_method(Method("grpo_clip_higher", "clip", description="GRPO with PPO clip-higher"))
+register_method(Method("dppo_topk_kl", "divergence", "kl", "topk", "ratio",
+                       description="DPPO: top-K KL proximity, ratio direction"))
+register_method(Method("dppo_binary_kl", "divergence", "kl", "binary", "ratio",
+                       description="DPPO: binary KL proximity, ratio direction"))
+register_method(Method("dppo_topk_tv", "divergence", "tv", "topk", "ratio",
+                       description="DPPO: top-K TV proximity, ratio direction"))
+register_method(Method("dppo_binary_tv", "divergence", "tv", "binary", "ratio",
+                       description="DPPO: binary TV proximity, ratio direction"))
+register_method(Method("predmask_kl_agg", "divergence", "kl", "topk", "predictive", "aggregated",
+                       description="predictive mask: top-K KL, aggregated tail"))
+register_method(Method("predmask_kl_uniform", "divergence", "kl", "topk", "predictive", "uniform",
+                       description="predictive mask: top-K KL, uniform tail"))
+register_method(Method("predmask_kl_exact", "divergence", "kl", "topk", "predictive", "exact",
+                       description="predictive mask: top-K KL, exact tail"))
+register_method(Method("predmask_tv_agg", "divergence", "tv", "topk", "predictive", "aggregated",
+                       description="predictive mask: top-K TV, aggregated tail"))
+register_method(Method("predmask_tv_uniform", "divergence", "tv", "topk", "predictive", "uniform",
+                       description="predictive mask: top-K TV, uniform tail"))

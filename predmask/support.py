@@ -30,6 +30,10 @@ class TopKSupport:
     def width(self) -> int:
         return int(self.ids.shape[-1])
 
+    def select(self, index: slice | Tensor) -> TopKSupport:
+        """Rows ``index`` of the support (along the first dimension)."""
+        return TopKSupport(self.ids[index], self.mu_logprobs[index], self.valid[index], self.sampled_index[index])
+
     def sampled_logprob(self, logprobs: Tensor) -> Tensor:
         """Gather ``logprobs`` [..., K+1] at the sampled slot -> [...]."""
         return logprobs.gather(-1, self.sampled_index.unsqueeze(-1)).squeeze(-1)

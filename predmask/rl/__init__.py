@@ -1,7 +1,8 @@
 """predmask.rl: the CPU-scale GRPO engine (tiny Qwen3 policy, synthetic verifiable arithmetic, emulated precision).
 
 Modules: ``task`` (data, reward), ``tokenizer``, ``model`` (Qwen3 / Qwen3-MoE policy), ``precision`` (bf16 / FP8
-emulation), ``base`` (cached pretrained base model), ``rollout`` (KV-cache sampling with top-K log-probs),
+emulation of ``predmask.precisions``' settings), ``schema`` (the rollout and trainer config sections), ``base``
+(cached pretrained base model), ``rollout`` (KV-cache sampling with top-K log-probs),
 ``algo`` (support log-probs, GRPO advantages, masked update), ``engine`` (everything of a run as one object),
 ``train`` (``python -m predmask.rl.train``), ``bench`` (``python -m predmask.rl.bench``).
 
@@ -24,11 +25,11 @@ _EXPORTS = {
     "reward": "task",
     "ArithmeticTokenizer": "tokenizer",
     "build_policy": "model",
-    "PrecisionConfig": "precision",
+    "precision_of": "precision",
     "make_rollout_model": "precision",
     "sync_rollout_model": "precision",
     "fake_quant_e4m3": "precision",
-    "BaseConfig": "base",
+    "BaseConfig": "schema",
     "load_base_model": "base",
     "RolloutBatch": "rollout",
     "generate": "rollout",
@@ -40,8 +41,7 @@ _EXPORTS = {
     "policy_update": "algo",
     "mismatch_metrics": "algo",
     "Engine": "engine",
-    "compose_train_config": "engine",
-    "select_support": "engine",
+    "resolve_cpu_model": "engine",
 }
 
 __all__ = list(_EXPORTS)

@@ -20,9 +20,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from predmask import metrics as M
 from predmask.divergence import topk_divergence
 from predmask.methods import Method, MethodParams, policy_loss
-from predmask.rl.precision import PrecisionConfig, training_precision
+from predmask.precisions import Precision, get_precision
+from predmask.rl.precision import training_precision
 from predmask.rl.rollout import RolloutBatch
 from predmask.support import TopKSupport, gather_support_logprobs
 
@@ -46,7 +48,7 @@ class TrainLogprobs:
     log_prob: Tensor
 
 
-def response_logits(model: nn.Module, batch: RolloutBatch, precision: PrecisionConfig | None = None) -> Tensor:
+def response_logits(model: nn.Module, batch: RolloutBatch, precision: Precision | None = None) -> Tensor:
     """Logits [B, R, V] predicting each response token, from one teacher-forced forward of prompt + response.
 
     Runs in the training precision (fp32, or FP8 fake-quant for ``fp8_e2e``); keeps the autograd graph.
@@ -55,7 +57,7 @@ def response_logits(model: nn.Module, batch: RolloutBatch, precision: PrecisionC
     attn = torch.cat([batch.prompt_mask, batch.response_mask], 1).long()
     pos = (attn.cumsum(-1) - 1).clamp_min(0)
     p, r = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    with training_precision(model, precision or PrecisionConfig.named("fp32")):
+    with training_precision(model, precision or get_precision("fp32")):
         logits = model(input_ids=ids, attention_mask=attn, position_ids=pos,
                        logits_to_keep=slice(p - 1, p + r - 1)).logits
     return logits.float()
@@ -67,7 +69,7 @@ def support_logprobs(
     support: TopKSupport | None = None,
     *,
     temperature: float = 1.0,
-    precision: PrecisionConfig | None = None,
+    precision: Precision | None = None,
 ) -> TrainLogprobs:
     """Training log-probs on the rollout support (``gather_support_logprobs`` with the exact tail), with grad."""
     s = support if support is not None else batch.support()
@@ -77,9 +79,12 @@ def support_logprobs(
 
 
 def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, norm_by_std: bool = True) -> Tensor:
-    """GRPO outcome advantages: ``(r - mean_group) / (std_group + eps)``; rows ``g*n .. g*n+n-1`` form group g.
+    """GRPO outcome advantages [B] (float32): ``(r - mean_group) / (std_group + eps)``; rows ``g*n .. g*n+n-1``
+    form group g (``n = group_size``), so ``B`` must be a multiple of ``n``.
 
-    ``std`` is the unbiased sample std (as verl's GRPO); a group with one member gets advantage 0.
+    ``std`` is the unbiased sample std (as verl's GRPO). A group of one has no baseline but itself: its advantage
+    is 0, not NaN (the unbiased std of one value is undefined). A group whose rewards are all equal gets 0 too.
+    The one GRPO advantage helper of the project (the CPU engine, the token-level study and the GPU check).
     """
     if group_size < 1 or rewards.ndim != 1 or rewards.shape[0] % group_size:
         raise ValueError(f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of {group_size}")
@@ -111,9 +116,9 @@ def mismatch_metrics(batch: RolloutBatch, support: TopKSupport, pi_logprobs: Ten
         d_tok = d[m]
         lp_pi = support.sampled_logprob(pi)
         return {
-            "rollout_corr/topk_kl": float(d_tok.mean()) if d_tok.numel() else 0.0,
-            "rollout_corr/topk_kl_max": float(d_tok.max()) if d_tok.numel() else 0.0,
-            "rollout_corr/kl": float((batch.sampled_logprobs - lp_pi)[m].mean()) if d_tok.numel() else 0.0,
+            M.MISMATCH_TOPK_KL: float(d_tok.mean()) if d_tok.numel() else 0.0,
+            M.MISMATCH_TOPK_KL_MAX: float(d_tok.max()) if d_tok.numel() else 0.0,
+            M.MISMATCH_KL: float((batch.sampled_logprobs - lp_pi)[m].mean()) if d_tok.numel() else 0.0,
         }
 
 
@@ -155,7 +160,7 @@ def policy_update(
     method: str | Method,
     params: MethodParams,
     temperature: float = 1.0,
-    precision: PrecisionConfig | None = None,
+    precision: Precision | None = None,
     grad_clip: float | None = 1.0,
     step: bool = True,
     overrides: dict[str, Any] | None = None,
@@ -176,7 +181,7 @@ def policy_update(
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     if step:
         optimizer.step()
-    metrics["actor/pg_loss"] = float(loss.detach())
-    metrics["actor/grad_norm"] = float(grad_norm)
+    metrics[M.ACTOR_PG_LOSS] = float(loss.detach())
+    metrics[M.ACTOR_GRAD_NORM] = float(grad_norm)
     detached = TrainLogprobs(lp.pi.detach(), lp.pi_tail_sq.detach(), lp.log_prob.detach())
     return metrics, detached

@@ -1,7 +1,7 @@
 """The base model: short supervised pretraining of the CPU policy on the task's (noisy) worked solutions, cached.
 
 ``load_base_model(model_cfg, task_cfg, base_cfg)`` returns ``(model, info)``: the float32 policy after pretraining
-and a dict with its measured accuracies. The first call builds it (rich progress bar) and caches it under
+and a dict with its measured accuracies. The first call builds it (with a progress display) and caches it under
 ``results/cache/base-<model>-<key>.pt``, where ``key`` hashes the model, task and pretraining configs; later calls
 (any process: the training runs, the token-level study) load the file. A file lock makes racing processes build it
 once; the file is written to a temporary name and renamed into place.
@@ -27,20 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from torch import Tensor, nn
 
 from predmask.io import atomic_write
-from predmask.rl._config import check_known_keys
+from predmask.progress import progress as show_progress
 from predmask.rl.model import build_policy, hf_config
 from predmask.rl.rollout import encode_prompts, rollout_problems
+from predmask.rl.schema import BaseConfig
 from predmask.rl.task import (
     EVAL_SPLITS,
     Problem,
@@ -55,7 +48,6 @@ from predmask.rl.tokenizer import ArithmeticTokenizer
 
 __all__ = [
     "CACHE_VERSION",
-    "BaseConfig",
     "SequenceBatch",
     "base_cache_key",
     "base_cache_path",
@@ -70,41 +62,6 @@ __all__ = [
 #: bump when pretraining code changes in a way that changes the weights (invalidates every cache entry)
 CACHE_VERSION = 1
 DEFAULT_CACHE_DIR = "results/cache"
-
-
-@dataclass(frozen=True)
-class BaseConfig:
-    """Supervised pretraining of the base model.
-
-    seed: model init and data noise; steps: optimiser steps; batch_size: problems per step; lr, warmup,
-    min_lr_ratio: AdamW with linear warmup and cosine decay to ``lr * min_lr_ratio``; noise: probability of an
-    arithmetic slip per written step of a worked solution; guess_frac: fraction of corpus solutions that are bare
-    guesses (``task.guess_solution``, off by up to ``guess_spread``); eval_problems: train problems in the
-    reported accuracy.
-    """
-
-    seed: int = 0
-    steps: int = 1000
-    batch_size: int = 64
-    lr: float = 5e-3
-    warmup: int = 50
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    noise: float = 0.0
-    guess_frac: float = 0.5
-    guess_spread: int = 10
-    eval_problems: int = 256
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(f"base.steps and base.batch_size must be >= 1, got {self.steps}, {self.batch_size}")
-        if not self.lr > 0:
-            raise ValueError(f"base.lr must be > 0, got {self.lr}")
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> BaseConfig:
-        check_known_keys(cls, values, "base")
-        return cls(**values)
 
 
 @dataclass
@@ -209,10 +166,7 @@ def pretrain(
     noise_rng = random.Random(cfg.seed * 7_919 + 17)
     t0 = time.perf_counter()
     loss_ema = float("nan")
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), TimeRemainingColumn())
-    with Progress(*columns, disable=not progress, transient=False) as bar:
-        job = bar.add_task(description, total=cfg.steps, loss=float("nan"))
+    with show_progress(description, total=cfg.steps, unit="steps", bar=None if progress else False) as bar:
         for _step in range(cfg.steps):
             problems = [next(stream) for _ in range(cfg.batch_size)]
             solutions = [_corpus_solution(p, noise_rng, cfg, task.max_number) for p in problems]
@@ -225,7 +179,7 @@ def pretrain(
             sched.step()
             lv = float(loss.detach())
             loss_ema = lv if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * lv
-            bar.update(job, advance=1, loss=loss_ema)
+            bar.advance(status=f"loss {loss_ema:.3f}")
     return {"final_loss": loss_ema, "seconds": time.perf_counter() - t0}
 
 

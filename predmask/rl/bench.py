@@ -21,7 +21,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from predmask.rl.engine import Engine, compose_train_config
+from predmask import metrics as M
+from predmask.config import compose
+from predmask.precisions import PRECISIONS
+from predmask.rl.engine import Engine
 from predmask.rl.task import iter_train_prompts
 
 __all__ = ["bench_model", "main"]
@@ -29,7 +32,7 @@ __all__ = ["bench_model", "main"]
 
 def bench_model(model: str, overrides: list[str], steps: int, warmup: int = 2) -> dict[str, float]:
     """Time ``steps`` GRPO steps and one validation of ``model``; returns the measurements."""
-    cfg = compose_train_config([f"model={model}", *overrides])
+    cfg = compose("train", [f"model={model}", *overrides])
     engine = Engine(cfg, progress=True)
     stream = iter_train_prompts(engine.task)
     t = engine.trainer_cfg
@@ -42,9 +45,9 @@ def bench_model(model: str, overrides: list[str], steps: int, warmup: int = 2) -
         dt = time.perf_counter() - t0
         if i >= warmup:
             total += dt
-            gen_s += m["timing_s/gen"]
-            upd_s += m["timing_s/update_actor"]
-            tokens += m["perf/total_num_tokens"]
+            gen_s += m[M.TIMING_GEN]
+            upd_s += m[M.TIMING_UPDATE_ACTOR]
+            tokens += m[M.PERF_TOTAL_NUM_TOKENS]
     t0 = time.perf_counter()
     engine.validate(0)
     val_s = time.perf_counter() - t0
@@ -63,14 +66,15 @@ def bench_model(model: str, overrides: list[str], steps: int, warmup: int = 2) -
 
 @torch.no_grad()
 def measure_mismatch(model: str, overrides: list[str], sequences: int,
-                     precisions: tuple[str, ...] = ("bf16", "fp8_rollout", "fp8_e2e")) -> list[dict[str, float | str]]:
-    """Mismatch and top-K tail mass of each precision on ``model``'s base policy (one rollout batch each)."""
+                     precisions: tuple[str, ...] | None = None) -> list[dict[str, float | str]]:
+    """Mismatch and top-K tail mass of each precision (default: the paper's, ``Precision.cluster``) on ``model``'s
+    base policy (one rollout batch each)."""
     from predmask.divergence import topk_divergence
     from predmask.rl.algo import mismatch_metrics
 
     rows: list[dict[str, float | str]] = []
-    for name in precisions:
-        engine = Engine(compose_train_config([f"model={model}", f"precision={name}", *overrides]), progress=True)
+    for name in precisions or tuple(n for n, p in PRECISIONS.items() if p.cluster):
+        engine = Engine(compose("train", [f"model={model}", f"precision={name}", *overrides]), progress=True)
         n = engine.rollout_cfg.n
         stream = iter_train_prompts(engine.task)
         problems = [next(stream) for _ in range(max(1, sequences // n))]
@@ -82,8 +86,8 @@ def measure_mismatch(model: str, overrides: list[str], sequences: int,
         tail = (1.0 - batch.topk_logprobs.exp().sum(-1)).clamp_min(0.0)[batch.response_mask]
         rows.append({
             "model": model, "precision": name, "tokens": float(d.numel()),
-            "topk_kl_mean": mm["rollout_corr/topk_kl"], "topk_kl_max": mm["rollout_corr/topk_kl_max"],
-            "sampled_kl": mm["rollout_corr/kl"], "frac_outside": float((d > engine.params.delta).float().mean()),
+            "topk_kl_mean": mm[M.MISMATCH_TOPK_KL], "topk_kl_max": mm[M.MISMATCH_TOPK_KL_MAX],
+            "sampled_kl": mm[M.MISMATCH_KL], "frac_outside": float((d > engine.params.delta).float().mean()),
             "tail_mean": float(tail.mean()), "tail_median": float(tail.median()),
             "tail_p90": float(tail.quantile(0.9)), "tail_frac_gt_1e-3": float((tail > 1e-3).float().mean()),
         })

@@ -1,13 +1,13 @@
 """Emulated precision mismatch on CPU: bf16 rollouts against fp32 training, and e4m3 FP8 fake-quantisation.
 
-Settings (``conf/precision/<name>.yaml`` -> ``PrecisionConfig``), all labelled as emulation in every output:
+The settings and what each emulates are ``predmask.precisions``' catalogue (``conf/precision/<name>.yaml`` selects
+one); this module implements the emulation for a ``Precision``:
 
-- ``bf16``:        rollout model in bfloat16 (weights and compute); training in float32.
-- ``fp8_rollout``: rollout model in bfloat16 with e4m3 fake-quantised linear layers (W8A8 as vLLM's online
-                   ``quantization=fp8``: per-tensor weight scale, dynamic per-token activation scale); training fp32.
-- ``fp8_e2e``:     the same FP8 rollout, and training forward passes also fake-quantise the linear layers
-                   (per-tensor weight scale, dynamic per-tensor activation scale, as a current-scaling FP8 recipe;
-                   straight-through gradients), in float32 compute.
+- a rollout model in the setting's ``rollout_dtype`` (weights and compute); training always in float32;
+- ``rollout_fp8``: the rollout's linear layers fake-quantised to e4m3 (W8A8 as vLLM's online ``quantization=fp8``:
+  per-tensor weight scale, dynamic per-token activation scale);
+- ``train_fp8``: training forward passes also fake-quantise the linear layers (per-tensor weight scale, dynamic
+  per-tensor activation scale, as a current-scaling FP8 recipe; straight-through gradients), in float32 compute.
 
 Embeddings, norms and the LM head stay unquantised (vLLM and Megatron keep them in high precision).
 Fake-quantisation means ``dequant(quant(x))``: values are rounded onto the e4m3 grid (``torch.float8_e4m3fn``)
@@ -19,78 +19,45 @@ from __future__ import annotations
 import contextlib
 import copy
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from predmask.precisions import PRECISIONS, Precision, get_precision
+
 __all__ = [
+    "CONFIG_KEYS",
     "E4M3_MAX",
-    "PRECISIONS",
-    "PrecisionConfig",
     "fake_quant_e4m3",
     "make_rollout_model",
+    "precision_of",
     "quantizable_linears",
+    "rollout_dtype",
     "sync_rollout_model",
     "training_precision",
 ]
 
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp8_rollout", "fp8_e2e")
 E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: the keys of a run config's ``precision`` section (conf/precision/<name>.yaml)
+#: (``emulates`` is the catalogue's text, which a run records in its config.yaml)
+CONFIG_KEYS: tuple[str, ...] = ("name", "label", "emulates")
 
 
-@dataclass(frozen=True)
-class PrecisionConfig:
-    """How rollout and training differ numerically.
+def precision_of(section: Mapping[str, Any]) -> Precision:
+    """The catalogue entry a run config's ``precision`` section selects (its keys: ``CONFIG_KEYS``)."""
+    bad = sorted(set(section) - set(CONFIG_KEYS))
+    if bad:
+        raise ValueError(f"unknown precision keys {bad}; allowed: {list(CONFIG_KEYS)} (the rest is predmask.precisions')")
+    if "name" not in section:
+        raise ValueError("the precision section has no name; allowed names: " + ", ".join(PRECISIONS))
+    return get_precision(str(section["name"]))
 
-    name:            the setting's name (bf16, fp8_rollout, fp8_e2e; fp32 = no mismatch, for tests)
-    rollout_dtype:   compute/weight dtype of the rollout model
-    rollout_fp8:     e4m3 fake-quantise the rollout's linear layers
-    train_fp8:       e4m3 fake-quantise the training forward's linear layers (straight-through gradients)
-    fp8_activations: also fake-quantise the linear layers' inputs (W8A8) wherever FP8 is on
-    """
 
-    name: str = "bf16"
-    rollout_dtype: str = "bfloat16"
-    rollout_fp8: bool = False
-    train_fp8: bool = False
-    fp8_activations: bool = True
-
-    def __post_init__(self) -> None:
-        if self.name not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.name!r}; allowed: {', '.join(PRECISIONS)}")
-        if self.rollout_dtype not in _DTYPES:
-            raise ValueError(f"unknown rollout_dtype {self.rollout_dtype!r}; allowed: {', '.join(_DTYPES)}")
-
-    @property
-    def torch_rollout_dtype(self) -> torch.dtype:
-        return _DTYPES[self.rollout_dtype]
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> PrecisionConfig:
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in values.items() if k in known})
-
-    @classmethod
-    def named(cls, name: str) -> PrecisionConfig:
-        """The built-in settings by name (the same values as conf/precision/*.yaml)."""
-        table = {
-            "fp32": cls("fp32", "float32", False, False),
-            "bf16": cls("bf16", "bfloat16", False, False),
-            "fp8_rollout": cls("fp8_rollout", "bfloat16", True, False),
-            "fp8_e2e": cls("fp8_e2e", "bfloat16", True, True),
-        }
-        if name not in table:
-            raise ValueError(f"unknown precision {name!r}; allowed: {', '.join(table)}")
-        return table[name]
-
-    @property
-    def label(self) -> str:
-        parts = [f"rollout {self.rollout_dtype}" + (" + e4m3 fake-quant" if self.rollout_fp8 else "")]
-        parts.append("training float32" + (" + e4m3 fake-quant" if self.train_fp8 else ""))
-        return f"{self.name} (CPU emulation: " + ", ".join(parts) + ")"
+def rollout_dtype(precision: Precision) -> torch.dtype:
+    """The torch dtype of the rollout model."""
+    return _DTYPES[precision.rollout_dtype]
 
 
 def fake_quant_e4m3(x: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
@@ -145,13 +112,13 @@ def _act_quant_hook(per_token: bool):
     return hook
 
 
-def make_rollout_model(train_model: nn.Module, precision: PrecisionConfig) -> nn.Module:
+def make_rollout_model(train_model: nn.Module, precision: Precision) -> nn.Module:
     """A separate inference copy of the policy for the rollout engine, in the precision's dtype, eval mode.
 
     With ``rollout_fp8`` and ``fp8_activations`` its linear layers fake-quantise their inputs per token.
     Call ``sync_rollout_model`` to load the training weights (done here once).
     """
-    roll = copy.deepcopy(train_model).to(precision.torch_rollout_dtype).eval()
+    roll = copy.deepcopy(train_model).to(rollout_dtype(precision)).eval()
     for p in roll.parameters():
         p.requires_grad_(False)
     if precision.rollout_fp8 and precision.fp8_activations:
@@ -162,7 +129,7 @@ def make_rollout_model(train_model: nn.Module, precision: PrecisionConfig) -> nn
 
 
 @torch.no_grad()
-def sync_rollout_model(rollout_model: nn.Module, train_model: nn.Module, precision: PrecisionConfig) -> None:
+def sync_rollout_model(rollout_model: nn.Module, train_model: nn.Module, precision: Precision) -> None:
     """Copy the training weights into the rollout model (the weight sync of a real RL system).
 
     FP8 weights are fake-quantised per tensor (per expert for fused MoE experts) before the cast.
@@ -179,7 +146,7 @@ def sync_rollout_model(rollout_model: nn.Module, train_model: nn.Module, precisi
 
 
 @contextlib.contextmanager
-def training_precision(model: nn.Module, precision: PrecisionConfig) -> Iterator[None]:
+def training_precision(model: nn.Module, precision: Precision) -> Iterator[None]:
     """Context in which the training model's forward runs in the training precision.
 
     For ``train_fp8`` it fake-quantises linear weights (per tensor; fused MoE experts per expert) and, with

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
-from predmask.rl._config import check_known_keys
+from predmask.rl.schema import check_known_keys
 
 __all__ = [
     "EVAL_SPLITS",
@@ -67,6 +67,7 @@ class TaskConfig:
     slots:         prompts are written as a fixed form of ``slots`` operation slots, unused ones blank (``_ _``),
                    so every prompt has the same length (0: no blanks, variable-length prompts)
     seed:          seed of every split
+    label:         how outputs describe the task (display text; not part of the data, nor of any cache key)
     """
 
     max_number: int = 255
@@ -77,6 +78,7 @@ class TaskConfig:
     eval_size: int = 30
     slots: int = 5
     seed: int = 1234
+    label: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.max_number < 20:
@@ -99,8 +101,7 @@ class TaskConfig:
 
     @classmethod
     def from_mapping(cls, values: dict) -> TaskConfig:
-        """Build from a config mapping (lists become tuples; ``label`` is ignored); unknown keys raise an error."""
-        values = {k: v for k, v in values.items() if k != "label"}
+        """Build from a config mapping (lists become tuples); unknown keys raise an error."""
         check_known_keys(cls, values, "task")
         v = dict(values)
         for k in ("train_ops", "pretrain_ops", "eval_ops"):
@@ -109,7 +110,8 @@ class TaskConfig:
         return cls(**v)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields that determine the data (the base-model cache key): all but ``label``."""
+        return {k: v for k, v in asdict(self).items() if k != "label"}
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ Composes ``conf/train.yaml`` (defaults: method, model, precision, cluster) with 
 
 and writes the run directory (the contract of every CPU or VeRL run):
 
-- ``config.yaml``  the resolved config, written before training starts (the CPU model actually trained, the
-                   precision emulation and the stand-in labels included);
+- ``config.yaml``  the resolved config, written before training starts (the CPU model actually trained, every
+                   parameter of the method, what the precision emulates, and the stand-in labels included);
 - ``metrics.jsonl`` one verl file-logger line ``{"step": N, "data": {...}}`` per step (step 0: validation before
                    training), verl metric names plus the mask and mismatch metrics;
 - ``status.json``  ``{"status", "step", "total_steps", "updated", "error"}``, replaced atomically;
@@ -19,7 +19,7 @@ and writes the run directory (the contract of every CPU or VeRL run):
 Started again with the same config after any kind of death (SIGKILL included), a run resumes from its last
 checkpoint and first truncates ``metrics.jsonl`` to the checkpoint's step, so the file ends with each step once.
 Sampling is seeded per step from ``seed``, so the same seed and config give the same metrics on the same machine
-(all but the wall-clock ``timing_s/*`` and ``perf/*`` values). A completed run started again does nothing.
+(all but the wall-clock metrics, ``predmask.metrics.wall_clock``). A completed run started again does nothing.
 Hydra does not change the working directory and writes no ``outputs/`` or ``.hydra/`` directories.
 """
 
@@ -38,17 +38,14 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
+from predmask import metrics as M
+from predmask.config import store_schemas, to_container
 from predmask.io import atomic_write, atomic_write_text
-from predmask.rl.engine import Engine, resolve_cpu_model, to_container, validate_config
+from predmask.methods import method_config
+from predmask.progress import progress as show_progress
+from predmask.rl.engine import Engine, resolve_cpu_model, validate_config
+from predmask.rl.precision import precision_of
 from predmask.rl.task import STANDIN_LABEL, Problem, TaskConfig, iter_train_prompts
 
 __all__ = [
@@ -56,7 +53,6 @@ __all__ = [
     "CONFIG_FILE",
     "LOG_FILE",
     "METRICS_FILE",
-    "NONDETERMINISTIC_PREFIXES",
     "STATUS_FILE",
     "latest_checkpoint",
     "main",
@@ -71,8 +67,6 @@ METRICS_FILE = "metrics.jsonl"
 STATUS_FILE = "status.json"
 LOG_FILE = "train.log"
 CHECKPOINT_DIR = "checkpoints"
-#: metric name prefixes that measure wall-clock time (excluded from determinism checks)
-NONDETERMINISTIC_PREFIXES = ("timing_s/", "perf/throughput", "perf/time")
 #: config keys that may change between a run and its resumption
 _RESUMABLE_KEYS = ({"trainer", "steps"}, {"trainer", "progress"}, {"trainer", "log_every"})
 
@@ -189,9 +183,12 @@ def _diff_keys(a: Any, b: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, 
 
 
 def _prepare_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    """Resolve the config, map a cluster model to its CPU stand-in, and validate every section (ValueError)."""
+    """Resolve the config, map a cluster model to its CPU stand-in, record the method's parameters and what the
+    precision emulates (the catalogues' facts this run uses), and validate every section (ValueError)."""
     c = to_container(cfg)
     c["model"] = resolve_cpu_model(c["model"])
+    c["method"] = method_config(c["method"])
+    c["precision"] = {**c["precision"], "emulates": precision_of(c["precision"]).emulates}
     validate_config(c)
     return c
 
@@ -230,22 +227,22 @@ def _setup_logging(run_dir: Path) -> list[logging.Handler]:
 
 
 def _use_progress(setting: str | bool) -> bool:
+    """Whether to show a progress bar (else the console gets the step lines and plain progress lines)."""
     if isinstance(setting, bool):
         return setting
     if setting == "auto":
-        return sys.stdout.isatty()
+        return sys.stderr.isatty()
     return str(setting).lower() in ("true", "1", "yes")
 
 
 def _step_summary(step: int, data: Mapping[str, Any]) -> str:
     parts = [f"step {step}"]
-    for key, short in (("critic/score/mean", "score"), ("response_length/mean", "len"),
-                       ("actor/pg_clipfrac", "clipfrac"), ("actor/mask/outside_frac", "outside"),
-                       ("rollout_corr/topk_kl", "mismatch_topk_kl")):
+    for key, short in ((M.SCORE_MEAN, "score"), (M.RESPONSE_LENGTH_MEAN, "len"), (M.CLIPFRAC, "clipfrac"),
+                       (M.MASK_OUTSIDE_FRAC, "outside"), (M.MISMATCH_TOPK_KL, "mismatch_topk_kl")):
         if key in data:
             parts.append(f"{short}={data[key]:.4g}")
     for key, value in data.items():
-        if key.startswith("val-core/"):
+        if key.startswith(M.VAL_CORE_PREFIX):
             parts.append(f"{key.split('/')[1]}={value:.3f}")
     return " ".join(parts)
 
@@ -270,7 +267,8 @@ def run(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
         log.info("start: run_dir=%s method=%s delta=%s seed=%s", run_dir, c["method"]["name"], c["delta"], c["seed"])
         log.info("model: %s%s", c["model"].get("label", c["model"]["name"]),
                  f" (resolved from {c['model']['resolved_from']})" if c["model"].get("resolved_from") else "")
-        log.info("precision: %s", c["precision"].get("label", c["precision"]["name"]))
+        log.info("precision: %s (CPU emulation: %s)", c["precision"].get("label", c["precision"]["name"]),
+                 c["precision"]["emulates"])
         log.info("eval splits: %s", STANDIN_LABEL)
         progress = _use_progress(c["trainer"].get("progress", "auto"))
         log.info("loading the base model from %s (pretrained on first use, about a minute)", c["cache_dir"])
@@ -315,8 +313,8 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
         if start_step == 0 and t.val_before_train:
             t0 = time.perf_counter()
             val = engine.validate(seed * 7_919)
-            val["timing_s/testing"] = time.perf_counter() - t0
-            writer.log({**val, "training/global_step": 0}, step=0)
+            val[M.TIMING_TESTING] = time.perf_counter() - t0
+            writer.log({**val, M.GLOBAL_STEP: 0}, step=0)
             last_val = val
             log.info(_step_summary(0, val))
         if start_step >= t.steps:
@@ -324,12 +322,8 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
             return {"step": start_step, "resumed": ckpt is not None, **last_val}
         stream = _problem_stream(engine.task, data_pos)
 
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("score {task.fields[score]:.3f} val {task.fields[val]}"), TimeElapsedColumn(),
-                   TimeRemainingColumn())
-        with Progress(*columns, disable=not progress) as bar:
-            job = bar.add_task(f"GRPO {engine.method_name} {engine.model_cfg['name']} {engine.precision.name}",
-                               total=t.steps, completed=start_step, score=float("nan"), val="-")
+        title = f"GRPO {engine.method_name} {engine.model_cfg['name']} {engine.precision.name}"
+        with show_progress(title, total=t.steps, completed=start_step, unit="steps", bar=progress) as bar:
             data: dict[str, Any] = {}
             for step in range(start_step + 1, t.steps + 1):
                 t0 = time.perf_counter()
@@ -341,18 +335,18 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
                     tv = time.perf_counter()
                     last_val = engine.validate(seed * 7_919 + step)
                     data.update(last_val)
-                    data["timing_s/testing"] = time.perf_counter() - tv
-                data["timing_s/step"] = time.perf_counter() - t0
-                data["perf/throughput"] = data["perf/total_num_tokens"] / max(data["timing_s/step"], 1e-9)
-                data["training/global_step"] = step
+                    data[M.TIMING_TESTING] = time.perf_counter() - tv
+                data[M.TIMING_STEP] = time.perf_counter() - t0
+                data[M.PERF_THROUGHPUT] = data[M.PERF_TOTAL_NUM_TOKENS] / max(data[M.TIMING_STEP], 1e-9)
+                data[M.GLOBAL_STEP] = step
                 writer.log(data, step=step)
-                loud = step % max(1, t.log_every) == 0 or any(k.startswith("val-core/") for k in data)
+                loud = step % max(1, t.log_every) == 0 or any(k.startswith(M.VAL_CORE_PREFIX) for k in data)
                 log.info(_step_summary(step, data), extra={"console": loud and not progress})
                 if (t.save_every and step % t.save_every == 0) or step == t.steps:
                     _save_checkpoint(run_dir, step, engine, data_pos, t.keep_checkpoints)
                 write_status(run_dir, "running", step, t.steps)
-                val_txt = " ".join(f"{v:.2f}" for k, v in last_val.items() if k.startswith("val-core/")) or "-"
-                bar.update(job, advance=1, score=data.get("critic/score/mean", float("nan")), val=val_txt)
+                val_txt = " ".join(f"{v:.2f}" for k, v in last_val.items() if k.startswith(M.VAL_CORE_PREFIX)) or "-"
+                bar.advance(status=f"score {data.get(M.SCORE_MEAN, float('nan')):.3f} val {val_txt}")
         return {"step": t.steps, "resumed": ckpt is not None, **last_val}
     finally:
         writer.close()
@@ -361,6 +355,8 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
 def main() -> None:
     """Hydra entry point (``python -m predmask.rl.train``)."""
     import hydra
+
+    store_schemas()
 
     @hydra.main(config_path="pkg://conf", config_name="train", version_base=None)
     def _app(cfg: DictConfig) -> None:

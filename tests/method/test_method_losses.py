@@ -99,7 +99,7 @@ def test_divergence_loss_gradient_is_minus_a_r_grad_logpi_on_kept_tokens(name: s
 
 
 def test_predictive_and_ratio_masks_disagree_somewhere_and_report_it() -> None:
-    logits, mu_lp_full, sampled, support, adv, mask = _batch(seed=3, bs=16, length=12)
+    logits, _, _, support, adv, mask = _batch(seed=3, bs=16, length=12)
     pi_lp = pm.gather_support_logprobs(logits, support.ids, support.valid)
     common = dict(log_prob=support.sampled_logprob(pi_lp), old_log_prob=support.sampled_logprob(support.mu_logprobs),
                   advantages=adv, response_mask=mask, mu_logprobs=support.mu_logprobs, pi_logprobs=pi_lp,

@@ -6,13 +6,15 @@ import pytest
 import torch
 from rl_helpers import TINY_MODEL, peaked_policy
 
+from predmask.config import group_entry, group_options
 from predmask.divergence import topk_divergence
+from predmask.precisions import PRECISIONS, get_precision
 from predmask.rl.algo import support_logprobs
 from predmask.rl.precision import (
     E4M3_MAX,
-    PrecisionConfig,
     fake_quant_e4m3,
     make_rollout_model,
+    precision_of,
     quantizable_linears,
     sync_rollout_model,
     training_precision,
@@ -50,8 +52,8 @@ def test_fake_quant_per_row_scale() -> None:
 
 def test_rollout_model_weights(tokenizer) -> None:
     model = peaked_policy(tokenizer)
-    bf16 = make_rollout_model(model, PrecisionConfig.named("bf16"))
-    fp8 = make_rollout_model(model, PrecisionConfig.named("fp8_rollout"))
+    bf16 = make_rollout_model(model, get_precision("bf16"))
+    fp8 = make_rollout_model(model, get_precision("fp8_rollout"))
     name, lin = next(iter(quantizable_linears(model)))
     w = lin.weight.detach()
     w_bf16 = bf16.get_submodule(name).weight
@@ -64,12 +66,12 @@ def test_rollout_model_weights(tokenizer) -> None:
     # a sync after an update copies the new weights
     with torch.no_grad():
         lin.weight.add_(1.0)
-    sync_rollout_model(bf16, model, PrecisionConfig.named("bf16"))
+    sync_rollout_model(bf16, model, get_precision("bf16"))
     assert torch.equal(bf16.get_submodule(name).weight, lin.weight.detach().to(torch.bfloat16))
 
 
 def _mismatch(model, tokenizer, name: str) -> float:
-    prec = PrecisionConfig.named(name)
+    prec = get_precision(name)
     roll = make_rollout_model(model, prec)
     problems = make_split(TaskConfig(), "train", 16)
     b = rollout_problems(roll, tokenizer, problems, n=4, max_new_tokens=8, generator=torch.Generator().manual_seed(0))
@@ -93,7 +95,7 @@ def test_fp8_training_forward_is_quantised_with_straight_through_gradients(token
     model = peaked_policy(tokenizer).train()
     ids = torch.tensor([tokenizer.encode("1 + 2 - 3 =", bos=True)])
     ref = model(input_ids=ids).logits
-    fp8 = PrecisionConfig.named("fp8_e2e")
+    fp8 = get_precision("fp8_e2e")
     with training_precision(model, fp8):
         out = model(input_ids=ids).logits
     assert not torch.allclose(out, ref, atol=1e-4)
@@ -110,7 +112,7 @@ def test_moe_rollout_and_fp8(tokenizer) -> None:
     from predmask.rl.model import build_policy
 
     model = build_policy(moe, tokenizer.vocab_size, 0)
-    roll = make_rollout_model(model, PrecisionConfig.named("fp8_e2e"))
+    roll = make_rollout_model(model, get_precision("fp8_e2e"))
     experts = [n for n, p in model.named_parameters() if ".experts." in n and p.ndim == 3]
     assert experts
     w = dict(model.named_parameters())[experts[0]].detach()
@@ -124,7 +126,7 @@ def test_moe_rollout_and_fp8(tokenizer) -> None:
     model.train()
     ids = torch.tensor([tokenizer.encode("1 + 2 - 3 =", bos=True)])
     ref = model(input_ids=ids).logits
-    with training_precision(model, PrecisionConfig.named("fp8_e2e")):
+    with training_precision(model, get_precision("fp8_e2e")):
         out = model(input_ids=ids).logits
     assert not torch.allclose(out, ref, atol=1e-5)
     out.logsumexp(-1).sum().backward()
@@ -135,6 +137,16 @@ def test_moe_rollout_and_fp8(tokenizer) -> None:
 
 def test_unknown_precision_is_one_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown precision 'fp4'"):
-        PrecisionConfig.named("fp4")
-    with pytest.raises(ValueError, match="rollout_dtype"):
-        PrecisionConfig(name="bf16", rollout_dtype="int8")
+        get_precision("fp4")
+    with pytest.raises(ValueError, match=r"unknown precision keys \['rollout_dtype'\]"):
+        precision_of({"name": "bf16", "rollout_dtype": "int8"})
+    with pytest.raises(ValueError, match="unknown precision 'fp4'; allowed: fp32, bf16, fp8_rollout, fp8_e2e"):
+        precision_of({"name": "fp4"})
+
+
+@pytest.mark.parametrize("name", group_options("precision"))
+def test_each_precision_option_only_selects_a_catalogue_entry(name: str) -> None:
+    """conf/precision/<name>.yaml names its catalogue entry and gives a label; every fact is the catalogue's."""
+    entry = group_entry("precision", name)
+    assert entry["name"] == name and set(entry) == {"name", "label"}
+    assert precision_of(entry) is PRECISIONS[name]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from predmask.precisions import get_precision
 from predmask.rl.algo import response_logits
-from predmask.rl.precision import PrecisionConfig, make_rollout_model
+from predmask.rl.precision import make_rollout_model
 from predmask.rl.rollout import concat_batches, encode_prompts, generate, rollout_problems
 from predmask.rl.task import TaskConfig, make_split
 from predmask.rl.tokenizer import ArithmeticTokenizer
@@ -22,7 +23,7 @@ def _batch(model: torch.nn.Module, tokenizer: ArithmeticTokenizer, top_k: int = 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8_rollout"])
 def test_layout_sampled_token_in_support_topk_sorted_normalised(policy, tokenizer, precision: str) -> None:
-    roll = make_rollout_model(policy, PrecisionConfig.named(precision))
+    roll = make_rollout_model(policy, get_precision(precision))
     b = _batch(roll, tokenizer)
     k = 20
     bsz, r = b.response_ids.shape

@@ -14,8 +14,11 @@ import pytest
 import torch
 import yaml
 
-from predmask.rl.engine import compose_train_config
-from predmask.rl.train import NONDETERMINISTIC_PREFIXES, read_metrics, run, truncate_metrics
+from predmask.config import ConfigError, compose, to_container
+from predmask.methods import MethodParams
+from predmask.metrics import metric, wall_clock
+from predmask.precisions import get_precision
+from predmask.rl.train import read_metrics, run, truncate_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +46,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     d = tmp_path_factory.mktemp("cache")
     torch.set_num_threads(1)
-    Engine(compose_train_config([*TINY, f"cache_dir={d}"]), progress=False)
+    Engine(compose("train", [*TINY, f"cache_dir={d}"]), progress=False)
     return d
 
 
@@ -52,13 +55,13 @@ def _overrides(cache_dir: Path, run_dir: Path, *extra: str) -> list[str]:
 
 
 def _scientific(records: list[dict]) -> list[tuple[int, dict]]:
-    return [(r["step"], {k: v for k, v in r["data"].items() if not k.startswith(NONDETERMINISTIC_PREFIXES)})
+    return [(r["step"], {k: v for k, v in r["data"].items() if not wall_clock(k)})
             for r in records]
 
 
 def test_run_directory_contract_and_metric_names(cache_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    summary = run(compose_train_config(_overrides(cache_dir, run_dir, "trainer.steps=4", "trainer.val_every=2",
+    summary = run(compose("train", _overrides(cache_dir, run_dir, "trainer.steps=4", "trainer.val_every=2",
                                                   "trainer.save_every=2")))
     assert summary["step"] == 4
     status = json.loads((run_dir / "status.json").read_text())
@@ -75,28 +78,31 @@ def test_run_directory_contract_and_metric_names(cache_dir: Path, tmp_path: Path
         assert d["training/global_step"] == r["step"]
         assert 0.0 <= d["critic/score/mean"] <= 1.0 and 1 <= d["response_length/mean"] <= 8
         assert all(isinstance(v, (int, float)) for v in d.values())
+        assert all(metric(k) for k in d)                              # every name is in the catalogue
     for step in (0, 2, 4):
         for name in VAL_NAMES:
             assert 0.0 <= records[step]["data"][name] <= 1.0
     assert not any(n in records[1]["data"] for n in VAL_NAMES)
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert cfg["method"]["name"] == "predmask_kl_agg" and cfg["trainer"]["steps"] == 4
-    assert "emulation" in cfg["precision"]["label"] and "stand-in" in cfg["model"]["label"]
+    assert cfg["precision"]["emulates"] == get_precision("bf16").emulates and "stand-in" in cfg["model"]["label"]
+    assert cfg["method"]["ratio_cap"] == MethodParams.ratio_cap and cfg["method"]["delta"] == 0.15
+    assert "eps_low" not in cfg["method"]                              # only the parameters the method reads
     assert cfg["model"]["stands_in_for"] == "qwen3_4b_base" and "stand-in" in cfg["task"]["label"]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_000002.pt", "step_000004.pt"]
     log = (run_dir / "train.log").read_text()
     assert "CPU emulation" in log and "stand-in" in log and "completed at step 4" in log
     # started again when complete: nothing is redone, nothing duplicated
-    run(compose_train_config(_overrides(cache_dir, run_dir, "trainer.steps=4", "trainer.val_every=2",
+    run(compose("train", _overrides(cache_dir, run_dir, "trainer.steps=4", "trainer.val_every=2",
                                         "trainer.save_every=2")))
     assert (run_dir / "metrics.jsonl").read_text().splitlines() == lines
 
 
 def test_a_different_config_in_the_same_run_dir_is_refused(cache_dir: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    run(compose_train_config(_overrides(cache_dir, run_dir, "trainer.steps=1")))
+    run(compose("train", _overrides(cache_dir, run_dir, "trainer.steps=1")))
     with pytest.raises(ValueError, match="different config.*seed"):
-        run(compose_train_config(_overrides(cache_dir, run_dir, "trainer.steps=1", "seed=5")))
+        run(compose("train", _overrides(cache_dir, run_dir, "trainer.steps=1", "seed=5")))
 
 
 def test_truncate_metrics_drops_lines_past_a_step_and_a_torn_line(tmp_path: Path) -> None:
@@ -161,18 +167,14 @@ def test_cli_bad_input_is_one_line(cache_dir: Path, tmp_path: Path) -> None:
 
 
 def test_cluster_model_maps_to_its_cpu_standin_and_unknown_names_fail() -> None:
-    from hydra.errors import ConfigCompositionException
-
     from predmask.rl.train import _prepare_config
 
-    c = _prepare_config(compose_train_config(["+setting=qwen3_30b_a3b_fp8_rollout"]))
+    c = _prepare_config(compose("train", ["+setting=qwen3_30b_a3b_fp8_rollout"]))
     assert c["model"]["name"] == "cpu_moe" and c["model"]["resolved_from"] == "qwen3_30b_a3b_base"
     assert c["precision"]["name"] == "fp8_rollout"
-    with pytest.raises(ConfigCompositionException, match="nonexistent_method"):
-        compose_train_config(["method=nonexistent_method"])
-    from predmask.rl.engine import to_container
-
-    bad = to_container(compose_train_config([]))
+    with pytest.raises(ConfigError, match="nonexistent_method"):
+        compose("train", ["method=nonexistent_method"])
+    bad = to_container(compose("train", []))
     bad["model"]["backend"] = "hf"
     with pytest.raises(ValueError, match="not a CPU model"):
         _prepare_config(bad)

@@ -1,0 +1,239 @@
+"""The metric catalogue: every metric name a run writes (CPU engine or verl), how it aggregates, and what it means.
+
+A metric's ``reduce`` says how the values of one step's micro-batches (or of several steps) combine: counts add up
+(``sum``), extremes take the extreme (``max`` / ``min``), everything else is averaged (``mean``). Names follow
+verl's (``critic/score/mean``, ``actor/ppo_kl``, ...); the mask metrics live under ``actor/mask/``. A name with
+``{placeholders}`` is a family (one metric per validation data source and sample count); :func:`metric` looks up a
+concrete name in either form. ``wall_clock`` metrics measure time and differ between otherwise identical runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "ACTOR_GRAD_NORM",
+    "ACTOR_LR",
+    "ACTOR_PG_LOSS",
+    "ADVANTAGES_MAX",
+    "ADVANTAGES_MEAN",
+    "ADVANTAGES_MIN",
+    "CLIPFRAC",
+    "CLIPFRAC_LOWER",
+    "GLOBAL_STEP",
+    "MASK_DIRECTION_DISAGREE",
+    "MASK_DIVERGENCE_MAX",
+    "MASK_DIVERGENCE_MEAN",
+    "MASK_MU_TAIL_CLAMPED",
+    "MASK_OUTSIDE_FRAC",
+    "MASK_PI_SAMPLED_GAP",
+    "MASK_PI_TAIL_CLAMPED",
+    "MASK_TOKENS",
+    "METRICS",
+    "MISMATCH_KL",
+    "MISMATCH_TOPK_KL",
+    "MISMATCH_TOPK_KL_MAX",
+    "PERF_THROUGHPUT",
+    "PERF_TOTAL_NUM_TOKENS",
+    "PPO_KL",
+    "PROMPT_LENGTH_MEAN",
+    "RESPONSE_LENGTH_CLIP_RATIO",
+    "RESPONSE_LENGTH_MAX",
+    "RESPONSE_LENGTH_MEAN",
+    "RESPONSE_LENGTH_MIN",
+    "REWARDS_MEAN",
+    "SCORE_MAX",
+    "SCORE_MEAN",
+    "SCORE_MIN",
+    "TIMING_GEN",
+    "TIMING_STEP",
+    "TIMING_TESTING",
+    "TIMING_UPDATE_ACTOR",
+    "TOPK_TAIL_MASS_MAX",
+    "TOPK_TAIL_MASS_MEAN",
+    "VAL_ACC",
+    "VAL_ACC_RE",
+    "VAL_CORE_PREFIX",
+    "VAL_RESPONSE_LENGTH",
+    "Metric",
+    "metric",
+    "reduce_metrics",
+    "val_acc",
+    "val_response_length",
+    "wall_clock",
+]
+
+Reduce = Literal["sum", "mean", "max", "min"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metric: its name (or family template), how values combine across micro-batches and steps, its meaning."""
+
+    name: str
+    reduce: Reduce
+    meaning: str
+    wall_clock: bool = False
+
+
+# -- names used in code (the constants are the names; METRICS below says what each means)
+PPO_KL = "actor/ppo_kl"
+CLIPFRAC = "actor/pg_clipfrac"
+CLIPFRAC_LOWER = "actor/pg_clipfrac_lower"
+ACTOR_PG_LOSS = "actor/pg_loss"
+ACTOR_GRAD_NORM = "actor/grad_norm"
+ACTOR_LR = "actor/lr"
+MASK_TOKENS = "actor/mask/tokens"
+MASK_DIVERGENCE_MEAN = "actor/mask/divergence_mean"
+MASK_DIVERGENCE_MAX = "actor/mask/divergence_max"
+MASK_OUTSIDE_FRAC = "actor/mask/outside_frac"
+MASK_MU_TAIL_CLAMPED = "actor/mask/mu_tail_clamped"
+MASK_PI_TAIL_CLAMPED = "actor/mask/pi_tail_clamped"
+MASK_DIRECTION_DISAGREE = "actor/mask/direction_disagree"
+MASK_PI_SAMPLED_GAP = "actor/mask/pi_sampled_gap"
+MISMATCH_TOPK_KL = "rollout_corr/topk_kl"
+MISMATCH_TOPK_KL_MAX = "rollout_corr/topk_kl_max"
+MISMATCH_KL = "rollout_corr/kl"
+SCORE_MEAN = "critic/score/mean"
+SCORE_MAX = "critic/score/max"
+SCORE_MIN = "critic/score/min"
+REWARDS_MEAN = "critic/rewards/mean"
+ADVANTAGES_MEAN = "critic/advantages/mean"
+ADVANTAGES_MAX = "critic/advantages/max"
+ADVANTAGES_MIN = "critic/advantages/min"
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+RESPONSE_LENGTH_MAX = "response_length/max"
+RESPONSE_LENGTH_MIN = "response_length/min"
+RESPONSE_LENGTH_CLIP_RATIO = "response_length/clip_ratio"
+PROMPT_LENGTH_MEAN = "prompt_length/mean"
+TOPK_TAIL_MASS_MEAN = "rollout/topk_tail_mass/mean"
+TOPK_TAIL_MASS_MAX = "rollout/topk_tail_mass/max"
+TIMING_GEN = "timing_s/gen"
+TIMING_UPDATE_ACTOR = "timing_s/update_actor"
+TIMING_STEP = "timing_s/step"
+TIMING_TESTING = "timing_s/testing"
+PERF_TOTAL_NUM_TOKENS = "perf/total_num_tokens"
+PERF_THROUGHPUT = "perf/throughput"
+GLOBAL_STEP = "training/global_step"
+#: families: one metric per validation data source ``source`` and samples per problem ``n`` (avg@n)
+VAL_CORE_PREFIX = "val-core/"
+VAL_ACC = "val-core/{source}/acc/mean@{n}"
+VAL_RESPONSE_LENGTH = "val-aux/{source}/response_length/mean"
+#: a concrete VAL_ACC name; groups ``source`` (may contain "/") and ``n``
+VAL_ACC_RE = re.compile(r"^val-core/(?P<source>.+)/acc/mean@(?P<n>\d+)$")
+
+_CATALOGUE: tuple[Metric, ...] = (
+    # per micro-batch, from predmask.policy_loss (math.md §4) and the update around it
+    Metric(PPO_KL, "mean", "mean of log mu_k - log pi_k (the ratio's anchor minus the training log-prob) over "
+                           "response tokens, before the update"),
+    Metric(CLIPFRAC, "mean", "fraction of response tokens with a nonzero advantage whose gradient the method drops "
+                             "(clipped ratio or masked token)"),
+    Metric(CLIPFRAC_LOWER, "mean", "the part of actor/pg_clipfrac with a negative advantage"),
+    Metric(ACTOR_PG_LOSS, "mean", "the policy loss of the micro-batch (after loss aggregation)"),
+    Metric(ACTOR_GRAD_NORM, "mean", "global gradient norm before clipping"),
+    Metric(MASK_TOKENS, "sum", "response tokens the loss saw"),
+    Metric(MASK_DIVERGENCE_MEAN, "mean", "mean top-K divergence D(mu, pi) of the method over response tokens"),
+    Metric(MASK_DIVERGENCE_MAX, "max", "largest per-token top-K divergence D(mu, pi)"),
+    Metric(MASK_OUTSIDE_FRAC, "mean", "fraction of response tokens outside the trust region (D > delta)"),
+    Metric(MASK_MU_TAIL_CLAMPED, "sum", "tokens whose rollout tail mass 1 - sum_S mu fell below the floor (clamped)"),
+    Metric(MASK_PI_TAIL_CLAMPED, "sum", "tokens whose training tail mass 1 - sum_S pi fell below the floor (clamped)"),
+    Metric(MASK_DIRECTION_DISAGREE, "sum", "outside tokens with a nonzero advantage where the predictive direction "
+                                           "and the ratio direction disagree (predictive methods only)"),
+    Metric(MASK_PI_SAMPLED_GAP, "max", "largest |log pi_k from the support gather - verl's log_prob| (verl plugin: "
+                                       "a check that the support is aligned)"),
+    # per step: rollout-vs-training mismatch on the first mini-batch, before any update
+    Metric(MISMATCH_TOPK_KL, "mean", "mean top-K KL(mu || pi) over response tokens (math.md §2)"),
+    Metric(MISMATCH_TOPK_KL_MAX, "max", "largest per-token top-K KL(mu || pi)"),
+    Metric(MISMATCH_KL, "mean", "verl's sampled-token mismatch estimate: mean of log mu_k - log pi_k"),
+    # per step: the rollout batch (verl's data metrics)
+    Metric(SCORE_MEAN, "mean", "mean reward of the step's rollouts (training reward)"),
+    Metric(SCORE_MAX, "max", "largest reward of the step's rollouts"),
+    Metric(SCORE_MIN, "min", "smallest reward of the step's rollouts"),
+    Metric(REWARDS_MEAN, "mean", "mean sequence reward (no KL penalty: equals critic/score/mean)"),
+    Metric(ADVANTAGES_MEAN, "mean", "mean GRPO advantage of the step's rollouts"),
+    Metric(ADVANTAGES_MAX, "max", "largest GRPO advantage"),
+    Metric(ADVANTAGES_MIN, "min", "smallest GRPO advantage"),
+    Metric(RESPONSE_LENGTH_MEAN, "mean", "mean response length in tokens"),
+    Metric(RESPONSE_LENGTH_MAX, "max", "longest response in tokens"),
+    Metric(RESPONSE_LENGTH_MIN, "min", "shortest response in tokens"),
+    Metric(RESPONSE_LENGTH_CLIP_RATIO, "mean", "fraction of responses that reached the maximum response length"),
+    Metric(PROMPT_LENGTH_MEAN, "mean", "mean prompt length in tokens"),
+    Metric(TOPK_TAIL_MASS_MEAN, "mean", "mean rollout mass off the reported top-K, 1 - sum_TopK mu, over response "
+                                        "tokens"),
+    Metric(TOPK_TAIL_MASS_MAX, "max", "largest rollout mass off the reported top-K"),
+    Metric(ACTOR_LR, "mean", "the optimiser's learning rate"),
+    Metric(GLOBAL_STEP, "max", "the training step"),
+    Metric(PERF_TOTAL_NUM_TOKENS, "sum", "response tokens generated in the step"),
+    # per step: wall-clock
+    Metric(TIMING_GEN, "sum", "seconds spent generating the rollouts", wall_clock=True),
+    Metric(TIMING_UPDATE_ACTOR, "sum", "seconds spent in the policy updates", wall_clock=True),
+    Metric(TIMING_STEP, "sum", "seconds of the whole step", wall_clock=True),
+    Metric(TIMING_TESTING, "sum", "seconds of the validation", wall_clock=True),
+    Metric(PERF_THROUGHPUT, "mean", "generated tokens per second of the step", wall_clock=True),
+    # validation, per data source (avg@n: n samples per problem)
+    Metric(VAL_ACC, "mean", "validation accuracy avg@n on a data source (the CPU engine's: aime24_standin, "
+                            "aime25_standin)"),
+    Metric(VAL_RESPONSE_LENGTH, "mean", "mean validation response length on a data source"),
+)
+
+METRICS: dict[str, Metric] = {m.name: m for m in _CATALOGUE}
+
+_REDUCERS: dict[str, Callable[[list[float]], float]] = {
+    "sum": sum,
+    "max": max,
+    "min": min,
+    "mean": lambda values: sum(values) / len(values),
+}
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def _family_re(template: str) -> re.Pattern[str]:
+    parts = _PLACEHOLDER.split(template)  # literal, name, literal, name, ..., literal
+    body = "".join(re.escape(p) if i % 2 == 0 else (r"\d+" if p == "n" else ".+") for i, p in enumerate(parts))
+    return re.compile(f"^{body}$")
+
+
+_FAMILIES: tuple[tuple[re.Pattern[str], Metric], ...] = tuple(
+    (_family_re(m.name), m) for m in _CATALOGUE if _PLACEHOLDER.search(m.name)
+)
+
+
+def metric(name: str) -> Metric:
+    """The catalogue entry of a concrete metric name (a family's member included); unknown names raise ValueError."""
+    found = METRICS.get(name)
+    if found is not None and not _PLACEHOLDER.search(name):
+        return found
+    for pattern, m in _FAMILIES:
+        if pattern.match(name):
+            return m
+    raise ValueError(f"unknown metric {name!r}; known: {', '.join(sorted(METRICS))} (predmask.metrics)")
+
+
+def val_acc(source: str, n: int) -> str:
+    """The validation accuracy name of a data source at avg@n, e.g. ``val-core/aime24_standin/acc/mean@16``."""
+    return VAL_ACC.format(source=source, n=n)
+
+
+def val_response_length(source: str) -> str:
+    """The mean validation response length name of a data source."""
+    return VAL_RESPONSE_LENGTH.format(source=source)
+
+
+def wall_clock(name: str) -> bool:
+    """Whether a metric measures wall-clock time (differs between otherwise identical runs)."""
+    return metric(name).wall_clock
+
+
+def reduce_metrics(per_microbatch: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Combine per-micro-batch metrics into one dict, each name by its catalogue ``reduce``, names in sorted order.
+
+    A name missing from some micro-batches is reduced over those that have it. Unknown names raise ValueError.
+    """
+    names = sorted({k for m in per_microbatch for k in m})
+    return {
+        name: float(_REDUCERS[metric(name).reduce]([float(m[name]) for m in per_microbatch if name in m]))
+        for name in names
+    }
