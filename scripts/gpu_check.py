@@ -2,9 +2,10 @@
 
 Needs a CUDA GPU, vllm and a small causal LM (default Qwen/Qwen3-0.6B-Base; any local path works); runs in well
 under 5 minutes. It exercises the same pieces the VeRL plugin uses on the cluster:
-``predmask.verl.topk.parse_vllm_logprobs`` on vLLM's real ``CompletionOutput.logprobs``, the packed alignment and
-the support gather (``pack_response_tensor`` / ``chunked_support_logprobs``) on a transformers forward of the same
-model, and ``predmask.policy_loss`` for every method. Printed per method: loss, clip fraction, fraction outside
+``predmask.verl.records.parse_vllm_logprobs`` on vLLM's real ``CompletionOutput.logprobs``, the packed alignment
+(``predmask.verl.packing``) and the support gather (``predmask.verl.gather``) on a transformers forward of the same
+model, GRPO advantages (``predmask.rl.algo.grpo_advantages``), and ``predmask.policy_loss`` for every method. None of
+these imports verl: the script needs torch, transformers, vllm and predmask only. Printed per method: loss, clip fraction, fraction outside
 the trust region, D mean/max, direction disagreements, tail clamps; and the largest gap between the sampled
 token's log-prob from the support gather and from a direct log-softmax (alignment check, ~1e-2 in bf16).
 
@@ -27,21 +28,28 @@ import torch
 from torch import Tensor
 
 from predmask import METHODS, MethodParams, policy_loss
-from predmask.support import TopKSupport
-from predmask.verl.topk import (
-    TopKRecord,
-    chunked_support_logprobs,
-    pack_response_tensor,
-    packed_response_index,
-    parse_vllm_logprobs,
-    support_from_records,
+from predmask.metrics import (
+    CLIPFRAC,
+    MASK_DIRECTION_DISAGREE,
+    MASK_DIVERGENCE_MAX,
+    MASK_DIVERGENCE_MEAN,
+    MASK_MU_TAIL_CLAMPED,
+    MASK_OUTSIDE_FRAC,
+    MASK_PI_SAMPLED_GAP,
+    MASK_PI_TAIL_CLAMPED,
+    PPO_KL,
 )
+from predmask.rl.algo import grpo_advantages
+from predmask.support import TopKSupport
+from predmask.verl.gather import chunked_support_logprobs
+from predmask.verl.packing import pack_response_tensor, packed_response_index, support_from_records
+from predmask.verl.records import TopKRecord, parse_vllm_logprobs
 
 __all__ = [
+    "PRINTED",
     "PROMPTS",
     "CheckBatch",
     "build_batch",
-    "group_advantages",
     "main",
     "method_rows",
     "print_rows",
@@ -61,6 +69,13 @@ PROMPTS: tuple[tuple[str, str], ...] = (
     ("How many edges does an octahedron have? Answer:", "12"),
     ("What is the greatest common divisor of 84 and 126? Answer:", "42"),
     ("How many ways can 4 people sit in a row? Answer:", "24"),
+)
+
+
+#: the columns :func:`print_rows` shows (metric names are shown without their ``actor/...`` prefix)
+PRINTED: tuple[str, ...] = (
+    "method", "loss", CLIPFRAC, MASK_OUTSIDE_FRAC, MASK_DIVERGENCE_MEAN, MASK_DIVERGENCE_MAX, MASK_DIRECTION_DISAGREE,
+    MASK_MU_TAIL_CLAMPED, MASK_PI_TAIL_CLAMPED, PPO_KL, MASK_PI_SAMPLED_GAP, "grad_finite",
 )
 
 
@@ -94,12 +109,6 @@ def rewards_for(texts: Sequence[str], answers: Sequence[str]) -> Tensor:
     """+1 when the first line of a response contains the expected answer, else -1."""
     first_lines = [t.strip().splitlines()[0] if t.strip() else "" for t in texts]
     return torch.tensor([1.0 if a in line.replace(",", "") else -1.0 for line, a in zip(first_lines, answers, strict=True)])
-
-
-def group_advantages(rewards: Tensor, group: int) -> Tensor:
-    """GRPO advantages: rewards normalised within consecutive groups of ``group`` samples."""
-    r = rewards.view(-1, group)
-    return ((r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-6)).view(-1)
 
 
 def build_batch(
@@ -141,12 +150,13 @@ def build_batch(
     log_prob[bidx, pidx] = torch.log_softmax(logits[rows.to(logits.device)].float() / temperature, -1).gather(
         -1, sampled.unsqueeze(-1)).squeeze(-1).cpu()
     pi = torch.where(support.valid, pi, torch.full_like(pi, float("-inf")))
-    adv = group_advantages(rewards.float(), group).unsqueeze(-1).expand(b, width) * mask
+    adv = grpo_advantages(rewards.float(), group).unsqueeze(-1).expand(b, width) * mask
     return CheckBatch(support, anchor, pi, tail, log_prob, mask, adv.contiguous(), int(logits.shape[-1]))
 
 
 def method_rows(batch: CheckBatch, delta: float) -> list[dict[str, float | str]]:
-    """Every method's loss and mask metrics on the batch (predmask.policy_loss, anchored on the rollout)."""
+    """Every method's loss and metrics on the batch (predmask.policy_loss, anchored on the rollout), keyed by the
+    metric names of ``predmask.metrics`` plus ``method``, ``loss`` and ``grad_finite``."""
     rows: list[dict[str, float | str]] = []
     mask = batch.response_mask.bool()
     gap = (batch.support.sampled_logprob(batch.pi_logprobs) - batch.log_prob).abs()[mask]
@@ -163,8 +173,8 @@ def method_rows(batch: CheckBatch, delta: float) -> list[dict[str, float | str]]
         loss.backward()
         grad_ok = log_prob.grad is not None and bool(torch.isfinite(log_prob.grad).all())
         row: dict[str, float | str] = {"method": name, "loss": float(loss.detach()), "grad_finite": float(grad_ok)}
-        row.update({k.split("/")[-1]: float(v) for k, v in metrics.items()})
-        row["pi_sampled_gap"] = float(gap.max()) if gap.numel() else 0.0
+        row.update({k: float(v) for k, v in metrics.items()})
+        row[MASK_PI_SAMPLED_GAP] = float(gap.max()) if gap.numel() else 0.0
         rows.append(row)
     return rows
 
@@ -174,13 +184,11 @@ def print_rows(rows: Sequence[dict[str, float | str]], width: int | None = None)
     from rich.console import Console
     from rich.table import Table
 
-    cols = ["method", "loss", "pg_clipfrac", "outside_frac", "divergence_mean", "divergence_max",
-            "direction_disagree", "mu_tail_clamped", "pi_tail_clamped", "ppo_kl", "pi_sampled_gap", "grad_finite"]
     table = Table(title="predmask methods on a vLLM top-K rollout")
-    for c in cols:
-        table.add_column(c)
+    for c in PRINTED:
+        table.add_column(c.rsplit("/", 1)[-1])
     for row in rows:
-        table.add_row(*[(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "-"))) for c in cols])
+        table.add_row(*[(f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, "-"))) for c in PRINTED])
     Console(width=width).print(table)
 
 

@@ -4,8 +4,9 @@ Writes ``<out>/dapo_math_13k.parquet`` (training), ``<out>/aime24.parquet`` and 
 (evaluation) and ``<out>/manifest.json`` (counts per filter stage, sources, template). Each row is verl's RLHF
 format: ``data_source``, ``prompt`` (chat messages), ``ability``, ``reward_model`` {style, ground_truth},
 ``extra_info`` {index, split, raw_problem, source_id}. verl's default reward dispatch scores ``math_dapo`` and
-``aime*`` with its DAPO math scoring (``verl.utils.reward_score.math_dapo``: the last ``Answer: ...`` line, else
-``\\boxed{}``), so the validation metrics are ``val-core/aime24/acc/mean@16`` and ``val-core/aime25/acc/mean@16``.
+``aime*`` with its DAPO math scoring (the last ``Answer: ...`` line, else ``\\boxed{}``; the same dispatch as
+:func:`predmask.verl.reward.reward_score`), so the validation metrics are ``val-core/aime24/acc/mean@16`` and
+``val-core/aime25/acc/mean@16``. Nothing here imports verl.
 
 Sources: local files (``--train-file``, ``--aime24-file``, ``--aime25-file``: .parquet, .jsonl or .json) or, for
 any set without a local file, the Hugging Face hub (``datasets`` is imported only then; cluster use).
@@ -30,19 +31,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from predmask.io import atomic_write, atomic_write_text
+from predmask.verl.overrides import DATA_FILES  # the file names the verl command reads (no verl import)
+
 __all__ = [
     "DATA_SOURCES",
     "HUB_SOURCES",
-    "OUTPUT_FILES",
     "PROMPT_TEMPLATE",
     "Problem",
     "canonical_answer",
@@ -51,7 +52,6 @@ __all__ = [
     "main",
     "prepare",
     "read_rows",
-    "reward_score",
     "to_rlhf_rows",
     "unwrap_problem",
     "write_parquet",
@@ -68,7 +68,6 @@ HUB_SOURCES: dict[str, tuple[str, str]] = {
     "aime24": ("HuggingFaceH4/aime_2024", "train"),
     "aime25": ("yentinglin/aime_2025", "train"),
 }
-OUTPUT_FILES: dict[str, str] = {"train": "dapo_math_13k.parquet", "aime24": "aime24.parquet", "aime25": "aime25.parquet"}
 #: data_source per set: verl dispatches "math_dapo" and names starting with "aime" to its DAPO math scoring
 DATA_SOURCES: dict[str, str] = {"train": "math_dapo", "aime24": "aime24", "aime25": "aime25"}
 
@@ -213,27 +212,12 @@ def _parquet_schema() -> Any:
 
 
 def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
-    """Write rows with the fixed RLHF schema, atomically (temporary file, then rename)."""
+    """Write rows with the fixed RLHF schema, atomically."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.Table.from_pylist(list(rows), schema=_parquet_schema())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -304,22 +288,14 @@ def prepare(
         if not kept:
             raise ValueError(f"{key}: no usable rows in {origin}")
         split = "train" if key == "train" else "test"
-        path = out / OUTPUT_FILES[key]
+        path = out / DATA_FILES[key]
         write_parquet(to_rlhf_rows(kept, data_source=DATA_SOURCES[key], split=split), path)
         manifest["sets"][key] = {
-            "file": OUTPUT_FILES[key], "source": origin, "data_source": DATA_SOURCES[key], "rows": len(kept),
+            "file": DATA_FILES[key], "source": origin, "data_source": DATA_SOURCES[key], "rows": len(kept),
             "stages": [[stage, count] for stage, count in stages], "sha256": _sha256(path),
         }
-    _write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
-
-
-def reward_score(data_source: str, response: str, ground_truth: str) -> float:
-    """The score verl gives ``response`` (its default dispatch on ``data_source``: DAPO math scoring, +1 / -1)."""
-    from verl.utils.reward_score import default_compute_score
-
-    result = default_compute_score(data_source, response, ground_truth)
-    return float(result["score"] if isinstance(result, Mapping) else result)
 
 
 def _hub_arg(value: str) -> tuple[str, str]:

@@ -1,51 +1,20 @@
-"""The VeRL plugin: importing it registers predmask's methods as verl policy losses and installs the top-K plumbing.
+"""The VeRL plugin: predmask's methods as verl 0.9.1 policy losses, with vLLM's top-K log-probs carried to the actor.
 
-``import predmask.verl`` is cheap and imports no verl module itself: each hook runs when its verl module is
-imported (or at once if it already is):
+Importing this package (or any module below but :mod:`predmask.verl.plugin`) installs nothing. The modules, in the
+order data flows through them:
 
-- ``verl.trainer.ppo.core_algos``: every method of ``predmask.METHODS`` is registered under its name
-  (:mod:`predmask.verl.loss`);
-- ``verl.workers.engine_workers``: the actor's TrainingWorker becomes the top-K-aware subclass
-  (:mod:`predmask.verl.topk`);
-- ``verl.workers.rollout.vllm_rollout.vllm_async_server``: vLLM returns the top-K log-probs (:mod:`predmask.verl.topk`).
+- :mod:`predmask.verl.overrides` -- a composed predmask run config -> verl Hydra overrides (pure; no verl);
+- :mod:`predmask.verl.launch` -- ``python -m predmask.verl.launch``: verl's trainer with the plugin in every process;
+- :mod:`predmask.verl.plugin` -- the module verl imports in every process (``VERL_USE_EXTERNAL_MODULES``);
+  importing it installs the hooks below, each when its verl module is imported (:mod:`predmask.verl._hooks`);
+- :mod:`predmask.verl.rollout` -- hook on vLLM's server: the rollout returns the top-K log-probs;
+- :mod:`predmask.verl.records` -- vLLM's log-probs -> one ``TopKRecord`` per sample (pure; no verl);
+- :mod:`predmask.verl.packing` -- records -> response-aligned support -> verl's packed rows (pure; no verl);
+- :mod:`predmask.verl.gather` -- training log-probs on the support, full or vocab-sharded logits (pure torch);
+- :mod:`predmask.verl.worker` -- hook on verl's actor worker: the top-K-aware TrainingWorker;
+- :mod:`predmask.verl.topk_loss` -- the loss verl's engines call: logits processor, then verl's ``ppo_loss``;
+- :mod:`predmask.verl.loss` -- every predmask method registered as a verl policy loss (``predmask.policy_loss``);
+- :mod:`predmask.verl.reward` -- verl's reward scoring of a response (data preparation's check).
 
-Every Ray worker imports it through verl's own ``VERL_USE_EXTERNAL_MODULES=predmask.verl`` (set by
-``python -m predmask.verl.launch`` / :func:`verl_overrides`). See docs/verl-plugin.md.
+See docs/verl-plugin.md.
 """
-
-from __future__ import annotations
-
-from types import ModuleType
-
-from predmask.verl._hooks import when_imported
-from predmask.verl.overrides import PLUGIN_ENV, PLUGIN_MODULE, verl_overrides
-
-__all__ = ["PLUGIN_ENV", "PLUGIN_MODULE", "install", "verl_overrides"]
-
-
-def _register_losses(core_algos: ModuleType) -> None:
-    from predmask.verl.loss import register_all
-
-    register_all(core_algos)
-
-
-def _install_actor(engine_workers: ModuleType) -> None:
-    from predmask.verl.topk import install_actor
-
-    install_actor(engine_workers)
-
-
-def _install_rollout(vllm_async_server: ModuleType) -> None:
-    from predmask.verl.topk import install_rollout
-
-    install_rollout(vllm_async_server)
-
-
-def install() -> None:
-    """Install the hooks (idempotent; done on import)."""
-    when_imported("verl.trainer.ppo.core_algos", _register_losses)
-    when_imported("verl.workers.engine_workers", _install_actor)
-    when_imported("verl.workers.rollout.vllm_rollout.vllm_async_server", _install_rollout)
-
-
-install()

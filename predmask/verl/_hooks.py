@@ -72,11 +72,16 @@ _FINDER = _PostImportFinder()
 
 
 def when_imported(fullname: str, callback: Callback) -> None:
-    """Call ``callback(module)`` once ``fullname`` is imported; immediately if it already is."""
+    """Call ``callback(module)`` once ``fullname`` is imported; immediately if it already is.
+
+    A callback already waiting for ``fullname`` is not added twice.
+    """
     with _LOCK:
         module = sys.modules.get(fullname)
         if module is None:
-            _FINDER.callbacks.setdefault(fullname, []).append(callback)
+            pending = _FINDER.callbacks.setdefault(fullname, [])
+            if callback not in pending:
+                pending.append(callback)
             if _FINDER not in sys.meta_path:
                 sys.meta_path.insert(0, _FINDER)
             return

@@ -1,13 +1,14 @@
 """``python -m predmask.verl.launch <verl hydra overrides>``: verl's PPO trainer with the plugin in every process.
 
 Runs verl's own Hydra app (``verl.trainer.main_ppo``) in this process -- this module is not a Hydra app, so there is
-no Hydra-inside-Hydra. Before that it makes every process import :mod:`predmask.verl`:
+no Hydra-inside-Hydra. Before that it makes every process import :mod:`predmask.verl.plugin` (which installs the
+hooks):
 
-- this process (the Ray driver): ``VERL_USE_EXTERNAL_MODULES`` gets ``predmask.verl`` appended, so ``import verl``
-  imports the plugin;
+- this process (the Ray driver): the hooks are installed explicitly, and ``VERL_USE_EXTERNAL_MODULES`` gets
+  ``predmask.verl.plugin`` appended (``import verl`` imports it);
 - every Ray worker (TaskRunner, actor/rollout workers, vLLM servers, agent-loop workers, on every node): the same
   variable goes into Ray's job ``runtime_env`` through the override
-  ``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=predmask.verl`` (added unless given).
+  ``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=predmask.verl.plugin`` (added unless given).
 
 The Ray workers do not inherit this process's environment on a cluster started with ``ray start``, so the
 launcher also forwards ``VERL_FILE_LOGGER_PATH`` / ``VERL_FILE_LOGGER_ROOT`` when they are set here (replacing an
@@ -35,9 +36,13 @@ TRAINER_MODULE = "verl.trainer.main_ppo"
 FORWARDED_ENV: tuple[str, ...] = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT")
 
 
+def _modules(value: str | None) -> list[str]:
+    return [m.strip() for m in (value or "").strip("'\"").split(",") if m.strip()]
+
+
 def plugin_modules_value(current: str | None) -> str:
-    """``VERL_USE_EXTERNAL_MODULES`` with ``predmask.verl`` included (existing entries kept, order kept)."""
-    modules = [m.strip() for m in (current or "").split(",") if m.strip()]
+    """``VERL_USE_EXTERNAL_MODULES`` with ``predmask.verl.plugin`` included (existing entries kept, order kept)."""
+    modules = _modules(current)
     if PLUGIN_MODULE not in modules:
         modules.append(PLUGIN_MODULE)
     return ",".join(modules)
@@ -66,7 +71,7 @@ def launch_argv(overrides: Sequence[str], environ: Mapping[str, str]) -> tuple[l
     env_key = f"{RUNTIME_ENV.lstrip('+')}.{PLUGIN_ENV}"
     if env_key not in keys:
         argv.append(f"{RUNTIME_ENV}.{PLUGIN_ENV}={hydra_value(modules)}")
-    elif PLUGIN_MODULE not in keys[env_key]:
+    elif PLUGIN_MODULE not in _modules(keys[env_key]):
         raise ValueError(f"{env_key}={keys[env_key]} must include {PLUGIN_MODULE}")
     if use_v1 is None:
         argv.append("trainer.use_v1=false")
@@ -110,9 +115,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if logger_path:
         keep_previous_attempt(Path(logger_path.strip("'\"")))
     os.environ.update(env)
-    from verl.trainer import main_ppo
+    from predmask.verl.plugin import install
 
-    import predmask.verl  # noqa: F401  (the driver registers too, whatever imported verl first)
+    install()  # the driver's hooks, whatever imports verl first
+    from verl.trainer import main_ppo
 
     sys.argv = [main_ppo.__file__, *verl_argv]
     main_ppo.main()

@@ -2,16 +2,17 @@
 
 Every method of ``predmask.METHODS`` is registered under its own name, so
 ``actor_rollout_ref.actor.policy_loss.loss_mode=<name>`` selects it. verl calls a policy loss with per-token
-tensors only; the rollout's top-K support reaches the loss through :func:`rollout_support` (a context the top-K
-plumbing in :mod:`predmask.verl.topk` sets around verl's ``ppo_loss``).
+tensors only; the rollout's top-K support reaches the loss through :func:`rollout_support`, a context that
+:class:`predmask.verl.topk_loss.TopKPolicyLoss` sets around verl's ``ppo_loss``. Imports no verl: verl's
+``core_algos`` module is passed to :func:`register_all` by the plugin's hook.
 
 Where the method parameters come from (verl's own ``ActorConfig`` fields, no new config keys):
 
 ==================  =========================================  ===============================================
 predmask parameter  verl actor config key                       note
 ==================  =========================================  ===============================================
-delta               ``actor_rollout_ref.actor.clip_ratio``      verl's own ``dppo_kl``/``dppo_tv`` use it as the
-                                                                divergence threshold too
+delta               ``actor_rollout_ref.actor.clip_ratio``      verl's own ``dppo_kl``/``dppo_tv`` read it too but
+                                                                let ``clip_ratio_low/high`` override it per side
 eps_low, eps_high   ``actor.clip_ratio_low`` / ``clip_ratio_high``  grpo_clip_higher's clip range
 ratio_cap           ``actor.clip_ratio_c``                      c in ``-A sg(min(r, c)) keep log pi``
 loss_agg_mode       ``actor.loss_agg_mode``                     passed by verl as an argument
@@ -37,6 +38,7 @@ from torch import Tensor
 
 from predmask.methods import METHODS, Method, MethodParams, get_method
 from predmask.methods import policy_loss as predmask_policy_loss
+from predmask.metrics import MASK_PI_SAMPLED_GAP
 from predmask.support import TopKSupport
 
 __all__ = [
@@ -51,7 +53,7 @@ __all__ = [
 
 #: metrics added on top of ``predmask.policy_loss``'s: the largest |pi_k from the support gather - verl's
 #: log_prob| over response tokens -- a runtime check that the support is aligned with verl's log-probs.
-EXTRA_METRICS: tuple[str, ...] = ("actor/mask/pi_sampled_gap",)
+EXTRA_METRICS: tuple[str, ...] = (MASK_PI_SAMPLED_GAP,)
 
 _GLOBAL_BATCH_KEYS = ("dp_size", "batch_num_tokens", "global_batch_size", "loss_scale_factor")
 
@@ -193,7 +195,7 @@ def make_policy_loss(name: str) -> PolicyLossFn:
         if method.needs_support and batch is not None and batch.support is not None and batch.pi_logprobs is not None:
             pi_k = batch.support.sampled_logprob(batch.pi_logprobs.detach()).to(log_prob.dtype)
             gap = (pi_k - log_prob.detach()).abs()[mask]
-            metrics["actor/mask/pi_sampled_gap"] = float(gap.max()) if gap.numel() else 0.0
+            metrics[MASK_PI_SAMPLED_GAP] = float(gap.max()) if gap.numel() else 0.0
         return loss, metrics
 
     policy_loss_fn.__name__ = f"predmask_policy_loss_{name}"

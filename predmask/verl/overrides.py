@@ -7,7 +7,8 @@ Keys read from ``run_cfg`` (a mapping or an OmegaConf DictConfig, shaped like th
 - ``method``: a method name, or a mapping with ``name`` and optionally ``delta``, ``eps_low``, ``eps_high``,
   ``ratio_cap``, ``loss_agg_mode`` (defaults: ``predmask.MethodParams``)
 - ``delta``: the trust-region threshold when ``method.delta`` is absent; ``top_k``: K of the rollout support
-- ``precision``: ``bf16`` | ``fp8_rollout`` | ``fp8_e2e`` (a name, or a mapping with ``name``)
+- ``precision``: a precision of ``predmask.precisions`` that runs on the cluster (``bf16`` | ``fp8_rollout`` |
+  ``fp8_e2e``; a name, or a mapping with ``name``): ``rollout_fp8`` -> vLLM FP8, ``train_fp8`` -> Megatron FP8
 - ``model``: ``path`` (HF id or local directory, required), ``engine`` [megatron] | fsdp,
   ``parallel``: ``tensor`` [1], ``pipeline`` [1], ``expert`` [1] (Megatron only: verl's FSDP engine has no
   tensor/pipeline/expert parallelism), ``sequence`` [1] (FSDP's Ulysses sequence parallelism), ``rollout_tensor`` [1];
@@ -34,22 +35,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from predmask.methods import METHODS, MethodParams, get_method
+from predmask.precisions import PRECISIONS, Precision, get_precision
 
 __all__ = [
     "DATA_FILES",
     "ENGINES",
     "PLUGIN_ENV",
     "PLUGIN_MODULE",
-    "PRECISIONS",
     "hydra_value",
     "verl_command",
     "verl_overrides",
 ]
 
-PRECISIONS: tuple[str, ...] = ("bf16", "fp8_rollout", "fp8_e2e")
 ENGINES: tuple[str, ...] = ("megatron", "fsdp")
-#: the module every verl process must import, and verl's env var that makes it do so (verl/__init__.py)
-PLUGIN_MODULE = "predmask.verl"
+#: the module every verl process must import (it installs the hooks), and verl's env var that makes it do so
+#: (verl/__init__.py imports the comma-separated modules it names)
+PLUGIN_MODULE = "predmask.verl.plugin"
 PLUGIN_ENV = "VERL_USE_EXTERNAL_MODULES"
 #: file names written by ``python -m sweeps.data prepare``
 DATA_FILES: dict[str, str] = {"train": "dapo_math_13k.parquet", "aime24": "aime24.parquet", "aime25": "aime25.parquet"}
@@ -167,14 +168,20 @@ def _method_params(run_cfg: Any) -> tuple[str, MethodParams]:
     return name, MethodParams.from_mapping({k: v for k, v in values.items() if v is not None})
 
 
+def _precision(run_cfg: Any) -> Precision:
+    precision = get_precision(_name(_get(run_cfg, "precision", "bf16"), "precision"))
+    if not precision.cluster:
+        allowed = ", ".join(name for name, p in PRECISIONS.items() if p.cluster)
+        raise ValueError(f"precision {precision.name!r} does not run on the cluster; allowed: {allowed}")
+    return precision
+
+
 def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list[str]:
     """verl Hydra overrides for one run (see the module docstring for the keys read); raises on bad input."""
     name, params = _method_params(run_cfg)
     method = get_method(name)
     top_k = _positive_int(_get(run_cfg, "top_k"), "top_k")
-    precision = _name(_get(run_cfg, "precision", "bf16"), "precision")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
+    precision = _precision(run_cfg)
     model = _get(run_cfg, "model")
     if model is None:
         raise ValueError("run config is missing model (needed for a VeRL run)")
@@ -182,8 +189,8 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     engine = str(_get(model, "engine", "megatron"))
     if engine not in ENGINES:
         raise ValueError(f"unknown model.engine {engine!r}; allowed: {', '.join(ENGINES)}")
-    if precision == "fp8_e2e" and engine != "megatron":
-        raise ValueError("precision fp8_e2e (FP8 training) needs model.engine=megatron")
+    if precision.train_fp8 and engine != "megatron":
+        raise ValueError(f"precision {precision.name} (FP8 training) needs model.engine=megatron")
     cluster = _get(run_cfg, "cluster")
     nnodes = _positive_int(_get(cluster, "nodes"), "cluster.nodes")
     gpus = _positive_int(_get(cluster, "gpus_per_node"), "cluster.gpus_per_node")
@@ -262,11 +269,11 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
             )
         o[f"{actor}.fsdp_config.seed"] = seed
         o[f"{actor}.fsdp_config.ulysses_sequence_parallel_size"] = sp
-    if precision == "fp8_e2e":
+    if precision.train_fp8:
         o[f"+{actor}.megatron.override_transformer_config.fp8"] = "hybrid"
         o[f"+{actor}.megatron.override_transformer_config.fp8_recipe"] = "blockwise"
         o[f"+{actor}.optim.override_optimizer_config.fp8_recipe"] = "blockwise"
-    # -- rollout: vLLM with the top-K support (calculate_log_probs=K; see predmask.verl.topk)
+    # -- rollout: vLLM with the top-K support (calculate_log_probs=K; see predmask.verl.rollout)
     o[f"{rollout}.name"] = "vllm"
     o[f"{rollout}.mode"] = "async"
     o[f"{rollout}.calculate_log_probs"] = top_k
@@ -285,7 +292,7 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     o[f"{rollout}.val_kwargs.do_sample"] = True
     o[f"{rollout}.val_kwargs.temperature"] = float(b("val_temperature", temperature))
     o[f"{rollout}.val_kwargs.top_p"] = float(b("val_top_p", 1.0))
-    if precision in ("fp8_rollout", "fp8_e2e"):
+    if precision.rollout_fp8:
         o[f"{rollout}.quantization"] = "fp8"
     # -- trainer
     run_id = _get(run_cfg, "run_id")

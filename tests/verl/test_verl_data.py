@@ -1,5 +1,8 @@
 """Data preparation on the tiny fixture files: filter stages, verl RLHF parquet read by verl, verl's reward scoring.
 
+``sweeps.data`` imports no verl (test_verl_free.py prepares the data where verl cannot be imported); verl's own
+``RLHFDataset`` reads the files and verl's reward (:mod:`predmask.verl.reward`) scores their answers here.
+
 The fixtures (tests/verl/fixtures) are a handful of hand-written rows shaped like the hub releases (a DAPO-style
 verl row set, raw AIME rows); nothing is downloaded.
 """
@@ -13,23 +16,21 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from verl_helpers import FIXTURES, require_verl
+from verl_helpers import FIXTURES, REPO, require_verl
 
+from predmask.verl.overrides import DATA_FILES
 from sweeps.data import (
     DATA_SOURCES,
-    OUTPUT_FILES,
     PROMPT_TEMPLATE,
     Problem,
     canonical_answer,
     extract_problem,
     filter_train,
     prepare,
-    reward_score,
     unwrap_problem,
 )
 
 pytestmark = pytest.mark.verl
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,7 @@ def test_training_filter_stages_on_the_fixture(prepared) -> None:
         ["read", 10], ["non-empty problem and answer", 9], ["deduplicated", 7], ["English (no CJK characters)", 6],
         ["integer answer", 5],
     ]
-    rows = pq.read_table(prepared[0] / OUTPUT_FILES["train"]).to_pylist()
+    rows = pq.read_table(prepared[0] / DATA_FILES["train"]).to_pylist()
     assert [r["extra_info"]["source_id"] for r in rows] == ["fixture-0", "fixture-1", "fixture-2", "fixture-7",
                                                             "fixture-9"]
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["55", "28", "5", "8", "12"]
@@ -55,8 +56,8 @@ def test_training_filter_stages_on_the_fixture(prepared) -> None:
 
 def test_evaluation_sets_are_deduplicated_and_canonical(prepared) -> None:
     out, manifest = prepared
-    aime24 = pq.read_table(out / OUTPUT_FILES["aime24"]).to_pylist()
-    aime25 = pq.read_table(out / OUTPUT_FILES["aime25"]).to_pylist()
+    aime24 = pq.read_table(out / DATA_FILES["aime24"]).to_pylist()
+    aime25 = pq.read_table(out / DATA_FILES["aime25"]).to_pylist()
     assert [r["reward_model"]["ground_truth"] for r in aime24] == ["24", "24", "9"]
     assert [r["reward_model"]["ground_truth"] for r in aime25] == ["391", "143"]
     assert {r["data_source"] for r in aime24} == {"aime24"} and {r["data_source"] for r in aime25} == {"aime25"}
@@ -68,12 +69,12 @@ def test_evaluation_sets_are_deduplicated_and_canonical(prepared) -> None:
 def test_parquet_has_verl_rlhf_columns_and_types(prepared) -> None:
     import pyarrow as pa
 
-    schema = pq.read_schema(prepared[0] / OUTPUT_FILES["train"])
+    schema = pq.read_schema(prepared[0] / DATA_FILES["train"])
     assert schema.names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
     assert schema.field("prompt").type == pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
     assert schema.field("reward_model").type.get_field_index("ground_truth") >= 0
     assert schema.field("extra_info").type.field("index").type == pa.int64()
-    row = pq.read_table(prepared[0] / OUTPUT_FILES["aime25"]).to_pylist()[0]
+    row = pq.read_table(prepared[0] / DATA_FILES["aime25"]).to_pylist()[0]
     assert row["prompt"] == [{"role": "user", "content": PROMPT_TEMPLATE.format(problem="What is 17 times 23?")}]
 
 
@@ -84,7 +85,7 @@ def test_verl_rlhf_dataset_reads_the_files(prepared, tmp_path) -> None:
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     out = prepared[0]
-    files = [str(out / OUTPUT_FILES[k]) for k in ("train", "aime24", "aime25")]
+    files = [str(out / DATA_FILES[k]) for k in ("train", "aime24", "aime25")]
     config = OmegaConf.create({"filter_overlong_prompts": False, "cache_dir": str(tmp_path / "cache"),
                                "prompt_key": "prompt"})
     dataset = RLHFDataset(files, tokenizer=None, config=config)
@@ -96,8 +97,9 @@ def test_verl_rlhf_dataset_reads_the_files(prepared, tmp_path) -> None:
 
 @pytest.mark.parametrize("key", ["train", "aime24", "aime25"])
 def test_rewards_score_with_verl_dapo_math(prepared, key: str) -> None:
-    require_verl("verl.utils.reward_score")
-    for row in pq.read_table(prepared[0] / OUTPUT_FILES[key]).to_pylist():
+    """predmask.verl.reward (verl's default dispatch) scores every prepared row's answer contract."""
+    reward_score = require_verl("predmask.verl.reward").reward_score
+    for row in pq.read_table(prepared[0] / DATA_FILES[key]).to_pylist():
         truth = row["reward_model"]["ground_truth"]
         assert row["data_source"] == DATA_SOURCES[key]
         assert reward_score(row["data_source"], f"Some reasoning.\nAnswer: {truth}", truth) == 1.0
@@ -141,7 +143,7 @@ def test_cli_prepare_and_bad_input(tmp_path) -> None:
             "--aime25-file", str(FIXTURES / "aime25_tiny.json")]
     ok = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=env_path, check=False)
     assert ok.returncode == 0, ok.stderr
-    assert all((tmp_path / "out" / name).is_file() for name in OUTPUT_FILES.values())
+    assert all((tmp_path / "out" / name).is_file() for name in DATA_FILES.values())
     bad = subprocess.run([*args[:-1], str(tmp_path / "missing.jsonl")], capture_output=True, text=True,
                          timeout=120, cwd=env_path, check=False)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"sweeps.data: data file not found: {tmp_path / 'missing.jsonl'}"]

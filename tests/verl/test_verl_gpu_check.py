@@ -17,6 +17,14 @@ import torch
 from verl_helpers import tiny_causal_lm, vllm_position
 
 import predmask
+from predmask.metrics import (
+    CLIPFRAC,
+    MASK_DIVERGENCE_MAX,
+    MASK_DIVERGENCE_MEAN,
+    MASK_OUTSIDE_FRAC,
+    MASK_PI_SAMPLED_GAP,
+    PPO_KL,
+)
 
 pytestmark = pytest.mark.verl
 
@@ -74,24 +82,44 @@ def test_check_batch_and_method_rows(gpu_check, noise: float) -> None:
     rows = {row["method"]: row for row in gpu_check.method_rows(batch, delta=0.01)}
     assert set(rows) == set(predmask.METHODS)
     assert all(row["grad_finite"] == 1.0 and torch.isfinite(torch.tensor(row["loss"])) for row in rows.values())
-    gap = rows["predmask_kl_agg"]["pi_sampled_gap"]
+    gap = rows["predmask_kl_agg"][MASK_PI_SAMPLED_GAP]
     assert gap < 1e-5  # the packed gather and the direct log-softmax agree on the sampled token
     if noise == 0.0:  # the rollout reports the model's own distribution: no divergence, nothing masked
-        assert rows["dppo_topk_kl"]["divergence_max"] < 1e-5 and rows["predmask_kl_agg"]["outside_frac"] == 0.0
-        assert abs(rows["grpo_clip_higher"]["ppo_kl"]) < 1e-5 and rows["grpo_clip_higher"]["pg_clipfrac"] == 0.0
+        assert rows["dppo_topk_kl"][MASK_DIVERGENCE_MAX] < 1e-5 and rows["predmask_kl_agg"][MASK_OUTSIDE_FRAC] == 0.0
+        assert abs(rows["grpo_clip_higher"][PPO_KL]) < 1e-5 and rows["grpo_clip_higher"][CLIPFRAC] == 0.0
     else:
-        assert rows["predmask_kl_agg"]["outside_frac"] > 0.0 and rows["dppo_topk_kl"]["divergence_mean"] > 0.01
+        assert rows["predmask_kl_agg"][MASK_OUTSIDE_FRAC] > 0.0 and rows["dppo_topk_kl"][MASK_DIVERGENCE_MEAN] > 0.01
 
 
-def test_rewards_and_group_advantages(gpu_check) -> None:
+def test_rewards(gpu_check) -> None:
     assert gpu_check.rewards_for([" 5050 is it", "no", ""], ["5050", "10", "1"]).tolist() == [1.0, -1.0, -1.0]
-    adv = gpu_check.group_advantages(torch.tensor([1.0, -1.0, 1.0, 1.0]), 2)
-    assert torch.allclose(adv[:2], torch.tensor([0.7071, -0.7071]), atol=1e-3) and torch.all(adv[2:] == 0)
+
+
+@pytest.mark.parametrize("samples", [1, 3])
+def test_group_advantages_are_grpo_and_finite_for_a_group_of_one(gpu_check, samples: int) -> None:
+    """The batch's advantages: (r - group mean) / (unbiased group std + 1e-6), computed here by hand; a group of
+    one sample has advantage 0 (a bare mean/std would give NaN)."""
+    model = tiny_causal_lm(vocab=40)
+    outputs = mock_rollout(model, [[3, 4, 5], [7, 8]], samples=samples, length=3, k=4, noise=0.5)
+    prompt_ids, records, _ = gpu_check.records_from_outputs(outputs, 4)
+    rewards = torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, -1.0])[: 2 * samples]
+    batch = gpu_check.build_batch(prompt_ids, records, logits_fn(model), rewards, group=samples)
+    expect = torch.zeros(2 * samples)
+    if samples > 1:
+        for g in range(2):
+            r = rewards[g * samples:(g + 1) * samples].tolist()
+            mean = sum(r) / samples
+            std = (sum((x - mean) ** 2 for x in r) / (samples - 1)) ** 0.5
+            expect[g * samples:(g + 1) * samples] = torch.tensor([(x - mean) / (std + 1e-6) for x in r])
+    assert torch.isfinite(batch.advantages).all()
+    torch.testing.assert_close(batch.advantages, expect.unsqueeze(-1) * batch.response_mask)
+    assert samples == 1 or bool((batch.advantages != 0).any())
 
 
 def test_print_rows_and_no_gpu_exit(gpu_check, capsys) -> None:
-    gpu_check.print_rows([{"method": "dppo_topk_kl", "loss": 0.5, "pg_clipfrac": 0.1}], width=250)
-    assert "dppo_topk_kl" in capsys.readouterr().out
+    gpu_check.print_rows([{"method": "dppo_topk_kl", "loss": 0.5, CLIPFRAC: 0.125}], width=250)
+    out = capsys.readouterr().out
+    assert "dppo_topk_kl" in out and "pg_clipfrac" in out and "0.125" in out
     if not torch.cuda.is_available():
         assert gpu_check.main(["--prompts", "1"]) == 2
         assert "no CUDA GPU" in capsys.readouterr().err

@@ -8,39 +8,42 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from verl_helpers import GOLDEN, require_verl
+from verl_helpers import GOLDEN, REPO, require_verl
 
 from predmask.verl.launch import launch_argv, plugin_modules_value
-from predmask.verl.overrides import PLUGIN_ENV
+from predmask.verl.overrides import PLUGIN_ENV, PLUGIN_MODULE
 
 pytestmark = pytest.mark.verl
-REPO = Path(__file__).resolve().parents[2]
 ENV_OVERRIDE = f"+ray_kwargs.ray_init.runtime_env.env_vars.{PLUGIN_ENV}"
 
 
 def test_plugin_modules_value_appends_once() -> None:
-    assert plugin_modules_value(None) == "predmask.verl"
-    assert plugin_modules_value("a.b, c") == "a.b,c,predmask.verl"
-    assert plugin_modules_value("predmask.verl,x") == "predmask.verl,x"
+    assert PLUGIN_MODULE == "predmask.verl.plugin"
+    assert plugin_modules_value(None) == "predmask.verl.plugin"
+    assert plugin_modules_value("a.b, c") == "a.b,c,predmask.verl.plugin"
+    assert plugin_modules_value("predmask.verl.plugin,x") == "predmask.verl.plugin,x"
+    assert plugin_modules_value("predmask.verl") == "predmask.verl,predmask.verl.plugin"  # the package installs nothing
 
 
 def test_launch_argv_adds_the_worker_env_and_the_v0_trainer() -> None:
     argv, env = launch_argv(["trainer.nnodes=4"], {})
-    assert argv == ["trainer.nnodes=4", f"{ENV_OVERRIDE}=predmask.verl", "trainer.use_v1=false"]
-    assert env == {PLUGIN_ENV: "predmask.verl"}
+    assert argv == ["trainer.nnodes=4", f"{ENV_OVERRIDE}=predmask.verl.plugin", "trainer.use_v1=false"]
+    assert env == {PLUGIN_ENV: "predmask.verl.plugin"}
     argv, env = launch_argv(["trainer.use_v1=false"], {PLUGIN_ENV: "my.plugin"})
-    assert argv == ["trainer.use_v1=false", f"{ENV_OVERRIDE}='my.plugin,predmask.verl'"]
-    assert env == {PLUGIN_ENV: "my.plugin,predmask.verl"}
+    assert argv == ["trainer.use_v1=false", f"{ENV_OVERRIDE}='my.plugin,predmask.verl.plugin'"]
+    assert env == {PLUGIN_ENV: "my.plugin,predmask.verl.plugin"}
 
 
 def test_launch_argv_keeps_an_explicit_worker_env_and_refuses_bad_ones() -> None:
-    argv, _ = launch_argv([f"{ENV_OVERRIDE}=predmask.verl"], {})
-    assert argv.count(f"{ENV_OVERRIDE}=predmask.verl") == 1
-    with pytest.raises(ValueError, match="must include predmask.verl"):
-        launch_argv([f"{ENV_OVERRIDE}=other"], {})
+    argv, _ = launch_argv([f"{ENV_OVERRIDE}=predmask.verl.plugin"], {})
+    assert argv.count(f"{ENV_OVERRIDE}=predmask.verl.plugin") == 1
+    argv, _ = launch_argv([f"{ENV_OVERRIDE}='other,predmask.verl.plugin'"], {})
+    assert argv == [f"{ENV_OVERRIDE}='other,predmask.verl.plugin'", "trainer.use_v1=false"]
+    for bad in ("other", "predmask.verl", "predmask.verl.plugins"):  # a list entry, not a substring, must match
+        with pytest.raises(ValueError, match="must include predmask.verl.plugin"):
+            launch_argv([f"{ENV_OVERRIDE}={bad}"], {})
     with pytest.raises(ValueError, match="use_v1"):
         launch_argv(["trainer.use_v1=true"], {})
 
@@ -70,7 +73,7 @@ def test_launcher_runs_verls_hydra_app_with_the_overrides(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     for needle in ("loss_mode: predmask_kl_agg", "calculate_log_probs: 20", "quantization: fp8", "fp8: hybrid",
-                   "use_v1: false", "VERL_USE_EXTERNAL_MODULES: predmask.verl"):
+                   "use_v1: false", "VERL_USE_EXTERNAL_MODULES: predmask.verl.plugin"):
         assert needle in out, needle
     bad = subprocess.run([sys.executable, "-m", "predmask.verl.launch", "trainer.use_v1=true"], capture_output=True,
                          text=True, timeout=60, env=_env(), cwd=tmp_path, check=False)
@@ -97,7 +100,7 @@ def test_ray_workers_import_the_plugin_through_the_runtime_env(monkeypatch) -> N
         return registered, patched
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {PLUGIN_ENV: "predmask.verl", "PYTHONPATH": _env()["PYTHONPATH"]}})
+             runtime_env={"env_vars": {PLUGIN_ENV: PLUGIN_MODULE, "PYTHONPATH": _env()["PYTHONPATH"]}})
     try:
         remote = ray.remote(probe)
         registered, patched = ray.get(remote.remote(), timeout=180)

@@ -14,7 +14,7 @@ from verl_helpers import require_verl
 core_algos = require_verl()
 
 import predmask
-import predmask.verl
+import predmask.verl.plugin  # installs the hooks: the losses are registered in core_algos
 from predmask.support import build_support
 from predmask.verl.loss import EXTRA_METRICS, RolloutSupport, make_policy_loss, method_params, rollout_support
 

@@ -15,7 +15,7 @@ import pytest
 from verl_helpers import GOLDEN, require_verl
 
 import predmask
-from predmask.verl.overrides import DATA_FILES, hydra_value, verl_command, verl_overrides
+from predmask.verl.overrides import DATA_FILES, PLUGIN_MODULE, hydra_value, verl_command, verl_overrides
 
 pytestmark = pytest.mark.verl
 
@@ -118,7 +118,7 @@ def test_overrides_compose_with_verl_config(compose, method: str, model: str, pr
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.use_v1) == (4, 8, False)
     assert list(cfg.trainer.logger) == ["console", "file"]
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env.VERL_USE_EXTERNAL_MODULES == "predmask.verl" and env.VERL_FILE_LOGGER_PATH == "/x/metrics.jsonl"
+    assert env.VERL_USE_EXTERNAL_MODULES == PLUGIN_MODULE == "predmask.verl.plugin" and env.VERL_FILE_LOGGER_PATH == "/x/metrics.jsonl"
     assert rollout.quantization == ("fp8" if precision in ("fp8_rollout", "fp8_e2e") else None)
     fp8 = actor.megatron.override_transformer_config.get("fp8")
     assert fp8 == ("hybrid" if precision == "fp8_e2e" else None)
@@ -155,6 +155,7 @@ def test_fsdp_engine_and_explicit_data_files(compose) -> None:
     [
         (lambda c: c.update(method={"name": "nope"}), "unknown method 'nope'"),
         (lambda c: c.update(precision="fp4"), "unknown precision 'fp4'"),
+        (lambda c: c.update(precision={"name": "fp32"}), "'fp32' does not run on the cluster; allowed: bf16, fp8_rollout"),
         (lambda c: c["method"].update(delta=0.0), "delta must be > 0"),
         (lambda c: c.update(top_k=0), "top_k must be an integer >= 1"),
         (lambda c: c["model"].pop("path"), "model.path"),

@@ -1,11 +1,12 @@
-"""Top-K plumbing: vLLM output parsing, records -> support, packed alignment, the support gather, verl's engine path.
+"""Top-K plumbing inside verl: the packed layout against verl's own padding code, records through verl's batch
+path, verl's FSDP engine calling the loss wrapper, the worker hook and the rollout hook.
 
-Truth is independent of the code under test: full distributions (parsing), verl's own ``no_padding_2_padding``
-(alignment), a tiny transformers model's padded forward and ``log_softmax`` (gather), real ``torch.distributed``
-all-reduces (vocab-parallel gather). Mocked only what cannot exist here: vLLM (its ``Logprob`` entries and
-``AsyncLLM`` engine -- vLLM cannot be installed on the CPU machines; the real thing runs in scripts/gpu_check.py)
-and the GPU (the FSDP engine's ``forward_step`` is replayed with its real ``prepare_model_inputs`` /
-``prepare_model_outputs`` on CPU).
+Truth is independent of the code under test: verl's own ``no_padding_2_padding`` (alignment), a tiny transformers
+model's padded forward and ``log_softmax`` (gather), ``predmask.policy_loss`` on directly computed inputs (loss).
+Mocked only what cannot exist here: vLLM (its ``Logprob`` entries and ``AsyncLLM`` engine -- vLLM cannot be
+installed on the CPU machines; the real thing runs in scripts/gpu_check.py) and the GPU (the FSDP engine's
+``forward_step`` is replayed with its real ``prepare_model_inputs`` / ``prepare_model_outputs`` on CPU). The
+verl-free functions have their own tests (test_verl_topk_pure.py, also run without verl: test_verl_free.py).
 """
 
 from __future__ import annotations
@@ -18,153 +19,28 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from verl_helpers import MockLogprob, require_verl, tiny_causal_lm, vllm_position
+from verl_helpers import padded_batch, require_verl, tiny_causal_lm, vllm_position
 
-require_verl()
+require_verl("verl.workers.engine_workers")
 
 import predmask
-import predmask.verl
-from predmask.verl import topk
-from predmask.verl.topk import (
-    TOPK_KEY,
-    TopKPolicyLoss,
-    TopKRecord,
-    chunked_support_logprobs,
+import predmask.verl.plugin  # installs the hooks, as in every verl process of a run
+from predmask.verl import rollout, worker
+from predmask.verl.packing import (
     pack_response_tensor,
     packed_response_index,
-    parse_vllm_logprobs,
-    records_to_padded,
+    sequence_lengths,
     support_from_records,
-    topk_setting,
-    vocab_parallel_support_logprobs,
 )
+from predmask.verl.records import TOPK_KEY, parse_vllm_logprobs
+from predmask.verl.topk_loss import PI_KEY_PREFIX, TopKPolicyLoss
 
 pytestmark = pytest.mark.verl
 
 
 # --------------------------------------------------------------------------------------------------------------
-# vLLM output parsing (mock Logprob objects: the documented CompletionOutput.logprobs structure)
-# --------------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("k", [1, 3, 8])
-@pytest.mark.parametrize("seed", range(4))
-def test_parse_recovers_topk_of_the_full_distribution(k: int, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    vocab, length = 30, 12
-    mu = torch.log_softmax(torch.randn(length, vocab, generator=g) * 2.5, -1)
-    sampled = torch.distributions.Categorical(logits=mu).sample().tolist()
-    sampled[0] = int(mu[0].argmin())  # at least one token far outside the top-k
-    positions = [vllm_position(mu[t], sampled[t], k) for t in range(length)]
-    rec = parse_vllm_logprobs(positions, sampled, k)
-    expect = mu.topk(k, -1)
-    assert np.array_equal(rec.topk_ids, expect.indices.numpy())
-    np.testing.assert_allclose(rec.topk_logprobs, expect.values.numpy(), rtol=0, atol=1e-6)
-    assert rec.topk_valid.all()
-    np.testing.assert_allclose(rec.logprobs, mu.gather(-1, torch.tensor(sampled)[:, None])[:, 0].numpy(), atol=1e-6)
-    support, anchor = support_from_records([rec], torch.tensor([sampled]), torch.ones(1, length))
-    # every valid slot carries mu at its id; the sampled token always has a valid slot
-    assert torch.allclose(torch.where(support.valid[0], support.mu_logprobs[0], 0.0),
-                          torch.where(support.valid[0], mu.gather(-1, support.ids[0]), 0.0), atol=1e-6)
-    assert torch.equal(support.ids[0].gather(-1, support.sampled_index[0][:, None])[:, 0], torch.tensor(sampled))
-    in_topk = torch.tensor([s in set(expect.indices[t].tolist()) for t, s in enumerate(sampled)])
-    assert torch.equal(support.valid[0, :, k], ~in_topk)  # the extra slot is used exactly when needed
-    assert torch.allclose(anchor[0], torch.from_numpy(rec.logprobs))
-
-
-def test_parse_pads_positions_with_fewer_than_k_entries_and_keeps_minus_inf() -> None:
-    positions = [
-        {5: MockLogprob(-0.1, 1), 2: MockLogprob(-2.5, 2)},
-        {7: MockLogprob(float("-inf"), 3), 1: MockLogprob(-0.2, 1), 3: MockLogprob(-1.9, 2)},
-    ]
-    rec = parse_vllm_logprobs(positions, [5, 7], 3)
-    assert rec.topk_valid.tolist() == [[True, True, False], [True, True, True]]
-    assert rec.topk_ids.tolist() == [[5, 2, 0], [1, 3, 7]]
-    assert rec.logprobs[1] == -math.inf and rec.topk_logprobs[0, 2] == -math.inf
-
-
-def test_parse_orders_by_logprob_when_ranks_are_missing() -> None:
-    positions = [{4: MockLogprob(-3.0), 9: MockLogprob(-0.5), 1: MockLogprob(-1.0)}]
-    rec = parse_vllm_logprobs(positions, [4], 2)
-    assert rec.topk_ids.tolist() == [[9, 1]]
-
-
-@pytest.mark.parametrize(
-    ("positions", "tokens", "match"),
-    [
-        ([{1: MockLogprob(-0.1, 1)}], [2], "sampled token 2 is missing"),
-        ([{1: MockLogprob(float("nan"), 1)}], [1], "NaN|nan"),
-        ([{1: MockLogprob(-0.1, 1)}], [1, 1], "positions"),
-        ([None], [1], "no log-probs"),
-    ],
-)
-def test_parse_rejects_bad_vllm_output(positions, tokens, match) -> None:
-    with pytest.raises(ValueError, match=match):
-        parse_vllm_logprobs(positions, tokens, 2)
-
-
-def test_topk_setting() -> None:
-    assert topk_setting(True) == 0 and topk_setting(False) == 0 and topk_setting(None) == 0
-    assert topk_setting(20) == 20 and topk_setting(np.int64(5)) == 5
-    for bad in (-1, "20", 2.5):
-        with pytest.raises(ValueError, match="calculate_log_probs"):
-            topk_setting(bad)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Records -> response-aligned support
-# --------------------------------------------------------------------------------------------------------------
-
-
-def record(tokens: list[int], k: int = 2, seed: int = 0) -> TopKRecord:
-    g = torch.Generator().manual_seed(seed)
-    n = len(tokens)
-    lp = torch.log_softmax(torch.randn(n, 16, generator=g), -1)
-    top = lp.topk(k, -1)
-    sampled_lp = lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
-    return TopKRecord(np.array(tokens, np.int32), sampled_lp.numpy(), top.indices.numpy().astype(np.int32),
-                      top.values.numpy(), np.ones((n, k), bool))
-
-
-def test_records_to_padded_pads_truncates_and_marks_presence() -> None:
-    padded = records_to_padded([record([3, 4, 5]), None, record([6, 7, 8, 9, 10])], 4)
-    assert padded["present"].tolist() == [[1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
-    assert padded["sampled_ids"][2].tolist() == [6, 7, 8, 9]
-    assert padded["topk_ids"].shape == (3, 4, 2) and not padded["topk_valid"][0, 3].any()
-    with pytest.raises(ValueError, match="different K"):
-        records_to_padded([record([1], k=2), record([1], k=3)], 2)
-
-
-def test_support_from_records_checks_alignment_with_the_responses() -> None:
-    responses = torch.tensor([[3, 4, 5, 0]])
-    mask = torch.tensor([[1, 1, 1, 0]])
-    support, anchor = support_from_records([record([3, 4, 5])], responses, mask)
-    assert support.ids.shape == (1, 4, 3) and anchor.shape == (1, 4)
-    with pytest.raises(ValueError, match="disagree"):
-        support_from_records([record([3, 9, 5])], responses, mask)
-    with pytest.raises(ValueError, match="no rollout top-K"):
-        support_from_records([record([3, 4])], responses, mask)
-    with pytest.raises(ValueError, match="records for a batch"):
-        support_from_records([record([3]), record([3])], responses, mask)
-
-
-# --------------------------------------------------------------------------------------------------------------
 # Packed alignment, against verl's own no_padding_2_padding
 # --------------------------------------------------------------------------------------------------------------
-
-
-def padded_batch(prompt_lens: list[int], response_lens: list[int], width_p: int, width_r: int, seed: int = 0):
-    """verl's left/right padded layout: prompts left-padded to width_p, responses right-padded to width_r."""
-    g = torch.Generator().manual_seed(seed)
-    b = len(prompt_lens)
-    prompts = torch.zeros(b, width_p, dtype=torch.long)
-    responses = torch.zeros(b, width_r, dtype=torch.long)
-    attention = torch.zeros(b, width_p + width_r, dtype=torch.long)
-    for i, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
-        prompts[i, width_p - p:] = torch.randint(1, 40, (p,), generator=g)
-        responses[i, :r] = torch.randint(1, 40, (r,), generator=g)
-        attention[i, width_p - p: width_p + r] = 1
-    return prompts, responses, attention
 
 
 @pytest.mark.parametrize(("plens", "rlens"), [([3, 1, 5], [4, 6, 1]), ([2], [2]), ([1, 1], [0, 3])])
@@ -183,72 +59,8 @@ def test_packed_index_agrees_with_verl_no_padding_2_padding(plens, rlens) -> Non
     x = torch.randn(len(plens), 6, 3)
     back = no_padding_2_padding(pack_response_tensor(x, torch.tensor(plens), torch.tensor(rlens)), data)
     assert torch.equal(back[bidx, pidx], x[bidx, pidx])
-    p_lens, r_lens = topk.sequence_lengths(prompts, responses, attention)
+    p_lens, r_lens = sequence_lengths(prompts, responses, attention)
     assert p_lens.tolist() == plens and r_lens.tolist() == rlens
-
-
-def test_packed_index_rejects_empty_prompts() -> None:
-    with pytest.raises(ValueError, match="non-empty prompt"):
-        packed_response_index(torch.tensor([0, 2]), torch.tensor([1, 1]))
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The gather: chunked, vocab-parallel
-# --------------------------------------------------------------------------------------------------------------
-
-
-def gather_case(seed: int = 0, n: int = 23, vocab: int = 37, width: int = 5):
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(n, vocab, generator=g) * 3
-    ids = torch.stack([torch.randperm(vocab, generator=g)[:width] for _ in range(n)])
-    valid = torch.rand(n, width, generator=g) > 0.2
-    return logits, ids, valid
-
-
-def test_chunked_gather_equals_predmask_gather() -> None:
-    logits, ids, valid = gather_case()
-    ref, ref_tail = predmask.gather_support_logprobs(logits, ids, valid, temperature=0.7, return_tail_sq=True)
-    out, tail = chunked_support_logprobs(logits, ids, valid, temperature=0.7, return_tail_sq=True, chunk_rows=5)
-    torch.testing.assert_close(out, ref)
-    torch.testing.assert_close(tail, ref_tail)
-
-
-def test_vocab_parallel_gather_on_one_rank_equals_predmask_gather() -> None:
-    logits, ids, valid = gather_case(seed=1)
-    ref, ref_tail = predmask.gather_support_logprobs(logits, ids, valid, return_tail_sq=True)
-    out, tail = vocab_parallel_support_logprobs(logits, ids, valid, vocab_start=0, return_tail_sq=True, chunk_rows=7)
-    torch.testing.assert_close(out, ref)
-    torch.testing.assert_close(tail, ref_tail, rtol=1e-5, atol=1e-6)
-
-
-def _tp_worker(rank: int, world: int, port: int, path: str) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    logits, ids, valid = gather_case(seed=2, vocab=36)
-    shard = logits.shape[1] // world
-    out, tail = vocab_parallel_support_logprobs(logits[:, rank * shard:(rank + 1) * shard], ids, valid,
-                                                vocab_start=rank * shard, group=dist.group.WORLD, return_tail_sq=True)
-    torch.save({"out": out, "tail": tail}, f"{path}.{rank}")
-    dist.destroy_process_group()
-
-
-@pytest.mark.slow
-def test_vocab_parallel_gather_over_two_gloo_ranks(tmp_path) -> None:
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_tp_worker, args=(2, port, str(tmp_path / "tp")), nprocs=2, join=True)
-    logits, ids, valid = gather_case(seed=2, vocab=36)
-    ref, ref_tail = predmask.gather_support_logprobs(logits, ids, valid, return_tail_sq=True)
-    for rank in range(2):
-        res = torch.load(tmp_path / f"tp.{rank}")
-        torch.testing.assert_close(res["out"], ref)
-        torch.testing.assert_close(res["tail"], ref_tail, rtol=1e-5, atol=1e-6)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -344,7 +156,7 @@ def test_fsdp_engine_gathers_the_support_at_the_predicting_positions(layers: int
     # direct computation: log_softmax(logits / T) at the padded position predicting each response token
     support, anchor = support_from_records(records, responses, mask)
     direct = torch.log_softmax(logits / temperature, -1)
-    pi = torch.stack([no_padding_2_padding(model_output[f"{topk.PI_KEY_PREFIX}{j}"], td) for j in range(k + 1)], -1)
+    pi = torch.stack([no_padding_2_padding(model_output[f"{PI_KEY_PREFIX}{j}"], td) for j in range(k + 1)], -1)
     log_prob = no_padding_2_padding(model_output["log_probs"], td)
     pi_direct = torch.full_like(pi, float("-inf"))
     lp_direct = torch.zeros_like(log_prob)
@@ -413,7 +225,7 @@ def test_actor_worker_class_is_swapped_in_verl() -> None:
     engine_workers = require_verl("verl.workers.engine_workers")
     cls = engine_workers.ActorRolloutRefWorker.actor_worker_cls
     assert getattr(cls, "predmask_topk", False) and issubclass(cls, engine_workers.TrainingWorker)
-    topk.install_actor(engine_workers)  # idempotent
+    worker.install_actor(engine_workers)  # idempotent
     assert engine_workers.ActorRolloutRefWorker.actor_worker_cls is cls
 
 
@@ -431,15 +243,15 @@ def test_training_worker_subclass_wraps_the_loss_and_sets_the_flag() -> None:
             self.seen = tu.get_non_tensor_data(data, "distillation_use_topk", False)
             return "trained"
 
-    worker = topk.make_training_worker_cls(Base)()
+    trainer = worker.make_training_worker_cls(Base)()
     config = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
                              policy_loss={"loss_mode": "predmask_kl_agg"})
-    worker.set_loss_fn(partial(lambda **kw: None, config=config))
-    assert isinstance(worker.loss_fn, TopKPolicyLoss) and worker.loss_fn.needs_logits
+    trainer.set_loss_fn(partial(lambda **kw: None, config=config))
+    assert isinstance(trainer.loss_fn, TopKPolicyLoss) and trainer.loss_fn.needs_logits
     with_records = TensorDict({}, batch_size=1)
     tu.assign_non_tensor_stack(with_records, TOPK_KEY, [None])
-    assert worker.train_batch(with_records) == "trained" and worker.seen is True
-    assert worker.train_batch(TensorDict({}, batch_size=1)) == "trained" and worker.seen is False
+    assert trainer.train_batch(with_records) == "trained" and trainer.seen is True
+    assert trainer.train_batch(TensorDict({}, batch_size=1)) == "trained" and trainer.seen is False
 
 
 def fake_vllm_server_module(vocab: int = 20, k_dist_seed: int = 0) -> ModuleType:
@@ -492,8 +304,8 @@ def fake_vllm_server_module(vocab: int = 20, k_dist_seed: int = 0) -> ModuleType
 
 def test_rollout_hook_returns_the_topk_record_in_extra_fields() -> None:
     module = fake_vllm_server_module()
-    topk.install_rollout(module)
-    topk.install_rollout(module)  # idempotent
+    rollout.install_rollout(module)
+    rollout.install_rollout(module)  # idempotent
     server = module.vLLMHttpServer(calculate_log_probs=6)
     out = asyncio.run(server.generate([1, 2], {"logprobs": 6, "temperature": 1.0}, "req-1"))
     rec = out.extra_fields[TOPK_KEY]
@@ -508,7 +320,7 @@ def test_rollout_hook_returns_the_topk_record_in_extra_fields() -> None:
 @pytest.mark.parametrize(("setting", "requested"), [(True, 0), (False, None)])
 def test_rollout_hook_leaves_plain_verl_requests_alone(setting, requested) -> None:
     module = fake_vllm_server_module()
-    topk.install_rollout(module)
+    rollout.install_rollout(module)
     server = module.vLLMHttpServer(calculate_log_probs=setting)
     out = asyncio.run(server.generate([1], {"logprobs": setting}, "req-2"))
     assert TOPK_KEY not in out.extra_fields and server.engine.requested == [requested]

@@ -1,9 +1,14 @@
-"""Shared helpers of the verl tests: the verl import gate, a tiny transformers model, mock vLLM log-prob entries."""
+"""Shared helpers of the verl tests: the verl import gate, a subprocess where verl cannot be imported, a tiny
+transformers model, mock vLLM log-prob entries."""
 
 from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -13,6 +18,54 @@ import torch
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GOLDEN = Path(__file__).parent / "golden"
+REPO = Path(__file__).resolve().parents[2]
+#: top-level packages of the verl stack that the verl-free parts of the plugin must not need
+VERL_STACK: tuple[str, ...] = ("verl", "ray", "tensordict", "vllm", "megatron")
+
+_BLOCK = """
+import importlib.abc
+import sys
+
+BLOCKED = {blocked!r}
+assert not [m for m in sys.modules if m.split(".")[0] in BLOCKED], "a blocked package was imported at startup"
+
+
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked for this test)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Blocked())
+for root in BLOCKED:
+    try:
+        __import__(root)
+    except ImportError:
+        pass
+    else:
+        raise AssertionError(f"import {{root}} succeeded although it is blocked")
+"""
+
+
+def run_without(code: str, blocked: Sequence[str] = VERL_STACK, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh Python (cwd: the repository) in which importing any of ``blocked`` fails.
+
+    The subprocess first checks that none of them was imported at startup and that ``import <root>`` really
+    raises; at the end, that none of them was imported since (a swallowed ImportError cannot hide a dependency).
+    Its exit status is ``EXIT_CODE`` when ``code`` sets that variable (e.g. to ``pytest.main(...)``), else 0.
+    """
+    epilogue = (
+        "\nleaked = sorted(m for m in sys.modules if m.split('.')[0] in BLOCKED)"
+        "\nassert not leaked, f'blocked packages were imported: {leaked}'"
+        "\nraise SystemExit(globals().get('EXIT_CODE', 0))\n"
+    )
+    script = _BLOCK.format(blocked=tuple(blocked)) + textwrap.dedent(code) + epilogue
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # third-party pytest plugins (ray's, ...) are not loaded
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, env=env, check=False)
 
 
 def require_verl(module: str = "verl.trainer.ppo.core_algos") -> ModuleType:
@@ -55,3 +108,17 @@ def vllm_position(logprobs: torch.Tensor, sampled: int, k: int) -> dict[int, Moc
     for t in order[:k].tolist():
         out.setdefault(t, MockLogprob(float(logprobs[t]), int(rank[t]), f"<{t}>"))
     return out
+
+
+def padded_batch(prompt_lens: list[int], response_lens: list[int], width_p: int, width_r: int, seed: int = 0):
+    """verl's left/right padded layout: prompts left-padded to width_p, responses right-padded to width_r."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(prompt_lens)
+    prompts = torch.zeros(b, width_p, dtype=torch.long)
+    responses = torch.zeros(b, width_r, dtype=torch.long)
+    attention = torch.zeros(b, width_p + width_r, dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompt_lens, response_lens, strict=True)):
+        prompts[i, width_p - p:] = torch.randint(1, 40, (p,), generator=g)
+        responses[i, :r] = torch.randint(1, 40, (r,), generator=g)
+        attention[i, width_p - p: width_p + r] = 1
+    return prompts, responses, attention

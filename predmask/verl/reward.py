@@ -1,0 +1,20 @@
+"""verl's reward for a math response: its default dispatch on ``data_source`` (DAPO math scoring, +1 / -1).
+
+The data written by ``python -m sweeps.data prepare`` is scored by verl's trainer through this same dispatch
+(``math_dapo`` and ``aime*`` data sources: the last ``Answer: ...`` line, else ``\\boxed{}``); this module lets
+data preparation and its tests check a row's answer contract against verl's own scoring. Imports verl.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from verl.utils.reward_score import default_compute_score
+
+__all__ = ["reward_score"]
+
+
+def reward_score(data_source: str, response: str, ground_truth: str) -> float:
+    """The score verl gives ``response`` for a row of ``data_source`` with answer ``ground_truth``."""
+    result = default_compute_score(data_source, response, ground_truth)
+    return float(result["score"] if isinstance(result, Mapping) else result)
