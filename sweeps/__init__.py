@@ -1,1 +1,2 @@
-"""sweeps: expand named Hydra grids of runs, submit them through submitit, track and ingest them."""
+"""sweeps: expand named Hydra grids of runs, submit them through submitit, track and ingest them; the launch
+layer they run on (executors, jobs, Ray inside Slurm, the follow loop) is the subpackage ``sweeps.launch``."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeps.compose import RunSpec
-from sweeps.slurm_ray import CommandJob
+from sweeps.launch.command_job import CommandJob
 
 
 def trainer_argv(spec: RunSpec, run_dir: Path, python: str | None = None) -> list[str]:

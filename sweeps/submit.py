@@ -1,4 +1,5 @@
-"""Submit a sweep's runs through submitit (local processes or Slurm), follow them, and ingest what finishes.
+"""The sweep's loop: submit its runs through the launch layer (local processes or Slurm), follow them, join the
+live ones of an earlier invocation, resume the others, and hand each finished run on (to be ingested).
 
 Why submitit directly and not hydra-submitit-launcher: the launcher submits one job array and blocks on it, and
 has no multi-node Ray start-up; here each run is its own job (4 nodes x 8 GPUs with Ray inside on a cluster),
@@ -10,17 +11,21 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import submitit
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from predmask.progress import progress
 from sweeps.compose import RunSpec
 from sweeps.jobs import TrainJob, trainer_argv
+from sweeps.launch.executor import make_executor as cluster_executor
+from sweeps.launch.follow import Ended, follow, rejoin_slurm_job
+from sweeps.launch.ray_job import RayJob
+from sweeps.launch.ray_slurm import ray_options
 from sweeps.runs import (
     read_job_record,
     read_state,
@@ -29,8 +34,6 @@ from sweeps.runs import (
     write_job_record,
     write_planned_config,
 )
-from sweeps.slurm_ray import RayJob, ray_options, slurm_job_state
-from sweeps.slurm_ray import make_executor as slurm_executor
 
 POLL_SECONDS = 1.0
 
@@ -67,7 +70,7 @@ def make_executor(spec: RunSpec, folder: Path) -> submitit.Executor:
     if trainer_of(spec) == "cpu":
         # a CPU-engine run is one process: one node, one task, no GPU, whatever shape the cluster has
         cluster = {**cluster, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0}
-    return slurm_executor(folder, cluster)
+    return cluster_executor(folder, cluster)
 
 
 def make_job(spec: RunSpec, path: Path) -> Any:
@@ -98,34 +101,28 @@ def sbatch_text(spec: RunSpec, path: Path) -> str | None:
     return text.replace("\n", "\n" + header + "\n", 1)
 
 
-def _live_slurm_job(path: Path) -> submitit.Job[Any] | None:
+def _rejoin(path: Path) -> submitit.Job[Any] | None:
     """A Slurm job of this run submitted earlier and still queued or running, to join instead of resubmitting."""
     record = read_job_record(path)
     if record.get("backend") != "slurm" or not record.get("job_id"):
         return None
-    state = slurm_job_state(str(record["job_id"]))  # squeue/scontrol: no accounting database needed
-    if state not in LIVE_SLURM_STATES:
-        return None
-    return submitit.SlurmJob(folder=record["folder"], job_id=str(record["job_id"]))
+    return rejoin_slurm_job(str(record["folder"]), str(record["job_id"]))
 
 
-LIVE_SLURM_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
-
-
-def _job_ended(job: submitit.Job[Any]) -> bool:
-    """Ended with a result file, or gone from Slurm without one (cancelled, killed, node failure)."""
-    if job.done():
-        return True
-    if isinstance(job, submitit.SlurmJob):
-        return slurm_job_state(str(job.job_id)) not in LIVE_SLURM_STATES
-    return False
-
-
-def _job_result(job: submitit.Job[Any]) -> Any:
-    """The job's result; multi-task jobs (Ray over 4 nodes) report through rank 0."""
-    if not job.done():
-        raise RuntimeError(f"job {job.job_id} ended without a result (cancelled or killed)")
-    return job.results()[0]
+def _start(spec: RunSpec, root: Path) -> submitit.Job[Any]:
+    """The run's job: the live one of an earlier invocation (Slurm), else a new submission."""
+    path = run_dir(spec, root)
+    if backend_of(spec) == "local" and run_is_live(path):
+        raise RuntimeError(f"run {spec.run_id} is live in another process ({path}); "
+                           "wait for it or stop it before rerunning the sweep")
+    job = _rejoin(path) if backend_of(spec) == "slurm" else None
+    if job is None:
+        write_planned_config(path, spec)
+        folder = root / spec.sweep / ".submitit"
+        job = make_executor(spec, folder).submit(make_job(spec, path))
+        write_job_record(path, {"backend": backend_of(spec), "job_id": str(job.job_id), "folder": str(folder),
+                                "command": job_command(spec, path), "submitted": time.time()})
+    return job
 
 
 def run_sweep(
@@ -139,61 +136,43 @@ def run_sweep(
     """Submit every run not yet completed (at most ``max_parallel`` at once), follow them until they end.
 
     ``on_finished`` is called for each run that ends (completed or failed), e.g. to ingest it. Ctrl-C cancels
-    the runs this invocation started; their directories keep every checkpoint, so a rerun resumes them.
+    the local runs this invocation started (Slurm jobs go on, and a rerun joins them); run directories keep
+    every checkpoint, so a rerun resumes them.
     """
     outcome = Outcome()
-    pending: list[RunSpec] = []
+    pending: dict[str, RunSpec] = {}
     for spec in specs:
-        path = run_dir(spec, root)
-        if read_state(path).status == "completed":
+        if read_state(run_dir(spec, root)).status == "completed":
             outcome.skipped.append(spec.run_id)
         else:
-            pending.append(spec)
-    active: dict[str, tuple[RunSpec, Any, Any]] = {}  # run_id -> (spec, job, progress task)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        overall = progress.add_task(f"runs ({len(outcome.skipped)} already completed)", total=len(specs),
-                                    completed=len(outcome.skipped))
+            pending[spec.run_id] = spec
+    with progress(f"sweep {specs[0].sweep}" if specs else "sweep", total=len(specs), unit="runs",
+                  completed=len(outcome.skipped)) as bar:
+
+        def started() -> Iterator[tuple[str, submitit.Job[Any]]]:
+            for run_id, spec in pending.items():
+                job = _start(spec, root)
+                console.print(f"run {run_id} {spec.method} {spec.model}/{spec.precision}: job {job.job_id}",
+                              highlight=False)
+                yield run_id, job
+
+        def steps(active: Mapping[str, Any]) -> str:
+            states = {run_id: read_state(run_dir(pending[run_id], root)) for run_id in active}
+            return " · ".join(f"{run_id} step {s.step}/{s.total_steps or '?'}" for run_id, s in states.items())
+
+        def on_end(end: Ended[str]) -> None:
+            spec, path = pending[end.key], run_dir(pending[end.key], root)
+            if end.ok:
+                outcome.completed.append(end.key)
+            else:
+                outcome.failed[end.key] = f"{end.error} (log: {path / 'job.log'})"
+            on_finished(spec, path)
+            bar.advance(1)
+
         try:
-            while pending or active:
-                while pending and len(active) < max_parallel:
-                    spec = pending.pop(0)
-                    path = run_dir(spec, root)
-                    if backend_of(spec) == "local" and run_is_live(path):
-                        raise RuntimeError(f"run {spec.run_id} is live in another process ({path}); "
-                                           "wait for it or stop it before rerunning the sweep")
-                    job = _live_slurm_job(path) if backend_of(spec) == "slurm" else None
-                    if job is None:
-                        write_planned_config(path, spec)
-                        ex = make_executor(spec, root / spec.sweep / ".submitit")
-                        job = ex.submit(make_job(spec, path))
-                        write_job_record(path, {"backend": backend_of(spec), "job_id": str(job.job_id),
-                                                "folder": str(root / spec.sweep / ".submitit"),
-                                                "command": job_command(spec, path), "submitted": time.time()})
-                    label = f"{spec.run_id} {spec.method} {spec.model}/{spec.precision}"
-                    task = progress.add_task(label, total=None)
-                    active[spec.run_id] = (spec, job, task)
-                for run_id, (spec, job, task) in list(active.items()):
-                    path = run_dir(spec, root)
-                    state = read_state(path)
-                    progress.update(task, completed=state.step, total=state.total_steps or None)
-                    if not _job_ended(job):
-                        continue
-                    del active[run_id]
-                    progress.remove_task(task)
-                    try:
-                        _job_result(job)
-                        outcome.completed.append(run_id)
-                    except Exception as err:  # noqa: BLE001 - a failed run is reported, the sweep goes on
-                        message = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
-                        outcome.failed[run_id] = f"{message} (log: {path / 'job.log'})"
-                    on_finished(spec, path)
-                    progress.advance(overall)
-                time.sleep(POLL_SECONDS)
+            follow(started(), max_parallel=max_parallel, on_poll=lambda active: bar.advance(0, steps(active)),
+                   on_end=on_end, cancel_slurm_on_interrupt=False, poll_s=POLL_SECONDS)
         except KeyboardInterrupt:
-            for spec, job, _task in active.values():
-                if backend_of(spec) == "local":
-                    job.cancel(check=False)
             console.print("[yellow]interrupted: local runs stopped; rerun the same command to resume them[/]")
             raise
     return outcome

@@ -17,7 +17,6 @@ import pytest
 
 PARTITION, NUM_NODES = "h20", 4
 STATE_DIR = Path(os.environ.get("PREDMASK_SLURM_DIR", "/tmp/predmask-slurm"))
-PARTITION, NUM_NODES = "h20", 4
 USABLE_STATES = {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing"}
 
 

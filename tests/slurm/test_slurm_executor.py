@@ -1,12 +1,14 @@
-"""Unit tests of sweeps.slurm_ray that need no cluster: executors from the cluster configs, sbatch text,
-shell quoting (checked by running bash itself), option validation, and CommandJob on submitit's local
-executor (a real subprocess, no mocks)."""
+"""Unit tests of the launch layer (sweeps.launch) that need no cluster: executors from the cluster configs, sbatch text,
+shell quoting (checked by running bash itself), option validation, and CommandJob and the follow loop on
+submitit's local executor (real subprocesses, no mocks)."""
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,20 +17,13 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from sweeps.slurm_ray import (
-    CommandFailedError,
-    CommandJob,
-    RayClusterError,
-    RayJob,
-    RayOptions,
-    _JobContext,
-    gpus_per_node_from_env,
-    make_executor,
-    node_address,
-    ray_options,
-    setup_lines,
-    shell_join,
-)
+from sweeps.launch.command_job import CommandFailedError, CommandJob
+from sweeps.launch.executor import make_executor, setup_lines
+from sweeps.launch.follow import follow
+from sweeps.launch.ray_job import RayJob
+from sweeps.launch.ray_slurm import JobContext, RayOptions, ray_options
+from sweeps.launch.shell import shell_join
+from sweeps.launch.slurm import NodeAddressError, gpus_per_node_from_env, node_address
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "cluster"
 NASTY = [
@@ -113,13 +108,13 @@ def test_gpus_per_node_from_slurm_environment(value: str, gpus: int) -> None:
 
 def test_node_address_resolves_known_hosts_and_names_unknown_ones() -> None:
     assert node_address("localhost").startswith("127.")
-    with pytest.raises(RayClusterError, match="cannot resolve node 'no-such-node-"):
+    with pytest.raises(NodeAddressError, match="cannot resolve node 'no-such-node-"):
         node_address("no-such-node-7f3a")
 
 
 def test_nodes_of_one_job_get_disjoint_worker_port_ranges(tmp_path: Path) -> None:
     ranges = [
-        _JobContext("123", 0, rank, rank, 4, ["n"] * 4, 8, tmp_path, RayOptions()).worker_ports()
+        JobContext("123", 0, rank, rank, 4, ["n"] * 4, 8, tmp_path, RayOptions()).worker_ports()
         for rank in range(4)
     ]
     ports = [set(range(low, high + 1)) for low, high in ranges]
@@ -157,3 +152,38 @@ def test_command_job_on_the_local_executor_records_its_exit_status(tmp_path: Pat
     status = json.loads((tmp_path / "bad" / "exit_status.json").read_text())
     assert (status["outcome"], status["returncode"]) == ("failed", 3)
     assert issubclass(CommandFailedError, RuntimeError)
+
+
+def test_follow_reports_every_job_once_with_its_result_its_error_or_its_death(tmp_path: Path) -> None:
+    """follow pulls its jobs lazily (never more than max_parallel followed at once) and ends each exactly once:
+    a result, the command's failure, and a job killed with SIGKILL (no result: reported, not waited on)."""
+    executor = make_executor(tmp_path / "submitit", {"backend": "local", "timeout_min": 5})
+    commands = {
+        "ok": [sys.executable, "-c", "print('fine')"],
+        "bad": [sys.executable, "-c", "raise SystemExit(3)"],
+        "killed": [sys.executable, "-c", "import time; time.sleep(120)"],
+    }
+    pulled: list[str] = []
+    widest = 0
+
+    def submitted() -> Any:
+        for key, command in commands.items():
+            pulled.append(key)
+            yield key, executor.submit(CommandJob(command=command, run_dir=str(tmp_path / key)))
+
+    def on_poll(active: Any) -> None:
+        nonlocal widest
+        widest = max(widest, len(active))
+        job = active.get("killed")
+        if job is not None and (tmp_path / "killed").is_dir():  # the job is running its command
+            os.kill(job._process.pid, signal.SIGKILL)
+
+    ends = follow(submitted(), max_parallel=1, on_poll=on_poll, poll_s=0.1)
+    assert pulled == [e.key for e in ends] == ["ok", "bad", "killed"] and widest == 1
+    ok, bad, killed = ends
+    assert ok.ok and ok.result["outcome"] == "completed" and ok.error is None
+    assert not bad.ok and bad.result is None and bad.error is not None
+    assert "CommandFailedError: command exited with status 3" in bad.error
+    assert not killed.ok and killed.error is not None
+    with pytest.raises(ValueError, match=re.escape("max_parallel must be >= 1 or None, got 0")):
+        follow([], max_parallel=0)

@@ -1,4 +1,4 @@
-"""Integration tests of sweeps.slurm_ray on the real emulated Slurm cluster (scripts/slurm-emulated.sh start).
+"""Integration tests of the launch layer (sweeps.launch) on the real emulated Slurm cluster (scripts/slurm-emulated.sh start).
 
 Every job goes through submitit -> sbatch -> srun -> slurmd. The command of each job is a small CPU program
 (tests/slurm/ray_standin.py) standing in for VeRL's trainer; nothing else is replaced: the Ray head and
@@ -19,7 +19,12 @@ from typing import Any
 
 import pytest
 
-from sweeps.slurm_ray import CommandJob, RayJob, make_executor, ray_options, slurm_job_state
+from sweeps.launch.command_job import CommandJob
+from sweeps.launch.executor import make_executor
+from sweeps.launch.follow import follow
+from sweeps.launch.ray_job import RayJob
+from sweeps.launch.ray_slurm import ray_options
+from sweeps.launch.slurm import slurm_job_state
 
 pytestmark = pytest.mark.slurm
 
@@ -121,6 +126,33 @@ def test_job_array_runs_every_task(tmp_path: Path, cluster_cfg: dict, jobs: Any,
     } and time.monotonic() < deadline:
         time.sleep(0.5)
     assert {slurm_job_state(str(j.job_id)) for j in submitted} == {"COMPLETED"}  # known without sacct
+
+
+def test_follow_reports_a_cancelled_job_instead_of_waiting_on_it(
+    tmp_path: Path, cluster_cfg: dict, jobs: Any, standin: Any
+) -> None:
+    """A Slurm job scancelled mid-run writes no result; the follow loop sees it leave the queue (squeue and
+    scontrol, no sacct) and reports it as ended without a result."""
+    cfg = {**cluster_cfg, "nodes": 1, "gpus_per_node": 0}
+    executor = make_executor(tmp_path / "submitit", cfg, name="dead")
+    run_dir = tmp_path / "run"
+    state = run_dir / "progress.json"
+    command = standin("steps", "--state", str(state), "--log", str(run_dir / "steps.jsonl"),
+                      "--out", str(run_dir / "done.json"), "--total", "1000", "--sleep", "0.5")  # fmt: skip
+    job = jobs.track(executor.submit(CommandJob(command=command, run_dir=str(run_dir))))
+    cancelled = False
+
+    def cancel_once_running(active: Any) -> None:
+        nonlocal cancelled
+        if not cancelled and state.exists():
+            subprocess.run(["scancel", str(job.job_id)], check=True, timeout=30)
+            cancelled = True
+
+    [end] = follow([("run", job)], on_poll=cancel_once_running, poll_s=0.5)
+    assert cancelled and not job.done()
+    assert (end.key, end.ok, end.result) == ("run", False, None)
+    assert end.error == f"job {job.job_id} ended without a result (cancelled or killed)"
+    assert not (run_dir / "done.json").exists()
 
 
 def test_requeued_run_resumes_from_its_progress(

@@ -1,0 +1,207 @@
+"""The command job: a submitit callable that runs one argv in one task, records its exit status, and is
+requeued (the same callable again) on preemption or time-out, the command resuming from its own checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from predmask.io import atomic_write_text
+from sweeps.launch.procs import terminate_group
+from sweeps.launch.shell import check_env_name, shell_join
+from sweeps.launch.slurm import restart_count
+
+__all__ = [
+    "CommandFailedError",
+    "CommandJob",
+    "InterruptFlag",
+    "JobInterrupted",
+    "interruptible",
+    "write_json",
+]
+
+
+class CommandFailedError(RuntimeError):
+    """The command of a job exited with a non-zero status."""
+
+
+class JobInterrupted(BaseException):
+    """Slurm sent SIGTERM (requeue, preemption, scancel) or submitit is requeueing after a time-out.
+
+    A BaseException on purpose: submitit writes no result for it, so an interrupted attempt is never taken
+    for the end of the run (the requeued attempt writes the result)."""
+
+
+@dataclass
+class InterruptFlag:
+    """Whether SIGTERM arrived while :func:`interruptible` was active."""
+
+    raised: bool = False
+
+
+@contextmanager
+def interruptible() -> Iterator[InterruptFlag]:
+    """Note SIGTERM instead of dying on it; turn whatever happens after it into :class:`JobInterrupted`."""
+    flag = InterruptFlag()
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        flag.raised = True
+        print("sweeps.launch: SIGTERM received, the job is being interrupted", file=sys.stderr, flush=True)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: leave signals alone
+        previous = None
+    try:
+        yield flag
+    except Exception as exc:
+        if flag.raised:
+            raise JobInterrupted(f"interrupted by SIGTERM ({type(exc).__name__}: {exc})") from exc
+        raise
+    else:
+        if flag.raised:
+            raise JobInterrupted("interrupted by SIGTERM")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """A job's JSON record, written atomically."""
+    atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
+
+
+def _outcome(record: Mapping[str, Any], exc: BaseException | None, flag: InterruptFlag) -> str:
+    if flag.raised or isinstance(exc, (SystemExit, KeyboardInterrupt, JobInterrupted)):
+        return "interrupted"
+    if exc is not None or record["returncode"] is None:
+        return "error"
+    return "completed" if record["returncode"] == 0 else "failed"
+
+
+@dataclass
+class CommandJob(submitit.helpers.Checkpointable):
+    """A submitit callable that runs ``command`` once (single-task jobs: local runs, job arrays).
+
+    command: the argv to run; it is handed to the OS as a list, so no value is ever interpreted by a shell.
+    run_dir: working directory of the command; ``exit_status.json`` is written there too (atomically).
+    env: added to the command's environment (and, for :class:`~sweeps.launch.ray_job.RayJob`, exported
+    before ``ray start``).
+    log_file: where the command's stdout/stderr go (appended); None = the submitit task log.
+    check: raise :class:`CommandFailedError` when the command exits non-zero (after writing its status).
+    stop_timeout_s: grace between SIGTERM and SIGKILL when the job is interrupted.
+
+    Returns the exit status record ``{"job_id", "restart", "command", "returncode", "outcome", "started",
+    "finished", "error"}`` with outcome ``completed`` / ``failed`` (non-zero exit) / ``error`` (could not
+    run) / ``interrupted`` (SIGTERM or requeue: then the job raises :class:`JobInterrupted` and submitit
+    records no result). :meth:`checkpoint` (called by submitit on preemption/time-out) requeues the same
+    callable; resuming is the command's business.
+    """
+
+    command: Sequence[str]
+    run_dir: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_file: str | None = None
+    check: bool = True
+    stop_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.command, (str, bytes)) or not self.command:
+            raise ValueError(f"command must be a non-empty argv list, got {self.command!r}")
+        self.command = [str(a) for a in self.command]
+        self.env = {check_env_name(k): str(v) for k, v in self.env.items()}
+
+    def __call__(self) -> dict[str, Any]:
+        job_env = submitit.JobEnvironment()
+        if job_env.num_tasks != 1:
+            raise ValueError(
+                f"CommandJob runs one task, got {job_env.num_tasks}: use RayJob for multi-node runs"
+            )
+        record = self._new_record(str(job_env.job_id), restart_count())
+        with interruptible() as interrupted:
+            exc: BaseException | None = None
+            try:
+                record["returncode"] = self._run_command(extra_env={})
+            except BaseException as err:  # SystemExit from submitit's time-out handler included
+                exc = err
+                raise
+            finally:
+                self._finish(record, exc, interrupted, None)
+        return self._checked(record)
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        """Requeue the same callable; the command resumes from its own checkpoints in ``run_dir``."""
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------ parts
+
+    def _new_record(self, job_id: str, restart: int) -> dict[str, Any]:
+        return {
+            "job_id": job_id,
+            "restart": restart,
+            "command": list(self.command),
+            "returncode": None,
+            "outcome": None,
+            "started": time.time(),
+            "finished": None,
+            "error": None,
+        }
+
+    def _finish(
+        self, record: dict[str, Any], exc: BaseException | None, flag: InterruptFlag, rendezvous: Path | None
+    ) -> None:
+        record["finished"] = time.time()
+        record["outcome"] = _outcome(record, exc, flag)
+        if exc is not None:
+            record["error"] = f"{type(exc).__name__}: {exc}"
+        if rendezvous is not None:
+            write_json(rendezvous / "exit_status.json", record)
+        if self.run_dir is not None:
+            write_json(Path(self.run_dir) / "exit_status.json", record)
+
+    def _run_command(self, extra_env: Mapping[str, str]) -> int:
+        """Run the command to completion; on any interruption, end its whole process group."""
+        env = {**os.environ, **self.env, **extra_env}
+        cwd = None
+        if self.run_dir is not None:
+            Path(self.run_dir).mkdir(parents=True, exist_ok=True)
+            cwd = self.run_dir
+        out: Any = None
+        if self.log_file is not None:
+            Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child, closed right after
+        try:
+            proc = subprocess.Popen(
+                self.command,
+                env=env,
+                cwd=cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                start_new_session=True,
+            )
+        finally:
+            if out is not None:
+                out.close()
+        try:
+            return proc.wait()
+        finally:
+            if proc.poll() is None:
+                terminate_group(proc, self.stop_timeout_s)
+
+    def _checked(self, record: dict[str, Any]) -> dict[str, Any]:
+        if self.check and record["returncode"] != 0:
+            raise CommandFailedError(
+                f"command exited with status {record['returncode']}: {shell_join(self.command)[:300]}"
+            )
+        return record

@@ -1,0 +1,88 @@
+"""Slurm queries (``squeue``, ``scontrol``) and what a task reads from its Slurm environment.
+
+submitit's ``job.state`` asks ``sacct``, which needs slurmdbd (absent on the emulated cluster); these ask the
+controller directly, so they work with or without accounting.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from collections.abc import Mapping
+
+__all__ = [
+    "LIVE_STATES",
+    "NodeAddressError",
+    "gpus_per_node_from_env",
+    "node_address",
+    "restart_count",
+    "slurm_job_state",
+]
+
+#: Slurm job states of a job that is still queued or running (a job in any other state has ended)
+LIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
+
+
+class NodeAddressError(RuntimeError):
+    """A Slurm node name that neither DNS nor ``scontrol show node`` resolves to an address."""
+
+
+def slurm_job_state(job_id: str) -> str:
+    """Slurm state of a job (``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...) without accounting.
+
+    Asks ``squeue``, then ``scontrol show job`` (which remembers ended jobs for MinJobAge seconds);
+    ``UNKNOWN`` when Slurm no longer knows the job.
+    """
+    out = subprocess.run(
+        ["squeue", "-h", "-j", str(job_id), "-o", "%T"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    states = out.stdout.split()
+    if out.returncode == 0 and states:
+        return states[0]
+    out = subprocess.run(
+        ["scontrol", "show", "job", str(job_id)], capture_output=True, text=True, timeout=60, check=False
+    )
+    match = re.search(r"\bJobState=(\S+)", out.stdout)
+    return match.group(1) if match else "UNKNOWN"
+
+
+def node_address(node_name: str) -> str:
+    """IPv4 address of a Slurm node: DNS/hosts first, else the NodeAddr that ``scontrol show node`` reports
+    (emulated clusters name their nodes node1..node4 while they all live on one host)."""
+    try:
+        return socket.gethostbyname(node_name)
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", node_name], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    match = re.search(r"\bNodeAddr=(\S+)", out)
+    if match:
+        try:
+            return socket.gethostbyname(match.group(1))
+        except OSError:
+            pass
+    raise NodeAddressError(
+        f"cannot resolve node {node_name!r}: not in DNS/hosts and no usable NodeAddr from scontrol"
+    )
+
+
+def gpus_per_node_from_env(environ: Mapping[str, str]) -> int:
+    """GPUs per node of the current Slurm job (``SLURM_GPUS_PER_NODE``, e.g. ``8`` or ``h20:8``), else 0."""
+    raw = environ.get("SLURM_GPUS_PER_NODE", "")
+    match = re.search(r"(\d+)$", raw.split(",")[0].split("(")[0])
+    return int(match.group(1)) if match else 0
+
+
+def restart_count() -> int:
+    """How many times Slurm has requeued the current job (0 on the first attempt and outside Slurm)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
