@@ -2,7 +2,7 @@
 
 Subcommands:
   ingest <paths or globs> [--db PATH]   load run directories / verl file-logger JSONL into `runs` and `metrics`
-  token_level [options]                 the token-level study (its own module, analysis/token_level.py)
+  token_level [options]                 the token-level study (its own package, analysis/token_level/)
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ from analysis.store import IngestSummary, StoreError, connect, default_db_path, 
 # missing or broken analysis never stops `ingest`.
 # >>> register further analyses here <<<
 DELEGATED: dict[str, tuple[str, str]] = {
-    "token_level": ("analysis.token_level", "the token-level study of the direction criteria (math.md §5)"),
+    "token_level": (
+        "analysis.token_level.cli",
+        "the token-level study of the direction criteria (math.md §5)",
+    ),
 }
 # ------------------------------------------------------------------------------------------------------
 

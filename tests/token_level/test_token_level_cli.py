@@ -6,6 +6,7 @@ passed as ``checkpoint=``, so that rollouts earn some reward and the study has a
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import duckdb
@@ -13,8 +14,11 @@ import pytest
 import torch
 from token_level_helpers import TINY_MODEL, TINY_TASK
 
-from analysis.token_level import main, study_id_of
-from analysis.token_level_exec import SeedFiles, WorkerSpec, run_worker
+from analysis.token_level.cli import main
+from analysis.token_level.config import compose_study, settings_of, study_id_of
+from analysis.token_level.fanout import SeedFiles, WorkerSpec, run_worker
+from analysis.token_level.settings import StepSettings
+from analysis.token_level.stats import study_summary
 from predmask.rl.model import build_policy
 from predmask.rl.tokenizer import ArithmeticTokenizer
 
@@ -65,7 +69,13 @@ def _files(root: Path) -> list[Path]:
     ("argv", "needle"),
     [
         (["--seeds", "0"], "--seeds must be >= 1, got 0"),
-        (["--seeds", "2", "delta=-0.1"], "delta must be a number > 0, got -0.1"),
+        (["--seeds", "2", "delta=-0.1"], "delta must be > 0, got -0.1"),
+        (["--seeds", "2", "staleness=-1"], "staleness must be an integer >= 0, got -1"),
+        (["--seeds", "2", "betas=[0.9,1.5]"], "betas must be two numbers in [0, 1), got [0.9, 1.5]"),
+        (["--seeds", "2", "update_path=sideways"], "update_path must be one of auto, split, direct, got 'sideways'"),
+        (["--seeds", "2", "top_k=five"], "top_k=five: Value 'five' of type 'str' could not be converted to Integer"),
+        (["--seeds", "2", "grad_clip=off"], "grad_clip=off: Value 'off' of type 'str' could not be converted to Float"),
+        (["--seeds", "2", "launcher.threads=2.5"], "'2.5' of type 'float' could not be converted to Integer"),
         (
             ["--seeds", "2", "checkpoint=/nonexistent/policy.pt"],
             "checkpoint /nonexistent/policy.pt does not exist",
@@ -74,7 +84,7 @@ def _files(root: Path) -> list[Path]:
         (["--seeds", "2", "precision=fp4"], "unknown precision 'fp4'; valid:"),
         (["--seeds", "2", "sequences=10"], "sequences must be a positive multiple of group_size"),
         (["--seeds", "2", "--cluster", "nowhere"], "unknown cluster 'nowhere'; valid:"),
-        (["--seeds", "2", "no_such_key=1"], "cannot compose the study config"),
+        (["--seeds", "2", "no_such_key=1"], "cannot compose token_level with no_such_key=1"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
@@ -91,6 +101,19 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert rc == 2
     assert len(err.splitlines()) == 1 and err.startswith("error: ") and needle in err, err
     assert _files(tmp_path) == []
+
+
+def test_the_settings_are_the_composed_step_settings() -> None:
+    """StudySettings takes every step setting from the composed config (typed by the schema), none from elsewhere."""
+    cfg = compose_study(["lr=2e-3", "micro_batch=8", "delta=1", "betas=[0.5,0.75]"])
+    s = settings_of(cfg, vocab_size=99)
+    assert {f.name: getattr(s, f.name) for f in dataclasses.fields(StepSettings)} == {
+        f.name: cfg[f.name] for f in dataclasses.fields(StepSettings)
+    }
+    assert (s.lr, s.micro_batch, s.delta, s.betas, s.vocab_size) == (2e-3, 8, 1.0, [0.5, 0.75], 99)
+    assert isinstance(s.delta, float)  # the schema converted the override `delta=1`
+    with pytest.raises(ValueError, match="minibatches must be an integer >= 1, got 0"):
+        dataclasses.replace(s, minibatches=0)
 
 
 def _stored(db: Path) -> tuple[list[int], int]:
@@ -113,16 +136,42 @@ def _token_rows(db: Path) -> list[tuple]:
         con.close()
 
 
+def _headline(db: Path) -> list[str]:
+    """The headline cells of the stored study as stats.py prints them, read from the database file."""
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        summary = study_summary(con.sql("SELECT * FROM token_level_seeds").pl())
+    finally:
+        con.close()
+    cells = [summary.outside.count()]
+    for pair in summary.pairs.values():
+        u = pair.unsafe_keep
+        cells += [
+            pair.disagree.count(),
+            u.pred_mean.pct(),
+            u.ratio_mean.pct(),
+            f"{u.n_lower} of {u.n_paired}",
+        ]
+        cells += [pair.corrective_pred.pct(), pair.corrective_ratio.pct()]
+    return cells
+
+
 def test_study_end_to_end_reruns_and_recovery(
-    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db, out = tmp_path / "db.duckdb", tmp_path / "out"
     common = ["--db", str(db), "--out", str(out), *_overrides(checkpoint)]
+    monkeypatch.setenv("COLUMNS", "400")  # one line per table row: every cell printed whole
     assert main(["--seeds", "2", "--inline", *common]) == 0
     text = capsys.readouterr().out
     assert "paper (Qwen3, 61 seeds)" in text and "CPU stand-in" in text and "emulation" in text
     seeds, n_tokens = _stored(db)
     assert seeds == [0, 1] and n_tokens > 0
+    # the CLI prints the numbers stats.py computes from the database file, each mean with its seeds
+    cells = _headline(db)
+    assert cells[0] != "—" and "(n = 2 seeds)" in cells[0]
+    for cell in cells:
+        assert cell in text, (cell, text)
 
     # a rerun with more seeds runs only the new one and leaves the finished seeds' files alone
     study_dir = next(p for p in out.iterdir() if p.is_dir())
@@ -134,8 +183,6 @@ def test_study_end_to_end_reruns_and_recovery(
     assert _stored(db)[0] == [0, 1, 2]
 
     # a worker that finished seed 3 before the main process died: its files are ingested, nothing is recomputed
-    from analysis.token_level import compose_study
-
     cfg = compose_study(_overrides(checkpoint))
     assert study_id_of(cfg) == study_dir.name
     assert run_worker(WorkerSpec(cfg, str(study_dir), (3,))) == [3]
@@ -152,28 +199,6 @@ def test_study_end_to_end_reruns_and_recovery(
     )
     first = [r for r in _token_rows(db) if r[0] in (0, 1)]
     assert first == _token_rows(db2)
-
-
-def test_study_shares_the_trainers_task_and_base_model() -> None:
-    """The study's task, base-model pretraining and response budget equal conf/train.yaml's, so both load the
-    same cached base model (its cache key hashes these)."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    from analysis.token_level import compose_study
-
-    study = compose_study([])
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module="conf", version_base=None):
-        train = OmegaConf.to_container(compose("train"), resolve=True)
-    GlobalHydra.instance().clear()
-    assert isinstance(train, dict)
-    strip = lambda d: {k: v for k, v in d.items() if k != "label"}
-    assert strip(study["task"]) == strip(train["task"])
-    assert study["base"] == train["base"]
-    assert study["max_new_tokens"] == train["rollout"]["response_length"]
-    assert study["model"] == train["model"] and study["precision"] == train["precision"]
 
 
 @pytest.mark.slow
@@ -217,7 +242,7 @@ def test_a_failing_seed_costs_only_itself(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A seed that raises is reported; the worker's other seeds finish and are stored; the exit status is 1."""
-    import analysis.token_level_backend as backend
+    import analysis.token_level.cpu as backend
 
     real = backend.run_seed
 

@@ -13,11 +13,11 @@ import math
 import polars as pl
 import pytest
 import torch
-from token_level_helpers import TINY_VOCAB, perturbed, scored_batch, tiny_backend
+from token_level_helpers import TINY_VOCAB, perturbed, scored_batch, settings, tiny_backend
 
-from analysis.token_level_core import MASKS, StudySettings, study_batch
-from analysis.token_level_stats import seed_summary
-from predmask.rl.precision import PrecisionConfig
+from analysis.token_level.stats import seed_summary
+from analysis.token_level.study import MASKS, StudySettings, study_batch
+from predmask.precisions import get_precision
 
 V = TINY_VOCAB  # 3 specials + 6 symbols + 21 numbers = 30
 
@@ -117,14 +117,14 @@ def _recompute(model: torch.nn.Module, batch, s: StudySettings) -> dict:
 def test_dd_bookkeeping_matches_direct_recomputation(path: str) -> None:
     backend = tiny_backend(precision="bf16", top_k=5, max_new_tokens=4)
     batch = scored_batch(backend, seed=2, sequences=8, group=4)  # a case with 4 direction disagreements
-    s = StudySettings(
+    s = settings(
         delta=0.05,
         group_size=4,
         vocab_size=V,
         staleness=0,
         lr=0.01,
         update_path=path,
-        precision=PrecisionConfig.named("bf16"),
+        precision=get_precision("bf16"),
     )
     model = perturbed(backend.policy(), 0.5, seed=1)  # pi_pre far from mu without stale steps
     truth = _recompute(copy.deepcopy(model), batch, s)
@@ -174,7 +174,7 @@ def test_split_and_micro_batched_paths_equal_direct() -> None:
         ("split_mb", {"update_path": "split", "micro_batch": 5}),
         ("direct_mb", {"update_path": "direct", "micro_batch": 7}),
     ):
-        frames[name] = study_batch(backend.policy(), batch, StudySettings(**base, **extra)).tokens
+        frames[name] = study_batch(backend.policy(), batch, settings(**base, **extra)).tokens
     ref = frames["direct"]
     assert ref.height > 0
     for name, f in frames.items():
@@ -196,12 +196,12 @@ def test_split_and_micro_batched_paths_equal_direct() -> None:
 
 def test_different_masks_make_different_updates() -> None:
     """Where the keep sets differ the parameter updates differ; where they coincide the updates are identical."""
-    from analysis.token_level_core import _snapshot, make_optimizer, masked_update, token_quantities
+    from analysis.token_level.study import _snapshot, make_optimizer, masked_update, token_quantities
     from predmask.rl.algo import grpo_advantages, support_logprobs, token_advantages
 
     backend = tiny_backend(precision="bf16")
     batch = scored_batch(backend, seed=7, sequences=32, group=4)
-    s = StudySettings(delta=0.05, group_size=4, vocab_size=V, staleness=0, lr=0.02, update_path="direct")
+    s = settings(delta=0.05, group_size=4, vocab_size=V, staleness=0, lr=0.02, update_path="direct")
     model = perturbed(backend.policy(), 0.5, seed=1)
     support = batch.support()
     adv = token_advantages(grpo_advantages(batch.rewards, 4), batch.response_mask)
@@ -230,7 +230,7 @@ def test_different_masks_make_different_updates() -> None:
 
 
 def test_same_seed_same_rows_and_other_seed_other_rows() -> None:
-    s = StudySettings(delta=0.01, group_size=4, vocab_size=V, staleness=2, minibatches=2, lr=0.02)
+    s = settings(delta=0.01, group_size=4, vocab_size=V, staleness=2, minibatches=2, lr=0.02)
 
     def once(seed: int) -> pl.DataFrame:
         backend = tiny_backend(precision="bf16")
@@ -279,11 +279,9 @@ def test_fp8_training_takes_each_step_on_its_own() -> None:
     path would be inexact; auto picks the direct path, and asking for split is refused."""
     backend = tiny_backend(precision="fp8_e2e")
     batch = scored_batch(backend, seed=2, sequences=16, group=4)
-    fp8 = PrecisionConfig.named("fp8_e2e")
-    s = StudySettings(
-        delta=0.01, group_size=4, vocab_size=V, staleness=2, minibatches=2, lr=0.05, precision=fp8
-    )
+    fp8 = get_precision("fp8_e2e")
+    s = settings(delta=0.01, group_size=4, vocab_size=V, staleness=2, minibatches=2, lr=0.05, precision=fp8)
     assert s.update_path_resolved == "direct"
     assert study_batch(backend.policy(), batch, s).tokens.height > 0
     with pytest.raises(ValueError, match="update_path=split"):
-        StudySettings(precision=fp8, update_path="split")
+        settings(precision=fp8, update_path="split")

@@ -10,12 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from token_level_helpers import TINY_TASK, synthetic_rewards
+from token_level_helpers import TINY_TASK, settings, synthetic_rewards
 
-from analysis.token_level_backend import problems_for_seed
-from analysis.token_level_core import StudySettings, study_batch
-from analysis.token_level_hf import HFBackend, batch_from_vllm
-from predmask.rl.precision import PrecisionConfig
+from analysis.token_level.config import compose_study
+from analysis.token_level.cpu import problems_for_seed
+from analysis.token_level.hf import HFBackend, batch_from_vllm
+from analysis.token_level.study import study_batch
+from predmask.precisions import get_precision
 from predmask.rl.tokenizer import ArithmeticTokenizer
 
 
@@ -59,14 +60,15 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _backend(path: Path, precision: str = "bf16") -> HFBackend:
+    cfg = compose_study(["device=cpu", "hf.rollout_engine=transformers", "hf.rollout_chunk=6"])
     return HFBackend(
         path,
-        precision=PrecisionConfig.named(precision),
+        precision=get_precision(precision),
         top_k=5,
         max_new_tokens=5,
-        device="cpu",
-        rollout_engine="transformers",
-        rollout_chunk=6,
+        temperature=cfg["temperature"],
+        device=cfg["device"],
+        **cfg["hf"],
     )
 
 
@@ -102,9 +104,7 @@ def test_transformers_rollout_reports_mu_of_the_rollout_model(checkpoint: Path) 
 def test_study_runs_on_the_transformers_path(checkpoint: Path) -> None:
     backend = _backend(checkpoint, precision="fp8_rollout")
     batch = synthetic_rewards(backend.rollout(problems_for_seed(TINY_TASK, 1, 4), 4, seed=1), seed=1)
-    s = StudySettings(
-        delta=1e-3, group_size=4, vocab_size=backend.vocab_size, staleness=2, minibatches=2, lr=0.05
-    )
+    s = settings(delta=1e-3, group_size=4, vocab_size=backend.vocab_size, staleness=2, minibatches=2, lr=0.05)
     out = study_batch(backend.policy(), batch, s)
     assert out.tokens.height > 0
     assert {"dd_ratio", "dd_pred_agg", "dd_pred_uniform", "dd_pred_exact", "dd_all"} <= set(

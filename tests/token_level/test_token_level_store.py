@@ -9,13 +9,14 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from token_level_helpers import TINY_VOCAB, scored_batch, tiny_backend
+from token_level_helpers import TINY_VOCAB, scored_batch, settings, tiny_backend
 
-from analysis.token_level import ingest, study_id_of
-from analysis.token_level_core import StudySettings, study_batch
-from analysis.token_level_exec import SeedFiles
-from analysis.token_level_report import query_frame
-from analysis.token_level_stats import PREDICTIVE, pair_summaries, seed_summary
+from analysis.token_level.cli import ingest
+from analysis.token_level.config import study_id_of
+from analysis.token_level.fanout import SeedFiles
+from analysis.token_level.report import query_frame
+from analysis.token_level.stats import PREDICTIVE, seed_summary, study_summary
+from analysis.token_level.study import study_batch
 
 SEEDS = (0, 1, 2, 3)
 CONFIG = {"delta": 0.05, "note": "test study", "cluster": {"name": "local"}}
@@ -27,7 +28,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("tl")
     study_id = study_id_of(CONFIG)
     files = SeedFiles(root / study_id)
-    s = StudySettings(delta=0.05, group_size=4, vocab_size=TINY_VOCAB, staleness=2, minibatches=2, lr=0.05)
+    s = settings(delta=0.05, group_size=4, vocab_size=TINY_VOCAB, staleness=2, minibatches=2, lr=0.05)
     for seed in SEEDS:
         backend = tiny_backend(seed=seed)
         out = study_batch(backend.policy(), scored_batch(backend, seed=seed, sequences=32, group=4), s)
@@ -90,13 +91,13 @@ def test_seed_rates_equal_sql_recomputation(db: tuple[Path, str]) -> None:
                 assert row[f"n_unsafe_{crit}"] == q["n_unsafe_p"]
                 assert row[f"n_corrective_{crit}"] == q["n_corr_p"]
                 assert row[f"unsafe_keep_{crit}"] == _rate(q["n_unsafe_p"], q["n_keep_p"])
-                if crit == "predictive":
-                    assert (row["n_keep_ratio"], row["n_unsafe_ratio"], row["n_corrective_ratio"]) == (
-                        q["n_keep_r"],
-                        q["n_unsafe_r"],
-                        q["n_corr_r"],
-                    )
-                    assert row["unsafe_keep_ratio"] == _rate(q["n_unsafe_r"], q["n_keep_r"])
+                ratio = f"ratio{suffix}"  # the ratio criterion on this comparison's disagreement set
+                assert (row[f"n_keep_{ratio}"], row[f"n_unsafe_{ratio}"], row[f"n_corrective_{ratio}"]) == (
+                    q["n_keep_r"],
+                    q["n_unsafe_r"],
+                    q["n_corr_r"],
+                )
+                assert row[f"unsafe_keep_{ratio}"] == _rate(q["n_unsafe_r"], q["n_keep_r"])
         config = con.execute(
             "SELECT config FROM token_level_studies WHERE study_id = ?", [study_id]
         ).fetchone()
@@ -109,46 +110,48 @@ def test_seed_rates_equal_sql_recomputation(db: tuple[Path, str]) -> None:
 
 
 def test_across_seed_summaries_equal_sql(db: tuple[Path, str]) -> None:
+    """study_summary on the stored seed rows equals the SQL counts summarised by hand: unsafe-keep means over the
+    paired seeds (both rates defined), pooled corrective fractions, disagreement-set means over all seeds."""
     path, study_id = db
     con = duckdb.connect(str(path), read_only=True)
     try:
-        tokens = query_frame(con, "SELECT * FROM token_level_tokens WHERE study_id = ?", [study_id])
-        summaries = {p.predictive: p for p in pair_summaries(tokens, SEEDS)}
+        summary = study_summary(
+            query_frame(con, "SELECT * FROM token_level_seeds WHERE study_id = ?", [study_id])
+        )
+        assert summary.seeds == SEEDS
+        zero = dict.fromkeys(
+            ("n_dis", "n_keep_p", "n_unsafe_p", "n_corr_p", "n_keep_r", "n_unsafe_r", "n_corr_r"), 0
+        )
         for crit in _COLS:
             sql = _sql(con, study_id, crit)
-            rows = [
-                sql.get(
-                    s,
-                    {
-                        "n_dis": 0,
-                        "n_keep_p": 0,
-                        "n_unsafe_p": 0,
-                        "n_corr_p": 0,
-                        "n_keep_r": 0,
-                        "n_unsafe_r": 0,
-                        "n_corr_r": 0,
-                    },
-                )
-                for s in SEEDS
-            ]
+            rows = [sql.get(s, zero) for s in SEEDS]
             rp = [_rate(r["n_unsafe_p"], r["n_keep_p"]) for r in rows]
             rr = [_rate(r["n_unsafe_r"], r["n_keep_r"]) for r in rows]
-            p = summaries[crit]
-            defined = [v for v in rp if v is not None]
-            assert p.unsafe_predictive[2] == len(defined)
-            if defined:
-                assert p.unsafe_predictive[0] == pytest.approx(sum(defined) / len(defined))
-            if len(defined) > 1:
-                mean = sum(defined) / len(defined)
-                se = math.sqrt(sum((v - mean) ** 2 for v in defined) / (len(defined) - 1) / len(defined))
-                assert p.unsafe_predictive[1] == pytest.approx(se)
-            assert p.seeds_predictive_lower == sum(
-                1 for a, b in zip(rr, rp) if a is not None and b is not None and b < a
+            paired = [(a, b) for a, b in zip(rr, rp) if a is not None and b is not None]
+            p = summary.pairs[crit]
+            assert p.unsafe_keep.n_paired == len(paired) and p.unsafe_keep.n_seeds == len(SEEDS)
+            for got, values in (
+                (p.unsafe_keep.ratio_mean, [a for a, _ in paired]),
+                (p.unsafe_keep.pred_mean, [b for _, b in paired]),
+            ):
+                assert got.n == len(values) and got.over == "paired seeds"
+                if values:
+                    mean = sum(values) / len(values)
+                    assert got.mean == pytest.approx(mean)
+                if len(values) > 1:
+                    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+                    assert got.se == pytest.approx(se)
+            assert p.unsafe_keep.n_lower == sum(1 for a, b in paired if b < a)
+            assert (p.corrective_pred.k, p.corrective_pred.n) == (
+                sum(r["n_corr_p"] for r in rows),
+                sum(r["n_keep_p"] for r in rows),
             )
-            keep_p, keep_r = sum(r["n_keep_p"] for r in rows), sum(r["n_keep_r"] for r in rows)
-            assert p.corrective_predictive == _rate(sum(r["n_corr_p"] for r in rows), keep_p)
-            assert p.corrective_ratio == _rate(sum(r["n_corr_r"] for r in rows), keep_r)
-            assert p.disagree_mean == pytest.approx(sum(r["n_dis"] for r in rows) / len(SEEDS))
+            assert (p.corrective_ratio.k, p.corrective_ratio.n) == (
+                sum(r["n_corr_r"] for r in rows),
+                sum(r["n_keep_r"] for r in rows),
+            )
+            assert p.disagree.mean == pytest.approx(sum(r["n_dis"] for r in rows) / len(SEEDS))
+            assert p.disagree.n == len(SEEDS)
     finally:
         con.close()
 

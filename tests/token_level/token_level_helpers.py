@@ -6,11 +6,17 @@ tests that need advantages give the batch synthetic 0/1 rewards drawn from a fix
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from typing import Any
+
 import torch
 
-from analysis.token_level_backend import CpuEngineBackend, problems_for_seed
+from analysis.token_level.config import compose_study, settings_of
+from analysis.token_level.cpu import CpuEngineBackend, problems_for_seed
+from analysis.token_level.study import StudySettings
+from predmask.precisions import get_precision
 from predmask.rl.model import build_policy
-from predmask.rl.precision import PrecisionConfig
 from predmask.rl.rollout import RolloutBatch
 from predmask.rl.task import TaskConfig
 from predmask.rl.tokenizer import ArithmeticTokenizer
@@ -41,7 +47,7 @@ def tiny_backend(
     tok = ArithmeticTokenizer(TINY_TASK.max_number)
     model = sharpen(build_policy(TINY_MODEL, tok.vocab_size, seed=seed), sharpness)
     return CpuEngineBackend(
-        model, tok, precision=PrecisionConfig.named(precision), top_k=top_k, max_new_tokens=max_new_tokens
+        model, tok, precision=get_precision(precision), top_k=top_k, max_new_tokens=max_new_tokens
     )
 
 
@@ -76,3 +82,13 @@ def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Modul
         for p in out.parameters():
             p.add_(torch.randn(p.shape, generator=g) * scale * (p.abs().mean() + 1e-3))
     return out
+
+
+@functools.cache
+def _study_settings() -> StudySettings:
+    return settings_of(compose_study([]), TINY_VOCAB)
+
+
+def settings(**changes: Any) -> StudySettings:
+    """The study's settings as conf/ composes them, on the tiny vocabulary with fp32 training, with ``changes``."""
+    return dataclasses.replace(_study_settings(), **{"precision": get_precision("fp32"), **changes})

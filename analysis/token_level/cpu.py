@@ -1,9 +1,9 @@
-"""Where the token-level study's policy and rollouts come from: the CPU engine, or a Hugging Face checkpoint.
+"""The token-level study's CPU backend (the CPU engine's policy and rollouts), and the choice of backend.
 
 ``make_backend(cfg)`` reads the composed study config: a ``conf/model`` entry with ``backend: cpu`` gives the CPU
 engine's base model (or ``checkpoint=...``, a training run's saved weights) with the precision-emulating rollout
-engine; ``backend: hf`` gives ``analysis.token_level_hf.HFBackend`` (GPU path). ``run_seed`` is one seed of the
-study on either: the seed's prompts, a fresh rollout, then ``analysis.token_level_core.study_batch``.
+engine; ``backend: hf`` gives ``analysis.token_level.hf.HFBackend`` (GPU path). ``run_seed`` is one seed of the
+study on either: the seed's prompts, a fresh rollout, then ``analysis.token_level.study.study_batch``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from analysis.token_level_core import SeedStudy, StudySettings, study_batch
-from predmask.rl.precision import PrecisionConfig, make_rollout_model
+from analysis.token_level.config import StudyInputError, model_label, precision_of, task_of
+from analysis.token_level.study import SeedStudy, StudySettings, study_batch
+from predmask.precisions import Precision
+from predmask.rl.precision import make_rollout_model
 from predmask.rl.rollout import RolloutBatch, rollout_problems
 from predmask.rl.task import Problem, TaskConfig, iter_train_prompts
 from predmask.rl.tokenizer import ArithmeticTokenizer
@@ -26,13 +28,11 @@ from predmask.rl.tokenizer import ArithmeticTokenizer
 __all__ = [
     "Backend",
     "CpuEngineBackend",
+    "check_checkpoint",
     "load_checkpoint_weights",
     "make_backend",
-    "precision_of",
     "problems_for_seed",
     "run_seed",
-    "settings_of",
-    "task_of",
 ]
 
 
@@ -49,14 +49,6 @@ class Backend(Protocol):
     def rollout(self, problems: Sequence[Problem], n: int, seed: int) -> RolloutBatch:
         """``n`` scored samples per problem, with the top-K of mu per generated token."""
         ...
-
-
-def task_of(cfg: Mapping[str, Any]) -> TaskConfig:
-    return TaskConfig.from_mapping(dict(cfg.get("task") or {}))
-
-
-def precision_of(cfg: Mapping[str, Any]) -> PrecisionConfig:
-    return PrecisionConfig.from_mapping(dict(cfg["precision"]))
 
 
 def problems_for_seed(task: TaskConfig, seed: int, n_prompts: int) -> list[Problem]:
@@ -116,7 +108,7 @@ class CpuEngineBackend:
         model: nn.Module,
         tokenizer: ArithmeticTokenizer,
         *,
-        precision: PrecisionConfig,
+        precision: Precision,
         top_k: int,
         max_new_tokens: int,
         temperature: float = 1.0,
@@ -153,24 +145,14 @@ def base_model(cfg: Mapping[str, Any], *, progress: bool = False) -> tuple[nn.Mo
     """The CPU engine's pretrained base policy for ``cfg.model`` (built once, then loaded from the engine's cache)."""
     from predmask.rl.base import BaseConfig, load_base_model
 
-    paths = cfg.get("paths") or {}
     return load_base_model(
         cfg["model"],
         task_of(cfg),
-        BaseConfig.from_mapping(dict(cfg.get("base") or {})),
-        response_len=int(cfg["max_new_tokens"]),
-        cache_dir=str(paths.get("cache_dir", "results/cache")),
+        BaseConfig.from_mapping(dict(cfg["base"])),
+        response_len=cfg["max_new_tokens"],
+        cache_dir=cfg["paths"]["cache_dir"],
         progress=progress,
     )
-
-
-def model_label(cfg: Mapping[str, Any]) -> str:
-    """How outputs name the model: a CPU model says which cluster model it stands in for."""
-    m = cfg["model"]
-    name = m.get("name")
-    if m.get("backend") == "cpu":
-        return f"{name} (CPU stand-in for {m.get('stands_in_for', '?')}, not the real model)"
-    return str(name)
 
 
 def make_backend(cfg: Mapping[str, Any]) -> Backend:
@@ -178,78 +160,65 @@ def make_backend(cfg: Mapping[str, Any]) -> Backend:
     precision = precision_of(cfg)
     m = cfg["model"]
     if m.get("backend") == "hf":
-        from analysis.token_level_hf import HFBackend
+        from analysis.token_level.hf import HFBackend
 
-        hf = dict(cfg.get("hf") or {})
-        path = cfg.get("checkpoint") or m.get("path")
         return HFBackend(
-            path,
+            cfg["checkpoint"] or m.get("path"),
             precision=precision,
-            top_k=int(cfg["top_k"]),
-            max_new_tokens=int(cfg["max_new_tokens"]),
-            temperature=float(cfg["temperature"]),
-            device=str(cfg.get("device", "auto")),
-            train_dtype=str(hf.get("train_dtype", "float32")),
-            rollout_engine=str(hf.get("rollout_engine", "auto")),
-            prompt_template=str(hf.get("prompt_template", "{prompt}")),
-            rollout_chunk=int(hf.get("rollout_chunk", 256)),
-            vllm_kwargs=hf.get("vllm_kwargs"),
+            top_k=cfg["top_k"],
+            max_new_tokens=cfg["max_new_tokens"],
+            temperature=cfg["temperature"],
+            device=cfg["device"],
             label=model_label(cfg),
+            **cfg["hf"],  # the hf: block's keys are HFBackend's options (config.HFSettings)
         )
     task = task_of(cfg)
     tokenizer = ArithmeticTokenizer(task.max_number)
-    if cfg.get("checkpoint"):  # a training run's weights: the architecture comes from the model entry
+    if cfg["checkpoint"]:  # a training run's weights: the architecture comes from the model entry
         from predmask.rl.model import build_policy
 
         model = build_policy(cfg["model"], tokenizer.vocab_size, seed=0)
-        load_checkpoint_weights(model, Path(str(cfg["checkpoint"])))
+        load_checkpoint_weights(model, Path(cfg["checkpoint"]))
     else:
         model, _info = base_model(cfg)
     return CpuEngineBackend(
         model,
         tokenizer,
         precision=precision,
-        top_k=int(cfg["top_k"]),
-        max_new_tokens=int(cfg["max_new_tokens"]),
-        temperature=float(cfg["temperature"]),
+        top_k=cfg["top_k"],
+        max_new_tokens=cfg["max_new_tokens"],
+        temperature=cfg["temperature"],
         label=model_label(cfg),
-    )
-
-
-def settings_of(cfg: Mapping[str, Any], vocab_size: int) -> StudySettings:
-    """The StudySettings of a composed study config."""
-    precision = precision_of(cfg)
-    clip = cfg.get("grad_clip")
-    mb = cfg.get("micro_batch")
-    return StudySettings(
-        delta=float(cfg["delta"]),
-        group_size=int(cfg["group_size"]),
-        vocab_size=int(vocab_size),
-        staleness=int(cfg["staleness"]),
-        minibatches=int(cfg["minibatches"]),
-        stale_method=str(cfg["stale_method"]),
-        lr=float(cfg["lr"]),
-        betas=tuple(float(b) for b in cfg["betas"]),  # type: ignore[arg-type]
-        weight_decay=float(cfg["weight_decay"]),
-        adam_eps=float(cfg["adam_eps"]),
-        grad_clip=None if clip is None else float(clip),
-        ratio_cap=float(cfg["ratio_cap"]),
-        loss_agg_mode=str(cfg["loss_agg_mode"]),
-        reference_update=bool(cfg["reference_update"]),
-        micro_batch=None if mb is None else int(mb),
-        temperature=float(cfg["temperature"]),
-        precision=precision,
-        update_path=str(cfg["update_path"]),
     )
 
 
 def run_seed(backend: Backend, cfg: Mapping[str, Any], settings: StudySettings, seed: int) -> SeedStudy:
     """One seed: its prompts, a fresh scored rollout, then the study on that batch."""
     t0 = time.perf_counter()
-    n_prompts = int(cfg["sequences"]) // settings.group_size
+    n_prompts = cfg["sequences"] // settings.group_size
     problems = problems_for_seed(task_of(cfg), seed, n_prompts)
     batch = backend.rollout(problems, settings.group_size, seed)
     t_roll = time.perf_counter() - t0
     result = study_batch(backend.policy(), batch, settings)
     result.facts["seconds_rollout"] = t_roll
     return result
+
+
+def check_checkpoint(cfg: Mapping[str, Any]) -> None:
+    """Load a CPU-engine study's ``checkpoint`` into the configured architecture (cheap for CPU models); a one-line
+    StudyInputError when it does not fit. Nothing to check without a checkpoint or for a Hugging Face model."""
+    from predmask.rl.model import build_policy
+
+    if cfg.get("checkpoint") is None or cfg["model"].get("backend") != "cpu":
+        return
+    vocab = ArithmeticTokenizer(task_of(cfg).max_number).vocab_size
+
+    try:
+        model = build_policy(cfg["model"], vocab, seed=0)
+        load_checkpoint_weights(model, Path(str(cfg["checkpoint"])))
+    except Exception as err:  # noqa: BLE001 - any load failure is bad input, reported in one line
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise StudyInputError(
+            f"checkpoint {cfg['checkpoint']} cannot be loaded into model "
+            f"{cfg['model'].get('name')!r}: {first}"
+        ) from None

@@ -1,10 +1,11 @@
 """Fan the token-level study's seeds out to workers (submitit: local processes or a Slurm job array).
 
 Each worker loads the backend once, then runs its share of the seeds one after another. Every finished seed is two
-files in the study directory, each written atomically (tmp + ``os.replace``): ``seed-<n>.parquet`` (its token
-rows) and then ``seed-<n>.json`` (its per-seed row); the JSON file marks the seed as finished. A killed worker or a
-Ctrl-C therefore loses only the seeds in progress, and the main process (the only database writer) ingests
-whatever is finished.
+files in the study directory, each written atomically (``predmask.io``): ``seed-<n>.parquet`` (its token rows) and
+then ``seed-<n>.json`` (its per-seed row); the JSON file marks the seed as finished. A killed worker or a Ctrl-C
+therefore loses only the seeds in progress, and the main process (the only database writer) ingests whatever is
+finished. The workers are submitted and followed through the launch layer (``sweeps.launch``), whose loop also
+reports a Slurm job that died without a result.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import polars as pl
 
 from predmask.io import atomic_write, atomic_write_text
 
-__all__ = ["SeedFiles", "WorkerSpec", "make_seed_executor", "run_worker", "split_seeds"]
+__all__ = ["SeedFiles", "WorkerSpec", "make_seed_executor", "run_submitit", "run_worker", "split_seeds"]
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,10 @@ class SeedFiles:
     def write(self, seed: int, tokens: pl.DataFrame, row: Mapping[str, Any]) -> None:
         """Token rows first, then the seed row (whose presence marks the seed as finished)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.tokens_path(seed),
-                     tokens.with_columns(pl.lit(seed, dtype=pl.Int32).alias("seed")).write_parquet)
+        atomic_write(
+            self.tokens_path(seed),
+            tokens.with_columns(pl.lit(seed, dtype=pl.Int32).alias("seed")).write_parquet,
+        )
         atomic_write_text(self.row_path(seed), json.dumps({"seed": seed, **row}, sort_keys=True))
 
     def read_row(self, seed: int) -> dict[str, Any]:
@@ -75,8 +78,9 @@ def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -
     """
     import torch
 
-    from analysis.token_level_backend import make_backend, run_seed, settings_of
-    from analysis.token_level_stats import seed_summary
+    from analysis.token_level.config import settings_of
+    from analysis.token_level.cpu import make_backend, run_seed
+    from analysis.token_level.stats import seed_summary
 
     torch.set_num_threads(spec.threads)
     files = SeedFiles(Path(spec.study_dir))
@@ -127,9 +131,9 @@ def split_seeds(seeds: Sequence[int], workers: int) -> list[tuple[int, ...]]:
 def make_seed_executor(
     folder: Path, cluster: Mapping[str, Any], launcher: Mapping[str, Any], jobs: int
 ) -> Any:
-    """submitit executor for the seed workers: the shared executor layer (``sweeps.slurm_ray.make_executor``)
-    with one single-node task per worker (a job array on Slurm, at most ``launcher.array_parallelism`` at once)."""
-    from sweeps.slurm_ray import make_executor
+    """submitit executor for the seed workers: the launch layer's (``sweeps.launch.executor.make_executor``) with
+    one single-node task per worker (a job array on Slurm, at most ``launcher.array_parallelism`` at once)."""
+    from sweeps.launch.executor import make_executor
 
     cfg = dict(cluster)
     cfg.update(nodes=1, tasks_per_node=1)
@@ -140,5 +144,42 @@ def make_seed_executor(
         cfg.pop("gpus_per_node", None)
     executor = make_executor(folder, cfg, name="token_level")
     if cfg.get("backend") == "slurm":
-        executor.update_parameters(slurm_array_parallelism=int(launcher.get("array_parallelism") or jobs))
+        executor.update_parameters(slurm_array_parallelism=launcher["array_parallelism"] or jobs)
     return executor
+
+
+def run_submitit(
+    cfg: Mapping[str, Any],
+    study_dir: Path,
+    pending: Sequence[int],
+    workers: int,
+    on_poll: Callable[[int], None],
+) -> list[str]:
+    """Submit the workers and follow them until every job has ended (``sweeps.launch.follow``: a Slurm job that
+    died without a result ends too); ``on_poll(finished seeds)`` each round. Returns one message per failed job.
+    Ctrl-C cancels every worker and re-raises."""
+    from sweeps.launch.follow import follow
+
+    launcher = dict(cfg["launcher"])
+    if launcher["gpus_per_node"] is None:
+        launcher["gpus_per_node"] = 1 if cfg["model"].get("backend") == "hf" else 0
+    threads = launcher["threads"]
+    shares = split_seeds(pending, workers)
+    executor = make_seed_executor(study_dir / "jobs", cfg["cluster"], launcher, len(shares))
+    specs = [WorkerSpec(dict(cfg), str(study_dir), share, threads) for share in shares]
+    if cfg["cluster"].get("backend") == "slurm":
+        jobs = executor.map_array(run_worker, specs)
+    else:
+        jobs = [executor.submit(run_worker, spec) for spec in specs]
+    files = SeedFiles(study_dir)
+
+    def tick(_active: object = None) -> None:
+        on_poll(len(files.finished(pending)))
+
+    ends = follow(enumerate(jobs), on_poll=tick)
+    tick()
+    return [
+        f"worker {e.job.job_id} failed: {e.error} (log: {e.job.paths.stderr})"
+        for e in sorted(ends, key=lambda e: e.key)
+        if not e.ok
+    ]

@@ -1,6 +1,6 @@
 """Benchmark of the token-level study: per-seed cost single-threaded, its scaling, and the 61-seed extrapolation.
 
-``python -m analysis.token_level_bench [--seeds 2] [--sequences 256,512,1024] [--workers 2] [overrides]`` runs
+``python -m analysis.token_level.bench [--seeds 2] [--sequences 256,512,1024] [--workers 2] [overrides]`` runs
 a few seeds of the study in this process with one torch thread for each batch size, measures wall and CPU time per
 seed (split into rollout, stale updates and the masked steps), fits ``time = a + b * sequences``, and extrapolates
 the full study (``--target-seeds`` seeds on ``--workers`` single-threaded workers, one per core, plus the measured
@@ -24,6 +24,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from predmask.io import atomic_write_text
+
 __all__ = ["bench", "main"]
 
 
@@ -31,7 +33,7 @@ def _startup_seconds() -> float:
     """Wall time of a fresh interpreter importing the study's modules (what each worker pays before its seeds)."""
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", "import analysis.token_level_backend, analysis.token_level_exec, submitit"],
+        [sys.executable, "-c", "import analysis.token_level.cpu, analysis.token_level.fanout, submitit"],
         check=True,
         capture_output=True,
     )
@@ -42,9 +44,9 @@ def bench(overrides: list[str], sequences: list[int], seeds: int, threads: int =
     """Per-seed timings of the study for each batch size (seeds 1000.. so no stored study is touched)."""
     import torch
 
-    from analysis.token_level import compose_study, validate
-    from analysis.token_level_backend import make_backend, run_seed, settings_of
-    from analysis.token_level_stats import seed_summary
+    from analysis.token_level.config import compose_study, settings_of, validate
+    from analysis.token_level.cpu import make_backend, run_seed
+    from analysis.token_level.stats import seed_summary
 
     torch.set_num_threads(threads)
     cfg = compose_study(overrides)
@@ -94,7 +96,7 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m analysis.token_level_bench",
+        prog="python -m analysis.token_level.bench",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1 or not sizes or args.workers < 1:
         console.print("error: --seeds, --workers and every --sequences value must be >= 1")
         return 2
-    from analysis.token_level import StudyInputError
+    from analysis.token_level.config import StudyInputError
 
     try:
         result = bench(args.overrides, sizes, args.seeds)
@@ -181,10 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         f"workers ≈ {per_worker} × {per_seed:.1f} s + start-up {result['startup_wall']:.1f} s + model load "
         f"{result['backend_load']['wall']:.1f} s ≈ {total / 60:.1f} min (if each worker gets a whole core)"
     )
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_name(f".{args.json.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, args.json)
+    atomic_write_text(args.json, json.dumps(result, indent=1))
     console.print(f"wrote {args.json}")
     return 0
 

@@ -26,7 +26,9 @@ import polars as pl
 import torch
 from torch import Tensor, nn
 
-from predmask import MethodParams, predicted_divergence_change, topk_divergence
+from analysis.token_level.settings import UPDATE_PATHS, StepSettings, require
+from predmask import MethodParams, get_method, predicted_divergence_change, topk_divergence
+from predmask.precisions import Precision
 from predmask.rl.algo import (
     TrainLogprobs,
     grpo_advantages,
@@ -35,7 +37,6 @@ from predmask.rl.algo import (
     support_logprobs,
     token_advantages,
 )
-from predmask.rl.precision import PrecisionConfig
 from predmask.rl.rollout import RolloutBatch
 from predmask.support import TopKSupport
 
@@ -43,7 +44,6 @@ __all__ = [
     "MASKS",
     "REFERENCE_MASK",
     "TAIL_COLUMNS",
-    "UPDATE_PATHS",
     "SeedStudy",
     "StudySettings",
     "accumulate_gradient",
@@ -67,7 +67,6 @@ MASKS: dict[str, str] = {
 #: the unmasked reference step: the DPPO loss with an infinite threshold keeps every token
 REFERENCE_MASK = "all"
 _NO_TRUST_REGION = {"delta": float("inf")}
-UPDATE_PATHS: tuple[str, ...] = ("auto", "split", "direct")
 #: Ddot column -> tail estimator
 TAIL_COLUMNS: dict[str, str] = {"ddot_agg": "aggregated", "ddot_uniform": "uniform", "ddot_exact": "exact"}
 #: keep column -> Ddot column (predictive) or None (ratio)
@@ -79,67 +78,38 @@ _KEEP_COLUMNS: dict[str, str | None] = {
 }
 
 
-@dataclass(frozen=True)
-class StudySettings:
-    """Everything ``study_batch`` needs besides the model and the batch.
+@dataclass(frozen=True, kw_only=True)
+class StudySettings(StepSettings):
+    """Everything ``study_batch`` needs besides the model and the batch: the step settings of the composed conf/
+    config (``StepSettings``, through ``analysis.token_level.config.settings_of``), plus
 
-    delta:          trust-region threshold on the top-K KL (tokens with D_pre > delta are studied)
-    group_size:     GRPO group size (rows g*n .. g*n+n-1 of the batch share a prompt)
-    vocab_size:     V (the uniform tail estimator needs it)
-    staleness:      mini-batch updates applied before the studied step (0 = pi_pre is the rollout's policy up
-                    to precision mismatch)
-    minibatches:    the batch is split into this many group-aligned mini-batches; stale update j trains on
-                    mini-batch j mod minibatches
-    stale_method:   the predmask method of the stale updates
-    lr, betas, weight_decay, adam_eps: AdamW hyperparameters (the optimiser of the stale and studied steps)
-    grad_clip:      gradient-norm clip of every step (None: no clipping)
-    ratio_cap, loss_agg_mode: predmask.MethodParams of every loss
-    reference_update: also take the unmasked step (``dd_all``, used by the sign-accuracy and first-order checks)
-    micro_batch:    sequences per forward/backward (None: the whole batch at once); gradients are accumulated
-    temperature:    the rollout temperature (training log-probs use the same)
+    vocab_size:     V (the uniform tail estimator needs it; from the tokenizer)
     precision:      training-side precision emulation (fp8_e2e fake-quantises the training forward)
     check_masks:    compare each loss's dropped-token count with the recorded keep decisions (cheap)
-    update_path:    "split" (share the work of the masked steps; exact up to float rounding), "direct" (each step
-                    on its own, as the trainer takes it) or "auto" (split unless the loss aggregation is
-                    seq-mean-token-mean, whose per-sequence normalisation is not linear in the kept tokens, or the
-                    training forward is FP8 with per-tensor activation scales, which couple the rows of a forward)
+
+    Construction checks every range of the step settings (the one place of these checks); delta, ratio_cap and
+    loss_agg_mode are checked by ``predmask.MethodParams``, stale_method by ``predmask.methods.get_method``.
     """
 
-    delta: float = 0.15
-    group_size: int = 16
-    vocab_size: int = 265
-    staleness: int = 3
-    minibatches: int = 4
-    stale_method: str = "dppo_topk_kl"
-    lr: float = 1e-3
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    adam_eps: float = 1e-8
-    grad_clip: float | None = 1.0
-    ratio_cap: float = 10.0
-    loss_agg_mode: str = "token-mean"
-    reference_update: bool = True
-    micro_batch: int | None = None
-    temperature: float = 1.0
-    precision: PrecisionConfig = field(default_factory=lambda: PrecisionConfig.named("fp32"))
+    vocab_size: int
+    precision: Precision
     check_masks: bool = True
-    update_path: str = "auto"
 
     def __post_init__(self) -> None:
-        if not self.delta > 0:
-            raise ValueError(f"delta must be > 0, got {self.delta}")
-        if self.staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {self.staleness}")
-        if self.minibatches < 1:
-            raise ValueError(f"minibatches must be >= 1, got {self.minibatches}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.micro_batch is not None and self.micro_batch < 1:
-            raise ValueError(f"micro_batch must be >= 1 or null, got {self.micro_batch}")
-        if self.update_path not in UPDATE_PATHS:
-            raise ValueError(
-                f"update_path must be one of {', '.join(UPDATE_PATHS)}, got {self.update_path!r}"
-            )
+        _ = self.method_params  # MethodParams checks delta, ratio_cap and loss_agg_mode
+        get_method(self.stale_method)
+        require(self.group_size >= 2, "group_size", self.group_size, "an integer >= 2")
+        require(self.staleness >= 0, "staleness", self.staleness, "an integer >= 0")
+        require(self.minibatches >= 1, "minibatches", self.minibatches, "an integer >= 1")
+        require(self.lr > 0, "lr", self.lr, "a number > 0")
+        require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas", self.betas, "two numbers in [0, 1)"
+        )
+        require(self.temperature > 0, "temperature", self.temperature, "a number > 0")
+        require(
+            self.micro_batch is None or self.micro_batch >= 1, "micro_batch", self.micro_batch, "an integer >= 1 or null"
+        )
+        require(self.update_path in UPDATE_PATHS, "update_path", self.update_path, f"one of {', '.join(UPDATE_PATHS)}")
         if self.update_path == "split" and self.loss_agg_mode == "seq-mean-token-mean":
             raise ValueError(
                 "update_path=split needs a loss aggregation linear in the kept tokens; "
@@ -192,7 +162,7 @@ def make_optimizer(model: nn.Module, s: StudySettings) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
         lr=s.lr,
-        betas=s.betas,
+        betas=(s.betas[0], s.betas[1]),
         eps=s.adam_eps,
         weight_decay=s.weight_decay,
     )
@@ -202,10 +172,6 @@ def _chunks(n: int, size: int | None) -> list[slice]:
     if size is None or size >= n:
         return [slice(0, n)]
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def _select_support(s: TopKSupport, rows: slice | Tensor) -> TopKSupport:
-    return TopKSupport(s.ids[rows], s.mu_logprobs[rows], s.valid[rows], s.sampled_index[rows])
 
 
 def sub_batch(
@@ -223,7 +189,7 @@ def sub_batch(
         b.topk_logprobs[:, :width],
         b.rewards,
     )
-    sup = _select_support(support, rows)
+    sup = support.select(rows)
     return cut, TopKSupport(
         sup.ids[:, :width], sup.mu_logprobs[:, :width], sup.valid[:, :width], sup.sampled_index[:, :width]
     )
@@ -270,15 +236,22 @@ def accumulate_gradient(
     model.train()
     parts, dropped = [], 0
     for rows in _chunks(batch.batch_size, s.micro_batch):
-        mb, sup = batch.select(rows), _select_support(support, rows)
+        mb, sup = batch.select(rows), support.select(rows)
         lp = support_logprobs(model, mb, sup, temperature=s.temperature, precision=s.precision)
         detached = TrainLogprobs(lp.pi.detach(), lp.pi_tail_sq.detach(), lp.log_prob.detach())
         mask = mb.response_mask if tokens is None else tokens[rows]
         if tokens_fn is not None:
             mask = tokens_fn(rows, detached)
         loss, metrics = rollout_policy_loss(
-            method, mb, sup, lp, adv_tok[rows], mask, s.method_params,
-            global_batch_info=dict(info or _batch_info(batch)), **dict(overrides or {}),
+            method,
+            mb,
+            sup,
+            lp,
+            adv_tok[rows],
+            mask,
+            s.method_params,
+            global_batch_info=dict(info or _batch_info(batch)),
+            **dict(overrides or {}),
         )
         if bool(mask.any()):
             loss.backward()
@@ -350,7 +323,7 @@ def forward_logprobs(
         lp = support_logprobs(
             model,
             batch.select(rows),
-            _select_support(support, rows),
+            support.select(rows),
             temperature=s.temperature,
             precision=s.precision,
         )
@@ -385,7 +358,7 @@ def stale_updates(
             model,
             optimizer,
             batch.select(rows),
-            _select_support(support, rows),
+            support.select(rows),
             advantages[rows],
             s.stale_method,
             s,
@@ -511,7 +484,7 @@ def _steps_split(
     optimizer.zero_grad(set_to_none=True)
 
     def common_tokens(rows: slice, lp: TrainLogprobs) -> Tensor:
-        mb, sup = batch.select(rows), _select_support(support, rows)
+        mb, sup = batch.select(rows), support.select(rows)
         q = token_quantities(mb, sup, lp, adv_tok[rows], s)
         keep = mb.response_mask.clone()
         for name in masks:
@@ -571,7 +544,9 @@ def _check_masks(
     mask = batch.response_mask
     nonzero = int((mask & (adv_tok != 0)).sum())
     for name, (method, overrides) in s.masks().items():
-        _, metrics = rollout_policy_loss(method, batch, support, lp, adv_tok, mask, s.method_params, **overrides)
+        _, metrics = rollout_policy_loss(
+            method, batch, support, lp, adv_tok, mask, s.method_params, **overrides
+        )
         theirs = round(metrics["actor/pg_clipfrac"] * nonzero)
         mine = int((mask & ~_keep_of(name, q, mask)).sum())
         if theirs != mine:

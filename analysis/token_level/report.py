@@ -1,12 +1,15 @@
 """The token-level study's tables: this run beside the paper's numbers (math.md §5), and the checks beyond it.
 
-Reads one study's seeds from the results database (read-only) and renders rich tables. The paper's column is
-labelled as the paper's (Qwen3 scale, real bf16/FP8 mismatch); this run's as what it is (model, emulated precision).
+Reads one study's seeds from the results database (read-only) and renders rich tables; every number comes from
+``analysis.token_level.stats`` (the same functions the figures and tables of ``reports`` call). The paper's column
+is labelled as the paper's (Qwen3 scale, real bf16/FP8 mismatch); this run's as what it is (model, emulated
+precision).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,17 +19,20 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.token_level_stats import (
-    PAPER,
+from analysis.token_level.stats import (
+    PAPER_LABEL,
+    PREDICTIVE,
+    MeanSE,
     PairSummary,
     first_order,
     mean_se,
-    pair_summaries,
+    paper_text,
     sign_accuracy,
+    study_summary,
     tail_flips,
 )
 
-__all__ = ["StudyData", "beyond_table", "load_study", "paper_table", "print_report"]
+__all__ = ["StudyData", "beyond_table", "load_study", "paper_table", "print_report", "seed_line"]
 
 
 @dataclass(frozen=True)
@@ -45,32 +51,23 @@ def query_frame(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] 
 
 
 def load_study(
-    con: duckdb.DuckDBPyConnection, study_id: str, seeds: Sequence[int], config: Mapping[str, Any]
+    con: duckdb.DuckDBPyConnection, study_id: str, seeds: Sequence[int] | None = None
 ) -> StudyData:
-    seed_list = [int(s) for s in seeds]
-    s = query_frame(
-        con,
-        "SELECT * FROM token_level_seeds WHERE study_id = ? AND list_contains(?, seed) ORDER BY seed",
-        [study_id, seed_list],
-    )
+    """A study's config, seed rows and token rows (only ``seeds`` when given), ordered by seed."""
+    found = con.execute("SELECT config FROM token_level_studies WHERE study_id = ?", [study_id]).fetchall()
+    config = json.loads(found[0][0]) if found and found[0][0] else {}
+    where, params = "study_id = ?", [study_id]
+    if seeds is not None:
+        where, params = where + " AND list_contains(?, seed)", [study_id, [int(s) for s in seeds]]
+    s = query_frame(con, f"SELECT * FROM token_level_seeds WHERE {where} ORDER BY seed", params)
     t = query_frame(
-        con,
-        "SELECT * FROM token_level_tokens WHERE study_id = ? AND list_contains(?, seed) "
-        "ORDER BY seed, sequence, position",
-        [study_id, seed_list],
+        con, f"SELECT * FROM token_level_tokens WHERE {where} ORDER BY seed, sequence, position", params
     )
-    return StudyData(study_id, dict(config), s, t)
+    return StudyData(study_id, config if isinstance(config, dict) else {}, s, t)
 
 
 def _pct(v: float | None) -> str:
     return "—" if v is None else f"{100 * v:.1f}%"
-
-
-def _pct_se(m: tuple[float | None, float | None, int]) -> str:
-    mean, se, _n = m
-    if mean is None:
-        return "—"
-    return f"{100 * mean:.1f}% ± {100 * se:.1f}" if se is not None else f"{100 * mean:.1f}%"
 
 
 def _run_label(config: Mapping[str, Any]) -> str:
@@ -79,14 +76,15 @@ def _run_label(config: Mapping[str, Any]) -> str:
 
 def paper_table(data: StudyData) -> Table:
     """math.md §5: outside / disagreement sizes, unsafe-keep rates, seeds where predictive is lower, corrective."""
-    seeds = data.seeds.get_column("seed").to_list() if data.seeds.height else []
-    pairs = {p.predictive: p for p in pair_summaries(data.tokens, seeds)} if seeds else {}
+    summary = study_summary(data.seeds)
     t = Table(
         title=f"Token-level study {data.study_id}: the paper vs this run",
         title_justify="left",
         caption=escape(
             f"this run: {_run_label(data.config)}; δ={data.config.get('delta')}, "
             f"K={data.config.get('top_k')}, {data.config.get('sequences')} sequences/seed.\n"
+            "Means ± SE of per-seed rates are over the paired seeds (both criteria kept a disagreement token); "
+            "corrective fractions are pooled over seeds.\n"
             "Paper: Qwen3 scale, real precision mismatch."
             + (
                 " A CPU stand-in reproduces the mechanism, not the paper's numbers."
@@ -97,54 +95,47 @@ def paper_table(data: StudyData) -> Table:
         caption_justify="left",
     )
     t.add_column("quantity")
-    t.add_column("paper (Qwen3, 61 seeds)", justify="right")
+    t.add_column(PAPER_LABEL, justify="right")
     t.add_column("this run: aggregated tail", justify="right")
     t.add_column("uniform tail", justify="right")
     t.add_column("exact tail", justify="right")
 
-    def per_pair(fn: Any) -> list[str]:
-        return [
-            fn(pairs[c]) if c in pairs else "—"
-            for c in ("predictive", "predictive_uniform", "predictive_exact")
-        ]
+    def per_pair(fn: Callable[[PairSummary], str]) -> list[str]:
+        return [fn(summary.pairs[c]) if c in summary.pairs else "—" for c in PREDICTIVE]
 
-    n = len(seeds)
-    outside = float(data.seeds.get_column("n_outside").mean()) if n else 0.0
-    t.add_row("seeds", str(PAPER["seeds"]), *[str(n)] * 3)
+    t.add_row("seeds", paper_text("seeds"), *[str(summary.n_seeds)] * 3)
     t.add_row(
         "tokens outside the trust region / seed",
-        f"{PAPER['outside_per_seed']:,.0f}",
-        *[f"{outside:,.1f}"] * 3,
+        paper_text("outside_per_seed"),
+        *[summary.outside.count()] * 3,
     )
     t.add_row(
-        "disagreement set / seed",
-        f"{PAPER['disagree_per_seed']:.0f}",
-        *per_pair(lambda p: f"{p.disagree_mean:.1f}"),
+        "disagreement set / seed", paper_text("disagree_per_seed"), *per_pair(lambda p: p.disagree.count())
     )
     t.add_row(
         "unsafe-keep, predictive (mean ± SE)",
-        _pct(PAPER["unsafe_keep_predictive"]),
-        *per_pair(lambda p: _pct_se(p.unsafe_predictive)),
+        paper_text("unsafe_keep_predictive"),
+        *per_pair(lambda p: p.unsafe_keep.pred_mean.pct()),
     )
     t.add_row(
         "unsafe-keep, ratio (mean ± SE)",
-        _pct(PAPER["unsafe_keep_ratio"]),
-        *per_pair(lambda p: _pct_se(p.unsafe_ratio)),
+        paper_text("unsafe_keep_ratio"),
+        *per_pair(lambda p: p.unsafe_keep.ratio_mean.pct()),
     )
     t.add_row(
         "seeds where predictive is lower",
-        f"{PAPER['seeds_predictive_lower']:.0f} of {PAPER['seeds']:.0f}",
-        *per_pair(lambda p: f"{p.seeds_predictive_lower} of {p.seeds_compared}"),
+        paper_text("seeds_predictive_lower"),
+        *per_pair(lambda p: f"{p.unsafe_keep.n_lower} of {p.unsafe_keep.n_paired}"),
     )
     t.add_row(
         "corrective, predictive (pooled)",
-        _pct(PAPER["corrective_predictive"]),
-        *per_pair(lambda p: f"{_pct(p.corrective_predictive)} of {p.kept_predictive}"),
+        paper_text("corrective_predictive"),
+        *per_pair(lambda p: p.corrective_pred.pct()),
     )
     t.add_row(
         "corrective, ratio (pooled)",
-        _pct(PAPER["corrective_ratio"]),
-        *per_pair(lambda p: f"{_pct(p.corrective_ratio)} of {p.kept_ratio}"),
+        paper_text("corrective_ratio"),
+        *per_pair(lambda p: p.corrective_ratio.pct()),
     )
     return t
 
@@ -186,7 +177,7 @@ def beyond_table(data: StudyData) -> Table | None:
         corr = fo.get(crit, {})
         t.add_row(
             label,
-            _pct_se(acc[crit]) if crit in acc else "—",
+            acc[crit].pct() if crit in acc else "—",
             f"{corr['pearson']:.3f}" if corr else "—",
             f"{corr['spearman']:.3f}" if corr else "—",
             f"{f['sign_flips']} of {f['tokens']} ({_pct(f['sign_flip_frac'])})" if f else "—",
@@ -200,14 +191,18 @@ def seed_line(data: StudyData) -> str:
     s = data.seeds
     if s.height == 0:
         return "no seeds stored"
-    out_min = int(s.get_column("n_outside").min())
-    d_mean, _, _ = mean_se(s.get_column("n_disagree").to_list())
+    summary = study_summary(s)
     zero = int((s.get_column("n_outside") == 0).sum())
+    disagree = summary.headline.disagree if summary.headline else mean_se([])
     return (
-        f"{s.height} seeds; outside tokens per seed: min {out_min}, mean {float(s.get_column('n_outside').mean()):.1f}"
-        f" (seeds with none: {zero}); disagreement set per seed: mean {d_mean or 0:.1f}, min "
-        f"{int(s.get_column('n_disagree').min())}"
+        f"{s.height} seeds; outside tokens per seed: min {int(s.get_column('n_outside').min())}, mean "
+        f"{_mean(summary.outside)} (seeds with none: {zero}); disagreement set per seed: mean "
+        f"{_mean(disagree)}, min {int(s.get_column('n_disagree').min())}"
     )
+
+
+def _mean(m: MeanSE) -> str:
+    return "—" if m.mean is None else f"{m.mean:.1f}"
 
 
 def print_report(data: StudyData, console: Console) -> None:
@@ -216,7 +211,3 @@ def print_report(data: StudyData, console: Console) -> None:
     if extra is not None:
         console.print(extra)
     console.print(seed_line(data))
-
-
-def pairs_as_dicts(pairs: Sequence[PairSummary]) -> list[dict[str, Any]]:
-    return [p.__dict__ for p in pairs]

@@ -1,6 +1,6 @@
 """The token-level study's GPU path: a Hugging Face causal-LM checkpoint, rollouts through vLLM or transformers.
 
-The study itself is the same code as on the CPU engine (``analysis.token_level_core``); this module only loads
+The study itself is the same code as on the CPU engine (``analysis.token_level.study``); this module only loads
 the checkpoint and produces a scored ``RolloutBatch`` with the top-K support of every generated token:
 
 - ``rollout_engine: vllm`` (when the ``vllm`` extra is installed): ``SamplingParams(n, temperature,
@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from predmask.rl.precision import PrecisionConfig, make_rollout_model
+from predmask.precisions import Precision
+from predmask.rl.precision import make_rollout_model
 from predmask.rl.rollout import RolloutBatch
 from predmask.rl.task import Problem, reward
 
@@ -173,6 +174,9 @@ def batch_from_vllm(
 class HFBackend:
     """A Hugging Face checkpoint as the study's policy; rollouts through vLLM or transformers.
 
+    The options are the study config's (``temperature``, ``device`` and the ``hf:`` block, whose values live in
+    conf/token_level.yaml only).
+
     ``policy()`` returns the training model reset to the checkpoint's weights (float32 by default);
     ``rollout(problems, n, seed)`` samples ``n`` responses per problem and scores them.
     """
@@ -181,16 +185,16 @@ class HFBackend:
         self,
         path: str | Path,
         *,
-        precision: PrecisionConfig,
+        precision: Precision,
         top_k: int,
         max_new_tokens: int,
-        temperature: float = 1.0,
-        device: str = "auto",
-        train_dtype: str = "float32",
-        rollout_engine: str = "auto",
-        prompt_template: str = "{prompt}",
-        rollout_chunk: int = 256,
-        vllm_kwargs: dict[str, Any] | None = None,
+        temperature: float,
+        device: str,
+        train_dtype: str,
+        rollout_engine: str,
+        prompt_template: str,
+        rollout_chunk: int,
+        vllm_kwargs: dict[str, Any],
         label: str = "",
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -215,7 +219,7 @@ class HFBackend:
         self.pad_id = int(pad if pad is not None else self.eos_id)
         self.engine = self._pick_engine(rollout_engine)
         self._llm: Any = None
-        self._vllm_kwargs = dict(vllm_kwargs or {})
+        self._vllm_kwargs = dict(vllm_kwargs)
         self._rollout_model: nn.Module | None = None
 
     @staticmethod

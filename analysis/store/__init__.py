@@ -1,0 +1,62 @@
+"""The results store: DuckDB schema, connections, idempotent ingest of run directories and token-level rows.
+
+One process writes the database (ingest, sweeps through this package, the token-level study's final write);
+every reader opens it read-only. Every write here is idempotent: ingesting the same files again, or
+upserting the same rows again, leaves the database unchanged.
+
+Run directory contract (runs/<sweep>/<run_id>/): config.yaml (resolved run config), status.json, and the
+verl file-logger lines ``{"step": N, "data": {name: value}}``, earlier attempts kept as
+``metrics.attempt-<n>.jsonl`` and merged by step, the latest attempt winning.
+
+Parts: ``schema`` (tables), ``connection`` (open, default path), ``runs`` (the `runs` rows), ``metrics_files``
+(parsing file-logger lines), ``attempts`` (a run's attempt files and their merge), ``ingest`` (run directories into
+`runs` and `metrics`), ``token_level`` (the token-level study's rows).
+"""
+
+from analysis.store.attempts import attempt_files
+from analysis.store.connection import (
+    DB_ENV,
+    DEFAULT_DB_RELPATH,
+    StoreError,
+    connect,
+    default_db_path,
+    ensure_schema,
+)
+from analysis.store.ingest import (
+    IngestSummary,
+    RunIngest,
+    find_run_dirs,
+    ingest_metrics_file,
+    ingest_paths,
+    ingest_run_dir,
+)
+from analysis.store.metrics_files import parse_metrics_file
+from analysis.store.runs import UpsertCounts, run_row_from_dir, upsert_runs
+from analysis.store.schema import RUN_COLUMNS, SEED_COLUMNS, TOKEN_COLUMNS
+from analysis.store.token_level import TokenLevelWrite, stored_seeds, upsert_token_level
+
+__all__ = [
+    "DB_ENV",
+    "DEFAULT_DB_RELPATH",
+    "RUN_COLUMNS",
+    "SEED_COLUMNS",
+    "TOKEN_COLUMNS",
+    "IngestSummary",
+    "RunIngest",
+    "StoreError",
+    "TokenLevelWrite",
+    "UpsertCounts",
+    "attempt_files",
+    "connect",
+    "default_db_path",
+    "ensure_schema",
+    "find_run_dirs",
+    "ingest_metrics_file",
+    "ingest_paths",
+    "ingest_run_dir",
+    "parse_metrics_file",
+    "run_row_from_dir",
+    "stored_seeds",
+    "upsert_runs",
+    "upsert_token_level",
+]

@@ -1,0 +1,195 @@
+"""The `runs` table: idempotent upserts of run rows, and the row a run directory describes (config.yaml, status.json)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from analysis.store.connection import fetch_one, utcnow
+from analysis.store.schema import RUN_COLUMNS
+
+__all__ = ["UpsertCounts", "canonical_config", "run_row_from_dir", "upsert_runs"]
+
+
+@dataclass(frozen=True)
+class UpsertCounts:
+    """How many rows an upsert inserted, changed, and found already identical."""
+
+    inserted: int = 0
+    updated: int = 0
+    unchanged: int = 0
+
+
+def canonical_config(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"runs.config must be a mapping or JSON text, got invalid JSON: {exc}") from exc
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _normalise_run_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(row) - set(RUN_COLUMNS))
+    if unknown:
+        raise ValueError(f"unknown runs column(s) {unknown}; allowed: {list(RUN_COLUMNS)}")
+    run_id = row.get("run_id")
+    if not isinstance(run_id, str) or not run_id:
+        raise ValueError(f"every runs row needs a non-empty string run_id, got {run_id!r}")
+    out = dict(row)
+    if "config" in out:
+        out["config"] = canonical_config(out["config"])
+    if out.get("delta") is not None:
+        out["delta"] = float(out["delta"])
+    if out.get("seed") is not None:
+        out["seed"] = int(out["seed"])
+    for key in ("job_id", "log_path", "run_dir"):
+        if out.get(key) is not None:
+            out[key] = str(out[key])
+    for key in ("created_at", "updated_at"):
+        value = out.get(key)
+        if isinstance(value, (int, float)):
+            out[key] = datetime.fromtimestamp(value, timezone.utc).replace(tzinfo=None)
+    return out
+
+
+def upsert_runs(con: duckdb.DuckDBPyConnection, rows: Iterable[Mapping[str, Any]]) -> UpsertCounts:
+    """Insert or update `runs` rows by run_id; a None/absent field keeps the stored value.
+
+    created_at is kept once set; updated_at changes only when some other field changed (given value, else
+    now). Rows with the same run_id within one call are merged in order (later fields win).
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        norm = _normalise_run_row(row)
+        merged.setdefault(norm["run_id"], {}).update({k: v for k, v in norm.items() if v is not None})
+    if not merged:
+        return UpsertCounts()
+    cols = list(RUN_COLUMNS)
+    inserted = updated = unchanged = 0
+    now = utcnow()
+    for run_id, new in merged.items():
+        found = fetch_one(con, f"SELECT {', '.join(cols)} FROM runs WHERE run_id = ?", [run_id])
+        if found is None:
+            rec = {c: new.get(c) for c in cols}
+            rec["created_at"] = rec["created_at"] or now
+            rec["updated_at"] = rec["updated_at"] or rec["created_at"]
+            con.execute(
+                f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' for _ in cols)})",
+                [rec[c] for c in cols],
+            )
+            inserted += 1
+            continue
+        old = dict(zip(cols, found))
+        changes = {
+            c: v
+            for c, v in new.items()
+            if c not in ("run_id", "created_at", "updated_at") and v is not None and v != old[c]
+        }
+        if old["created_at"] is None and new.get("created_at") is not None:
+            changes["created_at"] = new["created_at"]
+        if not changes:
+            unchanged += 1
+            continue
+        changes["updated_at"] = new.get("updated_at") or now
+        assignments = ", ".join(f"{c} = ?" for c in changes)
+        con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?", [*changes.values(), run_id])
+        updated += 1
+    return UpsertCounts(inserted, updated, unchanged)
+
+
+def _load_config(path: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    try:
+        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception:  # noqa: BLE001 - unresolvable interpolation etc.: fall back to the literal YAML
+        import yaml
+
+        loaded = yaml.safe_load(path.read_text())
+    if not isinstance(loaded, dict):
+        raise TypeError(f"{path} is not a mapping")
+    return loaded
+
+
+def _name_of(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("name"), str):
+        return value["name"]
+    return None
+
+
+def _backend_of(cfg: Mapping[str, Any]) -> str | None:
+    cluster = cfg.get("cluster")
+    if isinstance(cluster, Mapping) and isinstance(cluster.get("backend"), str):
+        return cluster["backend"]
+    name = _name_of(cluster)
+    if name is not None:
+        return "local" if name == "local" else "slurm"
+    model = cfg.get("model")
+    if isinstance(model, Mapping) and model.get("stands_in_for"):
+        return "local"
+    return None
+
+
+def run_row_from_dir(run_dir: Path, notes: list[str] | None = None) -> dict[str, Any]:
+    """The `runs` row that a run directory describes (config.yaml, status.json), as far as they exist."""
+    notes = notes if notes is not None else []
+    row: dict[str, Any] = {"run_id": run_dir.name, "run_dir": str(run_dir.resolve())}
+    cfg_path, status_path = run_dir / "config.yaml", run_dir / "status.json"
+    cfg: dict[str, Any] = {}
+    if cfg_path.is_file():
+        try:
+            cfg = _load_config(cfg_path)
+        except Exception as exc:  # noqa: BLE001 - a broken config must not stop the metrics
+            notes.append(
+                f"{cfg_path}: unreadable config ({str(exc).splitlines()[0]}), run registered without it"
+            )
+    if cfg:
+        method = cfg.get("method")
+        delta = method.get("delta") if isinstance(method, Mapping) else None
+        delta = delta if isinstance(delta, (int, float)) and not isinstance(delta, bool) else cfg.get("delta")
+        row.update(
+            sweep=_name_of(cfg.get("sweep")) or run_dir.parent.name,
+            method=_name_of(method),
+            delta=delta if isinstance(delta, (int, float)) and not isinstance(delta, bool) else None,
+            model=_name_of(cfg.get("model")),
+            precision=_name_of(cfg.get("precision")),
+            seed=cfg.get("seed") if isinstance(cfg.get("seed"), int) else None,
+            backend=_backend_of(cfg),
+            config=cfg,
+        )
+    else:
+        row["sweep"] = run_dir.parent.name
+    if status_path.is_file():
+        try:
+            status = json.loads(status_path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            status = f"unreadable ({str(exc).splitlines()[0]})"
+        if not isinstance(status, dict):
+            notes.append(
+                f"{status_path}: status is {status if isinstance(status, str) else 'not an object'}, not used"
+            )
+        else:
+            if isinstance(status.get("status"), str):
+                row["status"] = status["status"]
+            if status.get("job_id") is not None:
+                row["job_id"] = str(status["job_id"])
+            if isinstance(status.get("updated"), (int, float)):
+                row["updated_at"] = float(status["updated"])
+    log = run_dir / "train.log"
+    if log.is_file():
+        row["log_path"] = str(log.resolve())
+    return row
+
+
+# --------------------------------------------------------------------------------------------- ingest

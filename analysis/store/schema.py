@@ -1,0 +1,123 @@
+"""The results store's tables: column names and types of `runs`, `metrics` and the token-level study, and their DDL."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = ["RUN_COLUMNS", "SCHEMA_DDL", "SEED_COLUMNS", "TOKEN_COLUMNS"]
+
+RUN_COLUMNS: dict[str, str] = {
+    "run_id": "VARCHAR PRIMARY KEY",
+    "sweep": "VARCHAR",
+    "method": "VARCHAR",
+    "delta": "DOUBLE",
+    "model": "VARCHAR",
+    "precision": "VARCHAR",
+    "seed": "INTEGER",
+    "backend": "VARCHAR",  # "local" (CPU engine) | "slurm" (VeRL on a cluster)
+    "status": "VARCHAR",
+    "config": "JSON",
+    "job_id": "VARCHAR",
+    "log_path": "VARCHAR",
+    "run_dir": "VARCHAR",
+    "created_at": "TIMESTAMP",
+    "updated_at": "TIMESTAMP",
+}
+
+# Per-seed summary of a token-level study (math.md §5). "ratio" and "predictive" (aggregated tail) are
+# compared on their disagreement set (n_disagree); the uniform and exact predictive criteria are each
+# compared with the ratio criterion on their own disagreement set (n_disagree_uniform, n_disagree_exact).
+# For criterion c: n_keep_c = disagreement tokens c keeps, n_unsafe_c = those with dD_c > 0,
+# n_corrective_c = those with dD_c < 0, unsafe_keep_c = n_unsafe_c / n_keep_c (NULL when n_keep_c = 0);
+# c = ratio_uniform / ratio_exact is the ratio criterion on the uniform / exact disagreement set.
+# Extra columns in the frames written by upsert_token_level are added to the table.
+SEED_COLUMNS: dict[str, str] = {
+    "study_id": "VARCHAR NOT NULL",
+    "seed": "INTEGER NOT NULL",
+    "n_tokens": "BIGINT",
+    "n_outside": "BIGINT",
+    "n_disagree": "BIGINT",
+    "n_disagree_uniform": "BIGINT",
+    "n_disagree_exact": "BIGINT",
+    "unsafe_keep_ratio": "DOUBLE",
+    "unsafe_keep_predictive": "DOUBLE",
+    "unsafe_keep_predictive_uniform": "DOUBLE",
+    "unsafe_keep_predictive_exact": "DOUBLE",
+    "n_keep_ratio": "BIGINT",
+    "n_unsafe_ratio": "BIGINT",
+    "n_corrective_ratio": "BIGINT",
+    "n_keep_predictive": "BIGINT",
+    "n_unsafe_predictive": "BIGINT",
+    "n_corrective_predictive": "BIGINT",
+    "n_keep_predictive_uniform": "BIGINT",
+    "n_unsafe_predictive_uniform": "BIGINT",
+    "n_corrective_predictive_uniform": "BIGINT",
+    "n_keep_predictive_exact": "BIGINT",
+    "n_unsafe_predictive_exact": "BIGINT",
+    "n_corrective_predictive_exact": "BIGINT",
+    "unsafe_keep_ratio_uniform": "DOUBLE",
+    "n_keep_ratio_uniform": "BIGINT",
+    "n_unsafe_ratio_uniform": "BIGINT",
+    "n_corrective_ratio_uniform": "BIGINT",
+    "unsafe_keep_ratio_exact": "DOUBLE",
+    "n_keep_ratio_exact": "BIGINT",
+    "n_unsafe_ratio_exact": "BIGINT",
+    "n_corrective_ratio_exact": "BIGINT",
+    # context of the seed: batch statistics and where the time went
+    "reward_mean": "DOUBLE",
+    "d_pre_mean": "DOUBLE",
+    "nonzero_adv_frac": "DOUBLE",
+    "seconds_rollout": "DOUBLE",
+    "seconds_stale": "DOUBLE",
+    "seconds_masks": "DOUBLE",
+    "seconds": "DOUBLE",
+    "cpu_seconds": "DOUBLE",
+    "host": "VARCHAR",
+}
+
+# One row per studied token (D_pre > delta). position: the token's index in the seed's flattened batch,
+# or, when `sequence` is given, its position inside that sequence's response. (study_id, seed,
+# sequence, position) is unique; upsert_token_level checks it.
+TOKEN_COLUMNS: dict[str, str] = {
+    "study_id": "VARCHAR NOT NULL",
+    "seed": "INTEGER NOT NULL",
+    "sequence": "INTEGER",
+    "position": "BIGINT NOT NULL",
+    "d_pre": "DOUBLE",
+    "r": "DOUBLE",
+    "a": "DOUBLE",
+    "ddot_agg": "DOUBLE",
+    "ddot_uniform": "DOUBLE",
+    "ddot_exact": "DOUBLE",
+    "keep_ratio": "BOOLEAN",
+    "keep_pred_agg": "BOOLEAN",
+    "keep_pred_uniform": "BOOLEAN",
+    "keep_pred_exact": "BOOLEAN",
+    "dd_ratio": "DOUBLE",
+    "dd_pred_agg": "DOUBLE",
+    "dd_pred_uniform": "DOUBLE",
+    "dd_pred_exact": "DOUBLE",
+    "dd_all": "DOUBLE",  # optional: dD after the unmasked reference step (sign-accuracy / first-order checks)
+}
+
+
+def _columns_ddl(columns: Mapping[str, str]) -> str:
+    return ",\n  ".join(f"{name} {kind}" for name, kind in columns.items())
+
+
+SCHEMA_DDL: tuple[str, ...] = (
+    f"CREATE TABLE IF NOT EXISTS runs (\n  {_columns_ddl(RUN_COLUMNS)}\n)",
+    (
+        "CREATE TABLE IF NOT EXISTS metrics (\n  run_id VARCHAR NOT NULL,\n  step INTEGER NOT NULL,\n"
+        "  name VARCHAR NOT NULL,\n  value DOUBLE,\n  PRIMARY KEY (run_id, step, name)\n)"
+    ),
+    (
+        "CREATE TABLE IF NOT EXISTS token_level_studies (\n  study_id VARCHAR PRIMARY KEY,\n  config JSON,\n"
+        "  created_at TIMESTAMP\n)"
+    ),
+    (
+        f"CREATE TABLE IF NOT EXISTS token_level_seeds (\n  {_columns_ddl(SEED_COLUMNS)},\n"
+        "  PRIMARY KEY (study_id, seed)\n)"
+    ),
+    f"CREATE TABLE IF NOT EXISTS token_level_tokens (\n  {_columns_ddl(TOKEN_COLUMNS)}\n)",
+)

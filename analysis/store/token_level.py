@@ -1,0 +1,159 @@
+"""The token-level study's tables: idempotent upserts of a study's config, per-seed rows and token rows."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from analysis.store.connection import fetch_one, table_columns, utcnow
+from analysis.store.runs import canonical_config
+
+__all__ = ["TokenLevelWrite", "stored_seeds", "upsert_token_level"]
+
+Frame = Any  # a pyarrow Table or a polars DataFrame (anything with .to_arrow())
+
+
+@dataclass(frozen=True)
+class TokenLevelWrite:
+    """What upsert_token_level wrote: the study row, seed rows and token rows (after replacing those seeds)."""
+
+    study: str  # inserted | updated | unchanged
+    seeds: int
+    tokens: int
+    added_columns: tuple[str, ...] = ()
+
+
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _to_arrow(frame: Frame | None) -> pa.Table | None:
+    if frame is None:
+        return None
+    if isinstance(frame, pa.Table):
+        return frame
+    if hasattr(frame, "to_arrow"):
+        return frame.to_arrow()
+    raise TypeError(f"expected a pyarrow Table or a polars DataFrame, got {type(frame).__name__}")
+
+
+def _with_study_id(table: pa.Table, study_id: str, what: str) -> pa.Table:
+    if "study_id" in table.column_names:
+        values = set(table.column("study_id").to_pylist())
+        if values - {study_id}:
+            raise ValueError(
+                f"{what}: study_id column holds {sorted(map(str, values))}, expected only {study_id!r}"
+            )
+        return table
+    return table.append_column("study_id", pa.array([study_id] * table.num_rows, pa.string()))
+
+
+def _check_unique(table: pa.Table, keys: Sequence[str], what: str) -> None:
+    cols = [table.column(k).to_pylist() for k in keys]
+    seen: set[tuple[Any, ...]] = set()
+    for key in zip(*cols):
+        if key in seen:
+            raise ValueError(f"{what}: duplicate rows for {dict(zip(keys, key))}")
+        seen.add(key)
+
+
+def _replace_seeds(
+    con: duckdb.DuckDBPyConnection, table_name: str, study_id: str, table: pa.Table
+) -> tuple[str, ...]:
+    """Add columns the frame has and the table lacks, delete the frame's seeds, insert the frame by name."""
+    bad = [c for c in table.column_names if not _IDENT_RE.match(c)]
+    if bad:
+        raise ValueError(
+            f"{table_name}: column names must be identifiers ([A-Za-z_][A-Za-z0-9_]*), got {bad}"
+        )
+    con.register("_predmask_frame", table)
+    try:
+        have = set(table_columns(con, table_name))
+        added: list[str] = []
+        for name, kind, *_ in con.execute("DESCRIBE SELECT * FROM _predmask_frame").fetchall():
+            if name not in have:
+                con.execute(f'ALTER TABLE {table_name} ADD COLUMN "{name}" {kind}')
+                added.append(name)
+        con.execute(
+            f"DELETE FROM {table_name} WHERE study_id = ? AND seed IN (SELECT DISTINCT seed FROM _predmask_frame)",
+            [study_id],
+        )
+        con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _predmask_frame")
+    finally:
+        con.unregister("_predmask_frame")
+    return tuple(added)
+
+
+def upsert_token_level(
+    con: duckdb.DuckDBPyConnection,
+    study_id: str,
+    config: Mapping[str, Any] | str | None,
+    seed_rows: Frame | None,
+    token_rows: Frame | None,
+) -> TokenLevelWrite:
+    """Store one token-level study's config and the rows of some of its seeds (idempotent, one transaction).
+
+    seed_rows / token_rows: polars DataFrames or pyarrow Tables with SEED_COLUMNS / TOKEN_COLUMNS names
+    (study_id optional; columns not in the schema are added). Every seed present in a frame replaces that
+    seed's stored rows, so writing the same frames again changes nothing. Duplicate (seed) or
+    (seed, sequence, position) keys inside a frame raise ValueError.
+    """
+    if not isinstance(study_id, str) or not study_id:
+        raise ValueError(f"study_id must be a non-empty string, got {study_id!r}")
+    seeds = _to_arrow(seed_rows)
+    tokens = _to_arrow(token_rows)
+    if seeds is not None:
+        if "seed" not in seeds.column_names:
+            raise ValueError("seed_rows needs a 'seed' column")
+        seeds = _with_study_id(seeds, study_id, "seed_rows")
+        _check_unique(seeds, ["seed"], "seed_rows")
+    if tokens is not None:
+        missing = [c for c in ("seed", "position") if c not in tokens.column_names]
+        if missing:
+            raise ValueError(f"token_rows needs columns {missing}")
+        tokens = _with_study_id(tokens, study_id, "token_rows")
+        keys = ["seed", "sequence", "position"] if "sequence" in tokens.column_names else ["seed", "position"]
+        _check_unique(tokens, keys, "token_rows")
+    cfg_text = canonical_config(config)
+    added: tuple[str, ...] = ()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        old = fetch_one(con, "SELECT config FROM token_level_studies WHERE study_id = ?", [study_id])
+        if old is None:
+            con.execute(
+                "INSERT INTO token_level_studies (study_id, config, created_at) VALUES (?, ?, ?)",
+                [study_id, cfg_text, utcnow()],
+            )
+            study = "inserted"
+        elif cfg_text is not None and cfg_text != old[0]:
+            con.execute("UPDATE token_level_studies SET config = ? WHERE study_id = ?", [cfg_text, study_id])
+            study = "updated"
+        else:
+            study = "unchanged"
+        if seeds is not None and seeds.num_rows:
+            added += _replace_seeds(con, "token_level_seeds", study_id, seeds)
+        if tokens is not None and tokens.num_rows:
+            added += _replace_seeds(con, "token_level_tokens", study_id, tokens)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    if added:
+        warnings.warn(f"token-level tables gained columns {list(added)}", stacklevel=2)
+    return TokenLevelWrite(
+        study=study,
+        seeds=seeds.num_rows if seeds is not None else 0,
+        tokens=tokens.num_rows if tokens is not None else 0,
+        added_columns=added,
+    )
+
+
+def stored_seeds(con: duckdb.DuckDBPyConnection, study_id: str) -> set[int]:
+    """The seeds of a study already in token_level_seeds (a rerun skips them)."""
+    rows = con.execute("SELECT seed FROM token_level_seeds WHERE study_id = ?", [study_id]).fetchall()
+    return {int(r[0]) for r in rows}

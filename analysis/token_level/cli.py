@@ -1,0 +1,311 @@
+"""`python -m analysis token_level`: the token-level study of the direction criteria (math.md §5, paper §4.2).
+
+Per seed: a fresh rollout (top-K support, rewards, GRPO advantages), the training policy moved off the rollout
+distribution by emulated precision mismatch and policy staleness, and ONE optimiser step per mask (ratio DPPO,
+predictive with the aggregated / uniform / exact tail, and the unmasked reference) from the same state; every
+token outside the trust region is stored with its D_pre, r, A, Ddot per tail, keep decisions and ΔD per mask.
+
+The config is composed by ``analysis.token_level.config``. Seeds fan out through ``analysis.token_level.fanout``
+(local processes, or a Slurm job array on a cluster config); each seed writes its own files; this process alone
+ingests them into DuckDB and prints the study's table beside the paper's numbers (``analysis.token_level.report``).
+A rerun skips the seeds already stored for the same study (same config, whatever the seed count and launcher).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from analysis.token_level.config import StudyInputError, compose_study, study_config, study_id_of, validate
+
+__all__ = ["build_parser", "ingest", "main"]
+
+_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_log = logging.getLogger("analysis.token_level")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m analysis token_level",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "The token-level study of the direction criteria (math.md §5): per seed, a fresh rollout, pi_pre moved "
+            "off mu by emulated precision mismatch and staleness, one optimiser step per mask (ratio DPPO; "
+            "predictive with aggregated, uniform and exact tails; unmasked reference), and the realised ΔD of every "
+            "token outside the trust region. Results go to the DuckDB tables token_level_{studies,seeds,tokens}; "
+            "the table printed at the end sets this run beside the paper's numbers."
+        ),
+        epilog=(
+            "overrides (key=value, composed on conf/token_level.yaml):\n"
+            "  model=NAME        conf/model entry: cpu_* (CPU engine) or a Hugging Face model (GPU path)\n"
+            "  checkpoint=PATH   start from a training run's saved weights instead of the base model\n"
+            "  delta=X           trust-region threshold on the top-K KL (default 0.15)\n"
+            "  top_k=K (or K=K)  width of the rollout's top-K support (default 20)\n"
+            "  sequences=N       sequences per seed (a multiple of group_size; default 1024)\n"
+            "  staleness=S       mini-batch updates before the studied step\n"
+            "  lr=X              AdamW learning rate of the stale and studied steps\n"
+            "  precision=NAME    conf/precision entry: bf16, fp8_rollout, fp8_e2e (emulated on CPU)\n"
+            "  any other key of the config (group_size, minibatches, update_path, micro_batch, launcher.*, ...)\n\n"
+            "examples:\n"
+            "  python -m analysis token_level --seeds 61\n"
+            "  python -m analysis token_level --seeds 8 sequences=256 delta=0.1\n"
+            "  python -m analysis token_level --seeds 61 --cluster slurm_emulated precision=fp8_rollout"
+        ),
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        required=True,
+        metavar="N",
+        help="number of seeds: the study covers seeds START..START+N-1 (the paper uses 61)",
+    )
+    p.add_argument("--seed-start", type=int, default=0, metavar="START", help="first seed (default 0)")
+    p.add_argument(
+        "--cluster",
+        default=None,
+        metavar="NAME",
+        help="conf/cluster entry that runs the workers: local (default; local processes), slurm_emulated or "
+        "h20_4x8 (a Slurm job array)",
+    )
+    p.add_argument(
+        "--db",
+        type=Path,
+        default=None,
+        help="results database (default: $PREDMASK_DB or results/predmask.duckdb)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder of the per-seed files, one sub-folder per study (default: results/token_level)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="W",
+        help="worker processes / array tasks (default: the CPU count locally, capped by the seeds to run; "
+        "launcher.array_tasks, else one per pending seed, on Slurm)",
+    )
+    p.add_argument(
+        "--inline",
+        action="store_true",
+        help="run the seeds in this process, one after another (no submitit; for debugging)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the resolved config and study id; run nothing"
+    )
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (see below)")
+    return p
+
+
+def _console() -> Console:
+    import shutil
+
+    return Console(
+        highlight=False, soft_wrap=True, width=max(120, shutil.get_terminal_size((120, 24)).columns)
+    )
+
+
+def _db_path(arg: Path | None) -> Path:
+    from analysis.store import default_db_path
+
+    return arg if arg is not None else default_db_path()
+
+
+def _out_root(arg: Path | None) -> Path:
+    return arg if arg is not None else Path.cwd() / "results" / "token_level"
+
+
+def _stored(db: Path, study_id: str) -> set[int]:
+    from analysis.store import connect, stored_seeds
+
+    if not db.is_file():
+        return set()
+    con = connect(db, read_only=True)
+    try:
+        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        return stored_seeds(con, study_id) if "token_level_seeds" in tables else set()
+    finally:
+        con.close()
+
+
+def ingest(db: Path, study_id: str, cfg: Mapping[str, Any], study_dir: Path, seeds: Sequence[int]) -> int:
+    """Write the finished seed files of ``seeds`` into the database (the only writer); returns seeds written."""
+    import polars as pl
+
+    from analysis.store import connect, upsert_token_level
+    from analysis.token_level.fanout import SeedFiles
+
+    files = SeedFiles(study_dir)
+    done = files.finished(seeds)
+    con = connect(db)
+    try:
+        if not done:
+            upsert_token_level(con, study_id, study_config(cfg), None, None)
+            return 0
+        rows = pl.DataFrame([files.read_row(s) for s in done], infer_schema_length=None)
+        tokens = pl.concat([files.read_tokens(s) for s in done], how="diagonal_relaxed")
+        upsert_token_level(con, study_id, study_config(cfg), rows, tokens)
+    finally:
+        con.close()
+    return len(done)
+
+
+def _workers(args: argparse.Namespace, cfg: Mapping[str, Any], n: int) -> int:
+    if args.workers is not None:
+        return max(1, min(args.workers, n))
+    if cfg["cluster"].get("backend") == "slurm":
+        return max(1, min(cfg["launcher"]["array_tasks"] or n, n))
+    return max(1, min(os.cpu_count() or 1, n))
+
+
+def _run_inline(cfg: dict[str, Any], study_dir: Path, pending: list[int], bar: Any) -> None:
+    from analysis.token_level.fanout import WorkerSpec, run_worker
+
+    spec = WorkerSpec(cfg, str(study_dir), tuple(pending), threads=cfg["launcher"]["threads"])
+    run_worker(spec, on_seed=lambda seed: bar.advance(1, status=f"seed {seed}"))
+
+
+def _run_workers(
+    cfg: dict[str, Any], study_dir: Path, pending: list[int], workers: int, bar: Any
+) -> list[str]:
+    from analysis.token_level.fanout import run_submitit
+
+    shown = 0
+
+    def on_poll(finished: int) -> None:
+        nonlocal shown
+        if finished > shown:
+            bar.advance(finished - shown)
+            shown = finished
+
+    return run_submitit(cfg, study_dir, pending, workers, on_poll)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    console = _console()
+    try:
+        if args.seeds < 1:
+            raise StudyInputError(f"--seeds must be >= 1, got {args.seeds}")
+        if args.seed_start < 0:
+            raise StudyInputError(f"--seed-start must be >= 0, got {args.seed_start}")
+        if args.workers is not None and args.workers < 1:
+            raise StudyInputError(f"--workers must be >= 1, got {args.workers}")
+        cfg = compose_study(args.overrides, args.cluster)
+        validate(cfg)
+        if cfg.get("checkpoint") is not None and cfg["model"].get("backend") == "cpu":
+            from analysis.token_level.cpu import check_checkpoint
+
+            check_checkpoint(cfg)
+    except StudyInputError as err:
+        _err.print(f"error: {err}")
+        return 2
+    study_id = study_id_of(cfg)
+    seeds = list(range(args.seed_start, args.seed_start + args.seeds))
+    if args.dry_run:
+        from omegaconf import OmegaConf
+
+        console.print(OmegaConf.to_yaml(cfg))
+        console.print(f"study {study_id}: seeds {seeds[0]}..{seeds[-1]}")
+        return 0
+    return _run(args, cfg, study_id, seeds, console)
+
+
+def _absolute_paths(cfg: dict[str, Any]) -> None:
+    """Workers may start elsewhere (Slurm): make relative paths absolute against this process's directory."""
+    paths = dict(cfg.get("paths") or {})
+    for key, value in paths.items():
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            paths[key] = str(Path.cwd() / value)
+    cfg["paths"] = paths
+
+
+def _run(
+    args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: list[int], console: Console
+) -> int:
+    from analysis.store import StoreError, connect
+    from analysis.token_level.fanout import SeedFiles
+    from analysis.token_level.report import load_study, print_report
+    from predmask.io import atomic_write_text
+    from predmask.progress import progress
+
+    db = _db_path(args.db)
+    study_dir = _out_root(args.out) / study_id
+    try:
+        stored = _stored(db, study_id)
+    except StoreError as err:
+        _err.print(f"error: {err}")
+        return 2
+    files = SeedFiles(study_dir)
+    on_disk = set(files.finished(seeds)) - stored
+    pending = [s for s in seeds if s not in stored and s not in on_disk]
+    console.print(
+        f"token-level study {study_id} ({cfg['label']}): {len(seeds)} seeds, {len(stored & set(seeds))} "
+        f"stored, {len(on_disk)} finished on disk, {len(pending)} to run → {study_dir}"
+    )
+    failures: list[str] = []
+    interrupted = False
+    if pending:
+        _absolute_paths(cfg)
+        if cfg["model"].get("backend") == "cpu" and not cfg.get("checkpoint"):
+            from analysis.token_level.cpu import base_model
+
+            _model, info = base_model(
+                cfg, progress=True
+            )  # build the cached base once, before the workers start
+            console.print(
+                f"base model: {info.get('cache_path')} (train accuracy {info.get('train_acc', float('nan')):.3f})"
+            )
+        study_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(study_dir / "config.json", json.dumps(study_config(cfg), indent=1, sort_keys=True))
+        workers = 1 if args.inline else _workers(args, cfg, len(pending))
+        if not args.inline:
+            where = cfg["cluster"].get("name", "local")
+            console.print(f"{workers} worker(s) on {where}; logs in {study_dir / 'jobs'}")
+        with progress("seeds", len(pending), log=_log, unit="seeds") as bar:
+            try:
+                if args.inline:
+                    _run_inline(cfg, study_dir, pending, bar)
+                else:
+                    failures = _run_workers(cfg, study_dir, pending, workers, bar)
+            except KeyboardInterrupt:
+                interrupted = True
+            except RuntimeError as exc:  # the inline worker's failed seeds (tracebacks printed above)
+                failures = [f"inline worker: {exc}"]
+    try:
+        n_new = ingest(db, study_id, cfg, study_dir, [s for s in seeds if s not in stored])
+    except StoreError as err:
+        _err.print(f"error: {err}")
+        return 1
+    console.print(f"ingested {n_new} seed(s) into {db}")
+    for msg in failures:
+        _err.print(f"error: {msg}")
+    if interrupted:
+        remaining = sum(1 for s in seeds if s not in stored and not files.done(s))
+        _err.print(
+            f"interrupted: finished seeds are stored; rerun the same command to run the other {remaining} seed(s)"
+        )
+        return 130
+    con = connect(db, read_only=True)
+    try:
+        data = load_study(con, study_id, seeds)
+    finally:
+        con.close()
+    print_report(data, console)
+    missing = len(seeds) - data.seeds.height
+    if missing:
+        _err.print(
+            f"error: {missing} of {len(seeds)} seeds are not stored; rerun the same command to run them"
+        )
+        return 1
+    return 0

@@ -1,0 +1,439 @@
+"""Every statistic of the token-level study (math.md §5), and the paper's numbers beside which they are printed.
+
+Two inputs. A worker turns one seed's token rows (one row per studied token, ``D_pre > delta``; the columns of
+``analysis.store.TOKEN_COLUMNS``) into that seed's row of counts and rates (``seed_summary``). Everything printed
+about a study is then a pure function of those per-seed rows (``study_summary``), whether they come from a worker's
+files or from the results database: the CLI, its report, the figures and the tables all call it.
+
+Criteria: ``ratio`` keeps a token when ``A (r - 1) <= 0``; ``predictive`` (aggregated tail, the paper's),
+``predictive_uniform`` and ``predictive_exact`` keep it when ``A Ddot <= 0`` with that tail estimator. Each
+predictive criterion is compared with the ratio criterion on its own disagreement set (the tokens on which the two
+keep decisions differ). Per-seed columns with the suffix of a predictive criterion (``""``, ``"_uniform"``,
+``"_exact"``) belong to that comparison: ``n_disagree<s>``, and for the ratio side ``n_keep_ratio<s>``,
+``n_unsafe_ratio<s>``, ``n_corrective_ratio<s>``, ``unsafe_keep_ratio<s>``; the predictive side is
+``n_keep_<criterion>`` etc.
+
+Definitions (one each):
+- a mean of per-seed unsafe-keep rates is taken over the PAIRED seeds of its comparison, the seeds where both
+  criteria kept at least one disagreement token (both rates defined); its standard error is the sample standard
+  deviation over those seeds / sqrt(n), and every printed mean names its n and the seeds it is taken over;
+- a corrective fraction is pooled: corrective kept tokens / kept tokens, summed over all seeds, with a 95% Wilson
+  score interval;
+- sizes per seed (outside tokens, disagreement set) are means over all seeds of the study.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+__all__ = [
+    "CRITERIA",
+    "PAPER_LABEL",
+    "PAPER_TOKEN_LEVEL",
+    "PREDICTIVE",
+    "MeanSE",
+    "PairSummary",
+    "Paired",
+    "Pooled",
+    "StudySummary",
+    "first_order",
+    "mean_se",
+    "paired_unsafe_keep",
+    "paper_text",
+    "seed_columns",
+    "seed_summary",
+    "sign_accuracy",
+    "study_summary",
+    "tail_flips",
+    "wilson_interval",
+]
+
+#: criterion -> (keep column, dD column of the update made with that criterion's mask)
+CRITERIA: dict[str, tuple[str, str]] = {
+    "ratio": ("keep_ratio", "dd_ratio"),
+    "predictive": ("keep_pred_agg", "dd_pred_agg"),
+    "predictive_uniform": ("keep_pred_uniform", "dd_pred_uniform"),
+    "predictive_exact": ("keep_pred_exact", "dd_pred_exact"),
+}
+#: predictive criterion -> (Ddot column, suffix of the per-seed columns of its comparison with the ratio criterion)
+PREDICTIVE: dict[str, tuple[str, str]] = {
+    "predictive": ("ddot_agg", ""),
+    "predictive_uniform": ("ddot_uniform", "_uniform"),
+    "predictive_exact": ("ddot_exact", "_exact"),
+}
+
+#: The paper's figures for this study (math.md §5; Qwen3 scale, 61 seeds): the one copy of them.
+PAPER_TOKEN_LEVEL: dict[str, float] = {
+    "seeds": 61,
+    "outside_per_seed": 1435,
+    "disagree_per_seed": 82,
+    "unsafe_keep_predictive": 0.342,
+    "unsafe_keep_ratio": 0.369,
+    "seeds_predictive_lower": 38,
+    "corrective_predictive": 0.651,
+    "corrective_ratio": 0.629,
+}
+PAPER_LABEL = "paper (Qwen3, 61 seeds)"
+
+PAIRED = "paired seeds"
+SEEDS = "seeds"
+
+
+def paper_text(key: str) -> str:
+    """One of the paper's numbers as it is printed beside a study's ("34.2%", "1,435", "≈ 82", "38 of 61")."""
+    if key not in PAPER_TOKEN_LEVEL:
+        raise KeyError(f"unknown paper number {key!r}; known: {', '.join(PAPER_TOKEN_LEVEL)}")
+    v = PAPER_TOKEN_LEVEL[key]
+    if key.startswith(("unsafe_keep_", "corrective_")):
+        return f"{100 * v:.1f}%"
+    if key == "seeds_predictive_lower":
+        return f"{v:.0f} of {PAPER_TOKEN_LEVEL['seeds']:.0f}"
+    if key == "disagree_per_seed":
+        return f"≈ {v:.0f}"
+    return f"{v:,.0f}"
+
+
+# ------------------------------------------------------------------------------------ summaries of numbers
+
+
+@dataclass(frozen=True)
+class MeanSE:
+    """Mean and standard error of per-seed values, with the number of seeds and which seeds they are."""
+
+    mean: float | None
+    se: float | None  # sample std / sqrt(n); None for n < 2
+    n: int
+    over: str  # what n counts: "seeds" or "paired seeds"
+
+    def value(self) -> tuple[float, float]:
+        """(mean, se) as floats, NaN where undefined (for plotting)."""
+        return (
+            float("nan") if self.mean is None else self.mean,
+            float("nan") if self.se is None else self.se,
+        )
+
+    def _fmt(self, scale: float, spec: str, unit: str) -> str:
+        if self.mean is None:
+            return "—"
+        spread = f" ± {format(scale * self.se, spec)}" if self.se is not None else ""
+        return f"{format(scale * self.mean, spec)}{unit}{spread} (n = {self.n} {self.over})"
+
+    def pct(self) -> str:
+        """ "88.3% ± 2.3 (n = 58 paired seeds)"; "—" when no seed has a value."""
+        return self._fmt(100.0, ".1f", "%")
+
+    def count(self) -> str:
+        """ "1,435.2 ± 12.1 (n = 61 seeds)"; "—" when no seed has a value."""
+        return self._fmt(1.0, ",.1f", "")
+
+
+def _finite(values: Iterable[float | None]) -> np.ndarray:
+    x = np.array([np.nan if v is None else v for v in values], dtype=float)
+    return x[np.isfinite(x)]
+
+
+def mean_se(values: Iterable[float | None], over: str = SEEDS) -> MeanSE:
+    """Mean, standard error and n of the defined values (None and NaN are left out)."""
+    x = _finite(values)
+    if x.size == 0:
+        return MeanSE(None, None, 0, over)
+    se = float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else None
+    return MeanSE(float(x.mean()), se, int(x.size), over)
+
+
+def wilson_interval(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion k/n (95% by default); (NaN, NaN) for n = 0."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return centre - half, centre + half
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """k of n tokens, pooled over the seeds of a study."""
+
+    k: int
+    n: int
+
+    @property
+    def fraction(self) -> float | None:
+        return self.k / self.n if self.n else None
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson_interval(self.k, self.n)
+
+    def pct(self) -> str:
+        """ "65.1% (123/189)"; "—" when nothing was kept."""
+        f = self.fraction
+        return "—" if f is None else f"{100 * f:.1f}% ({self.k}/{self.n})"
+
+
+# ------------------------------------------------------------------------------------------ per-seed rows
+
+
+def _rate(num: int, den: int) -> float | None:
+    return num / den if den else None
+
+
+def _counts(keep: np.ndarray, dd: np.ndarray, disagree: np.ndarray) -> tuple[int, int, int]:
+    kept = disagree & keep
+    return int(kept.sum()), int((kept & (dd > 0)).sum()), int((kept & (dd < 0)).sum())
+
+
+def seed_summary(tokens: pl.DataFrame, n_tokens: int) -> dict[str, int | float | None]:
+    """The per-seed row of ``token_level_seeds`` from one seed's token rows (all of them outside, D_pre > delta).
+
+    ``n_tokens`` is the number of response tokens of the seed's batch (the population the outside tokens came from).
+    For each predictive criterion: its disagreement set with the ratio criterion, and on that set the kept,
+    unsafe (dD > 0) and corrective (dD < 0) counts of both criteria and their unsafe-keep rates.
+    """
+    col = {c: tokens.get_column(c).to_numpy() for c in tokens.columns if c.startswith(("keep_", "dd_"))}
+    keep_ratio = col["keep_ratio"].astype(bool)
+    row: dict[str, int | float | None] = {"n_tokens": int(n_tokens), "n_outside": tokens.height}
+    for crit, (_ddot, suffix) in PREDICTIVE.items():
+        keep_c, dd_c = CRITERIA[crit]
+        kp = col[keep_c].astype(bool)
+        disagree = kp != keep_ratio
+        row[f"n_disagree{suffix}"] = int(disagree.sum())
+        for name, keep, dd in ((crit, kp, col[dd_c]), (f"ratio{suffix}", keep_ratio, col["dd_ratio"])):
+            n_keep, n_unsafe, n_corr = _counts(keep, dd, disagree)
+            row[f"n_keep_{name}"], row[f"n_unsafe_{name}"], row[f"n_corrective_{name}"] = (
+                n_keep,
+                n_unsafe,
+                n_corr,
+            )
+            row[f"unsafe_keep_{name}"] = _rate(n_unsafe, n_keep)
+    return row
+
+
+SeedRows = pl.DataFrame | Mapping[str, Any]
+
+
+def seed_columns(seed_rows: SeedRows) -> dict[str, np.ndarray]:
+    """Per-seed rows as float columns (NaN where a value is missing), ordered by seed; non-numeric columns dropped."""
+    frame = (
+        seed_rows
+        if isinstance(seed_rows, pl.DataFrame)
+        else pl.DataFrame(
+            {k: np.asarray(v) if not isinstance(v, list) else v for k, v in seed_rows.items()}, strict=False
+        )
+    )
+    if "seed" in frame.columns:
+        frame = frame.sort("seed")
+    out: dict[str, np.ndarray] = {}
+    for name, dtype in frame.schema.items():
+        if dtype.is_numeric() or dtype == pl.Boolean or dtype == pl.Null:
+            out[name] = frame.get_column(name).cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    return out
+
+
+def _column(cols: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    n = len(cols.get("seed", ()))
+    return cols.get(name, np.full(n, np.nan))
+
+
+def _pooled(cols: Mapping[str, np.ndarray], corrective: str, kept: str) -> Pooled:
+    k, n = _column(cols, corrective), _column(cols, kept)
+    ok = np.isfinite(k) & np.isfinite(n)
+    return Pooled(int(k[ok].sum()), int(n[ok].sum()))
+
+
+# ------------------------------------------------------------------------------------ across-seed summaries
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Per-seed unsafe-keep rates of the ratio criterion and one predictive criterion, on their paired seeds."""
+
+    predictive: str
+    n_seeds: int  # all seeds of the study
+    seeds: np.ndarray  # the paired seeds (both rates defined), ascending
+    ratio: np.ndarray  # per paired seed
+    pred: np.ndarray
+    ratio_mean: MeanSE
+    pred_mean: MeanSE
+    n_lower: int  # paired seeds where the predictive rate is lower
+    n_tied: int
+
+    @property
+    def n_paired(self) -> int:
+        return int(self.seeds.size)
+
+
+def _paired(cols: Mapping[str, np.ndarray], crit: str) -> Paired:
+    suffix = PREDICTIVE[crit][1]
+    seed = _column(cols, "seed")
+    ratio, pred = _column(cols, f"unsafe_keep_ratio{suffix}"), _column(cols, f"unsafe_keep_{crit}")
+    both = np.isfinite(ratio) & np.isfinite(pred)
+    r, p = ratio[both], pred[both]
+    return Paired(
+        predictive=crit,
+        n_seeds=int(seed.size),
+        seeds=seed[both].astype(int),
+        ratio=r,
+        pred=p,
+        ratio_mean=mean_se(r, PAIRED),
+        pred_mean=mean_se(p, PAIRED),
+        n_lower=int((p < r).sum()),
+        n_tied=int((p == r).sum()),
+    )
+
+
+def paired_unsafe_keep(seed_rows: SeedRows, predictive: str = "predictive") -> Paired:
+    """The paired per-seed unsafe-keep rates of the ratio criterion and ``predictive`` (Figure 3's data)."""
+    if predictive not in PREDICTIVE:
+        raise ValueError(f"unknown predictive criterion {predictive!r}; valid: {', '.join(PREDICTIVE)}")
+    return _paired(seed_columns(seed_rows), predictive)
+
+
+@dataclass(frozen=True)
+class PairSummary:
+    """The ratio criterion vs one predictive criterion, on that criterion's disagreement sets."""
+
+    predictive: str
+    disagree: MeanSE  # disagreement-set size per seed, over all seeds
+    unsafe_keep: Paired
+    corrective_ratio: Pooled  # pooled over seeds, on this pair's disagreement set
+    corrective_pred: Pooled
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """Every headline number of one study."""
+
+    seeds: tuple[int, ...]
+    outside: MeanSE  # tokens outside the trust region per seed
+    pairs: dict[str, PairSummary]  # predictive criterion -> its comparison with the ratio criterion
+    corrective: dict[str, Pooled]  # criterion -> pooled corrective fraction (criteria that kept something)
+
+    @property
+    def n_seeds(self) -> int:
+        return len(self.seeds)
+
+    @property
+    def headline(self) -> PairSummary | None:
+        """The paper's comparison: the ratio criterion vs the predictive criterion with the aggregated tail."""
+        return self.pairs.get("predictive")
+
+
+def study_summary(seed_rows: SeedRows) -> StudySummary:
+    """The study's numbers from its per-seed rows (a polars frame of ``token_level_seeds`` rows, or columns).
+
+    A comparison is summarised when its disagreement-count column exists. Corrective fractions: the ratio
+    criterion on its disagreement set with the aggregated-tail criterion, each predictive criterion on its own.
+    """
+    cols = seed_columns(seed_rows)
+    pairs: dict[str, PairSummary] = {}
+    for crit, (_ddot, s) in PREDICTIVE.items():
+        if f"n_disagree{s}" not in cols:
+            continue
+        pairs[crit] = PairSummary(
+            predictive=crit,
+            disagree=mean_se(cols[f"n_disagree{s}"]),
+            unsafe_keep=_paired(cols, crit),
+            corrective_ratio=_pooled(cols, f"n_corrective_ratio{s}", f"n_keep_ratio{s}"),
+            corrective_pred=_pooled(cols, f"n_corrective_{crit}", f"n_keep_{crit}"),
+        )
+    pooled = {c: _pooled(cols, f"n_corrective_{c}", f"n_keep_{c}") for c in CRITERIA}
+    return StudySummary(
+        seeds=tuple(int(s) for s in _column(cols, "seed")),
+        outside=mean_se(_column(cols, "n_outside")),
+        pairs=pairs,
+        corrective={c: p for c, p in pooled.items() if p.n > 0},
+    )
+
+
+# ------------------------------------------------------------------------------ checks beyond the paper
+
+
+def _predicted_increase(crit: str) -> pl.Expr:
+    if crit == "ratio":
+        return (pl.col("a") * (pl.col("r") - 1.0)) > 0
+    return (pl.col("a") * pl.col(PREDICTIVE[crit][0])) > 0
+
+
+def sign_accuracy(tokens: pl.DataFrame, reference: str = "dd_all") -> dict[str, MeanSE]:
+    """Per criterion: how often ``A x > 0`` (predicted increase of D) matches ``reference > 0`` (realised increase).
+
+    Per seed over its outside tokens with ``A != 0``, then mean ± SE over the seeds that have such tokens.
+    ``reference`` is the dD of the update that keeps every token (``dd_all``), so each token's own gradient is in it.
+    """
+    live = tokens.filter(pl.col("a") != 0)
+    out = {}
+    for crit in CRITERIA:
+        per_seed = live.group_by("seed").agg(
+            acc=(_predicted_increase(crit) == (pl.col(reference) > 0)).mean()
+        )
+        out[crit] = mean_se(per_seed["acc"].to_list())
+    return out
+
+
+def tail_flips(tokens: pl.DataFrame) -> dict[str, dict[str, float | int]]:
+    """How often the aggregated and uniform tails disagree with the exact tail, pooled over outside tokens.
+
+    ``sign``: sign(Ddot_tail) != sign(Ddot_exact) (all outside tokens); ``keep``: the keep decision differs.
+    """
+    n = tokens.height
+    exact_ddot = tokens.get_column("ddot_exact").to_numpy()
+    keep_exact = tokens.get_column("keep_pred_exact").to_numpy().astype(bool)
+    out: dict[str, dict[str, float | int]] = {}
+    for name, col, keep in (
+        ("aggregated", "ddot_agg", "keep_pred_agg"),
+        ("uniform", "ddot_uniform", "keep_pred_uniform"),
+    ):
+        ddot = tokens.get_column(col).to_numpy()
+        sf = int((np.sign(ddot) != np.sign(exact_ddot)).sum())
+        kf = int((tokens.get_column(keep).to_numpy().astype(bool) != keep_exact).sum())
+        out[name] = {
+            "tokens": n,
+            "sign_flips": sf,
+            "keep_flips": kf,
+            "sign_flip_frac": sf / n if n else float("nan"),
+            "max_abs_err": float(np.abs(ddot - exact_ddot).max()) if n else float("nan"),
+        }
+    return out
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rx = np.argsort(np.argsort(x, kind="stable"), kind="stable").astype(float)
+    ry = np.argsort(np.argsort(y, kind="stable"), kind="stable").astype(float)
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def first_order(
+    tokens: pl.DataFrame, ratio_cap: float, reference: str = "dd_all"
+) -> dict[str, dict[str, float]]:
+    """Correlation of each criterion's step-scaled predicted change with the realised ``reference`` dD.
+
+    The token's own gradient moves its logits by ``A * min(r, c)`` (times a positive step size) along
+    ``e_k - pi``, so the first-order change of D is ``A * min(r, c) * Ddot`` (the ratio criterion's stand-in for
+    Ddot is ``r - 1``). Pearson and Spearman correlations over outside tokens with ``A != 0``, pooled over seeds.
+    """
+    live = tokens.filter(pl.col("a") != 0)
+    y = live.get_column(reference).to_numpy()
+    scale = live.get_column("a").to_numpy() * np.minimum(live.get_column("r").to_numpy(), ratio_cap)
+    predicted = {"ratio": live.get_column("r").to_numpy() - 1.0}
+    predicted.update({crit: live.get_column(ddot).to_numpy() for crit, (ddot, _s) in PREDICTIVE.items()})
+    out: dict[str, dict[str, float]] = {}
+    for crit, x_raw in predicted.items():
+        x = scale * x_raw
+        if x.size < 3 or np.std(x) == 0 or np.std(y) == 0:
+            out[crit] = {"tokens": int(x.size), "pearson": float("nan"), "spearman": float("nan")}
+            continue
+        out[crit] = {
+            "tokens": int(x.size),
+            "pearson": float(np.corrcoef(x, y)[0, 1]),
+            "spearman": _spearman(x, y),
+        }
+    return out
