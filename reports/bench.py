@@ -16,64 +16,61 @@ import time
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import yaml
 
 from analysis.store import connect, ingest_paths, upsert_token_level
+from analysis.token_level import stats
+from predmask import metrics
+from predmask.precisions import get_precision
+from predmask.rl.task import EVAL_SPLITS
+from reports import labels
 from reports.paper import build_paper
 
 TARGET_S = 15.0
-SETTINGS = (
-    ("cpu_s", "qwen3_4b_base", "bf16"),
-    ("cpu_m", "qwen3_8b_base", "bf16"),
-    ("cpu_moe", "qwen3_30b_a3b_base", "fp8_rollout"),
-    ("cpu_moe", "qwen3_30b_a3b_base", "fp8_e2e"),
-)
-MAIN_METHODS = ("grpo_clip_higher", "dppo_topk_kl", "predmask_kl_agg", "predmask_kl_uniform")
-TIGHT_METHODS = ("dppo_topk_kl", "predmask_kl_agg", "predmask_kl_uniform")
-CORE_METRICS = (
-    "critic/score/mean",
-    "response_length/mean",
-    "actor/ppo_kl",
-    "actor/pg_clipfrac",
-    "val-core/aime24_standin/acc/mean@16",
-    "val-core/aime25_standin/acc/mean@16",
-)
+SWEEPS = ("main_comparison", "tight_threshold", "smoke")  # the synthetic runs mirror these sweeps of conf/
+A24, A25 = (metrics.val_acc(split, 16) for split in EVAL_SPLITS)  # the CPU engine's AIME stand-ins
+CORE_METRICS = (metrics.SCORE_MEAN, metrics.RESPONSE_LENGTH_MEAN, metrics.PPO_KL, metrics.CLIPFRAC, A24, A25)
 FILLER_METRICS = (
-    "actor/pg_clipfrac_lower",
-    "actor/mask/tokens",
-    "actor/mask/divergence_mean",
-    "actor/mask/divergence_max",
-    "actor/mask/outside_frac",
-    "actor/mask/mu_tail_clamped",
-    "actor/mask/pi_tail_clamped",
-    "actor/mask/direction_disagree",
-    "actor/pg_loss",
-    "actor/grad_norm",
-    "actor/lr",
-    "critic/score/max",
-    "critic/score/min",
-    "critic/advantages/mean",
-    "critic/advantages/max",
-    "critic/advantages/min",
-    "response_length/max",
-    "response_length/min",
-    "response_length/clip_ratio",
-    "timing_s/step",
-    "timing_s/gen",
-    "timing_s/update_actor",
-    "perf/throughput",
-    "training/global_step",
+    metrics.CLIPFRAC_LOWER,
+    metrics.MASK_TOKENS,
+    metrics.MASK_DIVERGENCE_MEAN,
+    metrics.MASK_DIVERGENCE_MAX,
+    metrics.MASK_OUTSIDE_FRAC,
+    metrics.MASK_MU_TAIL_CLAMPED,
+    metrics.MASK_PI_TAIL_CLAMPED,
+    metrics.MASK_DIRECTION_DISAGREE,
+    metrics.ACTOR_PG_LOSS,
+    metrics.ACTOR_GRAD_NORM,
+    metrics.ACTOR_LR,
+    metrics.SCORE_MAX,
+    metrics.SCORE_MIN,
+    metrics.ADVANTAGES_MEAN,
+    metrics.ADVANTAGES_MAX,
+    metrics.ADVANTAGES_MIN,
+    metrics.RESPONSE_LENGTH_MAX,
+    metrics.RESPONSE_LENGTH_MIN,
+    metrics.RESPONSE_LENGTH_CLIP_RATIO,
+    metrics.TIMING_STEP,
+    metrics.TIMING_GEN,
+    metrics.TIMING_UPDATE_ACTOR,
+    metrics.PERF_THROUGHPUT,
+    metrics.GLOBAL_STEP,
 )
 
 
 def run_grid() -> list[dict]:
-    """32 synthetic run specs: main comparison (16), tight threshold (12), smoke (4)."""
-    grid = [("main_comparison", m, 0.15, s) for s in SETTINGS for m in MAIN_METHODS]
-    grid += [("tight_threshold", m, 0.05, s) for s in SETTINGS for m in TIGHT_METHODS]
-    grid += [("smoke", m, 0.15, SETTINGS[0]) for m in MAIN_METHODS]
+    """Synthetic run specs, one per run of each sweep in SWEEPS (today 16 + 12 + 4 = 32), in conf/'s order."""
+    grid = [
+        (sweep, method, labels.sweep_delta(sweep), labels.setting_choice(setting))
+        for sweep in SWEEPS
+        for setting in labels.sweep_axis(sweep, "+setting")
+        for method in labels.sweep_axis(sweep, "method")
+    ]
     specs = []
-    for i, (sweep, method, delta, (model, stands, precision)) in enumerate(grid):
+    for i, (sweep, method, delta, (paper_model, precision)) in enumerate(grid):
+        model, emulated = labels.cpu_standin(paper_model), get_precision(precision)
         method_cfg: dict = {"name": method, "loss_agg_mode": "token-mean"}
         if method == "grpo_clip_higher":
             method_cfg.update(eps_low=0.2, eps_high=0.28)
@@ -91,15 +88,15 @@ def run_grid() -> list[dict]:
                     "method": method_cfg,
                     "model": {
                         "name": model,
-                        "stands_in_for": stands,
+                        "stands_in_for": paper_model,
                         "hidden_size": {"cpu_s": 64, "cpu_m": 128}.get(model, 96),
                         "num_layers": 2,
                         "num_experts": 4 if model == "cpu_moe" else 0,
                     },
                     "precision": {
                         "name": precision,
-                        "rollout": "fp8" if precision.startswith("fp8") else "bf16",
-                        "train": "fp8" if precision == "fp8_e2e" else "fp32",
+                        "rollout": "fp8" if emulated.rollout_fp8 else "bf16",
+                        "train": "fp8" if emulated.train_fp8 else "fp32",
                     },
                     "cluster": {"name": "local"},
                     "trainer": {
@@ -133,12 +130,12 @@ def _curves(rng: np.random.Generator, spec: dict, steps: int) -> dict[str, np.nd
         acc = np.where(t > 0.6, acc * np.exp(-8 * (t - 0.6)), acc)  # the collapse the paper reports
     noise = lambda s: rng.normal(0, s, steps)
     out = {
-        "critic/score/mean": np.clip(acc + 0.1 + noise(0.03), 0, 1),
-        "response_length/mean": 20 + 8 * t + noise(1.0),
-        "actor/ppo_kl": np.abs(0.002 + 0.001 * gain + noise(0.0005)),
-        "actor/pg_clipfrac": np.clip(0.02 + (0.01 if method == "dppo_topk_kl" else 0) + noise(0.003), 0, 1),
-        "val-core/aime24_standin/acc/mean@16": np.clip(acc + noise(0.02), 0, 1),
-        "val-core/aime25_standin/acc/mean@16": np.clip(acc - 0.05 + noise(0.02), 0, 1),
+        metrics.SCORE_MEAN: np.clip(acc + 0.1 + noise(0.03), 0, 1),
+        metrics.RESPONSE_LENGTH_MEAN: 20 + 8 * t + noise(1.0),
+        metrics.PPO_KL: np.abs(0.002 + 0.001 * gain + noise(0.0005)),
+        metrics.CLIPFRAC: np.clip(0.02 + (0.01 if method == "dppo_topk_kl" else 0) + noise(0.003), 0, 1),
+        A24: np.clip(acc + noise(0.02), 0, 1),
+        A25: np.clip(acc - 0.05 + noise(0.02), 0, 1),
     }
     for name in FILLER_METRICS:
         out[name] = rng.normal(0, 1, steps)
@@ -146,7 +143,7 @@ def _curves(rng: np.random.Generator, spec: dict, steps: int) -> dict[str, np.nd
 
 
 def write_runs(root: Path, steps: int = 500, seed: int = 0) -> list[Path]:
-    """Write the 32 synthetic run directories under root/runs/<sweep>/<run_id>; return them."""
+    """Write the synthetic run directories under root/runs/<sweep>/<run_id>; return them."""
     rng = np.random.default_rng(seed)
     dirs = []
     for spec in run_grid():
@@ -168,7 +165,8 @@ def write_runs(root: Path, steps: int = 500, seed: int = 0) -> list[Path]:
 
 
 def synthetic_study(n_seeds: int = 61, outside: int = 1435, seed: int = 0) -> tuple[pa.Table, pa.Table]:
-    """(seed rows, token rows) of a synthetic study whose per-seed numbers are recomputed from its tokens."""
+    """(seed rows, token rows) of a synthetic study; the per-seed rows are computed from its tokens by the study's
+    own per-seed summary."""
     rng = np.random.default_rng(seed)
     seed_rows, token_parts = [], []
     for s in range(n_seeds):
@@ -177,49 +175,28 @@ def synthetic_study(n_seeds: int = 61, outside: int = 1435, seed: int = 0) -> tu
         flip = rng.random(n) < 82 / outside
         keep_agg = np.where(flip, ~keep_ratio, keep_ratio)
         dd = {k: rng.normal(-0.01, 0.03, n) for k in ("ratio", "agg", "uniform", "exact")}
-        dis = keep_ratio != keep_agg
-        kr, ka = dis & keep_ratio, dis & keep_agg
-        row = {
-            "seed": s,
-            "n_tokens": n * 12,
-            "n_outside": n,
-            "n_disagree": int(dis.sum()),
-            "n_keep_ratio": int(kr.sum()),
-            "n_unsafe_ratio": int((kr & (dd["ratio"] > 0)).sum()),
-            "n_corrective_ratio": int((kr & (dd["ratio"] < 0)).sum()),
-            "n_keep_predictive": int(ka.sum()),
-            "n_unsafe_predictive": int((ka & (dd["agg"] > 0)).sum()),
-            "n_corrective_predictive": int((ka & (dd["agg"] < 0)).sum()),
-        }
-        row["unsafe_keep_ratio"] = (
-            row["n_unsafe_ratio"] / row["n_keep_ratio"] if row["n_keep_ratio"] else None
+        tokens = pa.table(
+            {
+                "seed": pa.array(np.full(n, s), pa.int32()),
+                "position": pa.array(np.arange(n), pa.int64()),
+                "d_pre": rng.uniform(0.15, 1.0, n),
+                "r": rng.lognormal(0, 0.2, n),
+                "a": rng.normal(0, 1, n),
+                "ddot_agg": rng.normal(0, 1, n),
+                "ddot_uniform": rng.normal(0, 1, n),
+                "ddot_exact": rng.normal(0, 1, n),
+                "keep_ratio": keep_ratio,
+                "keep_pred_agg": keep_agg,
+                "keep_pred_uniform": keep_agg,
+                "keep_pred_exact": keep_agg,
+                "dd_ratio": dd["ratio"],
+                "dd_pred_agg": dd["agg"],
+                "dd_pred_uniform": dd["uniform"],
+                "dd_pred_exact": dd["exact"],
+            }
         )
-        row["unsafe_keep_predictive"] = (
-            row["n_unsafe_predictive"] / row["n_keep_predictive"] if row["n_keep_predictive"] else None
-        )
-        seed_rows.append(row)
-        token_parts.append(
-            pa.table(
-                {
-                    "seed": pa.array(np.full(n, s), pa.int32()),
-                    "position": pa.array(np.arange(n), pa.int64()),
-                    "d_pre": rng.uniform(0.15, 1.0, n),
-                    "r": rng.lognormal(0, 0.2, n),
-                    "a": rng.normal(0, 1, n),
-                    "ddot_agg": rng.normal(0, 1, n),
-                    "ddot_uniform": rng.normal(0, 1, n),
-                    "ddot_exact": rng.normal(0, 1, n),
-                    "keep_ratio": keep_ratio,
-                    "keep_pred_agg": keep_agg,
-                    "keep_pred_uniform": keep_agg,
-                    "keep_pred_exact": keep_agg,
-                    "dd_ratio": dd["ratio"],
-                    "dd_pred_agg": dd["agg"],
-                    "dd_pred_uniform": dd["uniform"],
-                    "dd_pred_exact": dd["exact"],
-                }
-            )
-        )
+        seed_rows.append({"seed": s, **stats.seed_summary(pl.from_arrow(tokens), n_tokens=n * 12)})
+        token_parts.append(tokens)
     return pa.Table.from_pylist(seed_rows), pa.concat_tables(token_parts)
 
 
@@ -232,13 +209,15 @@ def build_db(root: Path, steps: int = 500) -> tuple[Path, float]:
         t0 = time.perf_counter()
         summary = ingest_paths(con, [root / "runs"])
         ingest_s = time.perf_counter() - t0
-        assert len(summary.runs) == 32, f"expected 32 runs, ingested {len(summary.runs)}"
+        n_runs = len(run_grid())
+        assert len(summary.runs) == n_runs, f"expected {n_runs} runs, ingested {len(summary.runs)}"
         seeds, tokens = synthetic_study()
+        paper_model, precision = labels.paper_settings()[0]  # the study's setting: the paper's first
         study_cfg = {
-            "model": {"name": "cpu_s", "stands_in_for": "qwen3_4b_base"},
-            "precision": {"name": "bf16"},
+            "model": {"name": labels.cpu_standin(paper_model), "stands_in_for": paper_model},
+            "precision": {"name": precision},
             "cluster": {"name": "local"},
-            "delta": 0.15,
+            "delta": labels.sweep_delta("main_comparison"),
             "seeds": 61,
             "sequences": 1024,
             "synthetic": True,
@@ -264,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         paper = build_paper(db, root / "out")
         paper_s, paper_cpu = time.perf_counter() - t0, time.process_time() - c0
     n_metrics = len(CORE_METRICS) + len(FILLER_METRICS)
-    print(f"synthetic database: 32 runs x {args.steps} steps x {n_metrics} metrics + 61-seed study")
+    print(
+        f"synthetic database: {len(run_grid())} runs x {args.steps} steps x {n_metrics} metrics + 61-seed study"
+    )
     print(f"ingest: {ingest_s:.2f} s")
     verdict = "within" if paper_s <= TARGET_S else "OVER"
     print(

@@ -11,10 +11,11 @@ from typing import Any
 
 import duckdb
 import numpy as np
+import polars as pl
 
-from reports.style import CPU_STAND_INS, PAPER_MODELS, PAPER_SETTINGS, PRECISION_LABELS, setting_label
+from predmask import metrics
+from reports import labels
 
-VAL_RE = re.compile(r"^val-core/(?P<src>.+)/acc/mean@(?P<n>\d+)$")  # a data_source may contain "/"
 AIME_RE = {
     "aime24": re.compile(r"aime[_-]?(?:20)?24", re.IGNORECASE),
     "aime25": re.compile(r"aime[_-]?(?:20)?25", re.IGNORECASE),
@@ -27,13 +28,6 @@ def table_exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
         "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
     ).fetchall()
     return bool(rows[0][0])
-
-
-def table_columns(con: duckdb.DuckDBPyConnection, name: str) -> set[str]:
-    rows = con.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_name = ?", [name]
-    ).fetchall()
-    return {r[0] for r in rows}
 
 
 def count_rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -65,7 +59,7 @@ class RunInfo:
         model_cfg = self.config.get("model") if isinstance(self.config, dict) else None
         if isinstance(model_cfg, dict) and isinstance(model_cfg.get("stands_in_for"), str):
             return model_cfg["stands_in_for"]
-        return CPU_STAND_INS.get(self.model or "")
+        return labels.stands_in_for(self.model)
 
     @property
     def paper_model(self) -> str:
@@ -81,13 +75,11 @@ class RunInfo:
 
     def describe_scale(self) -> str:
         if self.stands_in_for and self.model != self.stands_in_for:
-            return (
-                f"{self.model} (CPU stand-in for {PAPER_MODELS.get(self.stands_in_for, self.stands_in_for)})"
-            )
-        return PAPER_MODELS.get(self.model or "", self.model or "?")
+            return f"{self.model} (CPU stand-in for {labels.model_label(self.stands_in_for)})"
+        return labels.model_label(self.model)
 
     def describe_precision(self) -> str:
-        label = PRECISION_LABELS.get(self.precision or "", self.precision or "?")
+        label = labels.precision_label(self.precision)
         return (
             f"{label} (emulated on CPU)"
             if self.is_cpu
@@ -160,9 +152,9 @@ class PanelKey:
 
     @property
     def title(self) -> str:
-        head = setting_label(self.paper_model, self.precision)
+        head = labels.setting_label(self.paper_model, self.precision)
         if self.model is None:
-            stand = next((k for k, v in CPU_STAND_INS.items() if v == self.paper_model), None)
+            stand = labels.cpu_standin(self.paper_model)
             return head + (f"\n(CPU stand-in {stand}: no runs)" if stand else "\n(no runs)")
         if self.model != self.paper_model:
             return f"{head}\nCPU stand-in {self.model}, emulated precision"
@@ -175,7 +167,7 @@ def panel_keys(runs: Iterable[RunInfo]) -> list[PanelKey]:
     for r in runs:
         found.setdefault(r.setting, set()).add(r.model or "?")
     keys: list[PanelKey] = []
-    for setting in PAPER_SETTINGS:
+    for setting in labels.paper_settings():
         models = sorted(found.pop(setting, set()))
         keys.extend(PanelKey(*setting, m) for m in models) if models else keys.append(
             PanelKey(*setting, None)
@@ -241,13 +233,13 @@ def aime_metric_names(names: Iterable[str]) -> dict[str, str]:
     """{'aime24': name, 'aime25': name} from val-core/<src>/acc/mean@N names; prefers N = 16, else the largest."""
     best: dict[str, tuple[int, str]] = {}
     for name in names:
-        m = VAL_RE.match(name)
+        m = metrics.VAL_ACC_RE.match(name)  # a data source may contain "/"
         if not m:
             continue
         n = int(m.group("n"))
         rank = 10**6 if n == PREFERRED_AT_N else n
         for bench, pat in AIME_RE.items():
-            if pat.search(m.group("src")) and (bench not in best or rank > best[bench][0]):
+            if pat.search(m.group("source")) and (bench not in best or rank > best[bench][0]):
                 best[bench] = (rank, name)
     return {bench: name for bench, (_, name) in best.items()}
 
@@ -309,18 +301,14 @@ class StudyInfo:
         """'backend, scale, precision' in words, for labels that must never be confused with the paper's."""
         model = self._get("model", "name") or self._get("model")
         model = model if isinstance(model, str) else "unknown model"
-        stands = self._get("model", "stands_in_for") or CPU_STAND_INS.get(model)
+        stands = self._get("model", "stands_in_for") or labels.stands_in_for(model)
         precision = self._get("precision", "name") or self._get("precision")
         precision = precision if isinstance(precision, str) else "unknown precision"
         cluster = self._get("cluster", "name") or self._get("cluster") or self._get("backend")
         cpu = stands is not None and model != stands
         backend = "CPU engine" if cpu or cluster in (None, "local") else f"cluster ({cluster})"
-        scale = (
-            f"{model} (stand-in for {PAPER_MODELS.get(stands, stands)})"
-            if cpu
-            else PAPER_MODELS.get(model, model)
-        )
-        prec = PRECISION_LABELS.get(precision, precision) + (" emulated" if cpu else "")
+        scale = f"{model} (stand-in for {labels.model_label(stands)})" if cpu else labels.model_label(model)
+        prec = labels.precision_label(precision) + (" emulated" if cpu else "")
         return f"{backend}, {scale}, {prec}"
 
 
@@ -356,67 +344,9 @@ def pick_study(studies: Sequence[StudyInfo], study_id: str | None) -> StudyInfo 
     return with_seeds[0] if with_seeds else (studies[0] if studies else None)
 
 
-def seed_table(con: duckdb.DuckDBPyConnection, study_id: str) -> dict[str, np.ndarray]:
-    """token_level_seeds of one study as column arrays (float, NaN for NULL), ordered by seed."""
+def seed_rows(con: duckdb.DuckDBPyConnection, study_id: str) -> pl.DataFrame:
+    """The token_level_seeds rows of one study, as stored (empty when the table does not exist)."""
     if not table_exists(con, "token_level_seeds"):
-        return {}
-    cols = sorted(table_columns(con, "token_level_seeds") - {"study_id"})
-    raw = con.execute(
-        f"SELECT {', '.join(cols)} FROM token_level_seeds WHERE study_id = ? ORDER BY seed", [study_id]
-    ).fetchnumpy()
-    out: dict[str, np.ndarray] = {}
-    for c in cols:
-        arr = raw[c]
-        if np.ma.isMaskedArray(arr):
-            arr = arr.astype(float).filled(np.nan) if arr.dtype != object else np.ma.filled(arr, None)
-        try:
-            out[c] = np.asarray(arr, dtype=float)
-        except (TypeError, ValueError):
-            continue  # non-numeric extra columns are not part of the report
-    return out
-
-
-# (criterion, keep column, dD column); ratio is judged on its disagreement set with the aggregated criterion,
-# each predictive criterion on its own disagreement set with the ratio criterion (math.md §5).
-CRITERIA_TOKENS: tuple[tuple[str, str, str, str], ...] = (
-    ("ratio", "keep_ratio", "keep_pred_agg", "dd_ratio"),
-    ("predictive", "keep_pred_agg", "keep_ratio", "dd_pred_agg"),
-    ("predictive_uniform", "keep_pred_uniform", "keep_ratio", "dd_pred_uniform"),
-    ("predictive_exact", "keep_pred_exact", "keep_ratio", "dd_pred_exact"),
-)
-
-
-def pooled_corrective(
-    con: duckdb.DuckDBPyConnection, study_id: str
-) -> tuple[dict[str, tuple[int, int]], str]:
-    """criterion -> (corrective, kept) pooled over all seeds: kept = disagreement tokens the criterion keeps,
-    corrective = those with dD < 0. From token_level_tokens; from the seed counts when the study stored no
-    tokens. Returns the counts and the source used."""
-    out: dict[str, tuple[int, int]] = {}
-    if table_exists(con, "token_level_tokens"):
-        have = table_columns(con, "token_level_tokens")
-        parts, usable = [], []
-        for crit, keep, other, dd in CRITERIA_TOKENS:
-            if {keep, other, dd} <= have:
-                kept = f"{keep} AND NOT {other}"
-                parts.append(f"count(*) FILTER (WHERE {kept}), count(*) FILTER (WHERE {kept} AND {dd} < 0)")
-                usable.append(crit)
-        n_tokens = con.execute(
-            "SELECT count(*) FROM token_level_tokens WHERE study_id = ?", [study_id]
-        ).fetchall()
-        if parts and n_tokens[0][0] > 0:
-            row = con.execute(
-                f"SELECT {', '.join(parts)} FROM token_level_tokens WHERE study_id = ?", [study_id]
-            ).fetchall()[0]
-            for i, crit in enumerate(usable):
-                kept_n, corr_n = int(row[2 * i]), int(row[2 * i + 1])
-                if kept_n > 0:
-                    out[crit] = (corr_n, kept_n)
-            return out, "token_level_tokens (pooled over tokens)"
-    seeds = seed_table(con, study_id)
-    for crit in ("ratio", "predictive", "predictive_uniform", "predictive_exact"):
-        kept, corr = seeds.get(f"n_keep_{crit}"), seeds.get(f"n_corrective_{crit}")
-        if kept is not None and corr is not None and np.isfinite(kept).any() and np.nansum(kept) > 0:
-            ok = np.isfinite(kept) & np.isfinite(corr)
-            out[crit] = (int(corr[ok].sum()), int(kept[ok].sum()))
-    return out, "token_level_seeds counts (the study stored no tokens)"
+        return pl.DataFrame()
+    sql = "SELECT * EXCLUDE (study_id) FROM token_level_seeds WHERE study_id = ? ORDER BY seed"
+    return con.sql(sql, params=[study_id]).pl()

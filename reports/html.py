@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from predmask.io import atomic_write_text
 from reports import data
-from reports.registry import ArtefactResult
-from reports.tables import TextTable, write_text_atomic
+from reports.artefact import ArtefactResult
+from reports.tables import TextTable
 
 CSS = """
 body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto;
@@ -140,7 +141,9 @@ def render_index(
                 parts.append(_table_html(t))
         parts.append(_provenance(r, con_steps))
     parts.append("</body></html>")
-    return write_text_atomic(out / "index.html", "\n".join(parts))
+    index = out / "index.html"
+    atomic_write_text(index, "\n".join(parts))
+    return index
 
 
 def run_steps(con, results: Sequence[ArtefactResult]) -> dict[str, tuple[int, int]]:

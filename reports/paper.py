@@ -8,6 +8,7 @@ from pathlib import Path
 
 from analysis.store import StoreError, connect
 from reports import data, registry
+from reports.artefact import Artefact, ArtefactResult, ReportContext
 from reports.html import render_index, run_steps
 
 
@@ -19,7 +20,7 @@ class EmptyDatabase(StoreError):
 class PaperResult:
     """What `paper` produced: each artefact's result, the page, and the artefacts that failed."""
 
-    results: list[registry.ArtefactResult] = field(default_factory=list)
+    results: list[ArtefactResult] = field(default_factory=list)
     index: Path | None = None
     failures: dict[str, str] = field(default_factory=dict)
 
@@ -50,7 +51,7 @@ def build_paper(
     con = connect(db, read_only=True)
     try:
         check_not_empty(con, db)
-        ctx = registry.ReportContext(
+        ctx = ReportContext(
             con=con,
             out=out,
             sweeps=tuple(sweeps) if sweeps else None,
@@ -79,11 +80,11 @@ def build_paper(
 
 def availability(
     db: Path, sweeps: Sequence[str] | None = None, study_id: str | None = None
-) -> list[tuple[registry.Artefact, str, bool]]:
+) -> list[tuple[Artefact, str, bool]]:
     """For `list`: each artefact, a short description of the data it would draw, and whether there is any."""
     con = connect(db, read_only=True)
     try:
-        ctx = registry.ReportContext(
+        ctx = ReportContext(
             con=con, out=Path("."), sweeps=tuple(sweeps) if sweeps else None, study_id=study_id, draw=False
         )
         rows = []

@@ -1,35 +1,22 @@
 """Table 1 (hyperparameters from the runs' composed configs) and the token-level summary beside the paper's numbers.
 
-Each table is rendered as Markdown and LaTeX; the report page renders the same rows as HTML.
+Each table is rendered as Markdown and LaTeX; the report page renders the same rows as HTML. The token-level
+summary prints what analysis.token_level.stats returns for the study, and the paper's numbers from the same module.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from analysis.token_level import stats
+from predmask.io import atomic_write_text
 from reports import data
-from reports.figures import mean_se, unsafe_keep_stats
-from reports.registry import ArtefactResult, ReportContext, table
-from reports.style import method_rank, method_style
+from reports.artefact import ArtefactResult, ReportContext, table
+from reports.labels import method_label
+from reports.style import method_rank
 
-# math.md §5: the paper's token-level numbers (Qwen3 scale, 61 seeds). Never mixed with this database's.
-PAPER_LABEL = "paper (Qwen3, 61 seeds)"
-PAPER_TOKEN_LEVEL: dict[str, str] = {
-    "seeds": "61",
-    "outside": "1,435",
-    "disagree": "≈ 82",
-    "unsafe_predictive": "34.2%",
-    "unsafe_ratio": "36.9%",
-    "lower": "38 of 61",
-    "corrective_predictive": "65.1%",
-    "corrective_ratio": "62.9%",
-}
 NOT_REPORTED = "not reported"
 
 
@@ -99,14 +86,6 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX.get(ch, ch) for ch in text)
 
 
-def write_text_atomic(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
 # ------------------------------------------------------------------------------------------ Table 1
 
 # Config keys that identify a run or say where it lives, not how it trains.
@@ -163,6 +142,14 @@ def _merge_values(values: Sequence[str | None]) -> str:
     return distinct[0] if len(distinct) == 1 else " / ".join(distinct)
 
 
+def write_texts(ctx: ReportContext, texts: Mapping[str, str]) -> list:
+    """Write each file name -> text into the output folder atomically; the paths written."""
+    paths = [ctx.out / name for name in texts]
+    for path, text in zip(paths, texts.values()):
+        atomic_write_text(path, text)
+    return paths
+
+
 def hyperparameter_tables(runs: Sequence[data.RunInfo]) -> tuple[TextTable, TextTable]:
     """(training hyperparameters per setting, method parameters per method) from the runs' configs."""
     keys = data.panel_keys(runs)
@@ -194,12 +181,12 @@ def hyperparameter_tables(runs: Sequence[data.RunInfo]) -> tuple[TextTable, Text
         m: [flatten(r.config.get("method", {})) for r in runs if r.method == m and isinstance(r.config, dict)]
         for m in methods
     }
-    m_keys = sorted({k for flats in per_method.values() for f in flats for k in f} - {"name"})
+    m_keys = sorted({k for flats in per_method.values() for f in flats for k in f} - {"name", "label"})
     m_rows = [[k] + [_merge_values([f.get(k) for f in per_method[m]]) for m in methods] for k in m_keys]
     method_table = TextTable(
         title="Table 1 (continued): method parameters",
         note="method.* of the same configs; δ is the trust-region threshold of the divergence methods.",
-        header=["parameter"] + [method_style(m)[0] for m in methods],
+        header=["parameter"] + [method_label(m) for m in methods],
         rows=m_rows,
     )
     return train, method_table
@@ -222,112 +209,81 @@ def table1_hyperparameters(ctx: ReportContext) -> ArtefactResult:
     if ctx.draw:
         md = train.markdown() + "\n" + method_table.markdown()
         tex = train.latex() + "\n" + method_table.latex()
-        result.files = [
-            write_text_atomic(ctx.out / "table1_hyperparameters.md", md),
-            write_text_atomic(ctx.out / "table1_hyperparameters.tex", tex),
-        ]
+        result.files = write_texts(ctx, {"table1_hyperparameters.md": md, "table1_hyperparameters.tex": tex})
     return result
 
 
 # --------------------------------------------------------------------------------- token-level summary
 
-
-def _pct(v: float) -> str:
-    return f"{100 * v:.1f}%" if np.isfinite(v) else "—"
+SummaryRow = tuple[str, str | None, Callable[[stats.StudySummary], str]]
 
 
-def _pct_se(mean: float, se: float, n: int) -> str:
-    if not np.isfinite(mean):
+def _pooled(crit: str) -> Callable[[stats.StudySummary], str]:
+    return lambda s: s.corrective[crit].pct() if crit in s.corrective else "—"
+
+
+def _paired_mean(crit: str, side: str) -> Callable[[stats.StudySummary], str]:
+    def cell(s: stats.StudySummary) -> str:
+        pair = s.pairs.get(crit)
+        return "—" if pair is None else getattr(pair.unsafe_keep, side).pct()
+
+    return cell
+
+
+def _lower(s: stats.StudySummary) -> str:
+    if s.headline is None:
         return "—"
-    return (
-        f"{100 * mean:.1f}% ± {100 * se:.1f} (n = {n})" if np.isfinite(se) else f"{100 * mean:.1f}% (n = {n})"
-    )
+    pair = s.headline.unsafe_keep
+    return f"{pair.n_lower} of {pair.n_paired} paired seeds"
 
 
-def _mean_count(values: np.ndarray | None) -> str:
-    if values is None:
-        return "—"
-    m, se, n = mean_se(values)
-    return "—" if n == 0 else (f"{m:,.1f} ± {se:,.1f}" if np.isfinite(se) else f"{m:,.1f}")
+# (quantity, key of the paper's number or None when the paper does not report it, this study's value)
+SUMMARY_ROWS: tuple[SummaryRow, ...] = (
+    ("seeds", "seeds", lambda s: str(s.n_seeds)),
+    ("tokens outside the trust region per seed (mean ± SE)", "outside_per_seed", lambda s: s.outside.count()),
+    (
+        "disagreement set per seed (mean ± SE)",
+        "disagree_per_seed",
+        lambda s: s.headline.disagree.count() if s.headline else "—",
+    ),
+    (
+        "unsafe-keep rate, predictive aggregated (mean ± SE over paired seeds)",
+        "unsafe_keep_predictive",
+        _paired_mean("predictive", "pred_mean"),
+    ),
+    (
+        "unsafe-keep rate, ratio (mean ± SE over paired seeds)",
+        "unsafe_keep_ratio",
+        _paired_mean("predictive", "ratio_mean"),
+    ),
+    ("seeds where predictive is lower", "seeds_predictive_lower", _lower),
+    ("corrective fraction, predictive aggregated (pooled)", "corrective_predictive", _pooled("predictive")),
+    ("corrective fraction, ratio (pooled)", "corrective_ratio", _pooled("ratio")),
+    (
+        "unsafe-keep rate, predictive uniform (mean ± SE over paired seeds)",
+        None,
+        _paired_mean("predictive_uniform", "pred_mean"),
+    ),
+    (
+        "unsafe-keep rate, predictive exact tail (mean ± SE over paired seeds)",
+        None,
+        _paired_mean("predictive_exact", "pred_mean"),
+    ),
+    ("corrective fraction, predictive uniform (pooled)", None, _pooled("predictive_uniform")),
+    ("corrective fraction, predictive exact tail (pooled)", None, _pooled("predictive_exact")),
+)
 
 
-def token_level_summary_table(ctx: ReportContext, study: data.StudyInfo) -> tuple[TextTable, dict[str, Any]]:
-    """The study's numbers beside the paper's, one quantity per row; the values behind them as a dict."""
-    seeds = data.seed_table(ctx.con, study.study_id)
-    st = unsafe_keep_stats(seeds)
-    counts, source = data.pooled_corrective(ctx.con, study.study_id)
-
-    def pooled(crit: str) -> str:
-        if crit not in counts:
-            return "—"
-        k, n = counts[crit]
-        return f"{100 * k / n:.1f}% ({k}/{n})"
-
-    def extra(col: str) -> str:
-        v = seeds.get(col)
-        if v is None:
-            return "—"
-        m, se, n = mean_se(v)
-        return _pct_se(m, se, n)
-
-    db_label = f"this database ({study.describe()}; study {study.study_id})"
-    rows = [
-        ["seeds", PAPER_TOKEN_LEVEL["seeds"], str(st["n_seeds"])],
+def summary_rows(summary: stats.StudySummary | None) -> list[list[str]]:
+    """One row per quantity: its name, the paper's number, this study's number ("—" without a study)."""
+    return [
         [
-            "tokens outside the trust region per seed (mean ± SE)",
-            PAPER_TOKEN_LEVEL["outside"],
-            _mean_count(seeds.get("n_outside")),
-        ],
-        [
-            "disagreement set per seed (mean ± SE)",
-            PAPER_TOKEN_LEVEL["disagree"],
-            _mean_count(seeds.get("n_disagree")),
-        ],
-        [
-            "unsafe-keep rate, predictive aggregated (mean ± SE over seeds)",
-            PAPER_TOKEN_LEVEL["unsafe_predictive"],
-            _pct_se(st["mean_predictive"], st["se_predictive"], st["n_paired"]),
-        ],
-        [
-            "unsafe-keep rate, ratio (mean ± SE over seeds)",
-            PAPER_TOKEN_LEVEL["unsafe_ratio"],
-            _pct_se(st["mean_ratio"], st["se_ratio"], st["n_paired"]),
-        ],
-        [
-            "seeds where predictive is lower",
-            PAPER_TOKEN_LEVEL["lower"],
-            f"{st['n_predictive_lower']} of {st['n_paired']}",
-        ],
-        [
-            "corrective fraction, predictive aggregated (pooled)",
-            PAPER_TOKEN_LEVEL["corrective_predictive"],
-            pooled("predictive"),
-        ],
-        ["corrective fraction, ratio (pooled)", PAPER_TOKEN_LEVEL["corrective_ratio"], pooled("ratio")],
-        [
-            "unsafe-keep rate, predictive uniform (mean ± SE)",
-            NOT_REPORTED,
-            extra("unsafe_keep_predictive_uniform"),
-        ],
-        [
-            "unsafe-keep rate, predictive exact tail (mean ± SE)",
-            NOT_REPORTED,
-            extra("unsafe_keep_predictive_exact"),
-        ],
-        ["corrective fraction, predictive uniform (pooled)", NOT_REPORTED, pooled("predictive_uniform")],
-        ["corrective fraction, predictive exact tail (pooled)", NOT_REPORTED, pooled("predictive_exact")],
+            quantity,
+            stats.paper_text(key) if key is not None else NOT_REPORTED,
+            value(summary) if summary is not None else "—",
+        ]
+        for quantity, key, value in SUMMARY_ROWS
     ]
-    text = TextTable(
-        title="Token-level study: this database beside the paper",
-        note=(
-            "Left column: the paper's published numbers (Qwen3 scale, 61 seeds, math.md §5). Right column: this "
-            f"database only. A small CPU model reproduces the mechanism, not the paper's numbers. Pooled "
-            f"fractions from {source}."
-        ),
-        header=["quantity", PAPER_LABEL, db_label],
-        rows=rows,
-    )
-    return text, {"unsafe_keep": st, "corrective_counts": counts, "corrective_source": source}
 
 
 @table("token_level_summary", "Token-level study beside the paper's numbers", source="study")
@@ -339,21 +295,30 @@ def token_level_summary(ctx: ReportContext) -> ArtefactResult:
         study=ctx.study,
         selection_rule=f"study {ctx.study.study_id}" if ctx.study else "no token-level study",
     )
-    if ctx.study is None:
-        text = TextTable(
-            title=result.title,
-            note="No token-level study in this database (python -m analysis token_level); only the paper's column.",
-            header=["quantity", PAPER_LABEL, "this database"],
-            rows=[[k, v, "—"] for k, v in PAPER_TOKEN_LEVEL.items()],
+    if ctx.study is None or ctx.summary is None:
+        note = (
+            "No token-level study in this database (python -m analysis token_level); only the paper's column."
         )
+        db_label = "this database"
     else:
-        text, stats = token_level_summary_table(ctx, ctx.study)
-        result.stats = stats
-        result.has_data = stats["unsafe_keep"]["n_seeds"] > 0
+        result.stats = ctx.summary
+        result.has_data = ctx.summary.n_seeds > 0
+        note = (
+            "Left column: the paper's published numbers (Qwen3 scale, 61 seeds, math.md §5). Right column: this "
+            "database only. A small CPU model reproduces the mechanism, not the paper's numbers. Means of "
+            "unsafe-keep rates are over the paired seeds (both criteria kept a disagreement token); pooled "
+            "fractions are summed over all seeds from the per-seed counts."
+        )
+        db_label = f"this database ({ctx.study.describe()}; study {ctx.study.study_id})"
+    text = TextTable(
+        title=result.title,
+        note=note,
+        header=["quantity", stats.PAPER_LABEL, db_label],
+        rows=summary_rows(ctx.summary),
+    )
     result.tables = {"summary": text}
     if ctx.draw:
-        result.files = [
-            write_text_atomic(ctx.out / "token_level_summary.md", text.markdown()),
-            write_text_atomic(ctx.out / "token_level_summary.tex", text.latex()),
-        ]
+        result.files = write_texts(
+            ctx, {"token_level_summary.md": text.markdown(), "token_level_summary.tex": text.latex()}
+        )
     return result

@@ -7,7 +7,7 @@ Runs (all CPU engine, local):
                    m_grpo_e2e            grpo_clip_higher cpu_moe fp8_e2e      δ 0.15  steps 1-4 (other AIME names)
   tight_threshold  t_dppo_s              dppo_topk_kl     cpu_s   bf16         δ 0.05  steps 1-4
   smoke            sm_agg_s              predmask_kl_agg  cpu_s   bf16         δ 0.15  steps 1-2
-No cpu_m run: the Qwen3-8B panel must be empty. Studies: st_tokens (tokens + seeds), st_counts (seed counts only).
+No cpu_m run: the Qwen3-8B panel must be empty. Studies: st_tokens (tokens + seeds), st_counts (seeds only).
 """
 
 from __future__ import annotations
@@ -170,7 +170,9 @@ STUDY_TOKENS = {
     "dd_pred_agg": [0.0, 0.0, -0.3, -0.1, 0.3, 0.1, 0.0],
     "dd_pred_uniform": [0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0],
 }
-# per-seed rates as the study stored them (seed 3: ratio kept nothing -> NULL, left out of the pairs)
+# The per-seed rows. The kept / corrective counts are those of the tokens above (seeds 2 and 3 stored none); the
+# per-seed rates are set by hand, apart from the counts, so that Figure 3 (rates) and Figure 4 (pooled counts) are
+# checked separately. Seed 3: the ratio criterion kept nothing -> NULL rate, left out of the pairs.
 STUDY_SEEDS = {
     "seed": [0, 1, 2, 3],
     "n_tokens": [100, 100, 100, 100],
@@ -179,6 +181,13 @@ STUDY_SEEDS = {
     "unsafe_keep_ratio": [0.5, 0.4, 0.3, None],
     "unsafe_keep_predictive": [0.25, 0.5, 0.2, 0.1],
     "unsafe_keep_predictive_uniform": [0.0, 0.5, None, None],
+    "unsafe_keep_ratio_uniform": [0.5, None, 0.1, None],  # paired with the uniform rate on seed 0 only
+    "n_keep_ratio": [2, 1, 0, 0],
+    "n_corrective_ratio": [1, 1, 0, 0],
+    "n_keep_predictive": [3, 0, 0, 0],
+    "n_corrective_predictive": [2, 0, 0, 0],
+    "n_keep_predictive_uniform": [1, 0, 0, 0],
+    "n_corrective_predictive_uniform": [1, 0, 0, 0],
 }
 COUNTS_SEEDS = {
     "seed": [0, 1],
@@ -236,7 +245,7 @@ def ctx_factory(report_db):
     """A data-only ReportContext (draw=False) on the test database; closes its connections."""
     import duckdb
 
-    from reports.registry import ReportContext
+    from reports.artefact import ReportContext
 
     cons = []
 

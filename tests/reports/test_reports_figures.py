@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 import statistics
+import types
 
+import duckdb
 import numpy as np
 import pytest
 from numpy.testing import assert_allclose
 
-from reports import figures, registry
+from analysis.token_level import stats
+from reports import artefact, figures, registry, tables
 
 QWEN4 = "Qwen3-4B-Base · BF16"
 QWEN8 = "Qwen3-8B-Base · BF16"
@@ -115,38 +118,65 @@ def test_smoothing_is_a_trailing_mean(ctx_factory):
     assert y == pytest.approx(expected)
 
 
+def _stored_seed_rows(report_db, study_id: str):
+    """The study's token_level_seeds rows, read with a query of the test's own (not through reports.data)."""
+    with duckdb.connect(str(report_db), read_only=True) as con:
+        return con.sql("SELECT * FROM token_level_seeds WHERE study_id = ?", params=[study_id]).pl()
+
+
 def test_fig3_paired_rates_mean_se_and_lower_count(ctx_factory):
     res = figures.fig3_unsafe_keep(ctx_factory())
     assert res.study.study_id == "st_tokens"  # the newest study by default
-    st = res.stats
+    pair = res.stats
     ratio, pred = [0.5, 0.4, 0.3], [0.25, 0.5, 0.2]  # seed 3 has no ratio rate: not paired
-    assert list(st["seeds"]) == [0, 1, 2] and st["n_seeds"] == 4 and st["n_paired"] == 3
-    assert st["mean_ratio"] == pytest.approx(statistics.fmean(ratio))
-    assert st["se_ratio"] == pytest.approx(statistics.stdev(ratio) / math.sqrt(3))
-    assert st["mean_predictive"] == pytest.approx(statistics.fmean(pred))
-    assert st["se_predictive"] == pytest.approx(statistics.stdev(pred) / math.sqrt(3))
-    assert st["n_predictive_lower"] == 2
+    assert list(pair.seeds) == [0, 1, 2] and pair.n_seeds == 4 and pair.n_paired == 3
+    assert pair.ratio_mean.mean == pytest.approx(statistics.fmean(ratio))
+    assert pair.ratio_mean.se == pytest.approx(statistics.stdev(ratio) / math.sqrt(3))
+    assert pair.pred_mean.mean == pytest.approx(statistics.fmean(pred))
+    assert pair.pred_mean.se == pytest.approx(statistics.stdev(pred) / math.sqrt(3))
+    assert (pair.ratio_mean.n, pair.ratio_mean.over) == (3, "paired seeds")
+    assert pair.n_lower == 2
     left, right = res.panels
     assert_allclose(left.get("ratio").y, ratio)
     assert_allclose(left.get("predictive").y, pred)
+    assert_allclose(left.get("ratio").yerr, [statistics.stdev(ratio) / math.sqrt(3)])
     diff = right.get("difference")
     assert_allclose(diff.y, sorted(p - r for p, r in zip(pred, ratio)))
     assert list(diff.x) == [0, 2, 1]
 
 
+@pytest.mark.parametrize("study_id", ["st_tokens", "st_counts"])
+def test_fig3_fig4_and_the_summary_print_what_the_study_statistics_return(ctx_factory, report_db, study_id):
+    expected = stats.study_summary(_stored_seed_rows(report_db, study_id))
+    head = expected.headline.unsafe_keep
+    ctx = ctx_factory(study_id=study_id)
+    pair = figures.fig3_unsafe_keep(ctx).stats
+    assert_allclose(pair.seeds, head.seeds)
+    assert_allclose(pair.ratio, head.ratio)
+    assert_allclose(pair.pred, head.pred)
+    assert (pair.ratio_mean, pair.pred_mean, pair.n_lower) == (head.ratio_mean, head.pred_mean, head.n_lower)
+    assert figures.fig4_corrective(ctx).stats == expected.corrective
+    rows = {row[0]: row[2] for row in tables.token_level_summary(ctx).tables["summary"].rows}
+    assert rows["unsafe-keep rate, ratio (mean ± SE over paired seeds)"] == head.ratio_mean.pct()
+    assert (
+        rows["unsafe-keep rate, predictive aggregated (mean ± SE over paired seeds)"] == head.pred_mean.pct()
+    )
+    assert rows["corrective fraction, ratio (pooled)"] == expected.corrective["ratio"].pct()
+
+
 def test_fig3_fig4_with_another_study(ctx_factory):
     ctx = ctx_factory(study_id="st_counts")
-    st = figures.fig3_unsafe_keep(ctx).stats
-    assert st["n_paired"] == 2 and st["n_predictive_lower"] == 1
-    res4 = figures.fig4_corrective(ctx)  # this study stored no tokens: pooled from the seed counts
-    assert res4.stats["counts"] == {"ratio": (4, 10), "predictive": (5, 10)}
-    assert "token_level_seeds" in res4.stats["source"]
+    pair = figures.fig3_unsafe_keep(ctx).stats
+    assert pair.n_paired == 2 and pair.n_lower == 1
+    res4 = figures.fig4_corrective(ctx)  # this study stored no tokens: pooled from its seed counts
+    assert {c: (p.k, p.n) for c, p in res4.stats.items()} == {"ratio": (4, 10), "predictive": (5, 10)}
     assert_allclose(res4.panels[0].series[0].y, [0.4, 0.5])
 
 
-def test_fig4_pooled_corrective_fraction_from_tokens(ctx_factory):
+def test_fig4_pooled_corrective_fraction_over_seeds(ctx_factory):
     res = figures.fig4_corrective(ctx_factory())
-    assert res.stats["counts"] == {"ratio": (2, 3), "predictive": (2, 3), "predictive_uniform": (1, 1)}
+    counts = {c: (p.k, p.n) for c, p in res.stats.items()}
+    assert counts == {"ratio": (2, 3), "predictive": (2, 3), "predictive_uniform": (1, 1)}
     s = res.panels[0].series[0]
     assert list(s.x) == ["ratio", "predictive", "predictive_uniform"]
     assert_allclose(s.y, [2 / 3, 2 / 3, 1.0])
@@ -172,8 +202,10 @@ def test_registry_lists_every_paper_artefact():
         "fig8_ppo_kl_clipfrac",
     ]
     assert {"table1_hyperparameters", "token_level_summary"} <= set(names)
-    with pytest.raises(ValueError, match="registered twice"):
-        registry.figure("fig1_main_comparison", "again")(lambda ctx: None)
+    again = types.ModuleType("again")
+    again.fig1 = artefact.figure("fig1_main_comparison", "again")(lambda ctx: None)
+    with pytest.raises(ValueError, match="artefact 'fig1_main_comparison' declared twice"):
+        registry.collect([*registry.MODULES, again])
 
 
 def test_aime_metric_names_match_cpu_and_cluster_spellings():

@@ -52,11 +52,20 @@ def test_token_level_summary_keeps_paper_and_database_apart(paper):
     assert rows["tokens outside the trust region per seed (mean ± SE)"][0] == "1,435"
     assert rows["tokens outside the trust region per seed (mean ± SE)"][1].startswith("9.2")  # (6+1+10+20)/4
     assert rows["disagreement set per seed (mean ± SE)"][1].startswith("2.8")  # 11/4 = 2.75
-    assert rows["unsafe-keep rate, predictive aggregated (mean ± SE over seeds)"][0] == "34.2%"
-    assert rows["unsafe-keep rate, ratio (mean ± SE over seeds)"] == ["36.9%", "40.0% ± 5.8 (n = 3)"]
-    assert rows["seeds where predictive is lower"] == ["38 of 61", "2 of 3"]
+    assert rows["unsafe-keep rate, predictive aggregated (mean ± SE over paired seeds)"][0] == "34.2%"
+    assert rows["unsafe-keep rate, ratio (mean ± SE over paired seeds)"] == [
+        "36.9%",
+        "40.0% ± 5.8 (n = 3 paired seeds)",
+    ]
+    assert rows["seeds where predictive is lower"] == ["38 of 61", "2 of 3 paired seeds"]
     assert rows["corrective fraction, predictive aggregated (pooled)"] == ["65.1%", "66.7% (2/3)"]
     assert rows["corrective fraction, ratio (pooled)"] == ["62.9%", "66.7% (2/3)"]
+    assert rows["unsafe-keep rate, predictive uniform (mean ± SE over paired seeds)"] == [
+        "not reported",
+        "0.0% (n = 1 paired seeds)",
+    ]
+    assert rows["corrective fraction, predictive uniform (pooled)"] == ["not reported", "100.0% (1/1)"]
+    assert rows["unsafe-keep rate, predictive exact tail (mean ± SE over paired seeds)"][1] == "—"
     md = (paper.index.parent / "token_level_summary.md").read_text()
     assert "| corrective fraction, ratio (pooled) | 62.9% | 66.7% (2/3) |" in md
 
@@ -140,5 +149,5 @@ def test_study_without_runs_draws_empty_training_panels(tmp_path):
     paper = build_paper(db, tmp_path / "o", only=["fig1_main_comparison", "fig3_unsafe_keep"])
     fig1, fig3 = paper.results
     assert not fig1.has_data and all(p.series == [] for p in fig1.panels) and len(fig1.panels) == 4
-    assert fig3.has_data and fig3.stats["n_predictive_lower"] == 1
+    assert fig3.has_data and fig3.stats.n_lower == 1
     assert (tmp_path / "o" / "fig1_main_comparison.png").read_bytes()[:8] == PNG_MAGIC

@@ -1,0 +1,146 @@
+"""What every report artefact shares: the context it reads, the data it returns, and the decorators that declare it.
+
+Artefact modules (reports/figures/*, reports/tables.py) declare their figures and tables with `figure` / `table`;
+reports/registry.py imports those modules and collects what they declared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+import numpy as np
+
+from analysis.token_level import stats
+from reports import data
+
+Kind = Literal["figure", "table"]
+Source = Literal["runs", "study"]
+SOURCES: tuple[str, ...] = ("runs", "study")
+
+
+@dataclass
+class ReportContext:
+    """Everything an artefact needs: a read-only connection, where to write, and the user's filters."""
+
+    con: duckdb.DuckDBPyConnection
+    out: Path
+    sweeps: tuple[str, ...] | None = None
+    study_id: str | None = None
+    smooth: int = 0  # trailing-mean window in logged points; 0/1 = raw values
+    formats: tuple[str, ...] = ("png", "pdf")
+    draw: bool = True  # False: compute the data only (`list`)
+
+    @cached_property
+    def runs(self) -> list[data.RunInfo]:
+        return data.load_runs(self.con)
+
+    @cached_property
+    def studies(self) -> list[data.StudyInfo]:
+        return data.load_studies(self.con)
+
+    @cached_property
+    def study(self) -> data.StudyInfo | None:
+        return data.pick_study(self.studies, self.study_id)
+
+    @cached_property
+    def summary(self) -> stats.StudySummary | None:
+        """The chosen study's numbers as the study's statistics define them (None without a study)."""
+        return (
+            None if self.study is None else stats.study_summary(data.seed_rows(self.con, self.study.study_id))
+        )
+
+
+@dataclass
+class Series:
+    """One plotted line or point set: its label, the run or criterion it stands for, and the arrays."""
+
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    run_id: str | None = None
+    method: str | None = None
+    yerr: np.ndarray | None = None
+
+
+@dataclass
+class Panel:
+    """One axes: title, optional row label (for multi-metric figures), its series; empty panels keep a note."""
+
+    title: str
+    series: list[Series] = field(default_factory=list)
+    row: str | None = None
+    note: str | None = None
+
+    def get(self, label: str) -> Series:
+        for s in self.series:
+            if s.label == label:
+                return s
+        raise KeyError(f"no series {label!r} in panel {self.title!r}; have {[s.label for s in self.series]}")
+
+
+@dataclass
+class ArtefactResult:
+    """What an artefact drew or rendered: data (for tests), files written, provenance (for the page)."""
+
+    name: str
+    title: str
+    caption: str
+    panels: list[Panel] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    runs: list[data.RunInfo] = field(default_factory=list)
+    selection_rule: str = ""
+    study: data.StudyInfo | None = None
+    stats: Any = None  # the statistics behind a token-level artefact, as analysis returned them
+    tables: dict[str, Any] = field(default_factory=dict)  # tables: rendered text / rows
+    has_data: bool = False
+
+    def panel(self, title_start: str, row: str | None = None) -> Panel:
+        for p in self.panels:
+            if p.title.startswith(title_start) and (row is None or p.row == row):
+                return p
+        raise KeyError(f"no panel starting with {title_start!r} (row {row!r}) in {self.name}")
+
+
+@dataclass(frozen=True)
+class Artefact:
+    """A declared figure or table; calling it with a context draws or renders it."""
+
+    name: str
+    kind: Kind
+    title: str
+    source: Source
+    fn: Callable[[ReportContext], ArtefactResult]
+
+    def __call__(self, ctx: ReportContext) -> ArtefactResult:
+        return self.fn(ctx)
+
+
+def _declare(
+    kind: Kind, name: str, title: str, source: Source
+) -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
+
+    def deco(fn: Callable[[ReportContext], ArtefactResult]) -> Artefact:
+        return Artefact(name, kind, title, source, fn)
+
+    return deco
+
+
+def figure(
+    name: str, title: str, source: Source = "runs"
+) -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
+    """Declare a figure function `fn(ctx) -> ArtefactResult` under its file name."""
+    return _declare("figure", name, title, source)
+
+
+def table(
+    name: str, title: str, source: Source = "runs"
+) -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
+    """Declare a table function `fn(ctx) -> ArtefactResult` under its file name."""
+    return _declare("table", name, title, source)

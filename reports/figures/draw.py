@@ -1,0 +1,112 @@
+"""Drawing helpers every figure family shares: grids of axes, wrapped titles, one legend, empty panels, saving."""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: reports never need a display
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from predmask.io import atomic_write
+from reports.style import GREY, RC
+
+plt.rcParams.update(RC)  # one style for every figure of the process (reports run in their own process)
+
+LEGEND_ROW_IN = 0.25  # height of one legend row, inches
+
+
+def new_figure(n_rows: int, n_cols: int, panel_w: float = 3.2, panel_h: float = 2.5) -> tuple[Figure, list]:
+    """A figure with an n_rows × n_cols grid of axes (returned row-major as a flat list), in the house style."""
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(panel_w * n_cols + 0.4, panel_h * n_rows + 0.9), squeeze=False
+    )
+    return fig, [ax for row in axes for ax in row]
+
+
+def grid_figure(
+    n_rows: int,
+    n_cols: int,
+    *,
+    ax_w: float = 2.7,
+    ax_h: float = 1.75,
+    left: float = 0.75,
+    right: float = 0.2,
+    top: float = 0.9,
+    bottom: float = 0.8,
+    wgap: float = 0.6,
+    hgap: float = 0.95,
+) -> tuple[Figure, list]:
+    """A grid of axes laid out by fixed margins in inches (no tight_layout pass: a third less drawing)."""
+    width = left + n_cols * ax_w + (n_cols - 1) * wgap + right
+    height = top + n_rows * ax_h + (n_rows - 1) * hgap + bottom
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(width, height), squeeze=False)
+    fig.subplots_adjust(
+        left=left / width,
+        right=1 - right / width,
+        top=1 - top / height,
+        bottom=bottom / height,
+        wspace=wgap / ax_w,
+        hspace=hgap / ax_h,
+    )
+    return fig, [ax for row in axes for ax in row]
+
+
+def wrap_lines(lines: Iterable[str], width_in: float) -> list[str]:
+    """Lines wrapped to a figure width in inches (9 pt text: about 13 characters per inch)."""
+    width_chars = max(40, int(width_in * 13))
+    return [w for line in lines for w in textwrap.wrap(line, width_chars)]
+
+
+def empty_panel(ax, message: str) -> None:
+    """A labelled empty panel: visible, not silently dropped."""
+    ax.text(
+        0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color=GREY, fontsize=8, wrap=True
+    )
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.grid(False)
+
+
+def save_figure(fig: Figure, out_dir: Path, name: str, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
+    """Write name.<fmt> for each format atomically; close the figure."""
+    paths: list[Path] = []
+    try:
+        for fmt in formats:
+            final = out_dir / f"{name}.{fmt}"
+            atomic_write(final, lambda tmp, fmt=fmt: fig.savefig(tmp, format=fmt))
+            paths.append(final)
+    finally:
+        plt.close(fig)
+    return paths
+
+
+def legend_rows(n_labels: int, ncol: int = 4) -> int:
+    """Rows a legend of n_labels entries takes with ncol columns."""
+    return -(-n_labels // ncol) if n_labels else 0
+
+
+def legend_below(fig: Figure, handles_labels: Mapping[str, object], ncol: int = 4) -> None:
+    """One shared legend at the bottom edge of the figure (label -> artist, insertion order); the layout must
+    reserve legend_rows(...) * LEGEND_ROW_IN inches for it."""
+    if not handles_labels:
+        return
+    labels = list(handles_labels)
+    fig.legend(
+        [handles_labels[k] for k in labels],
+        labels,
+        loc="lower center",
+        ncol=min(len(labels), ncol),
+        frameon=False,
+        bbox_to_anchor=(0.5, 0.0),
+    )
+
+
+def suptitle(fig: Figure, *lines: str) -> None:
+    """A centred figure title, each line wrapped to the figure's width (the layout must make room for it)."""
+    fig.suptitle("\n".join(wrap_lines(lines, fig.get_figwidth())), fontsize=9)

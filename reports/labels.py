@@ -1,0 +1,81 @@
+"""Display labels of methods, models, precisions and settings, and the paper's settings, all read from conf/.
+
+conf/ declares every option once (predmask.config); this module only looks them up, caches them and falls back to
+the raw name for an option conf/ does not have (a run of an option that was since removed still draws).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from predmask import config
+
+
+@cache
+def _options(group: str) -> frozenset[str]:
+    return frozenset(config.group_options(group))
+
+
+@cache
+def _entry(group: str, name: str) -> dict:
+    return config.group_entry(group, name) if name in _options(group) else {}
+
+
+@cache
+def _label(group: str, name: str | None, unknown: str) -> str:
+    if not name:
+        return unknown
+    return config.label(group, name) if name in _options(group) else name
+
+
+def method_label(method: str | None) -> str:
+    """'DPPO-TopK-KL' for a method of conf/method (its raw name when conf/ has no such method)."""
+    return _label("method", method, "unknown method")
+
+
+def model_label(model: str | None) -> str:
+    """'Qwen3-4B-Base' for a model of conf/model (its raw name when conf/ has no such model)."""
+    return _label("model", model, "?")
+
+
+def precision_label(precision: str | None) -> str:
+    """'FP8 Rollout' for a precision of conf/precision (its raw name when conf/ has no such precision)."""
+    return _label("precision", precision, "?")
+
+
+def setting_label(paper_model: str, precision: str | None) -> str:
+    """'Qwen3-4B-Base · BF16' for a paper setting (or the raw names when unknown)."""
+    return f"{model_label(paper_model)} · {precision_label(precision)}"
+
+
+def stands_in_for(model: str | None) -> str | None:
+    """The paper model a CPU model of conf/model stands in for (None for any other model)."""
+    entry = _entry("model", model or "")
+    return entry.get("stands_in_for") if entry.get("backend") == "cpu" else None
+
+
+def cpu_standin(paper_model: str) -> str | None:
+    """The CPU model that trains in place of a paper model on the CPU engine (None when conf/ names none)."""
+    return _entry("model", paper_model).get("cpu_standin")
+
+
+def sweep_axis(sweep: str, key: str) -> tuple[str, ...]:
+    """The values a sweep of conf/sweep runs over one axis (its sweeper params), e.g. ("method") or ("+setting")."""
+    return tuple(str(_entry("sweep", sweep)["hydra"]["sweeper"]["params"][key]).split(","))
+
+
+def sweep_delta(sweep: str) -> float:
+    """The trust-region threshold δ of a sweep of conf/sweep."""
+    return float(_entry("sweep", sweep)["delta"])
+
+
+@cache
+def setting_choice(setting: str) -> tuple[str, str]:
+    """(model, precision) that a setting of conf/setting selects."""
+    choices = config.option_choices("setting", setting)
+    return choices["model"], choices["precision"]
+
+
+def paper_settings() -> tuple[tuple[str, str], ...]:
+    """The paper's (model, precision) settings in its panel order: the main comparison's setting axis."""
+    return tuple(setting_choice(s) for s in sweep_axis("main_comparison", "+setting"))
