@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ from predmask.rl.algo import (
 )
 from predmask.rl.rollout import RolloutBatch
 from predmask.support import TopKSupport
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "MASKS",
@@ -445,6 +448,14 @@ def _d_post_on(
     return out
 
 
+class SplitMismatch(RuntimeError):
+    """A sub-batch forward of the split path decided a token's keep differently from the whole-batch forward.
+
+    The two forwards agree up to float rounding, so a token whose decision statistic (A·Ḋ, A·(r−1)) sits at
+    rounding level of zero can flip; the exact tail, read from pi's squared tail mass, is the most sensitive.
+    """
+
+
 def _steps_direct(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -524,7 +535,7 @@ def _steps_split(
                 overrides=overrides,
             )
             if dropped:
-                raise RuntimeError(
+                raise SplitMismatch(
                     f"mask {name}: the loss dropped {dropped} tokens this study records as kept"
                 )
         _clip_and_step(model, optimizer, s)
@@ -569,8 +580,14 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
     stale_updates(model, optimizer, batch, adv, s)
     t_stale = time.perf_counter()
     snap = _snapshot(model, optimizer)
-    steps = _steps_split if s.update_path_resolved == "split" else _steps_direct
-    q, d_post = steps(model, optimizer, batch, support, adv_tok, s, snap)
+    if s.update_path_resolved == "split":
+        try:
+            q, d_post = _steps_split(model, optimizer, batch, support, adv_tok, s, snap)
+        except SplitMismatch as err:  # every step again on the whole batch, where decisions and loss share a forward
+            log.warning("%s; taking this seed's steps on the direct path", err)
+            q, d_post = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
+    else:
+        q, d_post = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
     _restore(model, optimizer, snap)
     if s.check_masks:
         lp = TrainLogprobs(q["pi"], q["pi_tail_sq"], q["log_prob"])
