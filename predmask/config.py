@@ -23,6 +23,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from predmask.rl.schema import check_known_keys
+
 __all__ = [
     "DISPLAY_KEYS",
     "LAUNCHER_KEYS",
@@ -36,6 +38,7 @@ __all__ = [
     "option_choices",
     "stable_id",
     "store_schemas",
+    "sweep_params",
     "to_container",
 ]
 
@@ -54,8 +57,7 @@ def conf_dir() -> Path:
 
 def _engine_schemas() -> dict[tuple[str | None, str], Any]:
     """(group, name) -> node of the engine's schemas, as named in the defaults lists of conf/."""
-    from predmask.rl.base import BaseConfig
-    from predmask.rl.schema import RolloutConfig, TrainerConfig
+    from predmask.rl.schema import BaseConfig, RolloutConfig, TrainerConfig
     from predmask.rl.task import TaskConfig
 
     return {
@@ -125,10 +127,10 @@ def _check_schema_keys(cfg: DictConfig, path: str = "") -> None:
     """Keys appended with ``+key=value`` into a schema node must still be fields of its dataclass."""
     kind = OmegaConf.get_type(cfg)
     if dataclasses.is_dataclass(kind):
-        known = {f.name for f in dataclasses.fields(kind)}
-        bad = sorted(set(cfg.keys()) - known)  # type: ignore[arg-type]
-        if bad:
-            raise ConfigError(f"unknown {path or 'config'} keys {bad}; allowed: {sorted(known)}")
+        try:
+            check_known_keys(kind, {str(k): None for k in cfg}, path or "config")  # type: ignore[union-attr]
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     for key in cfg:
         node = cfg._get_node(key)  # type: ignore[union-attr]
         if isinstance(node, DictConfig) and str(key) != "hydra":
@@ -185,6 +187,12 @@ def group_entry(group: str, name: str) -> dict[str, Any]:
     out = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
     assert isinstance(out, dict)
     return out  # type: ignore[return-value]
+
+
+def sweep_params(sweep: str) -> dict[str, str]:
+    """The grid of conf/sweep/<sweep>.yaml: Hydra sweeper params, axis -> comma-separated values as written."""
+    params = group_entry("sweep", sweep).get("hydra", {}).get("sweeper", {}).get("params") or {}
+    return {str(k): str(v) for k, v in params.items()}
 
 
 def option_choices(group: str, name: str) -> dict[str, str]:

@@ -164,7 +164,15 @@ def write_runs(root: Path, steps: int = 500, seed: int = 0) -> list[Path]:
     return dirs
 
 
-def synthetic_study(n_seeds: int = 61, outside: int = 1435, seed: int = 0) -> tuple[pa.Table, pa.Table]:
+#: the synthetic study has the paper's size: seeds, outside tokens and disagreement tokens per seed
+PAPER_SEEDS = int(stats.PAPER_TOKEN_LEVEL["seeds"])
+PAPER_OUTSIDE = int(stats.PAPER_TOKEN_LEVEL["outside_per_seed"])
+PAPER_DISAGREE = float(stats.PAPER_TOKEN_LEVEL["disagree_per_seed"])
+
+
+def synthetic_study(
+    n_seeds: int = PAPER_SEEDS, outside: int = PAPER_OUTSIDE, seed: int = 0
+) -> tuple[pa.Table, pa.Table]:
     """(seed rows, token rows) of a synthetic study; the per-seed rows are computed from its tokens by the study's
     own per-seed summary."""
     rng = np.random.default_rng(seed)
@@ -172,7 +180,7 @@ def synthetic_study(n_seeds: int = 61, outside: int = 1435, seed: int = 0) -> tu
     for s in range(n_seeds):
         n = int(rng.normal(outside, 40))
         keep_ratio = rng.random(n) < 0.5
-        flip = rng.random(n) < 82 / outside
+        flip = rng.random(n) < PAPER_DISAGREE / outside
         keep_agg = np.where(flip, ~keep_ratio, keep_ratio)
         dd = {k: rng.normal(-0.01, 0.03, n) for k in ("ratio", "agg", "uniform", "exact")}
         tokens = pa.table(
@@ -218,7 +226,7 @@ def build_db(root: Path, steps: int = 500) -> tuple[Path, float]:
             "precision": {"name": precision},
             "cluster": {"name": "local"},
             "delta": labels.sweep_delta("main_comparison"),
-            "seeds": 61,
+            "seeds": PAPER_SEEDS,
             "sequences": 1024,
             "synthetic": True,
         }

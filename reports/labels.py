@@ -54,19 +54,21 @@ def stands_in_for(model: str | None) -> str | None:
     return entry.get("stands_in_for") if entry.get("backend") == "cpu" else None
 
 
+@cache
 def cpu_standin(paper_model: str) -> str | None:
-    """The CPU model that trains in place of a paper model on the CPU engine (None when conf/ names none)."""
-    return _entry("model", paper_model).get("cpu_standin")
+    """The CPU model that trains in place of a paper model on the CPU engine (None for a model conf/ lacks)."""
+    entry = _entry("model", paper_model)
+    return str(config.cpu_standin(entry)["name"]) if entry else None
 
 
 def sweep_axis(sweep: str, key: str) -> tuple[str, ...]:
-    """The values a sweep of conf/sweep runs over one axis (its sweeper params), e.g. ("method") or ("+setting")."""
-    return tuple(str(_entry("sweep", sweep)["hydra"]["sweeper"]["params"][key]).split(","))
+    """The values a sweep of conf/sweep runs over one axis, e.g. ``sweep_axis("main_comparison", "method")``."""
+    return tuple(config.sweep_params(sweep)[key].split(","))
 
 
 def sweep_delta(sweep: str) -> float:
-    """The trust-region threshold δ of a sweep of conf/sweep."""
-    return float(_entry("sweep", sweep)["delta"])
+    """The trust-region threshold δ of a sweep of conf/sweep (one line naming the valid sweeps when unknown)."""
+    return float(config.group_entry("sweep", sweep)["delta"])
 
 
 @cache

@@ -8,9 +8,17 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from predmask.config import ConfigError, compose, cpu_standin, group_options, stable_id, to_container
+from predmask.config import (
+    ConfigError,
+    compose,
+    cpu_standin,
+    group_options,
+    stable_id,
+    sweep_params,
+    to_container,
+)
 from predmask.methods import method_config
 
 #: config groups whose options are checked up front with a one-line error
@@ -84,18 +92,16 @@ def _check_values(cfg: dict[str, Any]) -> None:
         raise SweepError(f"top_k (K) must be >= 1, got {top_k}")
 
 
-def _compose(overrides: list[str], hydra_cfg: bool = False) -> DictConfig:
+def _compose(overrides: list[str]) -> DictConfig:
     try:
-        return compose(PRIMARY, overrides, return_hydra_config=hydra_cfg)
+        return compose(PRIMARY, overrides)
     except ConfigError as err:
         raise SweepError(str(err)) from None
 
 
 def sweep_axes(sweep: str) -> list[str]:
-    """The sweep's axes as Hydra override strings, from ``hydra.sweeper.params`` of conf/sweep/<sweep>.yaml."""
-    cfg = _compose([f"+sweep={sweep}"], hydra_cfg=True)
-    params = OmegaConf.to_container(cfg.hydra.sweeper.params or {}, resolve=False)
-    return [f"{k}={v}" for k, v in params.items()]  # type: ignore[union-attr]
+    """The sweep's axes as Hydra override strings (``predmask.config.sweep_params``)."""
+    return [f"{k}={v}" for k, v in sweep_params(sweep).items()]
 
 
 def _standin_override(overrides: list[str], cfg: DictConfig) -> list[str]:
