@@ -201,9 +201,12 @@ class Method:
     def __post_init__(self) -> None:
         LOSS_KINDS.lookup(self.kind)
         if self.needs_support:
-            get_divergence(self.divergence or "")
-            SUPPORTS.lookup(self.support or "")
-            DIRECTIONS.lookup(self.direction or "")
+            missing = [f for f in ("divergence", "support", "direction") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"method {self.name!r}: a {self.kind!r} loss needs {', '.join(missing)}")
+            get_divergence(str(self.divergence))
+            SUPPORTS.lookup(str(self.support))
+            DIRECTIONS.lookup(str(self.direction))
         if self.tail is not None:
             get_tail(self.tail)
 
@@ -365,12 +368,12 @@ def _divergence_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, 
             f"support tensors {tuple(b.mu_logprobs.shape)} must be [*{tuple(b.log_prob.shape)}, K+1]"
         )
     with torch.no_grad():
-        div_valid = SUPPORTS.lookup(m.support or "")(b.valid, b.sampled_index)
+        div_valid = SUPPORTS.lookup(str(m.support))(b.valid, b.sampled_index)
         c = coarse_distributions(b.mu_logprobs.detach(), b.pi_logprobs.detach(), div_valid)
         d = divergence_of(c, m.divergence)
         outside = (d > p.delta) & b.mask
         inputs = DirectionInputs(c, b.advantages, b.ratio.detach(), b.sampled_index, b.pi_tail_sq, m, p)
-        increases = DIRECTIONS.lookup(m.direction or "")(inputs)
+        increases = DIRECTIONS.lookup(str(m.direction))(inputs)
         dropped = outside & increases
         keep = b.mask & ~dropped
         # how often this criterion decides differently from the reference one, where it matters
@@ -402,8 +405,10 @@ def _ratio_direction(x: DirectionInputs) -> Tensor:
 @register_direction("predictive")
 def _predictive_direction(x: DirectionInputs) -> Tensor:
     """The predictive criterion: the first-order change of D along the step, ``A Ddot > 0`` (math.md §3)."""
-    ddot = divergence_change(x.coarse, x.sampled_index, divergence=x.method.divergence or "",
-                             tail=x.method.tail or "", vocab_size=x.params.vocab_size, pi_tail_sq=x.pi_tail_sq)
+    if x.method.tail is None:
+        raise ValueError(f"method {x.method.name!r}: the predictive direction needs a tail estimator (tail=...)")
+    ddot = divergence_change(x.coarse, x.sampled_index, divergence=str(x.method.divergence),
+                             tail=x.method.tail, vocab_size=x.params.vocab_size, pi_tail_sq=x.pi_tail_sq)
     return (x.advantages * ddot) > 0
 
 

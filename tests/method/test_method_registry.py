@@ -65,6 +65,14 @@ def test_a_new_direction_criterion_is_one_registered_function(monkeypatch: pytes
     assert torch.isfinite(loss)
 
 
+def test_a_method_missing_a_part_is_refused_in_one_line_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"method 'half': a 'divergence' loss needs support, direction$"):
+        methods.Method("half", "divergence", "kl")
+    no_tail = methods.Method("no_tail", "divergence", "kl", "topk", "predictive")
+    with pytest.raises(ValueError, match="method 'no_tail': the predictive direction needs a tail estimator"):
+        pm.policy_loss(no_tail, **_batch(), delta=1e-6)
+
+
 def test_a_new_divergence_is_one_registered_function(monkeypatch: pytest.MonkeyPatch) -> None:
     """Twice the TV, registered with twice its derivative, masks at 2 delta exactly as TV masks at delta."""
     tv = dv.get_divergence("tv")
