@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write", "atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_write", "atomic_write_text"]
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
@@ -24,7 +24,3 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically, UTF-8 encoded."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically."""
-    atomic_write(path, lambda tmp: tmp.write_bytes(data))

@@ -35,8 +35,6 @@ from sweeps.runs import (
     write_planned_config,
 )
 
-POLL_SECONDS = 1.0
-
 
 @dataclass
 class Outcome:
@@ -171,7 +169,7 @@ def run_sweep(
 
         try:
             follow(started(), max_parallel=max_parallel, on_poll=lambda active: bar.advance(0, steps(active)),
-                   on_end=on_end, cancel_slurm_on_interrupt=False, poll_s=POLL_SECONDS)
+                   on_end=on_end, cancel_slurm_on_interrupt=False)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted: local runs stopped; rerun the same command to resume them[/]")
             raise

@@ -89,6 +89,3 @@ def table_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:
         [table],
     ).fetchall()
     return [r[0] for r in rows]
-
-
-# ----------------------------------------------------------------------------------------------- runs

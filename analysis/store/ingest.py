@@ -210,6 +210,3 @@ def ingest_paths(
     for f in files:
         summary.runs.append(ingest_metrics_file(con, f))
     return summary
-
-
-# ---------------------------------------------------------------------------------------- token level

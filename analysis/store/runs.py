@@ -190,6 +190,3 @@ def run_row_from_dir(run_dir: Path, notes: list[str] | None = None) -> dict[str,
     if log.is_file():
         row["log_path"] = str(log.resolve())
     return row
-
-
-# --------------------------------------------------------------------------------------------- ingest

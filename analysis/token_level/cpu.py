@@ -143,7 +143,8 @@ class CpuEngineBackend:
 
 def base_model(cfg: Mapping[str, Any], *, progress: bool = False) -> tuple[nn.Module, dict[str, Any]]:
     """The CPU engine's pretrained base policy for ``cfg.model`` (built once, then loaded from the engine's cache)."""
-    from predmask.rl.base import BaseConfig, load_base_model
+    from predmask.rl.base import load_base_model
+    from predmask.rl.schema import BaseConfig
 
     return load_base_model(
         cfg["model"],

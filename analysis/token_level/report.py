@@ -163,7 +163,7 @@ def beyond_table(data: StudyData) -> Table | None:
     t.add_column("sign flips vs exact tail", justify="right")
     t.add_column("keep flips vs exact", justify="right")
     acc = sign_accuracy(tok) if has_ref else {}
-    fo = first_order(tok, float(data.config.get("ratio_cap", 10.0))) if has_ref else {}
+    fo = first_order(tok, float(data.config["ratio_cap"])) if has_ref else {}
     flips = tail_flips(tok)
     names = {
         "ratio": "ratio A(r−1)",

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from analysis.token_level.settings import UPDATE_PATHS, StepSettings, require
 from predmask import MethodParams, get_method, predicted_divergence_change, topk_divergence
+from predmask.metrics import CLIPFRAC
 from predmask.precisions import Precision
 from predmask.rl.algo import (
     TrainLogprobs,
@@ -258,7 +259,7 @@ def accumulate_gradient(
         )
         if bool(mask.any()):
             loss.backward()
-        dropped += round(metrics["actor/pg_clipfrac"] * int((mask & (adv_tok[rows] != 0)).sum()))
+        dropped += round(metrics[CLIPFRAC] * int((mask & (adv_tok[rows] != 0)).sum()))
         parts.append(detached)
     return _cat_logprobs(parts), dropped
 
@@ -558,7 +559,7 @@ def _check_masks(
         _, metrics = rollout_policy_loss(
             method, batch, support, lp, adv_tok, mask, s.method_params, **overrides
         )
-        theirs = round(metrics["actor/pg_clipfrac"] * nonzero)
+        theirs = round(metrics[CLIPFRAC] * nonzero)
         mine = int((mask & ~_keep_of(name, q, mask)).sum())
         if theirs != mine:
             raise RuntimeError(

@@ -44,12 +44,6 @@ class TopKRecord:
     def k(self) -> int:
         return int(self.topk_ids.shape[1])
 
-    def truncated(self, length: int) -> TopKRecord:
-        """The first ``length`` tokens."""
-        return TopKRecord(
-            self.token_ids[:length], self.logprobs[:length], self.topk_ids[:length],
-            self.topk_logprobs[:length], self.topk_valid[:length],
-        )
 
 
 def topk_setting(calculate_log_probs: Any) -> int:

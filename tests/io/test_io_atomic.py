@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from predmask.io import atomic_write, atomic_write_bytes, atomic_write_text
+from predmask.io import atomic_write, atomic_write_text
 
 
 def test_write_replaces_whole_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -32,15 +32,6 @@ def test_a_failing_writer_keeps_the_previous_file(tmp_path: Path) -> None:
         atomic_write(target, half_then_fail)
     assert target.read_text() == "previous"
     assert [p.name for p in tmp_path.iterdir()] == ["seed.parquet"]
-
-
-def test_bytes_are_written_whole_and_exactly(tmp_path: Path) -> None:
-    target = tmp_path / "fig" / "plot.png"
-    data = bytes(range(256)) * 3
-    atomic_write_bytes(target, data)
-    atomic_write_bytes(target, data[::-1])
-    assert target.read_bytes() == data[::-1]
-    assert [p.name for p in target.parent.iterdir()] == ["plot.png"]
 
 
 def test_text_is_utf8_whatever_the_locale(tmp_path: Path) -> None:

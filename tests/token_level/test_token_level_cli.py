@@ -46,7 +46,8 @@ SMALL = [
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny policy pretrained for a few seconds (so that some rollouts are correct), saved as a state dict."""
-    from predmask.rl.base import BaseConfig, pretrain
+    from predmask.rl.base import pretrain
+    from predmask.rl.schema import BaseConfig
 
     torch.set_num_threads(1)
     tok = ArithmeticTokenizer(TINY_TASK.max_number)

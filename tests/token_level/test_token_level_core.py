@@ -199,7 +199,7 @@ def test_split_path_falls_back_to_direct_when_a_sub_batch_decides_otherwise(
 ) -> None:
     """A sub-batch forward can flip a keep decision that sits at rounding level of zero (seen on some CPUs for the
     exact tail); the seed is then taken on the direct path, whose rows equal a direct run's, with a warning."""
-    import analysis.token_level.study as study
+    from analysis.token_level import study
 
     backend = tiny_backend(precision="bf16")
     batch = scored_batch(backend, seed=5, sequences=32, group=4)
