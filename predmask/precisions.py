@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["PRECISIONS", "Precision", "get_precision"]
+from predmask.registry import Registry
+
+__all__ = ["CLUSTER_PRECISIONS", "PRECISIONS", "Precision", "get_precision"]
 
 
 @dataclass(frozen=True)
@@ -35,26 +37,22 @@ class Precision:
     emulates: str
 
 
-PRECISIONS: dict[str, Precision] = {
-    p.name: p
-    for p in (
-        Precision("fp32", "float32", rollout_fp8=False, train_fp8=False, fp8_activations=True, cluster=False,
-                  emulates="no mismatch: rollout and training both in float32 (a CPU reference for tests)"),
-        Precision("bf16", "bfloat16", rollout_fp8=False, train_fp8=False, fp8_activations=True, cluster=True,
-                  emulates="rollout model in bfloat16, training in float32"),
-        Precision("fp8_rollout", "bfloat16", rollout_fp8=True, train_fp8=False, fp8_activations=True, cluster=True,
-                  emulates="bf16 rollout with e4m3 fake-quant W8A8 linears (per-tensor weight, per-token activation "
-                           "scales, as vLLM's online fp8); float32 training"),
-        Precision("fp8_e2e", "bfloat16", rollout_fp8=True, train_fp8=True, fp8_activations=True, cluster=True,
-                  emulates="bf16 rollout with e4m3 W8A8 per-token scales; float32 training with e4m3 W8A8 per-tensor "
-                           "scales (a current-scaling FP8 recipe), straight-through gradients"),
-    )
-}
+PRECISIONS: Registry[Precision] = Registry("precision")
+for _p in (
+    Precision("fp32", "float32", rollout_fp8=False, train_fp8=False, fp8_activations=True, cluster=False,
+              emulates="no mismatch: rollout and training both in float32 (a CPU reference for tests)"),
+    Precision("bf16", "bfloat16", rollout_fp8=False, train_fp8=False, fp8_activations=True, cluster=True,
+              emulates="rollout model in bfloat16, training in float32"),
+    Precision("fp8_rollout", "bfloat16", rollout_fp8=True, train_fp8=False, fp8_activations=True, cluster=True,
+              emulates="bf16 rollout with e4m3 fake-quant W8A8 linears (per-tensor weight, per-token activation "
+                       "scales, as vLLM's online fp8); float32 training"),
+    Precision("fp8_e2e", "bfloat16", rollout_fp8=True, train_fp8=True, fp8_activations=True, cluster=True,
+              emulates="bf16 rollout with e4m3 W8A8 per-token scales; float32 training with e4m3 W8A8 per-tensor "
+                       "scales (a current-scaling FP8 recipe), straight-through gradients"),
+):
+    PRECISIONS.add(_p.name, _p)
 
-
-def get_precision(name: str) -> Precision:
-    """The catalogue entry of ``name``; unknown names raise a one-line ValueError listing the known ones."""
-    try:
-        return PRECISIONS[name]
-    except KeyError:
-        raise ValueError(f"unknown precision {name!r}; allowed: {', '.join(PRECISIONS)}") from None
+#: the precisions of the paper's settings, which also run on the cluster (in catalogue order)
+CLUSTER_PRECISIONS: tuple[str, ...] = tuple(name for name, p in PRECISIONS.items() if p.cluster)
+#: the catalogue entry of a name; unknown names raise a one-line ValueError listing the known ones
+get_precision = PRECISIONS.lookup

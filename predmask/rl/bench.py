@@ -23,7 +23,7 @@ from rich.table import Table
 
 from predmask import metrics as M
 from predmask.config import compose
-from predmask.precisions import PRECISIONS
+from predmask.precisions import CLUSTER_PRECISIONS
 from predmask.rl.engine import Engine
 from predmask.rl.task import iter_train_prompts
 
@@ -73,7 +73,7 @@ def measure_mismatch(model: str, overrides: list[str], sequences: int,
     from predmask.rl.algo import mismatch_metrics
 
     rows: list[dict[str, float | str]] = []
-    for name in precisions or tuple(n for n, p in PRECISIONS.items() if p.cluster):
+    for name in precisions or CLUSTER_PRECISIONS:
         engine = Engine(compose("train", [f"model={model}", f"precision={name}", *overrides]), progress=True)
         n = engine.rollout_cfg.n
         stream = iter_train_prompts(engine.task)

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from predmask.methods import METHODS, MethodParams, get_method
-from predmask.precisions import PRECISIONS, Precision, get_precision
+from predmask.precisions import CLUSTER_PRECISIONS, Precision, get_precision
 
 __all__ = [
     "DATA_FILES",
@@ -171,7 +171,7 @@ def _method_params(run_cfg: Any) -> tuple[str, MethodParams]:
 def _precision(run_cfg: Any) -> Precision:
     precision = get_precision(_name(_get(run_cfg, "precision", "bf16"), "precision"))
     if not precision.cluster:
-        allowed = ", ".join(name for name, p in PRECISIONS.items() if p.cluster)
+        allowed = ", ".join(CLUSTER_PRECISIONS)
         raise ValueError(f"precision {precision.name!r} does not run on the cluster; allowed: {allowed}")
     return precision
 

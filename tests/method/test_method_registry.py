@@ -10,7 +10,7 @@ from predmask import divergence as dv
 from predmask import methods
 from predmask.config import group_entry, group_options
 from predmask.metrics import METRICS, metric, reduce_metrics, val_acc, wall_clock
-from predmask.precisions import PRECISIONS, get_precision
+from predmask.precisions import CLUSTER_PRECISIONS, PRECISIONS, get_precision
 
 
 def test_every_registered_method_has_a_config_file_and_every_file_a_method() -> None:
@@ -130,6 +130,7 @@ def test_metric_families_and_wall_clock() -> None:
 def test_precision_catalogue() -> None:
     assert list(PRECISIONS) == ["fp32", "bf16", "fp8_rollout", "fp8_e2e"]
     assert set(group_options("precision")) == {n for n, p in PRECISIONS.items() if p.cluster}
+    assert CLUSTER_PRECISIONS == ("bf16", "fp8_rollout", "fp8_e2e")
     assert get_precision("fp8_e2e").train_fp8 and not get_precision("fp8_rollout").train_fp8
     with pytest.raises(ValueError, match="unknown precision 'fp4'; allowed: fp32, bf16, fp8_rollout, fp8_e2e"):
         get_precision("fp4")
