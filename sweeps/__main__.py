@@ -10,21 +10,29 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from sweeps.compose import RunSpec, SweepError, expand, sweep_names
+from sweeps.compose import RunSpec, SweepError, describe, expand, sweep_names
 from sweeps.runs import SweepLock, read_state, runs_root, sweep_dir
 
 EPILOG = """\
 examples:
-  python -m sweeps main_comparison                       # 16 runs on the CPU engine (local default)
-  python -m sweeps smoke                                 # 4 short runs, a few minutes
+  python -m sweeps main_comparison                       # 48 runs: 16 cells x 3 seeds on the CPU engine (local)
+  python -m sweeps main_comparison seeds=5               # seeds 0..4: only the runs not yet completed run
+  python -m sweeps main_comparison seeds=[0,3,7]         # these seeds
+  python -m sweeps smoke                                 # 4 short runs (one seed), a few minutes
   python -m sweeps main_comparison method=dppo_topk_kl,predmask_kl_agg delta=0.05,0.15
-  python -m sweeps main_comparison cluster=h20_4x8 --dry-run   # the 16 VeRL jobs, nothing submitted
+  python -m sweeps main_comparison cluster=h20_4x8 --dry-run   # the 16 VeRL jobs (one seed), nothing submitted
   python -m sweeps main_comparison --dry-run --format json
   python -m sweeps status main_comparison
 
 Overrides use Hydra's syntax; a comma list sweeps that key (it replaces the sweep's own axis).
-Axes: method=<name>, +setting=<model-precision pair>, delta=<float>; also model=, precision=, seed=, top_k=,
+Axes: method=<name>, +setting=<model-precision pair>, delta=<float>; also model=, precision=, top_k=,
 cluster=local|slurm_emulated|h20_4x8.
+Seeds: every cell of the grid runs at S seeds, each seed its own run (run config key seed; run id). seeds=N runs
+seeds 0..N-1, seeds=[0,3,7] those seeds, seed=4 or seed=0,1 the seed axis as any other Hydra axis (give seed= or
+seeds=, not both). Default: the sweep's own seed axis (smoke: seed 0), else the cluster's seeds: 3 on the CPU
+engine (local, slurm_emulated), 1 on h20_4x8. The count is not part of any run: a cell's seed-0 run has the same
+id whatever S, so a rerun with more seeds runs only the new ones. Runs go seed by seed (every cell at seed 0 first).
+Resume: a rerun of the same command skips completed runs, joins live ones and resumes the others.
 Outputs: run directories under runs/<sweep>/<run_id>/ ($PREDMASK_RUNS), the results database
 results/predmask.duckdb ($PREDMASK_DB or --db). On the local cluster every run is a CPU stand-in: small
 Qwen3-architecture models, a synthetic task, emulated bf16/FP8 precision.
@@ -70,11 +78,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             print(json.dumps(records, indent=2))
         else:
             for rec in records:
-                console.rule(f"{rec['run_id']}  {rec['method']}  delta={rec['delta']}  {rec['model']}/{rec['precision']}")
+                console.rule(f"{rec['run_id']}  {rec['method']}  delta={rec['delta']}  {rec['model']}/{rec['precision']}"
+                             f"  seed={rec['seed']}")
                 if rec["sbatch"]:
                     console.print(rec["sbatch"], markup=False, highlight=False)
                 console.print(" ".join(rec["command"]), markup=False, highlight=False, soft_wrap=True)
-            console.print(f"[dim]{len(records)} runs; scripts and commands written to {out}[/]")
+            console.print(f"[dim]{describe(specs)}; scripts and commands written to {out}[/]")
         return 0
 
     for spec in specs:  # every run's command composes (model and data paths, names) before anything is written
@@ -82,7 +91,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     db = _db_path(args.db)
     backend = backend_of(specs[0])
     max_parallel = args.max_parallel or int(specs[0].config["cluster"].get("max_parallel", 2))
-    console.print(f"sweep [bold]{args.sweep}[/]: {len(specs)} runs on {backend} "
+    console.print(f"sweep [bold]{args.sweep}[/]: {describe(specs)} on {backend} "
                   f"({specs[0].config['cluster']['name']}), runs in {sweep_dir(args.sweep, root)}, database {db}")
     with SweepLock(sweep_dir(args.sweep, root)):
         outcome = run_sweep(specs, root=root, max_parallel=max_parallel, console=console,
@@ -104,7 +113,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     sweeps = [args.sweep] if args.sweep else sorted(p.name for p in root.iterdir() if p.is_dir()) \
         if root.exists() else []
     table = Table(title=f"runs under {root}")
-    for col in ("sweep", "run_id", "method", "model", "precision", "delta", "status", "step"):
+    for col in ("sweep", "run_id", "method", "model", "precision", "delta", "seed", "status", "step"):
         table.add_column(col, no_wrap=True)
     import yaml
 
@@ -118,7 +127,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             state = read_state(path)
             step = f"{state.step}/{state.total_steps}" if state.total_steps else str(state.step)
             table.add_row(name, path.name, cfg["method"]["name"], cfg["model"]["name"], cfg["precision"]["name"],
-                          str(cfg.get("delta")), state.status, step)
+                          str(cfg.get("delta")), str(cfg.get("seed")), state.status, step)
     if not console.is_terminal:
         console.width = max(console.width, 140)
     console.print(table)

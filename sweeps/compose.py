@@ -1,16 +1,26 @@
-"""Compose and expand a named sweep into fully resolved run configs with stable run ids (Hydra's own sweeper)."""
+"""Compose and expand a named sweep into fully resolved run configs with stable run ids (Hydra's own sweeper).
+
+A sweep is a grid of cells (Hydra's BasicSweeper: the cartesian product of the sweep's axes and the command
+line's) times a list of seeds per cell. The seeds come from, first to last: the command line (``seeds=5`` for
+seeds 0..4, ``seeds=[0,3,7]``, or a ``seed=`` value or axis; not both), the sweep's own ``seed`` or ``seeds`` axis,
+the cluster config's ``seeds`` count. Each seed is a distinct run (the run config's top-level ``seed``); how many
+seeds a sweep runs is not part of any run, so a cell's seed-0 run keeps its id whatever the count.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from predmask.config import (
+    LAUNCHER_KEYS,
     ConfigError,
     compose,
     cpu_standin,
@@ -24,6 +34,8 @@ from predmask.methods import method_config
 #: config groups whose options are checked up front with a one-line error
 GROUPS: tuple[str, ...] = ("method", "model", "precision", "cluster", "setting", "task", "base", "sweep")
 PRIMARY = "train"
+#: the two spellings of the seed axis: ``seed=`` (Hydra values) and ``seeds=`` (a count or a list)
+SEED_KEYS: tuple[str, ...] = ("seed", "seeds")
 
 
 class SweepError(ValueError):
@@ -59,6 +71,11 @@ class RunSpec:
     def seed(self) -> int:
         return int(self.config.get("seed", 0))
 
+    @property
+    def cell_id(self) -> str:
+        """The id of the run's cell: the run id's hash without the seed (the same for every seed of a cell)."""
+        return stable_id(self.config, exclude=(*LAUNCHER_KEYS, "seed"))
+
 
 def sweep_names() -> list[str]:
     return group_options("sweep")
@@ -81,6 +98,93 @@ def _check_groups(parsed: list[Any]) -> None:
         for value in values:
             if value not in allowed:
                 raise SweepError(f"unknown {key} {value!r}; valid: {', '.join(allowed)}")
+
+
+def _key(ov: Any) -> str:
+    return str(ov.get_key_element()).lstrip("+~")
+
+
+_SEEDS_ALLOWED = "a count >= 1 (seeds=5: seeds 0..4) or a list of distinct integers >= 0 (seeds=[0,3,7])"
+_SEED_ALLOWED = "an integer >= 0 or a comma list of distinct ones (seed=0,3,7)"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def seed_list(value: object, key: str = "seeds", written: str | None = None) -> list[int]:
+    """The seeds that ``key`` = ``value`` names: a count ``n`` is seeds 0..n-1, a list names them.
+
+    ``key`` is ``seeds`` (count or list) or ``seed`` (a list of the values of a ``seed=`` override); ``written``
+    is the value as the user wrote it, for the error line.
+    """
+    shown = written if written is not None else str(value)
+    if key == "seeds" and _is_int(value):
+        if value < 1:  # type: ignore[operator]
+            raise SweepError(f"seeds must be {_SEEDS_ALLOWED}; got {shown}")
+        return list(range(value))  # type: ignore[call-overload]
+    seeds = list(value) if isinstance(value, list | tuple) else None
+    if not seeds or not all(_is_int(s) and s >= 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise SweepError(f"{key} must be {_SEEDS_ALLOWED if key == 'seeds' else _SEED_ALLOWED}; got {shown}")
+    return seeds
+
+
+def _override_seeds(ov: Any) -> list[int]:
+    """The seeds a parsed ``seed=`` or ``seeds=`` override names."""
+    key, written = _key(ov), str(ov.input_line).partition("=")[2]
+    if ov.is_sweep_override():
+        if key == "seeds":
+            raise SweepError(f"seeds must be {_SEEDS_ALLOWED}; got {written}")
+        return seed_list(list(ov.sweep_iterator()), key, written)
+    value = ov.value()
+    return seed_list(value if key == "seeds" else [value], key, written)
+
+
+def _seed_axis(sweep_axes: Sequence[Any], user: Sequence[Any]) -> list[int] | None:
+    """The seeds given by the command line, else by the sweep's own axes; None: each cell's cluster default."""
+    for source, where in ((user, "on the command line"), (sweep_axes, "in the sweep")):
+        given = [ov for ov in source if _key(ov) in SEED_KEYS]
+        if len({_key(ov) for ov in given}) > 1:
+            raise SweepError(f"give seeds=N (or seeds=[...]) or seed=..., not both {where}")
+        if given:
+            return _override_seeds(given[-1])
+    return None
+
+
+def _cluster_seeds(cfg: DictConfig) -> list[int]:
+    """The default seeds of a cell: its cluster config's ``seeds`` count (or list)."""
+    cluster = cfg.get("cluster") or {}
+    name = cluster.get("name", "?")
+    value = cluster.get("seeds")
+    if value is None:
+        raise SweepError(f"cluster {name!r} sets no seeds: give seeds=N or add seeds: N to conf/cluster/{name}.yaml")
+    value = OmegaConf.to_container(value) if not isinstance(value, int | str) else value
+    try:
+        return seed_list(value, "seeds")
+    except SweepError as err:
+        raise SweepError(f"cluster {name!r}: {err}") from None
+
+
+def _with_seed(cfg: DictConfig, seed: int) -> dict[str, Any]:
+    """The resolved config of a cell at ``seed``: the top-level ``seed`` set as a ``seed=`` override sets it
+    (interpolations such as ``run_dir`` resolve with it)."""
+    out = cfg.copy()
+    out.seed = seed
+    return to_container(out)
+
+
+def describe(specs: Sequence[RunSpec]) -> str:
+    """How many runs, cells and seeds per cell, e.g. ``48 runs (16 cells x 3 seeds)``."""
+    per_cell = Counter(spec.cell_id for spec in specs)
+    if not per_cell:
+        return "0 runs"
+    counts = sorted(set(per_cell.values()))
+    seeds = _plural(counts[0], "seed") if len(counts) == 1 else f"{counts[0]}-{counts[-1]} seeds"
+    return f"{_plural(len(specs), 'run')} ({_plural(len(per_cell), 'cell')} x {seeds})"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
 def _check_values(cfg: dict[str, Any]) -> None:
@@ -115,32 +219,45 @@ def _standin_override(overrides: list[str], cfg: DictConfig) -> list[str]:
     return [*overrides, f"model={standin['name']}"]
 
 
+def _cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None) -> list[tuple[int, RunSpec]]:
+    """The runs of one cell of the grid, one per seed (``seeds`` None: the cell's cluster default)."""
+    ovs = [f"+sweep={sweep}", *batch]
+    cfg = _compose(ovs)
+    standin = _standin_override(ovs, cfg)
+    if standin != ovs:
+        cfg = _compose(standin)
+    runs = []
+    for seed in seeds if seeds is not None else _cluster_seeds(cfg):
+        resolved = _with_seed(cfg, seed)
+        _check_values(resolved)
+        try:  # the run records every parameter its loss reads
+            resolved["method"] = method_config(resolved["method"])
+        except ValueError as err:
+            raise SweepError(str(err).splitlines()[0]) from None
+        runs.append((seed, RunSpec(stable_id(resolved), sweep, (*standin, f"seed={seed}"), resolved)))
+    return runs
+
+
 def expand(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]:
     """Expand ``sweep`` with command-line ``overrides`` (Hydra multirun syntax) into resolved runs.
 
-    The sweep's axes come first and command-line overrides of the same key replace them; everything else is
-    Hydra's BasicSweeper expansion (cartesian product of the sweep overrides).
+    The sweep's axes come first and command-line overrides of the same key replace them; the cells are Hydra's
+    BasicSweeper expansion (cartesian product of the sweep overrides), each run at every seed of the seed axis
+    (module docstring). Runs come seed by seed: every cell at the first seed, then at the next.
     """
     if sweep not in sweep_names():
         raise SweepError(f"unknown sweep {sweep!r}; valid: {', '.join(sweep_names())}")
     overrides = list(overrides or [])
     parsed_user = _parse(overrides)
     _check_groups(parsed_user)
-    runs: list[RunSpec] = []
-    parsed = _parse(sweep_axes(sweep) + overrides)
+    parsed_sweep = _parse(sweep_axes(sweep))
+    seeds = _seed_axis(parsed_sweep, parsed_user)
+    parsed = [ov for ov in parsed_sweep + parsed_user if _key(ov) not in SEED_KEYS]
     _check_groups(parsed)
     (batches,) = BasicSweeper.split_arguments(parsed, None)
-    for batch in batches:
-        ovs = [f"+sweep={sweep}", *batch]
-        cfg = _compose(ovs)
-        standin = _standin_override(ovs, cfg)
-        resolved = to_container(_compose(standin) if standin != ovs else cfg)
-        _check_values(resolved)
-        try:  # the run records every parameter its loss reads
-            resolved["method"] = method_config(resolved["method"])
-        except ValueError as err:
-            raise SweepError(str(err).splitlines()[0]) from None
-        runs.append(RunSpec(stable_id(resolved), sweep, tuple(standin), resolved))
-    seen: set[str] = set()
-    unique = [r for r in runs if not (r.run_id in seen or seen.add(r.run_id))]  # type: ignore[func-returns-value]
-    return unique
+    runs = [(seed, cell, spec) for cell, batch in enumerate(batches) for seed, spec in _cell_runs(sweep, batch, seeds)]
+    runs.sort(key=lambda run: run[:2])
+    unique: dict[str, RunSpec] = {}  # two cells may be one run (the same CPU run on two clusters)
+    for _, _, spec in runs:
+        unique.setdefault(spec.run_id, spec)
+    return list(unique.values())

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -93,7 +93,7 @@ class SweepLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> SweepLock:
+    def __enter__(self) -> Self:
         self.acquire()
         return self
 

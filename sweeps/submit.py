@@ -177,13 +177,15 @@ def run_sweep(
 
 
 def dry_run_records(specs: list[RunSpec], root: Path) -> list[dict[str, Any]]:
-    """One record per run: its id, axes, the exact trainer argv and the sbatch script (None for local)."""
+    """One record per run: its id, axes (seed included), the exact trainer argv and the sbatch script (None for
+    local)."""
     records = []
     for spec in specs:
         path = run_dir(spec, root)
         records.append({
             "run_id": spec.run_id, "method": spec.method, "delta": spec.delta, "model": spec.model,
-            "precision": spec.precision, "command": job_command(spec, path), "sbatch": sbatch_text(spec, path),
+            "precision": spec.precision, "seed": spec.seed, "command": job_command(spec, path),
+            "sbatch": sbatch_text(spec, path),
         })
     return records
 

@@ -13,9 +13,10 @@ from sweeps.compose import GROUPS, SweepError, expand, sweep_names
 
 
 def test_every_sweep_expands_to_its_grid() -> None:
+    """Cells x seeds: 3 seeds per cell on the local CPU engine (conf/cluster/local.yaml), smoke one seed."""
     sizes = {name: len(expand(name)) for name in sweep_names()}
-    assert sizes["main_comparison"] == 16
-    assert sizes["tight_threshold"] == 12
+    assert sizes["main_comparison"] == 16 * 3
+    assert sizes["tight_threshold"] == 12 * 3
     assert sizes["smoke"] == 4
 
 
@@ -41,7 +42,7 @@ def test_cluster_runs_keep_the_paper_models() -> None:
 
 
 def test_command_line_axes_replace_the_sweeps_own() -> None:
-    runs = expand("main_comparison", ["method=dppo_topk_kl,predmask_kl_agg", "delta=0.05,0.15"])
+    runs = expand("main_comparison", ["method=dppo_topk_kl,predmask_kl_agg", "delta=0.05,0.15", "seeds=1"])
     assert len(runs) == 2 * 2 * 4
     assert {r.delta for r in runs} == {0.05, 0.15}
     assert {r.config["method"]["delta"] for r in runs} == {0.05, 0.15}

@@ -117,7 +117,8 @@ def test_cluster_dry_run_prints_sixteen_verl_jobs(tmp_path: Path) -> None:
     out = _sweeps(tmp_path, "main_comparison", "cluster=h20_4x8", "--dry-run", "--format", "json", timeout=300)
     assert out.returncode == 0, out.stderr
     records = json.loads(out.stdout)
-    assert len(records) == 16 and len({r["run_id"] for r in records}) == 16
+    assert len(records) == 16 and len({r["run_id"] for r in records}) == 16  # one seed per cell on the cluster
+    assert {r["seed"] for r in records} == {0}
     for rec in records:
         assert rec["command"][1:3] == ["-m", "predmask.verl.launch"]
         cmd = rec["command"]
@@ -136,6 +137,7 @@ def test_local_dry_run_has_no_sbatch_and_the_exact_trainer_command(tmp_path: Pat
     out = _sweeps(tmp_path, "smoke", "--dry-run", "--format", "json", timeout=300)
     records = json.loads(out.stdout)
     assert len(records) == 4 and all(r["sbatch"] is None for r in records)
+    assert [r["seed"] for r in records] == [0] * 4  # the smoke sweep's own seed axis
     assert all(r["command"][1:3] == ["-m", "predmask.rl.train"] for r in records)
     assert all(any(a.startswith("run_dir=") and r["run_id"] in a for a in r["command"]) for r in records)
 
