@@ -1,6 +1,6 @@
 """`python -m reports paper|list`: draw the paper's figures and tables from the results database, or list them.
 
-python -m reports paper [--db PATH] [--out DIR] [--sweep NAME ...] [--study ID] [--smooth W] [--only NAME ...]
+python -m reports paper [--db PATH] [--out DIR] [--sweep NAME ...] [--study ID] [--raw] [--only NAME ...]
 python -m reports list  [--db PATH] [--sweep NAME ...] [--study ID]
 """
 
@@ -62,11 +62,9 @@ def _parser() -> argparse.ArgumentParser:
         "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})"
     )
     paper.add_argument(
-        "--smooth",
-        type=int,
-        default=0,
-        metavar="W",
-        help="trailing mean over W logged points on training curves (default 0: raw; labelled on each figure)",
+        "--raw",
+        action="store_true",
+        help="training curves without smoothing (default: an EMA per seed, its half-life stated on each figure)",
     )
     paper.add_argument(
         "--only", action="append", default=None, metavar="NAME", help="draw only these artefacts"
@@ -81,9 +79,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_paper(args: argparse.Namespace) -> int:
     out, err = _console(), _console(stderr=True)
-    if args.smooth < 0:
-        err.print(f"error: --smooth must be >= 0, got {args.smooth}")
-        return 2
     db = args.db if args.db is not None else default_db_path()
     try:
         paper = build_paper(
@@ -91,7 +86,7 @@ def cmd_paper(args: argparse.Namespace) -> int:
             args.out,
             sweeps=_sweeps(args.sweep),
             study_id=args.study,
-            smooth=args.smooth,
+            raw=args.raw,
             only=_sweeps(args.only),
             debug=args.debug,
         )

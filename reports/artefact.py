@@ -31,7 +31,7 @@ class ReportContext:
     out: Path
     sweeps: tuple[str, ...] | None = None
     study_id: str | None = None
-    smooth: int = 0  # trailing-mean window in logged points; 0/1 = raw values
+    raw: bool = False  # True: training curves unsmoothed (default: each figure row's labelled EMA)
     formats: tuple[str, ...] = ("png", "pdf")
     draw: bool = True  # False: compute the data only (`list`)
 
@@ -57,7 +57,11 @@ class ReportContext:
 
 @dataclass
 class Series:
-    """One plotted line or point set: its label, the run or criterion it stands for, and the arrays."""
+    """One plotted line or point set: its label, the run, method or criterion it stands for, and the arrays.
+
+    A training line is a mean over seeds: ``seeds`` holds the per-seed values it is the mean of (seeds × x, in the
+    order of ``seed_keys``), ``band`` the interval drawn around it (None: one seed, no band), ``identical_to`` the
+    method whose line it coincides with (drawn over it, named in the label)."""
 
     label: str
     x: np.ndarray
@@ -65,6 +69,10 @@ class Series:
     run_id: str | None = None
     method: str | None = None
     yerr: np.ndarray | None = None
+    band: tuple[np.ndarray, np.ndarray] | None = None
+    seeds: np.ndarray | None = None
+    seed_keys: tuple[object, ...] = ()
+    identical_to: str | None = None
 
 
 @dataclass

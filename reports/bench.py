@@ -1,4 +1,4 @@
-"""`python -m reports.bench`: time every figure on a synthetic database (32 runs × 500 steps × 30 metrics, 61 seeds).
+"""`python -m reports.bench`: time every figure on a synthetic database (88 runs × 500 steps × 30 metrics, 61 seeds).
 
 The runs are written as run directories (config.yaml, status.json, metrics.jsonl) and loaded through the real
 ingest; the study through upsert_token_level. Only `paper` (all figures, tables and the page) is timed against
@@ -22,7 +22,7 @@ import yaml
 
 from analysis.store import connect, ingest_paths, upsert_token_level
 from analysis.token_level import stats
-from predmask import metrics
+from predmask import config, metrics
 from predmask.precisions import get_precision
 from predmask.rl.task import EVAL_SPLITS
 from reports import labels
@@ -30,6 +30,15 @@ from reports.paper import build_paper
 
 TARGET_S = 15.0
 SWEEPS = ("main_comparison", "tight_threshold", "smoke")  # the synthetic runs mirror these sweeps of conf/
+SEEDS_PER_CELL = int(config.group_entry("cluster", "local")["seeds"])  # as the CPU engine runs each cell
+
+
+def _seeds(sweep: str) -> tuple[int, ...]:
+    """The seeds the CPU engine runs per cell of a sweep: its own seed axis if it has one, else the cluster's."""
+    axis = config.sweep_params(sweep).get("seed")
+    return tuple(int(v) for v in str(axis).split(",")) if axis is not None else tuple(range(SEEDS_PER_CELL))
+
+
 A24, A25 = (metrics.val_acc(split, 16) for split in EVAL_SPLITS)  # the CPU engine's AIME stand-ins
 CORE_METRICS = (metrics.SCORE_MEAN, metrics.RESPONSE_LENGTH_MEAN, metrics.PPO_KL, metrics.CLIPFRAC, A24, A25)
 FILLER_METRICS = (
@@ -61,15 +70,17 @@ FILLER_METRICS = (
 
 
 def run_grid() -> list[dict]:
-    """Synthetic run specs, one per run of each sweep in SWEEPS (today 16 + 12 + 4 = 32), in conf/'s order."""
+    """Synthetic run specs, one per seed of each cell of each sweep in SWEEPS (today 16 x 3 + 12 x 3 + 4 = 88),
+    in conf/'s order."""
     grid = [
-        (sweep, method, labels.sweep_delta(sweep), labels.setting_choice(setting))
+        (sweep, method, labels.sweep_delta(sweep), labels.setting_choice(setting), seed)
         for sweep in SWEEPS
         for setting in labels.sweep_axis(sweep, "+setting")
         for method in labels.sweep_axis(sweep, "method")
+        for seed in _seeds(sweep)
     ]
     specs = []
-    for i, (sweep, method, delta, (paper_model, precision)) in enumerate(grid):
+    for i, (sweep, method, delta, (paper_model, precision), seed) in enumerate(grid):
         model, emulated = labels.cpu_standin(paper_model), get_precision(precision)
         method_cfg: dict = {"name": method, "loss_agg_mode": "token-mean"}
         if method == "grpo_clip_higher":
@@ -78,13 +89,13 @@ def run_grid() -> list[dict]:
             method_cfg.update(delta=delta, ratio_cap=10.0)
         specs.append(
             {
-                "run_id": f"synth{i:02d}",
+                "run_id": f"synth{i:03d}",
                 "sweep": sweep,
                 "config": {
-                    "seed": 0,
+                    "seed": seed,
                     "delta": delta,
                     "top_k": 20,
-                    "run_dir": f"runs/{sweep}/synth{i:02d}",
+                    "run_dir": f"runs/{sweep}/synth{i:03d}",
                     "method": method_cfg,
                     "model": {
                         "name": model,

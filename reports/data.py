@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,8 +13,9 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from analysis.training import stats as training_stats
 from predmask import metrics
-from reports import labels
+from reports import labels, style
 
 AIME_RE = {
     "aime24": re.compile(r"aime[_-]?(?:20)?24", re.IGNORECASE),
@@ -244,26 +245,44 @@ def aime_metric_names(names: Iterable[str]) -> dict[str, str]:
     return {bench: name for bench, (_, name) in best.items()}
 
 
-def mean_on_common_steps(a: Series, b: Series) -> Series:
-    """Pointwise mean of two series on the steps both have."""
-    steps, ia, ib = np.intersect1d(a[0], b[0], assume_unique=True, return_indices=True)
-    return steps, (a[1][ia] + b[1][ib]) / 2.0
-
-
-def smooth(values: np.ndarray, window: int) -> np.ndarray:
-    """Trailing mean over the last `window` logged points (shorter at the start); window <= 1: unchanged.
-    NaN points stay NaN and are left out of their neighbours' means."""
-    if window <= 1 or len(values) == 0:
-        return values
-    finite = np.isfinite(values)
-    v = np.where(finite, values, 0.0)
-    kernel = np.ones(window)
-    sums = np.convolve(v, kernel)[: len(v)]
-    counts = np.convolve(finite.astype(float), kernel)[: len(v)]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = sums / counts
-    out[~finite] = np.nan
+def by_method_and_seed(
+    runs: Iterable[RunInfo], series: Mapping[str, Series]
+) -> dict[str | None, dict[Hashable, Series]]:
+    """method -> {seed: series} for the runs that have a series (by run_id), methods in the style's order. A run
+    is keyed by its seed; where a method has a run without a seed or two runs of one seed (runs of several
+    sweeps), its runs are keyed by run id, so nothing is merged and nothing pairs by accident."""
+    by_method: dict[str | None, list[RunInfo]] = {}
+    for run in sorted(
+        runs, key=lambda r: (style.method_rank(r.method), r.method or "", r.seed or 0, r.run_id)
+    ):
+        if run.run_id in series:
+            by_method.setdefault(run.method, []).append(run)
+    out: dict[str | None, dict[Hashable, Series]] = {}
+    for method, members in by_method.items():
+        seeds = [r.seed for r in members]
+        by_seed = None not in seeds and len(set(seeds)) == len(seeds)
+        out[method] = {(r.seed if by_seed else r.run_id): series[r.run_id] for r in members}
     return out
+
+
+def aime_series(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, dict[str, Series]]:
+    """run_id -> {'aime24': series, 'aime25': series} for the benchmarks each run logged (names as
+    ``aime_metric_names`` picks them)."""
+    by_run = metric_names_by_run(con, run_ids, metrics.VAL_CORE_PREFIX)
+    chosen = {rid: aime_metric_names(names) for rid, names in by_run.items()}
+    raw = metric_series(con, run_ids, sorted({n for m in chosen.values() for n in m.values()}))
+    return {
+        rid: {bench: raw[(rid, name)] for bench, name in m.items() if (rid, name) in raw}
+        for rid, m in chosen.items()
+    }
+
+
+def validation_series(aime: dict[str, Series]) -> Series | None:
+    """A run's validation accuracy: the mean of its AIME24 and AIME25 scores on the steps where both were
+    evaluated (None unless it logged both)."""
+    if not {"aime24", "aime25"} <= set(aime):
+        return None
+    return training_stats.mean_on_common_steps(aime["aime24"], aime["aime25"])
 
 
 def last_steps(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -332,7 +351,8 @@ def load_studies(con: duckdb.DuckDBPyConnection) -> list[StudyInfo]:
 
 
 def pick_study(studies: Sequence[StudyInfo], study_id: str | None) -> StudyInfo | None:
-    """The requested study (ValueError naming the valid ids if unknown), else the newest one with seeds."""
+    """The requested study (ValueError naming the valid ids if unknown), else the one with the most seeds, the
+    newest among equals (a drift grid's cells have few seeds each; the study run with ``--seeds 61`` wins)."""
     if study_id is not None:
         for s in studies:
             if s.study_id == study_id:
@@ -341,7 +361,9 @@ def pick_study(studies: Sequence[StudyInfo], study_id: str | None) -> StudyInfo 
             f"unknown study {study_id!r}; stored: {', '.join(s.study_id for s in studies) or 'none'}"
         )
     with_seeds = [s for s in studies if s.n_seeds > 0]
-    return with_seeds[0] if with_seeds else (studies[0] if studies else None)
+    if with_seeds:
+        return max(with_seeds, key=lambda s: s.n_seeds)  # max keeps the first (newest) of equals
+    return studies[0] if studies else None
 
 
 def seed_rows(con: duckdb.DuckDBPyConnection, study_id: str) -> pl.DataFrame:

@@ -41,7 +41,7 @@ def build_paper(
     *,
     sweeps: Sequence[str] | None = None,
     study_id: str | None = None,
-    smooth: int = 0,
+    raw: bool = False,
     only: Sequence[str] | None = None,
     formats: Sequence[str] = ("png", "pdf"),
     debug: bool = False,
@@ -56,7 +56,7 @@ def build_paper(
             out=out,
             sweeps=tuple(sweeps) if sweeps else None,
             study_id=study_id,
-            smooth=smooth,
+            raw=raw,
             formats=tuple(formats),
         )
         _ = ctx.study  # an unknown --study fails here, before anything is drawn

@@ -1,7 +1,9 @@
-"""Table 1 (hyperparameters from the runs' composed configs) and the token-level summary beside the paper's numbers.
+"""Table 1 (hyperparameters from the runs' composed configs), Table 2 (main results over seeds) and the token-level
+summary beside the paper's numbers.
 
-Each table is rendered as Markdown and LaTeX; the report page renders the same rows as HTML. The token-level
-summary prints what analysis.token_level.stats returns for the study, and the paper's numbers from the same module.
+Each table is rendered as Markdown and LaTeX; the report page renders the same rows as HTML. Table 2 prints what
+analysis.training.stats returns for each setting's runs; the token-level summary prints what
+analysis.token_level.stats returns for the study, and the paper's numbers from the same module.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis.token_level import stats
+from analysis.training import stats as training_stats
 from predmask.io import atomic_write_text
 from reports import data
 from reports.artefact import ArtefactResult, ReportContext, table
-from reports.labels import method_label
+from reports.figures.training import MAIN
+from reports.labels import method_label, sweep_delta
 from reports.style import method_rank
 
 NOT_REPORTED = "not reported"
@@ -75,6 +79,8 @@ _LATEX = {
     "^": r"\textasciicircum{}",
     "δ": r"$\delta$",
     "±": r"$\pm$",
+    "Δ": r"$\Delta$",
+    "—": "---",
     "≈": r"$\approx$",
     "−": "-",
     "·": r"$\cdot$",
@@ -320,5 +326,132 @@ def token_level_summary(ctx: ReportContext) -> ArtefactResult:
     if ctx.draw:
         result.files = write_texts(
             ctx, {"token_level_summary.md": text.markdown(), "token_level_summary.tex": text.latex()}
+        )
+    return result
+
+
+# ------------------------------------------------------------------------------------------ Table 2
+
+COLLAPSE_DOC = "docs/results.md"
+
+
+def _pct(iv: training_stats.Interval) -> str:
+    """ "41.2% ± 3.1" (t-interval half-width, percentage points); one seed: "41.2% (one seed, no interval)"."""
+    if iv.mean is None:
+        return "—"
+    if iv.half_width is None:
+        return f"{100 * iv.mean:.1f}% (one seed, no interval)"
+    return f"{100 * iv.mean:.1f}% ± {100 * iv.half_width:.1f}"
+
+
+def _diff(d: training_stats.PairedDifference | None, is_reference: bool) -> str:
+    if is_reference:
+        return "reference"
+    return "—" if d is None else d.text(scale=100.0)
+
+
+def _collapsed(r: training_stats.MethodResult) -> str:
+    seeds = r.collapsed
+    which = f" (seed {', '.join(str(k) for k in seeds)})" if seeds else ""
+    return f"{len(seeds)}/{r.n} seeds{which}"
+
+
+SettingResults = list[tuple[data.PanelKey, dict[str, training_stats.MethodResult]]]
+
+
+def main_results(
+    ctx: ReportContext, runs: Sequence[data.RunInfo]
+) -> tuple[SettingResults, list[data.RunInfo]]:
+    """Per setting (panel order), each method's results over its seeds from the runs' validation curves; and the
+    runs they come from (those with a validation curve)."""
+    aime = data.aime_series(ctx.con, [r.run_id for r in runs])
+    val = {rid: s for rid, a in aime.items() if (s := data.validation_series(a)) is not None and len(s[0])}
+    out: SettingResults = []
+    used: list[data.RunInfo] = []
+    for key in data.panel_keys(runs):
+        if key.model is None:
+            out.append((key, {}))
+            continue
+        members = [r for r in data.runs_in_panel(runs, key) if r.run_id in val]
+        groups = data.by_method_and_seed(members, val)
+        results = training_stats.setting_results({str(m): g for m, g in groups.items()})
+        out.append((key, results))
+        used += [r for r in members if str(r.method) in results]
+    return out, used
+
+
+def main_results_table(results: SettingResults, n_runs: int, n_cpu: int) -> TextTable:
+    references = {r.vs_final.reference for _, rs in results for r in rs.values() if r.vs_final is not None}
+    rows = []
+    for key, by_method in results:
+        setting = key.title.replace("\n", " (") + (")" if "\n" in key.title else "")
+        if not by_method:
+            rows.append([setting, "no runs with validation", "0"] + ["—"] * 7)
+        for method, r in by_method.items():
+            ref = r.vs_final.reference if r.vs_final is not None else None
+            rows.append(
+                [
+                    setting,
+                    method_label(method),
+                    str(r.n),
+                    _pct(r.final),
+                    _pct(r.best),
+                    _pct(r.auc),
+                    method_label(ref) if ref else "—",
+                    _diff(r.vs_final, method in references),
+                    _diff(r.vs_auc, method in references),
+                    _collapsed(r),
+                ]
+            )
+    note = (
+        f"From {n_runs} run(s) ({n_cpu} on the CPU engine: small stand-in models, emulated precision; not the "
+        "paper's scale). Validation accuracy = mean of the two AIME avg@16 scores (CPU: their stand-in splits). "
+        f"Each accuracy cell: {training_stats.interval_note()} (half-width after ±; one seed: no interval). "
+        "final = the last evaluated step; best = the highest evaluation; AUC = trapezoid area under the "
+        "validation curve over steps divided by the step span (a mean accuracy over the run). Δ = predictive mask "
+        "minus the method it is paired with (the ratio-direction mask of the same divergence and support), "
+        "per seed, in percentage points: mean [95% t-interval] (seeds with Δ > 0). Collapsed: validation "
+        f"accuracy stays below half of its best for the rest of the run (defined in {COLLAPSE_DOC})."
+    )
+    return TextTable(
+        title="Table 2: main results (validation accuracy over seeds)",
+        note=note,
+        header=[
+            "setting",
+            "method",
+            "seeds",
+            "final val acc",
+            "best val acc",
+            "AUC (mean val acc)",
+            "paired with",
+            "Δ final (pp)",
+            "Δ AUC (pp)",
+            "collapsed",
+        ],
+        rows=rows,
+    )
+
+
+@table("table2_main_results", f"Table 2: main results at δ = {sweep_delta(MAIN):g}, over seeds")
+def table2_main_results(ctx: ReportContext) -> ArtefactResult:
+    sel = data.select_runs(ctx.runs, sweep_delta(MAIN), ctx.sweeps, MAIN)
+    results, runs = main_results(ctx, sel.runs)
+    text = main_results_table(results, len(runs), sum(r.is_cpu for r in runs))
+    result = ArtefactResult(
+        name="table2_main_results",
+        title=text.title,
+        caption=(
+            "Final, best and mean (AUC) validation accuracy per setting and method over seeds, the paired "
+            "difference of each predictive mask against its DPPO reference, and collapses; Markdown and LaTeX."
+        ),
+        runs=runs,
+        selection_rule=sel.rule,
+        stats=results,
+        tables={"main": text},
+        has_data=any(by_method for _, by_method in results),
+    )
+    if ctx.draw:
+        result.files = write_texts(
+            ctx, {"table2_main_results.md": text.markdown(), "table2_main_results.tex": text.latex()}
         )
     return result

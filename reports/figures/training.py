@@ -1,13 +1,14 @@
-"""Training-curve figures (1, 2, 5-8): a panel per model-precision setting, a line per run."""
+"""Training-curve figures (1, 2, 5-8): a panel per model-precision setting, a line per method (mean over seeds)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from matplotlib.ticker import MaxNLocator
 
+from analysis.training import stats as training_stats
 from predmask import metrics
 from predmask.rl.task import EVAL_SPLITS
 from reports import data
@@ -23,68 +24,102 @@ from reports.figures.draw import (
     wrap_lines,
 )
 from reports.labels import method_label, sweep_delta
-from reports.style import method_rank, method_style
+from reports.style import method_style
 
 MAIN, TIGHT = "main_comparison", "tight_threshold"  # the sweeps the figures draw by default
 MAX_COLS = 4
-# further runs (seeds) of one method in one panel: same colour, these dash patterns
-REPEAT_STYLES = ((0, (5, 2)), (0, (1, 1.5)), (0, (3, 1, 1, 1)), (0, (8, 2, 2, 2)))
+LEGEND_COLS = 3  # legend labels carry seeds and coincidence marks: fewer, wider columns
+BAND_ALPHA = 0.18
+IDENTICAL_STYLE = (0, (3, 3))  # a line identical to an earlier method's: dashed over it, so both colours show
 
 
 @dataclass(frozen=True)
 class MetricRow:
-    """A row of a per-setting figure: label, y-axis label, the metric names it reads, how it reads them."""
+    """A row of a per-setting figure: label, y-axis label, the metric names it reads, how it reads them, and the
+    smoothing its curves get by default."""
 
     label: str
     ylabel: str
     names: tuple[str, ...]  # literal metric names this row reads ("" for the AIME rows, found per run)
     kind: str = "metric"  # "metric" | "val_mean" | "aime24" | "aime25"
+    smoothing: training_stats.Smoothing = training_stats.STEP_SMOOTHING
 
 
-def _smoothing_note(ctx: ReportContext) -> str:
+def _smoothing(ctx: ReportContext, row: MetricRow) -> training_stats.Smoothing:
+    return training_stats.RAW if ctx.raw else row.smoothing
+
+
+def _method_note(ctx: ReportContext, rows: Sequence[MetricRow]) -> str:
+    """How the lines are made: mean, band, smoothing, coincidence marks (the figure's subtitle)."""
+    smoothing = sorted({_smoothing(ctx, row).describe() for row in rows})
+    how = (
+        "raw values (no smoothing)"
+        if ctx.raw
+        else f"each seed smoothed first: {'; '.join(smoothing)} (--raw for raw values)"
+    )
     return (
-        f"smoothed: trailing mean over {ctx.smooth} logged points"
-        if ctx.smooth > 1
-        else "raw values (no smoothing)"
+        f"line: {training_stats.interval_note()} (shaded; one seed: no band); {how}; a line identical to an "
+        "earlier method's is dashed over it and named in the legend"
     )
 
 
-def _run_label(run: data.RunInfo, duplicates: bool) -> str:
-    label = method_label(run.method)
-    if duplicates:
-        label += f" (seed {run.seed})" if run.seed is not None else f" ({run.run_id[:8]})"
-    return label
+def _line_label(method: str | None, keys: Sequence[Hashable], identical_to: str | None) -> str:
+    """ "DPPO-TopK-KL (3 seeds)"; runs that are not one per seed (runs of several sweeps) are counted as runs."""
+    n = len(keys)
+    what = "seed" if all(isinstance(k, int) for k in keys) else "run"
+    text = f"{method_label(method)} ({n} {what}{'' if n == 1 else 's'}"
+    return text + (f"; identical to {method_label(identical_to)})" if identical_to else ")")
 
 
 def _row_series(
     ctx: ReportContext, runs: Sequence[data.RunInfo], rows: Sequence[MetricRow]
 ) -> dict[tuple[str, str], data.Series]:
-    """(run_id, row label) -> series for every row, reading each metric once."""
+    """(run_id, row label) -> raw series for every row, reading each metric once."""
     ids = [r.run_id for r in runs]
-    names = {n for row in rows for n in row.names}
-    aime: dict[str, dict[str, str]] = {}
-    if any(row.kind != "metric" for row in rows):
-        by_run = data.metric_names_by_run(ctx.con, ids, metrics.VAL_CORE_PREFIX)
-        aime = {rid: data.aime_metric_names(ns) for rid, ns in by_run.items()}
-        names |= {n for m in aime.values() for n in m.values()}
-    raw = data.metric_series(ctx.con, ids, sorted(names))
+    aime = data.aime_series(ctx.con, ids) if any(row.kind != "metric" for row in rows) else {}
+    raw = data.metric_series(ctx.con, ids, sorted({n for row in rows for n in row.names}))
     out: dict[tuple[str, str], data.Series] = {}
     for run in runs:
         for row in rows:
-            series: data.Series | None = None
+            found = aime.get(run.run_id, {})
             if row.kind == "metric":
                 series = raw.get((run.run_id, row.names[0]))
+            elif row.kind == "val_mean":
+                series = data.validation_series(found)
             else:
-                found = aime.get(run.run_id, {})
-                if row.kind in ("aime24", "aime25") and row.kind in found:
-                    series = raw.get((run.run_id, found[row.kind]))
-                elif row.kind == "val_mean" and {"aime24", "aime25"} <= set(found):
-                    a, b = raw.get((run.run_id, found["aime24"])), raw.get((run.run_id, found["aime25"]))
-                    if a is not None and b is not None:
-                        series = data.mean_on_common_steps(a, b)
+                series = found.get(row.kind)
             if series is not None and len(series[0]):
                 out[(run.run_id, row.label)] = series
     return out
+
+
+def _panel_lines(
+    groups: dict[str | None, dict[Hashable, data.Series]], smoothing: training_stats.Smoothing
+) -> tuple[list[Series], int]:
+    """One line per method (mean over its seeds, band, coincidence mark) and the points left out because not
+    every seed logged their step."""
+    marks = training_stats.coincidences({str(m): g for m, g in groups.items()})
+    lines: list[Series] = []
+    left_out = 0
+    for method, seeds in groups.items():
+        curve = training_stats.seed_curve(seeds, smoothing)
+        if curve is None:
+            continue
+        left_out += curve.n_left_out
+        ref = marks.get(str(method))
+        lines.append(
+            Series(
+                _line_label(method, curve.keys, ref),
+                curve.steps,
+                curve.mean,
+                method=method,
+                band=None if curve.lo is None or curve.hi is None else (curve.lo, curve.hi),
+                seeds=curve.values,
+                seed_keys=curve.keys,
+                identical_to=ref,
+            )
+        )
+    return lines, left_out
 
 
 def _per_setting_figure(
@@ -96,40 +131,33 @@ def _per_setting_figure(
     rows: Sequence[MetricRow],
     default_sweep: str,
 ) -> ArtefactResult:
-    """One panel per model-precision setting (× one row per metric), one line per run coloured by method; the runs
-    at the δ of `default_sweep`, from that sweep unless the user chose others."""
+    """One panel per model-precision setting (× one row per metric), one line per method: the mean over its seeds
+    with a t-interval band, each seed smoothed with the row's EMA unless raw; the runs at the δ of
+    `default_sweep`, from that sweep unless the user chose others."""
     sel = data.select_runs(ctx.runs, sweep_delta(default_sweep), ctx.sweeps, default_sweep)
     keys = data.panel_keys(sel.runs)
     series = _row_series(ctx, sel.runs, rows)
-    result = ArtefactResult(name=name, title=title, caption=caption, selection_rule=sel.rule)
-    used: dict[str, data.RunInfo] = {}
+    note = _method_note(ctx, rows)
+    result = ArtefactResult(
+        name=name, title=title, caption=f"{caption} {note[0].upper()}{note[1:]}.", selection_rule=sel.rule
+    )
+    used: set[str] = set()
     for row in rows:
         for key in keys:
             panel = Panel(title=key.title, row=row.label)
-            members = sorted(
-                data.runs_in_panel(sel.runs, key),
-                key=lambda r: (method_rank(r.method), r.seed or 0, r.run_id),
+            members = [r for r in data.runs_in_panel(sel.runs, key) if (r.run_id, row.label) in series]
+            groups = data.by_method_and_seed(
+                members, {r.run_id: series[(r.run_id, row.label)] for r in members}
             )
-            methods = [r.method for r in members]
-            for run in members:
-                s = series.get((run.run_id, row.label))
-                if s is None:
-                    continue
-                y = data.smooth(s[1], ctx.smooth)
-                panel.series.append(
-                    Series(
-                        _run_label(run, methods.count(run.method) > 1),
-                        s[0],
-                        y,
-                        run_id=run.run_id,
-                        method=run.method,
-                    )
-                )
-                used[run.run_id] = run
+            panel.series, left_out = _panel_lines(groups, _smoothing(ctx, row))
+            used.update(r.run_id for r in members)
+            n_runs = len(data.runs_in_panel(sel.runs, key))
             if key.model is None:
                 panel.note = "no runs for this setting"
             elif not panel.series:
-                panel.note = f"no {row.label} logged by the {len(members)} run(s) of this setting"
+                panel.note = f"no {row.label} logged by the {n_runs} run(s) of this setting"
+            elif left_out:
+                panel.note = f"{left_out} logged point(s) on steps that not every seed logged are left out"
             result.panels.append(panel)
     result.runs = [r for r in sel.runs if r.run_id in used]
     result.has_data = bool(used)
@@ -144,14 +172,14 @@ def _draw_per_setting(
     n_cols = min(MAX_COLS, max(n_settings, 1))
     setting_rows = math.ceil(n_settings / n_cols)
     labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
-    title = [result.title, f"{result.selection_rule}; {_smoothing_note(ctx)}"]
+    title = [result.title, result.selection_rule, _method_note(ctx, rows)]
     width_in = 0.95 + n_cols * 2.7 + (n_cols - 1) * 0.6
     n_title = len(wrap_lines(title, width_in))
     fig, axes = grid_figure(
         setting_rows * len(rows),
         n_cols,
         top=0.2 * n_title + 0.55,
-        bottom=0.55 + LEGEND_ROW_IN * legend_rows(len(labels)),
+        bottom=0.55 + LEGEND_ROW_IN * legend_rows(len(labels), LEGEND_COLS),
     )
     handles: dict[str, object] = {}
     used: set[int] = set()
@@ -163,14 +191,15 @@ def _draw_per_setting(
         ax.set_title(panel.title)
         if not panel.series:
             empty_panel(ax, panel.note or "no data")
-        seen: dict[str | None, int] = {}
         for j, s in enumerate(panel.series):
             colour, ls = method_style(s.method, j)
-            k = seen[s.method] = seen.get(s.method, -1) + 1  # k-th run of this method in the panel
-            ls = ls if k == 0 else REPEAT_STYLES[(k - 1) % len(REPEAT_STYLES)]
-            (line,) = ax.plot(s.x, s.y, color=colour, linestyle=ls, label=s.label)
+            if s.identical_to is not None:
+                ls = IDENTICAL_STYLE
+            elif s.band is not None:
+                ax.fill_between(s.x, s.band[0], s.band[1], color=colour, alpha=BAND_ALPHA, linewidth=0)
+            (line,) = ax.plot(s.x, s.y, color=colour, linestyle=ls, label=s.label, zorder=3 + j)
             handles.setdefault(s.label, line)
-            if len(s.x):  # mark where a run that stopped early ends
+            if len(s.x):  # mark where a line ends (a shorter run ends early)
                 ax.plot(s.x[-1:], s.y[-1:], marker="o", markersize=2.5, color=colour, linestyle="none")
         if panel.series:
             ax.set_xlabel("training step")
@@ -181,16 +210,22 @@ def _draw_per_setting(
         if k not in used:
             ax.set_visible(False)
     suptitle(fig, *title)
-    legend_below(fig, handles)
+    legend_below(fig, handles, ncol=LEGEND_COLS)
     return save_figure(fig, ctx.out, result.name, ctx.formats)
 
 
-VAL_ROW = MetricRow("validation accuracy", "val acc (mean of AIME24/25 avg@16)", (), "val_mean")
+VAL_ROW = MetricRow(
+    "validation accuracy",
+    "val acc (mean of AIME24/25 avg@16)",
+    (),
+    "val_mean",
+    training_stats.VAL_SMOOTHING,
+)
 _VAL_CAPTION = (
     f"Validation accuracy = mean of the two AIME avg@16 scores ({metrics.val_acc('<aime24>', 16)} and "
     f"{metrics.val_acc('<aime25>', 16)}; on the CPU engine its stand-in splits {' / '.join(EVAL_SPLITS)}), "
     "on the steps where both were evaluated, against training step. One panel per model-precision setting, "
-    "one line per run coloured by method; a dot marks each run's last logged step (shorter runs end early)."
+    "one line per method on the steps all its seeds logged; a dot marks where a line ends."
 )
 
 
@@ -241,8 +276,8 @@ def fig6_aime24_aime25(ctx: ReportContext) -> ArtefactResult:
             "for the main-comparison runs."
         ),
         rows=[
-            MetricRow("AIME24", "AIME24 avg@16", (), "aime24"),
-            MetricRow("AIME25", "AIME25 avg@16", (), "aime25"),
+            MetricRow("AIME24", "AIME24 avg@16", (), "aime24", training_stats.VAL_SMOOTHING),
+            MetricRow("AIME25", "AIME25 avg@16", (), "aime25", training_stats.VAL_SMOOTHING),
         ],
         default_sweep=MAIN,
     )

@@ -9,7 +9,9 @@ import types
 import duckdb
 import numpy as np
 import pytest
+import scipy.stats
 from numpy.testing import assert_allclose
+from report_database import GRPO_VAL, SEEDS, UNI_OFFSET, dppo_val
 
 from analysis.token_level import stats
 from reports import artefact, figures, registry, tables
@@ -24,25 +26,77 @@ def _xy(series):
     return list(np.asarray(series.x)), list(np.asarray(series.y))
 
 
-def test_fig1_val_accuracy_is_the_mean_of_both_aime_scores(ctx_factory):
-    res = figures.fig1_main_comparison(ctx_factory())
+def t_band(rows):
+    """Mean and 95% t-interval per column of a seeds × steps array, from scipy's t distribution."""
+    a = np.asarray(rows, dtype=float)
+    n = a.shape[0]
+    mean = a.mean(axis=0)
+    lo, hi = scipy.stats.t.interval(0.95, n - 1, loc=mean, scale=a.std(axis=0, ddof=1) / math.sqrt(n))
+    return mean, lo, hi
+
+
+def ema_loop(values, half_life):
+    """Debiased EMA written out: each point the weighted mean of the points so far, weight 2^(-age / half-life)."""
+    out = []
+    for t in range(len(values)):
+        w = [0.5 ** ((t - i) / half_life) for i in range(t + 1)]
+        out.append(sum(wi * values[i] for i, wi in enumerate(w)) / sum(w))
+    return out
+
+
+def _assert_line(series, x, rows):
+    """The line is the mean of `rows` (seeds × x) with the t-band, and carries the rows it averaged."""
+    mean, lo, hi = t_band(rows)
+    assert list(series.x) == x
+    assert_allclose(series.y, mean, rtol=1e-12)
+    assert_allclose(series.seeds, rows, rtol=1e-12)
+    assert_allclose(series.band[0], lo, rtol=1e-9)
+    assert_allclose(series.band[1], hi, rtol=1e-9)
+
+
+DPPO, AGG, UNI = (
+    "DPPO-TopK-KL (3 seeds)",
+    "Predictive (aggregated tail) (3 seeds; identical to DPPO-TopK-KL)",
+    ("Predictive (uniform tail) (3 seeds)"),
+)
+
+
+def test_fig1_lines_are_means_over_seeds_with_t_bands(ctx_factory):
+    res = figures.fig1_main_comparison(ctx_factory(raw=True))
     assert [p.title.split("\n")[0] for p in res.panels] == [QWEN4, QWEN8, ROLLOUT, E2E]
     p4 = res.panel(QWEN4)
     assert "cpu_s" in p4.title  # panels name the CPU stand-in and the paper model
-    assert sorted(s.label for s in p4.series) == [
-        "DPPO-TopK-KL (seed 0)",
-        "DPPO-TopK-KL (seed 1)",
-        "Predictive (aggregated tail)",
-    ]
-    x, y = _xy(p4.get("DPPO-TopK-KL (seed 0)"))
-    assert x == [2, 4, 6] and y == pytest.approx([0.4, 0.8, 1.2])
-    x, y = _xy(p4.get("DPPO-TopK-KL (seed 1)"))
-    assert y == pytest.approx([0.41, 0.81, 1.21])
-    # aime25 only at steps 4 and 6: the mean exists only where both were evaluated
-    x, y = _xy(p4.get("Predictive (aggregated tail)"))
-    assert x == [4, 6] and y == pytest.approx([1.2, 1.8])
+    assert [s.label for s in p4.series] == [DPPO, AGG, UNI]  # one line per method, in method order
+    steps = [2, 4, 6]
+    dppo = [[dppo_val(s, seed) for s in steps] for seed in SEEDS]
+    _assert_line(p4.get(DPPO), steps, dppo)
+    _assert_line(p4.get(UNI), steps, [[v + UNI_OFFSET[seed] for v in row] for seed, row in zip(SEEDS, dppo)])
+    assert p4.get(DPPO).seed_keys == SEEDS
     # the δ = 0.05 run and the smoke run are not in Figure 1
-    assert {r.run_id for r in res.runs} == {"m_dppo_s0", "m_dppo_s1", "m_agg_s", "m_agg_moe", "m_grpo_e2e"}
+    assert {r.run_id for r in res.runs} == {
+        *(f"m_{m}_s{k}" for m in ("dppo", "agg", "uni") for k in SEEDS),
+        "m_agg_moe",
+        *(f"m_grpo_e2e_s{k}" for k in SEEDS),
+    }
+
+
+def test_identical_runs_are_marked_in_every_figure_and_drawn(ctx_factory):
+    ctx = ctx_factory(raw=True)
+    for res in (figures.fig1_main_comparison(ctx), figures.fig5_training_reward(ctx)):
+        p4 = res.panel(QWEN4)
+        agg, dppo = p4.get(AGG), p4.get(DPPO)
+        assert (agg.identical_to, agg.method, dppo.identical_to) == ("dppo_topk_kl", "predmask_kl_agg", None)
+        assert_allclose(agg.y, dppo.y)  # drawn, with the same values, never dropped
+        assert p4.get(UNI).identical_to is None
+
+
+def test_one_seed_has_no_band_and_attempts_merge(ctx_factory):
+    res = figures.fig1_main_comparison(ctx_factory(raw=True))
+    line = res.panel(ROLLOUT).get("Predictive (aggregated tail) (1 seed)")
+    assert line.band is None
+    x, y = _xy(line)
+    assert x == [1, 2, 3]  # stops at its last step; nothing is padded
+    assert y == pytest.approx([0.6, 0.6, 0.7])  # step 3 from the current attempt, 1-2 from attempt 1
 
 
 def test_fig1_missing_setting_is_an_empty_labelled_panel(ctx_factory):
@@ -52,70 +106,83 @@ def test_fig1_missing_setting_is_an_empty_labelled_panel(ctx_factory):
     assert "cpu_m" in p8.title and "no runs" in p8.title
 
 
-def test_fig1_shorter_run_ends_early_and_attempts_merge(ctx_factory):
-    res = figures.fig1_main_comparison(ctx_factory())
-    x, y = _xy(res.panel(ROLLOUT).get("Predictive (aggregated tail)"))
-    assert x == [1, 2, 3]  # stops at its last step; nothing is padded
-    assert y == pytest.approx([0.6, 0.6, 0.7])  # step 3 from the current attempt, 1-2 from attempt 1
-
-
 def test_fig1_reads_cluster_style_aime_names_and_prefers_avg16(ctx_factory):
-    res = figures.fig1_main_comparison(ctx_factory())
-    x, y = _xy(res.panel(E2E).get("GRPO clip-higher"))
-    assert x == [1, 2, 3, 4] and y == pytest.approx([0.2] * 4)  # the mean@4 value 0.9 is not used
+    res = figures.fig1_main_comparison(ctx_factory(raw=True))
+    line = res.panel(E2E).get("GRPO clip-higher (3 seeds)")
+    _assert_line(line, [1, 2, 3, 4], [GRPO_VAL[k] for k in SEEDS])  # the mean@4 value 0.9 is not used
 
 
 def test_sweep_option_selects_runs(ctx_factory):
-    res = figures.fig1_main_comparison(ctx_factory(sweeps=("smoke",)))
+    res = figures.fig1_main_comparison(ctx_factory(sweeps=("smoke",), raw=True))
     assert {r.run_id for r in res.runs} == {"sm_agg_s"}
-    x, y = _xy(res.panel(QWEN4).get("Predictive (aggregated tail)"))
-    assert x == [1, 2] and y == pytest.approx([0.9, 0.9])
+    # aime25 only at steps 4 and 6: the validation mean exists only where both were evaluated
+    x, y = _xy(res.panel(QWEN4).get("Predictive (aggregated tail) (1 seed)"))
+    assert x == [4, 6] and y == pytest.approx([1.2, 1.8])
     assert all(not p.series for p in res.panels if not p.title.startswith(QWEN4))
-    both = figures.fig1_main_comparison(ctx_factory(sweeps=("main_comparison", "smoke")))
-    labels = [s.label for s in both.panel(QWEN4).series]
-    assert labels.count("DPPO-TopK-KL (seed 0)") == 1 and len(labels) == 4
+    both = figures.fig1_main_comparison(ctx_factory(sweeps=("main_comparison", "smoke"), raw=True))
+    p4 = both.panel(QWEN4)
+    # two runs of seed 0: counted as runs, never averaged as if paired, and no longer identical to DPPO's
+    agg = p4.get("Predictive (aggregated tail) (4 runs)")
+    assert agg.identical_to is None and list(agg.x) == [4, 6]
+    assert [s.label for s in p4.series] == [DPPO, "Predictive (aggregated tail) (4 runs)", UNI]
 
 
 def test_fig2_uses_the_tight_threshold_runs(ctx_factory):
-    res = figures.fig2_tight_threshold(ctx_factory())
+    res = figures.fig2_tight_threshold(ctx_factory(raw=True))
     assert {r.run_id for r in res.runs} == {"t_dppo_s"}
-    x, y = _xy(res.panel(QWEN4).get("DPPO-TopK-KL"))
+    x, y = _xy(res.panel(QWEN4).get("DPPO-TopK-KL (1 seed)"))
     assert x == [1, 2, 3, 4] and y == pytest.approx([0.1] * 4)
 
 
 def test_fig5_fig7_fig8_plot_the_logged_values(ctx_factory):
-    ctx = ctx_factory()
+    ctx = ctx_factory(raw=True)
+    steps = list(range(1, 7))
     p = figures.fig5_training_reward(ctx).panel(QWEN4)
-    assert _xy(p.get("Predictive (aggregated tail)")) == (
-        [1, 2, 3, 4, 5, 6],
-        pytest.approx([0.2 * s for s in range(1, 7)]),
-    )
-    assert _xy(p.get("DPPO-TopK-KL (seed 0)"))[1] == pytest.approx([s / 10 for s in range(1, 7)])
+    _assert_line(p.get(UNI), steps, [[0.2 * s + 0.01 * k for s in steps] for k in SEEDS])
+    _assert_line(p.get(DPPO), steps, [[s / 10 + 0.01 * k for s in steps] for k in SEEDS])
     p = figures.fig7_response_length(ctx).panel(QWEN4)
-    assert _xy(p.get("Predictive (aggregated tail)"))[1] == pytest.approx([10.0 + s for s in range(1, 7)])
+    _assert_line(p.get(DPPO), steps, [[10.0 + s + k for s in steps] for k in SEEDS])
+    # the same response lengths in all three methods' runs: both later lines are marked, none is hidden
+    assert [s.label for s in p.series][1:] == [
+        AGG,
+        "Predictive (uniform tail) (3 seeds; identical to DPPO-TopK-KL)",
+    ]
     res8 = figures.fig8_ppo_kl_clipfrac(ctx)
     assert {p.row for p in res8.panels} == {"PPO-KL", "clip fraction"}
-    kl = res8.panel(ROLLOUT, row="PPO-KL").get("Predictive (aggregated tail)")
-    clip = res8.panel(ROLLOUT, row="clip fraction").get("Predictive (aggregated tail)")
+    kl = res8.panel(ROLLOUT, row="PPO-KL").get("Predictive (aggregated tail) (1 seed)")
+    clip = res8.panel(ROLLOUT, row="clip fraction").get("Predictive (aggregated tail) (1 seed)")
     assert _xy(kl)[1] == pytest.approx([0.001, 0.002, 0.003])
     assert _xy(clip)[1] == pytest.approx([0.01, 0.02, 0.03])
+    # every seed has the same PPO-KL: the band has zero width, and the methods' lines all coincide
+    kl4 = res8.panel(QWEN4, row="PPO-KL")
+    assert_allclose(kl4.series[0].band[0], kl4.series[0].y)
+    assert [s.identical_to for s in kl4.series] == [None, "dppo_topk_kl", "dppo_topk_kl"]
 
 
 def test_fig6_draws_aime24_and_aime25_separately(ctx_factory):
-    res = figures.fig6_aime24_aime25(ctx_factory())
-    a24 = res.panel(QWEN4, row="AIME24").get("Predictive (aggregated tail)")
-    a25 = res.panel(QWEN4, row="AIME25").get("Predictive (aggregated tail)")
-    assert _xy(a24) == ([2, 4, 6], pytest.approx([0.4, 0.8, 1.2]))
-    assert _xy(a25) == ([4, 6], pytest.approx([1.6, 2.4]))
+    res = figures.fig6_aime24_aime25(ctx_factory(raw=True))
+    a24 = res.panel(QWEN4, row="AIME24").get(DPPO)
+    a25 = res.panel(QWEN4, row="AIME25").get(DPPO)
+    steps = [2, 4, 6]
+    _assert_line(a24, steps, [[dppo_val(s, k) - 0.05 for s in steps] for k in SEEDS])
+    _assert_line(a25, steps, [[dppo_val(s, k) + 0.05 for s in steps] for k in SEEDS])
     assert len(res.panels) == 8  # 2 rows x 4 settings
 
 
-def test_smoothing_is_a_trailing_mean(ctx_factory):
-    res = figures.fig5_training_reward(ctx_factory(smooth=3))
-    y = _xy(res.panel(QWEN4).get("Predictive (aggregated tail)"))[1]
-    raw = [0.2 * s for s in range(1, 7)]
-    expected = [statistics.fmean(raw[max(0, i - 2) : i + 1]) for i in range(6)]
-    assert y == pytest.approx(expected)
+def test_default_smoothing_is_a_labelled_ema_per_seed(ctx_factory):
+    ctx = ctx_factory()
+    res5 = figures.fig5_training_reward(ctx)
+    steps = list(range(1, 7))
+    smoothed = [ema_loop([s / 10 + 0.01 * k for s in steps], 5.0) for k in SEEDS]
+    _assert_line(res5.panel(QWEN4).get(DPPO), steps, smoothed)
+    assert "EMA, half-life 5 logged points (alpha = 0.129)" in res5.caption and "--raw" in res5.caption
+    res1 = figures.fig1_main_comparison(ctx)  # validation curves: fewer points, a shorter half-life
+    smoothed = [ema_loop([dppo_val(s, k) for s in (2, 4, 6)], 1.0) for k in SEEDS]
+    _assert_line(res1.panel(QWEN4).get(DPPO), [2, 4, 6], smoothed)
+    assert "EMA, half-life 1 logged point (alpha = 0.500)" in res1.caption
+    assert "mean ± 95% t-interval over n seeds" in res1.caption
+    raw = figures.fig5_training_reward(ctx_factory(raw=True))
+    assert "raw values (no smoothing)" in raw.caption and "EMA" not in raw.caption
 
 
 def _stored_seed_rows(report_db, study_id: str):
@@ -201,7 +268,7 @@ def test_registry_lists_every_paper_artefact():
         "fig7_response_length",
         "fig8_ppo_kl_clipfrac",
     ]
-    assert {"table1_hyperparameters", "token_level_summary"} <= set(names)
+    assert {"table1_hyperparameters", "table2_main_results", "token_level_summary"} <= set(names)
     again = types.ModuleType("again")
     again.fig1 = artefact.figure("fig1_main_comparison", "again")(lambda ctx: None)
     with pytest.raises(ValueError, match="artefact 'fig1_main_comparison' declared twice"):

@@ -87,9 +87,14 @@ def test_table1_from_the_run_configs(paper):
     assert "data_path" not in md and "run_dir" not in md  # where a run lives is not a hyperparameter
     m_header = next(line for line in md.splitlines() if line.startswith("| parameter"))
     m_cols = [c.strip() for c in m_header.strip("|").split("|")]
-    assert m_cols[1:] == ["GRPO clip-higher", "DPPO-TopK-KL", "Predictive (aggregated tail)"]
+    assert m_cols[1:] == [
+        "GRPO clip-higher",
+        "DPPO-TopK-KL",
+        "Predictive (aggregated tail)",
+        "Predictive (uniform tail)",
+    ]
     m_row = next(line for line in md.splitlines() if line.startswith("| eps_high |"))
-    assert [c.strip() for c in m_row.strip("|").split("|")][1:] == ["0.28", "—", "—"]
+    assert [c.strip() for c in m_row.strip("|").split("|")][1:] == ["0.28", "—", "—", "—"]
     assert r"model.hidden\_size" in tex and r"\begin{tabular}" in tex and "Qwen3-4B-Base $\\cdot$ BF16" in tex
 
 

@@ -1,0 +1,491 @@
+"""Every statistic of training runs over seeds: intervals, EMA smoothing, seed curves, coincidence, summaries, collapse.
+
+Pure functions on numpy arrays. A series is ``(steps, values)`` with steps ascending (one run's logged points of one
+metric); a group of seeds is a mapping ``key -> series`` whose keys pair the runs of two methods (the seed).
+The figures and tables of ``reports`` call these functions and print what they return; docs/results.md states the
+same definitions in words.
+
+Definitions (one each):
+- the interval over seeds is the two-sided 95% Student-t interval of the mean, ``mean ± t_{0.975, n-1} s / sqrt(n)``
+  with ``s`` the sample standard deviation; a single seed gives a mean and no interval (never a made-up band);
+- smoothing is a debiased exponential moving average over logged points (weights ``(1 - alpha)^age``, normalised
+  over the points seen so far), parameterised by its half-life in logged points; each seed is smoothed before the
+  mean and the band are taken;
+- a seed curve is taken on the steps that every seed logged;
+- two methods coincide when they have the same seeds and every seed's series are identical (same steps, values
+  equal within 1e-12);
+- per run: final = the value at the last logged step, best = the largest value, AUC = trapezoid area under the
+  curve over steps divided by the step span (a mean accuracy over the run; one point: that point);
+- collapse: see ``collapse``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import signal as sps_signal
+from scipy import stats as sps
+
+__all__ = [
+    "CONFIDENCE",
+    "IDENTICAL_ATOL",
+    "INTERVAL_NAME",
+    "MIN_COLLAPSE_POINTS",
+    "RAW",
+    "STEP_SMOOTHING",
+    "VAL_SMOOTHING",
+    "Collapse",
+    "Curve",
+    "Interval",
+    "MethodResult",
+    "PairedDifference",
+    "RunSummary",
+    "Smoothing",
+    "area_under_curve",
+    "coincidences",
+    "collapse",
+    "ema",
+    "identical",
+    "interval_note",
+    "mean_on_common_steps",
+    "paired_difference",
+    "predictive_references",
+    "run_summary",
+    "seed_curve",
+    "setting_results",
+    "t_band",
+    "t_interval",
+]
+
+Series = tuple[np.ndarray, np.ndarray]  # (steps ascending, values)
+
+CONFIDENCE = 0.95
+INTERVAL_NAME = "95% t-interval"
+IDENTICAL_ATOL = 1e-12
+#: a collapse needs at least this many logged points below half the best, from some step to the end of the run
+MIN_COLLAPSE_POINTS = 2
+
+
+def interval_note(n: int | str = "n") -> str:
+    """ "mean ± 95% t-interval over 3 seeds" (n = 1: no interval), the words every figure and table prints."""
+    if n == 1:
+        return "mean of 1 seed (no interval: one seed)"
+    return f"mean ± {INTERVAL_NAME} over {n} seeds"
+
+
+# ----------------------------------------------------------------------------------------------- intervals
+
+
+def _t_quantile(n: np.ndarray | int, confidence: float) -> np.ndarray:
+    return sps.t.ppf(0.5 + confidence / 2, np.asarray(n) - 1)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of per-seed values with its t-interval; ``lo``/``hi`` are None for fewer than two seeds."""
+
+    mean: float | None
+    lo: float | None
+    hi: float | None
+    n: int
+
+    @property
+    def half_width(self) -> float | None:
+        return None if self.lo is None or self.hi is None else (self.hi - self.lo) / 2
+
+    def text(self, scale: float = 1.0, spec: str = ".3f", unit: str = "") -> str:
+        """ "41.2% ± 3.1 (n = 3 seeds)"; one seed: "41.2% (n = 1 seed, no interval)"; no seed: "—"."""
+        if self.mean is None:
+            return "—"
+        mean = f"{format(scale * self.mean, spec)}{unit}"
+        if self.half_width is None:
+            return f"{mean} (n = {self.n} seed, no interval)"
+        return f"{mean} ± {format(scale * self.half_width, spec)} (n = {self.n} seeds)"
+
+
+def t_interval(values: Iterable[float | None], confidence: float = CONFIDENCE) -> Interval:
+    """The Student-t interval of the mean of the finite values (None and NaN are left out)."""
+    x = np.array([np.nan if v is None else v for v in values], dtype=float)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return Interval(None, None, None, 0)
+    mean = float(x.mean())
+    if x.size == 1:
+        return Interval(mean, None, None, 1)
+    half = float(_t_quantile(x.size, confidence) * x.std(ddof=1) / math.sqrt(x.size))
+    return Interval(mean, mean - half, mean + half, int(x.size))
+
+
+def t_band(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, lo, hi) per column of a seeds × steps array: the t-interval of each step's finite values
+    (lo/hi NaN where fewer than two seeds have a value, mean NaN where none has)."""
+    v = np.asarray(values, dtype=float)
+    finite = np.isfinite(v)
+    n = finite.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(finite, v, 0.0).sum(axis=0) / n
+        dev = np.where(finite, v - mean, 0.0)
+        sd = np.sqrt((dev**2).sum(axis=0) / (n - 1))
+        half = np.where(n >= 2, _t_quantile(np.maximum(n, 2), confidence) * sd / np.sqrt(n), np.nan)
+    mean = np.where(n > 0, mean, np.nan)
+    return mean, mean - half, mean + half
+
+
+# ----------------------------------------------------------------------------------------------- smoothing
+
+
+def ema(values: np.ndarray, alpha: float) -> np.ndarray:
+    """Debiased exponential moving average over logged points: point t is the mean of the points up to t weighted
+    by ``(1 - alpha)^(t - i)`` (so the first point is itself, with no pull towards zero). alpha = 1: unchanged.
+    NaN points stay NaN and are left out of the later means."""
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"EMA alpha must be in (0, 1], got {alpha!r}")
+    v = np.asarray(values, dtype=float)
+    finite = np.isfinite(v)
+    decay = [1.0, alpha - 1.0]  # y_t = x_t + (1 - alpha) y_{t-1}, for the weighted sum and the sum of weights
+    num = sps_signal.lfilter([1.0], decay, np.where(finite, v, 0.0))
+    den = sps_signal.lfilter([1.0], decay, finite.astype(float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(finite, num / den, np.nan)
+
+
+@dataclass(frozen=True)
+class Smoothing:
+    """An EMA by its half-life in logged points (the weight of a point halves after that many points); 0 = raw."""
+
+    half_life: float
+
+    def __post_init__(self) -> None:
+        if not self.half_life >= 0:
+            raise ValueError(f"smoothing half-life must be >= 0 logged points, got {self.half_life!r}")
+
+    @property
+    def alpha(self) -> float:
+        return 1.0 if self.half_life == 0 else 1.0 - 0.5 ** (1.0 / self.half_life)
+
+    def apply(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(values, dtype=float) if self.half_life == 0 else ema(values, self.alpha)
+
+    def describe(self) -> str:
+        """ "EMA, half-life 5 logged points (alpha = 0.129)" or "raw values (no smoothing)"."""
+        if self.half_life == 0:
+            return "raw values (no smoothing)"
+        points = "point" if self.half_life == 1 else "points"
+        return f"EMA, half-life {self.half_life:g} logged {points} (alpha = {self.alpha:.3f})"
+
+
+RAW = Smoothing(0.0)
+#: per-step metrics (one point per training step, ~100 steps): a half-life of 5 steps
+STEP_SMOOTHING = Smoothing(5.0)
+#: validation curves (one point every 10-25 steps: 5-11 points per run): a half-life of one evaluation
+VAL_SMOOTHING = Smoothing(1.0)
+
+
+# -------------------------------------------------------------------------------------------------- curves
+
+
+def mean_on_common_steps(a: Series, b: Series) -> Series:
+    """Pointwise mean of two series on the steps both have (validation accuracy = mean of the two AIME scores)."""
+    steps, ia, ib = np.intersect1d(a[0], b[0], assume_unique=True, return_indices=True)
+    return steps, (a[1][ia] + b[1][ib]) / 2.0
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One method's line in one panel: the seeds' (smoothed) values on the steps they all logged, mean and band."""
+
+    steps: np.ndarray
+    keys: tuple[Hashable, ...]  # the seeds, in the row order of `values`
+    values: np.ndarray  # seeds × steps
+    mean: np.ndarray
+    lo: np.ndarray | None  # None: a single seed, no band
+    hi: np.ndarray | None
+    n_left_out: int  # logged points of some seed on steps not every seed logged
+
+    @property
+    def n(self) -> int:
+        return len(self.keys)
+
+
+def seed_curve(
+    series: Mapping[Hashable, Series], smoothing: Smoothing = RAW, confidence: float = CONFIDENCE
+) -> Curve | None:
+    """Mean and t-band over seeds: each seed smoothed on its own points, then taken on the steps all seeds logged.
+    None when there is no seed or no step that every seed logged."""
+    if not series:
+        return None
+    keys = tuple(series)
+    common = series[keys[0]][0]
+    for k in keys[1:]:
+        common = np.intersect1d(common, series[k][0], assume_unique=True)
+    if len(common) == 0:
+        return None
+    rows = []
+    for k in keys:
+        steps, values = series[k]
+        rows.append(smoothing.apply(values)[np.isin(steps, common)])
+    values = np.vstack(rows)
+    mean, lo, hi = t_band(values, confidence)
+    band = len(keys) >= 2
+    left_out = sum(len(series[k][0]) for k in keys) - values.size
+    return Curve(
+        np.asarray(common), keys, values, mean, lo if band else None, hi if band else None, int(left_out)
+    )
+
+
+def identical(a: Series, b: Series, atol: float = IDENTICAL_ATOL) -> bool:
+    """The same steps and values equal within atol (NaN equal to NaN)."""
+    return (
+        np.array_equal(a[0], b[0])
+        and len(a[1]) == len(b[1])
+        and bool(np.allclose(a[1], b[1], rtol=0.0, atol=atol, equal_nan=True))
+    )
+
+
+def coincidences(
+    groups: Mapping[str, Mapping[Hashable, Series]], atol: float = IDENTICAL_ATOL
+) -> dict[str, str]:
+    """method -> the earlier method whose line it coincides with, for the methods of a panel in `groups` order
+    (callers pass them by method rank, so the reference is the first). Two methods coincide when they have the
+    same seeds and every seed's series are identical; a method is compared only with methods drawn as lines of
+    their own (not themselves identical to an earlier one)."""
+    shown: list[str] = []
+    out: dict[str, str] = {}
+    for method, seeds in groups.items():
+        ref = next(
+            (
+                m
+                for m in shown
+                if seeds
+                and set(groups[m]) == set(seeds)
+                and all(identical(groups[m][k], seeds[k], atol) for k in seeds)
+            ),
+            None,
+        )
+        if ref is None:
+            shown.append(method)
+        else:
+            out[method] = ref
+    return out
+
+
+# ------------------------------------------------------------------------------------------- run summaries
+
+
+def area_under_curve(steps: np.ndarray, values: np.ndarray) -> float:
+    """Trapezoid area under the curve over steps divided by the step span: the curve's mean value over the run
+    (one point: that point). Non-finite points are left out."""
+    x, y = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
+    ok = np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) == 0:
+        return float("nan")
+    if len(x) == 1 or x[-1] == x[0]:
+        return float(y.mean())
+    return float(np.trapezoid(y, x) / (x[-1] - x[0]))
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One run's validation curve in three numbers (see the module docstring), and where they come from."""
+
+    final: float
+    best: float
+    best_step: int
+    auc: float
+    first_step: int
+    last_step: int
+    n_points: int
+
+
+def run_summary(steps: np.ndarray, values: np.ndarray) -> RunSummary | None:
+    """Final, best and AUC of one run's curve (its finite points); None when it has none."""
+    x, y = np.asarray(steps), np.asarray(values, dtype=float)
+    ok = np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) == 0:
+        return None
+    i = int(np.argmax(y))
+    return RunSummary(
+        float(y[-1]), float(y[i]), int(x[i]), area_under_curve(x, y), int(x[0]), int(x[-1]), len(x)
+    )
+
+
+@dataclass(frozen=True)
+class Collapse:
+    """Whether a run collapsed, its best, and the step from which it stayed below half of that best."""
+
+    collapsed: bool
+    best: float | None
+    best_step: int | None
+    since_step: int | None  # first step of the final stretch below best / 2 (None when there is none)
+
+
+def collapse(steps: np.ndarray, values: np.ndarray, min_points: int = MIN_COLLAPSE_POINTS) -> Collapse:
+    """A run collapsed when its validation accuracy, after reaching its best, stays below half of that best for the
+    rest of the run. Precisely: with best b > 0 first reached at step s_b, the run collapsed iff there is a step
+    s > s_b such that every logged value from s to the end of the run is < b / 2, and that final stretch holds at
+    least `min_points` logged points (default 2, so one low last evaluation is not a collapse). A run that never
+    learned (b <= 0) or has no point after its best cannot collapse. Non-finite points are left out."""
+    if min_points < 1:
+        raise ValueError(f"min_points must be >= 1, got {min_points!r}")
+    x, y = np.asarray(steps), np.asarray(values, dtype=float)
+    ok = np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(y) == 0:
+        return Collapse(False, None, None, None)
+    i = int(np.argmax(y))
+    best = float(y[i])
+    below = y < best / 2
+    # length of the final run of points below half the best
+    tail = len(y) - (int(np.flatnonzero(~below)[-1]) + 1) if not below.all() else len(y)
+    start = len(y) - tail
+    since = int(x[start]) if tail and start > i else None
+    return Collapse(best > 0 and since is not None and tail >= min_points, best, int(x[i]), since)
+
+
+# ------------------------------------------------------------------------------------------ paired methods
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """A method minus its reference, paired on seed: per-seed differences, their t-interval, how many are > 0."""
+
+    method: str
+    reference: str
+    keys: tuple[Hashable, ...]
+    diffs: np.ndarray
+    interval: Interval
+    n_positive: int
+
+    @property
+    def n(self) -> int:
+        return len(self.keys)
+
+    def text(self, scale: float = 1.0, spec: str = "+.1f", unit: str = "") -> str:
+        """ "+1.7 [−2.1, +5.5] (2/3 seeds > 0)"; one pair: "+1.7 (1/1 seeds > 0, no interval)"; none: "—"."""
+        iv = self.interval
+        if iv.mean is None:
+            return "—"
+        mean = f"{format(scale * iv.mean, spec)}{unit}"
+        count = f"{self.n_positive}/{self.n} seeds > 0"
+        if iv.lo is None or iv.hi is None:
+            return f"{mean} ({count}, no interval)"
+        return f"{mean} [{format(scale * iv.lo, spec)}, {format(scale * iv.hi, spec)}] ({count})"
+
+
+def paired_difference(
+    method: str,
+    values: Mapping[Hashable, float],
+    reference: str,
+    ref_values: Mapping[Hashable, float],
+    confidence: float = CONFIDENCE,
+) -> PairedDifference:
+    """``values[k] - ref_values[k]`` on the keys (seeds) both have and whose values are finite."""
+    keys = tuple(
+        k for k in values if k in ref_values and math.isfinite(values[k]) and math.isfinite(ref_values[k])
+    )
+    try:
+        keys = tuple(sorted(keys))  # type: ignore[type-var]
+    except TypeError:
+        pass
+    diffs = np.array([values[k] - ref_values[k] for k in keys], dtype=float)
+    return PairedDifference(
+        method, reference, keys, diffs, t_interval(diffs, confidence), int((diffs > 0).sum())
+    )
+
+
+def predictive_references(methods: Sequence[str]) -> dict[str, str]:
+    """predictive mask -> the method it is compared with, for the registered methods among `methods`.
+
+    A predictive mask is a divergence method whose direction criterion is not the reference one (the ratio's,
+    ``predmask.methods.REFERENCE_DIRECTION``); its reference is the registered method with the same loss kind,
+    divergence and support and the reference direction (for the KL masks on the top-K support: DPPO-TopK-KL).
+    Read from ``predmask.methods.METHODS``; methods it does not know are left out.
+    """
+    from predmask.methods import METHODS, REFERENCE_DIRECTION  # lazy: torch is needed only here
+
+    out: dict[str, str] = {}
+    for name in methods:
+        m = METHODS.get(name)
+        if m is None or not m.needs_support or m.direction == REFERENCE_DIRECTION:
+            continue
+        ref = next(
+            (
+                r.name
+                for r in METHODS.values()
+                if r.direction == REFERENCE_DIRECTION
+                and (r.kind, r.divergence, r.support) == (m.kind, m.divergence, m.support)
+            ),
+            None,
+        )
+        if ref is not None:
+            out[name] = ref
+    return out
+
+
+# ------------------------------------------------------------------------------------------ one setting
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    """One method in one setting: each seed's summary and collapse verdict, the intervals over seeds, and (for a
+    predictive mask whose reference ran in the setting) the paired differences in final accuracy and AUC."""
+
+    method: str
+    runs: dict[Hashable, RunSummary]
+    collapses: dict[Hashable, Collapse]
+    final: Interval
+    best: Interval
+    auc: Interval
+    vs_final: PairedDifference | None = None
+    vs_auc: PairedDifference | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+    @property
+    def collapsed(self) -> tuple[Hashable, ...]:
+        """The seeds that collapsed."""
+        return tuple(k for k, c in self.collapses.items() if c.collapsed)
+
+
+def setting_results(groups: Mapping[str, Mapping[Hashable, Series]]) -> dict[str, MethodResult]:
+    """method -> its MethodResult, from each method's validation curves by seed (the runs of one setting); runs
+    without a finite validation point are left out, methods without any such run too."""
+    summaries: dict[str, dict[Hashable, RunSummary]] = {}
+    collapses: dict[str, dict[Hashable, Collapse]] = {}
+    for method, seeds in groups.items():
+        done = {k: (run_summary(*s), collapse(*s)) for k, s in seeds.items()}
+        done = {k: v for k, v in done.items() if v[0] is not None}
+        if done:
+            summaries[method] = {k: v[0] for k, v in done.items()}  # type: ignore[misc]
+            collapses[method] = {k: v[1] for k, v in done.items()}
+    refs = {m: r for m, r in predictive_references(list(summaries)).items() if r in summaries}
+
+    def diff(method: str, field: str) -> PairedDifference | None:
+        if method not in refs:
+            return None
+        ref = refs[method]
+        values = {k: getattr(s, field) for k, s in summaries[method].items()}
+        return paired_difference(
+            method, values, ref, {k: getattr(s, field) for k, s in summaries[ref].items()}
+        )
+
+    return {
+        m: MethodResult(
+            m,
+            runs,
+            collapses[m],
+            t_interval(s.final for s in runs.values()),
+            t_interval(s.best for s in runs.values()),
+            t_interval(s.auc for s in runs.values()),
+            diff(m, "final"),
+            diff(m, "auc"),
+        )
+        for m, runs in summaries.items()
+    }
