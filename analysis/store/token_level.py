@@ -1,4 +1,5 @@
-"""The token-level study's tables: idempotent upserts of a study's config, per-seed rows and token rows."""
+"""The token-level study's tables: idempotent upserts of a study's config, per-seed rows and token rows, and the
+drift grid's table (``token_level_grid``: which study each cell of a grid is)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,38 @@ import pyarrow as pa
 from analysis.store.connection import fetch_one, table_columns, utcnow
 from analysis.store.runs import canonical_config
 
-__all__ = ["TokenLevelWrite", "stored_seeds", "upsert_token_level"]
+__all__ = [
+    "GRID_COLUMNS",
+    "TokenLevelWrite",
+    "grid_cells",
+    "stored_seeds",
+    "upsert_grid",
+    "upsert_token_level",
+]
 
 Frame = Any  # a pyarrow Table or a polars DataFrame (anything with .to_arrow())
+
+# One row per cell of a drift grid (``python -m analysis drift``): the grid, the cell's parameters as the cell's
+# composed study config has them, and the study that holds the cell's seeds (token_level_studies/_seeds/_tokens).
+# ``params`` is the JSON of the grid axes' values of the cell; (grid_id, study_id) is unique.
+GRID_COLUMNS: dict[str, str] = {
+    "grid_id": "VARCHAR NOT NULL",
+    "grid_name": "VARCHAR",
+    "cell": "INTEGER NOT NULL",  # the cell's index in the grid's expansion order
+    "study_id": "VARCHAR NOT NULL",
+    "precision": "VARCHAR",
+    "lr": "DOUBLE",
+    "staleness": "INTEGER",
+    "minibatches": "INTEGER",
+    "sequences": "INTEGER",
+    "params": "JSON",
+    "created_at": "TIMESTAMP",
+}
+GRID_DDL = (
+    "CREATE TABLE IF NOT EXISTS token_level_grid (\n  "
+    + ",\n  ".join(f"{k} {v}" for k, v in GRID_COLUMNS.items())
+    + ",\n  PRIMARY KEY (grid_id, study_id)\n)"
+)
 
 
 @dataclass(frozen=True)
@@ -157,3 +187,70 @@ def stored_seeds(con: duckdb.DuckDBPyConnection, study_id: str) -> set[int]:
     """The seeds of a study already in token_level_seeds (a rerun skips them)."""
     rows = con.execute("SELECT seed FROM token_level_seeds WHERE study_id = ?", [study_id]).fetchall()
     return {int(r[0]) for r in rows}
+
+
+def upsert_grid(con: duckdb.DuckDBPyConnection, grid_id: str, rows: Sequence[Mapping[str, Any]]) -> int:
+    """Store the cells of one drift grid (idempotent: the grid's rows are replaced; ``created_at`` of a cell
+    already stored is kept). ``rows``: mappings with the GRID_COLUMNS keys but ``grid_id`` and ``created_at``."""
+    if not isinstance(grid_id, str) or not grid_id:
+        raise ValueError(f"grid_id must be a non-empty string, got {grid_id!r}")
+    keys = [k for k in GRID_COLUMNS if k not in ("grid_id", "created_at")]
+    for row in rows:
+        missing = [k for k in keys if k not in row]
+        if missing:
+            raise ValueError(f"grid row {dict(row)} lacks {missing}")
+    studies = [str(r["study_id"]) for r in rows]
+    if len(set(studies)) != len(studies):
+        raise ValueError(f"grid {grid_id}: a study id appears in more than one cell ({sorted(studies)})")
+    con.execute(GRID_DDL)
+    con.execute("BEGIN TRANSACTION")
+    try:
+        created = dict(
+            con.execute(
+                "SELECT study_id, created_at FROM token_level_grid WHERE grid_id = ?", [grid_id]
+            ).fetchall()
+        )
+        con.execute("DELETE FROM token_level_grid WHERE grid_id = ?", [grid_id])
+        now = utcnow()
+        insert = f"INSERT INTO token_level_grid ({', '.join(GRID_COLUMNS)}) VALUES ({', '.join('?' * len(GRID_COLUMNS))})"
+        for row in rows:
+            cell = {**row, "params": canonical_config(row["params"])}
+            con.execute(insert, [grid_id, *(cell[k] for k in keys), created.get(str(row["study_id"]), now)])
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return len(rows)
+
+
+def grid_cells(con: duckdb.DuckDBPyConnection, grid_id: str | None = None) -> Any:
+    """The cells of ``grid_id`` (default: the grid stored last) as a polars frame ordered by cell, with each cell's
+    stored seed count (``n_seeds``); an empty frame when no grid is stored. Raises ValueError for an unknown id."""
+    import polars as pl
+
+    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "token_level_grid" not in tables:
+        if grid_id is not None:
+            raise ValueError(f"unknown grid {grid_id!r}; no grid is stored")
+        return pl.DataFrame()
+    grids = [
+        r[0]
+        for r in con.execute(
+            "SELECT grid_id FROM token_level_grid GROUP BY grid_id ORDER BY max(created_at) DESC, grid_id"
+        ).fetchall()
+    ]
+    if grid_id is None:
+        if not grids:
+            return pl.DataFrame()
+        grid_id = grids[0]
+    elif grid_id not in grids:
+        raise ValueError(f"unknown grid {grid_id!r}; stored: {', '.join(grids) or 'none'}")
+    count = (
+        "(SELECT count(*) FROM token_level_seeds s WHERE s.study_id = g.study_id)"
+        if "token_level_seeds" in tables
+        else "0"
+    )
+    return con.sql(
+        f"SELECT g.*, {count} AS n_seeds FROM token_level_grid g WHERE grid_id = ? ORDER BY cell",
+        params=[grid_id],
+    ).pl()

@@ -26,9 +26,19 @@ from rich.console import Console
 
 from analysis.token_level.config import StudyInputError, compose_study, study_config, study_id_of, validate
 
-__all__ = ["build_parser", "ingest", "main"]
+__all__ = [
+    "ERR",
+    "absolute_paths",
+    "build_parser",
+    "db_path",
+    "ingest",
+    "main",
+    "make_console",
+    "out_root",
+    "stored_in",
+]
 
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+ERR = Console(stderr=True, highlight=False, soft_wrap=True)
 _log = logging.getLogger("analysis.token_level")
 
 
@@ -107,25 +117,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _console() -> Console:
+def make_console(min_width: int = 120) -> Console:
+    """stdout console at least ``min_width`` columns wide (tables print whole when redirected)."""
     import shutil
 
     return Console(
-        highlight=False, soft_wrap=True, width=max(120, shutil.get_terminal_size((120, 24)).columns)
+        highlight=False, soft_wrap=True, width=max(min_width, shutil.get_terminal_size((120, 24)).columns)
     )
 
 
-def _db_path(arg: Path | None) -> Path:
+def db_path(arg: Path | None) -> Path:
     from analysis.store import default_db_path
 
     return arg if arg is not None else default_db_path()
 
 
-def _out_root(arg: Path | None) -> Path:
+def out_root(arg: Path | None) -> Path:
     return arg if arg is not None else Path.cwd() / "results" / "token_level"
 
 
-def _stored(db: Path, study_id: str) -> set[int]:
+def stored_in(db: Path, study_id: str) -> set[int]:
     from analysis.store import connect, stored_seeds
 
     if not db.is_file():
@@ -193,7 +204,7 @@ def _run_workers(
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    console = _console()
+    console = make_console()
     try:
         if args.seeds < 1:
             raise StudyInputError(f"--seeds must be >= 1, got {args.seeds}")
@@ -208,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
 
             check_checkpoint(cfg)
     except StudyInputError as err:
-        _err.print(f"error: {err}")
+        ERR.print(f"error: {err}")
         return 2
     study_id = study_id_of(cfg)
     seeds = list(range(args.seed_start, args.seed_start + args.seeds))
@@ -221,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args, cfg, study_id, seeds, console)
 
 
-def _absolute_paths(cfg: dict[str, Any]) -> None:
+def absolute_paths(cfg: dict[str, Any]) -> None:
     """Workers may start elsewhere (Slurm): make relative paths absolute against this process's directory."""
     paths = dict(cfg.get("paths") or {})
     for key, value in paths.items():
@@ -239,12 +250,12 @@ def _run(
     from predmask.io import atomic_write_text
     from predmask.progress import progress
 
-    db = _db_path(args.db)
-    study_dir = _out_root(args.out) / study_id
+    db = db_path(args.db)
+    study_dir = out_root(args.out) / study_id
     try:
-        stored = _stored(db, study_id)
+        stored = stored_in(db, study_id)
     except StoreError as err:
-        _err.print(f"error: {err}")
+        ERR.print(f"error: {err}")
         return 2
     files = SeedFiles(study_dir)
     on_disk = set(files.finished(seeds)) - stored
@@ -256,7 +267,7 @@ def _run(
     failures: list[str] = []
     interrupted = False
     if pending:
-        _absolute_paths(cfg)
+        absolute_paths(cfg)
         if cfg["model"].get("backend") == "cpu" and not cfg.get("checkpoint"):
             from analysis.token_level.cpu import base_model
 
@@ -285,14 +296,14 @@ def _run(
     try:
         n_new = ingest(db, study_id, cfg, study_dir, [s for s in seeds if s not in stored])
     except StoreError as err:
-        _err.print(f"error: {err}")
+        ERR.print(f"error: {err}")
         return 1
     console.print(f"ingested {n_new} seed(s) into {db}")
     for msg in failures:
-        _err.print(f"error: {msg}")
+        ERR.print(f"error: {msg}")
     if interrupted:
         remaining = sum(1 for s in seeds if s not in stored and not files.done(s))
-        _err.print(
+        ERR.print(
             f"interrupted: finished seeds are stored; rerun the same command to run the other {remaining} seed(s)"
         )
         return 130
@@ -304,7 +315,7 @@ def _run(
     print_report(data, console)
     missing = len(seeds) - data.seeds.height
     if missing:
-        _err.print(
+        ERR.print(
             f"error: {missing} of {len(seeds)} seeds are not stored; rerun the same command to run them"
         )
         return 1

@@ -1,6 +1,7 @@
 """Fan the token-level study's seeds out to workers (submitit: local processes or a Slurm job array).
 
-Each worker loads the backend once, then runs its share of the seeds one after another. Every finished seed is two
+Each worker loads the backend once per study, then runs its share of the seeds one after another (a worker of the
+drift grid runs shares of several studies in turn). Every finished seed is two
 files in the study directory, each written atomically (``predmask.io``): ``seed-<n>.parquet`` (its token rows) and
 then ``seed-<n>.json`` (its per-seed row); the JSON file marks the seed as finished. A killed worker or a Ctrl-C
 therefore loses only the seeds in progress, and the main process (the only database writer) ingests whatever is
@@ -23,7 +24,16 @@ import polars as pl
 
 from predmask.io import atomic_write, atomic_write_text
 
-__all__ = ["SeedFiles", "WorkerSpec", "make_seed_executor", "run_submitit", "run_worker", "split_seeds"]
+__all__ = [
+    "SeedFiles",
+    "WorkerSpec",
+    "make_seed_executor",
+    "run_specs",
+    "run_submitit",
+    "run_worker",
+    "split_seeds",
+    "submit_shares",
+]
 
 
 @dataclass(frozen=True)
@@ -148,33 +158,47 @@ def make_seed_executor(
     return executor
 
 
-def run_submitit(
+def run_specs(specs: Sequence[WorkerSpec]) -> list[int]:
+    """One job: ``run_worker`` on each spec in turn (shares of one or several studies); returns the seeds finished.
+
+    A spec whose seeds fail does not stop the others; one RuntimeError naming every failed spec is raised at the end.
+    """
+    finished: list[int] = []
+    failed: list[str] = []
+    for spec in specs:
+        try:
+            finished += run_worker(spec)
+        except RuntimeError as exc:
+            failed.append(f"{Path(spec.study_dir).name}: {exc}")
+    if failed:
+        raise RuntimeError("; ".join(failed))
+    return finished
+
+
+def submit_shares(
     cfg: Mapping[str, Any],
-    study_dir: Path,
-    pending: Sequence[int],
-    workers: int,
+    folder: Path,
+    shares: Sequence[Sequence[WorkerSpec]],
+    count_finished: Callable[[], int],
     on_poll: Callable[[int], None],
 ) -> list[str]:
-    """Submit the workers and follow them until every job has ended (``sweeps.launch.follow``: a Slurm job that
-    died without a result ends too); ``on_poll(finished seeds)`` each round. Returns one message per failed job.
-    Ctrl-C cancels every worker and re-raises."""
+    """Submit one job per share (``run_specs``; cluster and launcher from ``cfg``), follow them until every job has
+    ended (``sweeps.launch.follow``: a Slurm job that died without a result ends too), calling
+    ``on_poll(count_finished())`` each round. Returns one message per failed job. Ctrl-C cancels every job and
+    re-raises."""
     from sweeps.launch.follow import follow
 
     launcher = dict(cfg["launcher"])
     if launcher["gpus_per_node"] is None:
         launcher["gpus_per_node"] = 1 if cfg["model"].get("backend") == "hf" else 0
-    threads = launcher["threads"]
-    shares = split_seeds(pending, workers)
-    executor = make_seed_executor(study_dir / "jobs", cfg["cluster"], launcher, len(shares))
-    specs = [WorkerSpec(dict(cfg), str(study_dir), share, threads) for share in shares]
+    executor = make_seed_executor(folder, cfg["cluster"], launcher, len(shares))
     if cfg["cluster"].get("backend") == "slurm":
-        jobs = executor.map_array(run_worker, specs)
+        jobs = executor.map_array(run_specs, [list(share) for share in shares])
     else:
-        jobs = [executor.submit(run_worker, spec) for spec in specs]
-    files = SeedFiles(study_dir)
+        jobs = [executor.submit(run_specs, list(share)) for share in shares]
 
     def tick(_active: object = None) -> None:
-        on_poll(len(files.finished(pending)))
+        on_poll(count_finished())
 
     ends = follow(enumerate(jobs), on_poll=tick)
     tick()
@@ -183,3 +207,20 @@ def run_submitit(
         for e in sorted(ends, key=lambda e: e.key)
         if not e.ok
     ]
+
+
+def run_submitit(
+    cfg: Mapping[str, Any],
+    study_dir: Path,
+    pending: Sequence[int],
+    workers: int,
+    on_poll: Callable[[int], None],
+) -> list[str]:
+    """One study's pending seeds on ``workers`` jobs (interleaved shares, ``submit_shares``); ``on_poll(finished
+    seeds)`` each round. Returns one message per failed job."""
+    threads = cfg["launcher"]["threads"]
+    shares = [
+        [WorkerSpec(dict(cfg), str(study_dir), share, threads)] for share in split_seeds(pending, workers)
+    ]
+    files = SeedFiles(study_dir)
+    return submit_shares(cfg, study_dir / "jobs", shares, lambda: len(files.finished(pending)), on_poll)

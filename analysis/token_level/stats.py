@@ -19,7 +19,9 @@ Definitions (one each):
   deviation over those seeds / sqrt(n), and every printed mean names its n and the seeds it is taken over;
 - a corrective fraction is pooled: corrective kept tokens / kept tokens, summed over all seeds, with a 95% Wilson
   score interval;
-- sizes per seed (outside tokens, disagreement set) are means over all seeds of the study.
+- sizes per seed (outside tokens, disagreement set) are means over all seeds of the study;
+- the share of response tokens outside the trust region, and the disagreement share (disagreement tokens / outside
+  tokens), are pooled over all seeds, with Wilson intervals (``drift_point``: one cell of the drift grid).
 """
 
 from __future__ import annotations
@@ -35,16 +37,21 @@ import polars as pl
 __all__ = [
     "CRITERIA",
     "PAPER_LABEL",
+    "PAPER_RESPONSE_LENGTHS",
     "PAPER_TOKEN_LEVEL",
     "PREDICTIVE",
+    "DriftPoint",
     "MeanSE",
     "PairSummary",
     "Paired",
     "Pooled",
     "StudySummary",
+    "drift_point",
     "first_order",
     "mean_se",
     "paired_unsafe_keep",
+    "paper_disagreement_share",
+    "paper_share_outside",
     "paper_text",
     "seed_columns",
     "seed_summary",
@@ -80,6 +87,11 @@ PAPER_TOKEN_LEVEL: dict[str, float] = {
     "corrective_ratio": 0.629,
 }
 PAPER_LABEL = "paper (Qwen3, 61 seeds)"
+#: The paper does not report its share of response tokens outside the trust region, nor its mean response length.
+#: Its share is 1,435 / (1,024 * L) for a mean response length L; this range of L is an ASSUMPTION (from one
+#: response-budget block of 1,024 tokens up to the 8,192-token response budget of the cluster configs,
+#: conf/model/qwen3_*.yaml max_response_length), so the paper's share is drawn as a band, never as a point.
+PAPER_RESPONSE_LENGTHS: tuple[int, int] = (1024, 8192)
 
 PAIRED = "paired seeds"
 SEEDS = "seeds"
@@ -97,6 +109,19 @@ def paper_text(key: str) -> str:
     if key == "disagree_per_seed":
         return f"≈ {v:.0f}"
     return f"{v:,.0f}"
+
+
+def paper_share_outside() -> tuple[float, float]:
+    """(low, high) share of response tokens outside the trust region implied by the paper's 1,435 outside tokens
+    per 1,024 responses for a mean response length in ``PAPER_RESPONSE_LENGTHS`` (an assumption, see there)."""
+    per_response = PAPER_TOKEN_LEVEL["outside_per_seed"] / 1024
+    long, short = PAPER_RESPONSE_LENGTHS[1], PAPER_RESPONSE_LENGTHS[0]
+    return per_response / long, per_response / short
+
+
+def paper_disagreement_share() -> float:
+    """The paper's disagreement set as a share of its outside tokens (≈ 82 of 1,435 per seed)."""
+    return PAPER_TOKEN_LEVEL["disagree_per_seed"] / PAPER_TOKEN_LEVEL["outside_per_seed"]
 
 
 # ------------------------------------------------------------------------------------ summaries of numbers
@@ -351,6 +376,56 @@ def study_summary(seed_rows: SeedRows) -> StudySummary:
         outside=mean_se(_column(cols, "n_outside")),
         pairs=pairs,
         corrective={c: p for c, p in pooled.items() if p.n > 0},
+    )
+
+
+@dataclass(frozen=True)
+class DriftPoint:
+    """One study as a point of the drift grid: where it sits (share outside) and the paper's statistics there.
+
+    ``share_outside``: outside tokens / response tokens, pooled over all seeds; ``disagreement``: disagreement
+    tokens (aggregated-tail predictive vs ratio) / outside tokens, pooled; the unsafe-keep means are over the
+    paired seeds and the corrective fractions pooled, as in ``study_summary``; ``min_disagree``: the smallest
+    per-seed disagreement set (None without seeds).
+    """
+
+    n_seeds: int
+    share_outside: Pooled
+    disagreement: Pooled
+    min_disagree: int | None
+    n_paired: int
+    n_lower: int
+    unsafe_keep_predictive: MeanSE
+    unsafe_keep_ratio: MeanSE
+    corrective_predictive: Pooled
+    corrective_ratio: Pooled
+
+
+def drift_point(seed_rows: SeedRows) -> DriftPoint:
+    """The drift-grid point of one study from its per-seed rows (the headline, aggregated-tail comparison)."""
+    cols = seed_columns(seed_rows)
+    summary = study_summary(cols)
+    outside, tokens, disagree = (_column(cols, c) for c in ("n_outside", "n_tokens", "n_disagree"))
+    ok = np.isfinite(outside) & np.isfinite(tokens)
+    head = summary.headline
+    if head is None:
+        empty = mean_se([], PAIRED)
+        paired, unsafe_p, unsafe_r, corr_p, corr_r = None, empty, empty, Pooled(0, 0), Pooled(0, 0)
+    else:
+        paired, unsafe_p, unsafe_r = head.unsafe_keep, head.unsafe_keep.pred_mean, head.unsafe_keep.ratio_mean
+        corr_p, corr_r = head.corrective_pred, head.corrective_ratio
+    finite = disagree[np.isfinite(disagree)]
+    return DriftPoint(
+        n_seeds=summary.n_seeds,
+        share_outside=Pooled(int(outside[ok].sum()), int(tokens[ok].sum())),
+        disagreement=_pooled(cols, "n_disagree", "n_outside"),
+        min_disagree=int(finite.min()) if finite.size else None,
+        n_paired=paired.n_paired if paired is not None else 0,
+        n_lower=paired.n_lower if paired is not None else 0,
+        unsafe_keep_predictive=unsafe_p,
+        unsafe_keep_ratio=unsafe_r,
+        corrective_predictive=corr_p,
+        corrective_ratio=corr_r,
     )
 
 

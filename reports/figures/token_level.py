@@ -1,12 +1,17 @@
-"""Token-level figures (3, 4): unsafe-keep rates per seed and pooled corrective fractions, as the study's stats say."""
+"""Token-level figures: unsafe-keep rates per seed (3), pooled corrective fractions (4), and the statistics against
+the measured drift over the drift grid (9, beyond the paper), as the study's stats say."""
 
 from __future__ import annotations
 
 import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
+from analysis.store.token_level import grid_cells
 from analysis.token_level import stats
+from reports import data, labels
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
-from reports.figures.draw import empty_panel, new_figure, save_figure, suptitle
+from reports.figures.draw import empty_panel, legend_below, new_figure, save_figure, suptitle
 from reports.style import CRITERION_STYLE, GREY, OKABE_ITO
 
 NO_STUDY = "no token-level study in the database\n(python -m analysis token_level)"
@@ -202,4 +207,165 @@ def _draw_fig4(ctx: ReportContext, result: ArtefactResult) -> list:
         ax.set_ylabel("corrective fraction (%)")
     suptitle(fig, result.title, _study_title(ctx))
     fig.tight_layout()
+    return save_figure(fig, ctx.out, result.name, ctx.formats)
+
+
+# ------------------------------------------------------------------------------------- fig9: drift grid
+
+NO_GRID = "no drift grid in the database\n(python -m analysis drift)"
+PRECISION_MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v")
+#: fig9's panels: title -> the drift point's statistic of each series ("" when the panel has one per precision)
+FIG9_PANELS: dict[str, dict[str, str]] = {
+    "disagreement share of outside tokens (pooled)": {"": "disagreement"},
+    "unsafe-keep rate (mean over paired seeds)": {
+        "predictive": "unsafe_keep_predictive",
+        "ratio": "unsafe_keep_ratio",
+    },
+    "corrective fraction (pooled)": {"predictive": "corrective_predictive", "ratio": "corrective_ratio"},
+}
+#: the paper's value of each statistic (analysis.token_level.stats owns the numbers)
+_PAPER_VALUE = {
+    "disagreement": stats.paper_disagreement_share,
+    "unsafe_keep_predictive": lambda: stats.PAPER_TOKEN_LEVEL["unsafe_keep_predictive"],
+    "unsafe_keep_ratio": lambda: stats.PAPER_TOKEN_LEVEL["unsafe_keep_ratio"],
+    "corrective_predictive": lambda: stats.PAPER_TOKEN_LEVEL["corrective_predictive"],
+    "corrective_ratio": lambda: stats.PAPER_TOKEN_LEVEL["corrective_ratio"],
+}
+
+
+def _statistic(point: stats.DriftPoint, name: str) -> float:
+    value = getattr(point, name)
+    out = value.fraction if isinstance(value, stats.Pooled) else value.mean
+    return float("nan") if out is None else float(out)
+
+
+def _series_label(precision: str, part: str) -> str:
+    return f"{labels.precision_label(precision)}: {part}" if part else labels.precision_label(precision)
+
+
+@figure(
+    "fig9_drift_sensitivity",
+    "Figure 9: the token-level statistics against the measured drift",
+    source="study",
+)
+def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
+    lo, hi = stats.paper_share_outside()
+    result = ArtefactResult(
+        name="fig9_drift_sensitivity",
+        title="Figure 9 (beyond the paper): token-level statistics against the share of tokens outside the trust region",
+        caption=(
+            "Each point is one cell of the drift grid (python -m analysis drift: lr × staleness, one marker and "
+            "line per precision), a token-level study of its own; x is its measured share of response tokens "
+            "outside the trust region (D_pre > δ), pooled over its seeds, log scale. Disagreement share: "
+            "disagreement tokens (aggregated-tail predictive vs ratio) / outside tokens, pooled; unsafe-keep: mean "
+            "over the paired seeds; corrective: pooled over seeds. Cells with no outside token cannot sit on a log "
+            "axis and are left out (counted in the panel). The paper's point (Qwen3, 61 seeds) is its reported "
+            "value of each statistic drawn across a grey band of x: the paper does not report its share outside, "
+            f"only 1,435 outside tokens per 1,024 responses; the band is 1,435 / (1,024 × L) = {100 * lo:.3f}%–"
+            f"{100 * hi:.3f}% for an ASSUMED mean response length L of {stats.PAPER_RESPONSE_LENGTHS[1]:,}–"
+            f"{stats.PAPER_RESPONSE_LENGTHS[0]:,} tokens."
+        ),
+        study=None,
+        selection_rule="the drift grid stored last (token_level_grid)",
+    )
+    result.panels = [Panel(title=t) for t in FIG9_PANELS]
+    cells = grid_cells(ctx.con)
+    if cells.height == 0:
+        for p in result.panels:
+            p.note = NO_GRID
+    else:
+        result.selection_rule = (
+            f"drift grid {cells['grid_name'][0]} {cells['grid_id'][0]} (the one stored last)"
+        )
+        points = [
+            (row["precision"], stats.drift_point(data.seed_rows(ctx.con, row["study_id"])))
+            for row in cells.iter_rows(named=True)
+        ]
+        result.stats = points
+        precisions = list(dict.fromkeys(p for p, _ in points))
+        for panel, parts in zip(result.panels, FIG9_PANELS.values()):
+            for prec in precisions:
+                pts = [pt for p, pt in points if p == prec]
+                x = np.array([pt.share_outside.fraction or 0.0 for pt in pts])
+                keep = x > 0
+                order = np.argsort(x[keep], kind="stable")
+                for part, name in parts.items():
+                    y = np.array([_statistic(pt, name) for pt in pts])[keep][order]
+                    panel.series.append(Series(_series_label(prec, part), x[keep][order], y, method=name))
+                dropped = int((~keep).sum())
+                if dropped:
+                    panel.note = (panel.note + "; " if panel.note else "") + (
+                        f"{labels.precision_label(prec)}: {dropped} cell(s) with no outside token"
+                    )
+            for part, name in parts.items():
+                panel.series.append(
+                    Series(
+                        f"{stats.PAPER_LABEL}{': ' + part if part else ''}",
+                        np.array([lo, hi]),
+                        np.full(2, _PAPER_VALUE[name]()),
+                        method=name,
+                    )
+                )
+        result.has_data = any(s.x.size for s in result.panels[0].series[: len(precisions)])
+    if ctx.draw:
+        result.files = _draw_fig9(ctx, result)
+    return result
+
+
+def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> list:
+    fig, axes = new_figure(1, len(result.panels), panel_w=3.9, panel_h=3.4)
+    lo, hi = stats.paper_share_outside()
+    precisions: list[str] = []
+    for ax, panel in zip(axes, result.panels):
+        ax.set_title(panel.title, fontsize=8)
+        if not panel.series:
+            empty_panel(ax, panel.note or "no data")
+            continue
+        ax.axvspan(100 * lo, 100 * hi, color=GREY, alpha=0.18, linewidth=0)
+        for s in panel.series:
+            is_paper = s.label.startswith(stats.PAPER_LABEL)
+            crit = "ratio" if s.label.endswith("ratio") else "predictive"
+            colour = CRITERION_STYLE[crit][1] if s.label.endswith(("predictive", "ratio")) else "black"
+            if is_paper:
+                ax.plot(100 * s.x, 100 * s.y, color=colour, linewidth=3, alpha=0.6, solid_capstyle="butt")
+                mid = 100 * np.sqrt(lo * hi)
+                ax.plot([mid], [100 * s.y[0]], marker="*", color=colour, markersize=11, linestyle="")
+                continue
+            prec = s.label.split(":")[0]
+            if prec not in precisions:
+                precisions.append(prec)
+            marker = PRECISION_MARKERS[precisions.index(prec) % len(PRECISION_MARKERS)]
+            style = "--" if crit == "ratio" and s.label.endswith("ratio") else "-"
+            ax.plot(
+                100 * s.x,
+                100 * s.y,
+                marker=marker,
+                linestyle=style,
+                color=colour,
+                markersize=4,
+                linewidth=0.9,
+                alpha=0.85,
+                label=s.label,
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens outside the trust region (% of response tokens)", fontsize=7)
+        ax.set_ylabel("%")
+        ys = np.concatenate([100 * x.y for x in panel.series])
+        top = float(np.nanmax(ys)) if np.isfinite(ys).any() else 100.0
+        ax.set_ylim(0, 100 if top > 30 else 1.25 * top)
+        if panel.note:
+            ax.text(0.02, 0.97, panel.note, transform=ax.transAxes, va="top", fontsize=6)
+    handles: dict[str, object] = {}
+    for ax in axes:
+        for line in ax.get_lines():
+            lab = line.get_label()
+            if not lab.startswith("_") and lab not in handles:
+                handles[lab] = line
+    handles[
+        f"{stats.PAPER_LABEL}: reported value (★), over the band of x it implies (assumed response length)"
+    ] = Line2D([0], [0], marker="*", color="black", linestyle="", markersize=9)
+    handles["band: paper's share outside, 1,435 / (1,024 × L), L assumed"] = Patch(color=GREY, alpha=0.18)
+    fig.subplots_adjust(top=0.8, bottom=0.36, wspace=0.28)
+    legend_below(fig, handles, ncol=3)
+    suptitle(fig, result.title, f"{result.selection_rule}; CPU stand-in with emulated precision vs the paper")
     return save_figure(fig, ctx.out, result.name, ctx.formats)

@@ -122,3 +122,41 @@ def test_sequence_position_keys(tmp_path):
     dup = pa.table({"seed": [0, 0], "sequence": [1, 1], "position": [5, 5]})
     with pytest.raises(ValueError, match="duplicate"):
         upsert_token_level(con, "s", {}, None, dup)
+
+
+def _grid_row(cell: int, study: str) -> dict:
+    return {
+        "grid_name": "g",
+        "cell": cell,
+        "study_id": study,
+        "precision": "bf16",
+        "lr": 3e-4,
+        "staleness": cell,
+        "minibatches": 8,
+        "sequences": 1024,
+        "params": {"staleness": cell},
+    }
+
+
+def test_grid_rows_are_replaced_idempotently_and_bad_rows_write_nothing(tmp_path) -> None:
+    from analysis.store.token_level import grid_cells, upsert_grid
+
+    con = connect(tmp_path / "db.duckdb")
+    try:
+        assert grid_cells(con).height == 0  # no grid table yet
+        assert upsert_grid(con, "g1", [_grid_row(0, "a"), _grid_row(1, "b")]) == 2
+        first = con.execute("SELECT * FROM token_level_grid ORDER BY cell").fetchall()
+        upsert_grid(con, "g1", [_grid_row(0, "a"), _grid_row(1, "b")])
+        assert con.execute("SELECT * FROM token_level_grid ORDER BY cell").fetchall() == first
+        cells = grid_cells(con, "g1")
+        assert cells["study_id"].to_list() == ["a", "b"] and cells["n_seeds"].to_list() == [0, 0]
+        assert json.loads(cells["params"][1]) == {"staleness": 1}
+        with pytest.raises(ValueError, match="appears in more than one cell"):
+            upsert_grid(con, "g2", [_grid_row(0, "a"), _grid_row(1, "a")])
+        with pytest.raises(ValueError, match=r"lacks \['lr'\]"):
+            upsert_grid(con, "g2", [{k: v for k, v in _grid_row(0, "a").items() if k != "lr"}])
+        with pytest.raises(ValueError, match="unknown grid 'g9'; stored: g1"):
+            grid_cells(con, "g9")
+        assert con.execute("SELECT DISTINCT grid_id FROM token_level_grid").fetchall() == [("g1",)]
+    finally:
+        con.close()

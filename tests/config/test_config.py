@@ -46,7 +46,7 @@ def _schema(name: str, **types: type) -> type:
 
 
 def test_primaries_sit_at_the_top_of_conf_and_the_study_copy_is_gone() -> None:
-    assert sorted(p.stem for p in conf_dir().glob("*.yaml")) == ["token_level", "train"]
+    assert sorted(p.stem for p in conf_dir().glob("*.yaml")) == ["drift", "token_level", "train"]
     assert not (conf_dir() / "analysis").exists()
 
 

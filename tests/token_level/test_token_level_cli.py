@@ -1,7 +1,8 @@
 """`python -m analysis token_level` end to end on a tiny CPU policy: bad input, the table, reruns, the same rows.
 
-The policy is a 1-layer Qwen3 briefly pretrained here on a one-operation arithmetic task (a few seconds) and
-passed as ``checkpoint=``, so that rollouts earn some reward and the study has advantages to work with.
+The policy is a 1-layer Qwen3 briefly pretrained on a one-operation arithmetic task (a few seconds; conftest's
+``checkpoint`` fixture) and passed as ``checkpoint=``, so that rollouts earn some reward and the study has advantages
+to work with.
 """
 
 from __future__ import annotations
@@ -11,55 +12,17 @@ from pathlib import Path
 
 import duckdb
 import pytest
-import torch
-from token_level_helpers import TINY_MODEL, TINY_TASK
+from token_level_helpers import tiny_study_overrides
 
 from analysis.token_level.cli import main
 from analysis.token_level.config import compose_study, settings_of, study_id_of
 from analysis.token_level.fanout import SeedFiles, WorkerSpec, run_worker
 from analysis.token_level.settings import StepSettings
 from analysis.token_level.stats import study_summary
-from predmask.rl.model import build_policy
-from predmask.rl.tokenizer import ArithmeticTokenizer
-
-ARCH = [f"model.{k}={v}" for k, v in TINY_MODEL.items() if k not in ("name", "backend", "arch")]
-TASK = [
-    "task.max_number=20",
-    "task.operand_max=9",
-    "task.train_ops=[1,1]",
-    "task.pretrain_ops=[1,1]",
-    "task.eval_ops=[2,2]",
-    "task.eval_size=4",
-]
-SMALL = [
-    "sequences=16",
-    "group_size=4",
-    "minibatches=2",
-    "staleness=2",
-    "lr=0.05",
-    "delta=0.01",
-    "max_new_tokens=6",
-    "top_k=5",
-]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny policy pretrained for a few seconds (so that some rollouts are correct), saved as a state dict."""
-    from predmask.rl.base import pretrain
-    from predmask.rl.schema import BaseConfig
-
-    torch.set_num_threads(1)
-    tok = ArithmeticTokenizer(TINY_TASK.max_number)
-    model = build_policy(TINY_MODEL, tok.vocab_size, 0)
-    pretrain(model, tok, TINY_TASK, BaseConfig(steps=300, batch_size=32, lr=1e-2, warmup=10), progress=False)
-    path = tmp_path_factory.mktemp("ckpt") / "policy.pt"
-    torch.save(model.state_dict(), path)
-    return path
 
 
 def _overrides(checkpoint: Path) -> list[str]:
-    return [f"checkpoint={checkpoint}", *ARCH, *TASK, *SMALL]
+    return tiny_study_overrides(checkpoint)
 
 
 def _files(root: Path) -> list[Path]:

@@ -92,3 +92,32 @@ def _study_settings() -> StudySettings:
 def settings(**changes: Any) -> StudySettings:
     """The study's settings as conf/ composes them, on the tiny vocabulary with fp32 training, with ``changes``."""
     return dataclasses.replace(_study_settings(), **{"precision": get_precision("fp32"), **changes})
+
+
+#: the tiny policy's architecture and task as study overrides (conftest's ``checkpoint`` is this model, pretrained)
+ARCH = [f"model.{k}={v}" for k, v in TINY_MODEL.items() if k not in ("name", "backend", "arch")]
+TASK = [
+    "task.max_number=20",
+    "task.operand_max=9",
+    "task.train_ops=[1,1]",
+    "task.pretrain_ops=[1,1]",
+    "task.eval_ops=[2,2]",
+    "task.eval_size=4",
+]
+#: a seed of a few seconds: 16 sequences, a strong drift and a low threshold (so that there are studied tokens)
+SMALL = [
+    "sequences=16",
+    "group_size=4",
+    "minibatches=2",
+    "staleness=2",
+    "lr=0.05",
+    "delta=0.01",
+    "max_new_tokens=6",
+    "top_k=5",
+]
+
+
+def tiny_study_overrides(checkpoint: Any, without: tuple[str, ...] = ()) -> list[str]:
+    """The study overrides of a tiny study on ``checkpoint``, leaving out the keys in ``without``."""
+    small = [ov for ov in SMALL if ov.split("=", 1)[0] not in without]
+    return [f"checkpoint={checkpoint}", *ARCH, *TASK, *small]

@@ -1,0 +1,582 @@
+"""`python -m analysis drift`: the token-level study over a grid of drift (lr x staleness x precision), beyond the paper.
+
+The grid is conf/drift.yaml (``DriftGridConfig``): every combination of its ``axes`` is one cell, and every cell is
+a normal token-level study (conf/token_level.yaml with the grid's ``fixed`` overrides, the command line's study
+overrides and the cell's axis values) with its own study id; its seeds are computed by the study's own workers
+(``analysis.token_level.fanout``) and stored by the study's own ingest (``analysis.token_level.cli.ingest``).
+``token_level_grid`` links the grid's cells to their studies. All pending seeds of all cells share one pool of
+workers; a rerun skips the seeds already stored or finished on disk, cell by cell.
+
+At the end: one row per cell (where it sits: the measured share of response tokens outside the trust region; the
+paper's statistics there, from ``analysis.token_level.stats.drift_point``), the cell the grid's ``rule`` chooses
+as the study's default (``choose_default``), and a benchmark line (elapsed, per cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from analysis.token_level.config import StudyInputError, compose_study, study_config, study_id_of, validate
+from analysis.token_level.stats import DriftPoint
+from predmask.config import ConfigError, compose, stable_id, to_container
+
+__all__ = [
+    "Cell",
+    "DriftGridConfig",
+    "RuleSettings",
+    "build_parser",
+    "cell_row",
+    "choose_default",
+    "compose_grid",
+    "expand",
+    "grid_id_of",
+    "main",
+    "measurable",
+]
+
+PRIMARY = "drift"
+SCHEMA = "drift_schema"
+#: top-level keys of the grid config: an override naming one of them changes the grid, any other a study key
+GRID_KEYS: tuple[str, ...] = ("name", "seeds", "fixed", "axes", "rule")
+#: the cell parameters token_level_grid stores as columns (read from each cell's composed study config)
+CELL_COLUMNS: tuple[str, ...] = ("lr", "staleness", "minibatches", "sequences")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuleSettings:
+    """The ``rule:`` block: how the study's default is chosen from the grid (``choose_default``)."""
+
+    precision: str
+    min_disagree: int
+    min_paired_share: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriftGridConfig:
+    """The grid's schema (Hydra's ConfigStore: drift_schema)."""
+
+    name: str
+    seeds: int
+    fixed: dict[str, Any]
+    axes: dict[str, list[Any]]
+    rule: RuleSettings
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of the grid: its index, axis values, study overrides, composed study config and study id."""
+
+    index: int
+    params: dict[str, Any]
+    overrides: tuple[str, ...]
+    config: dict[str, Any]
+    study_id: str
+
+    @property
+    def precision(self) -> str:
+        return str(self.config["precision"]["name"])
+
+    def describe(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.params.items())
+
+
+# ------------------------------------------------------------------------------------------- the grid
+
+
+def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(grid overrides, study overrides): a key naming a grid key (or below one) changes the grid."""
+    grid, study = [], []
+    for ov in overrides:
+        key = ov.split("=", 1)[0].lstrip("+~")
+        (grid if key.split(".", 1)[0] in GRID_KEYS else study).append(ov)
+    return grid, study
+
+
+def compose_grid(overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The resolved grid config: conf/drift.yaml with grid ``overrides`` (checked: one-line StudyInputError)."""
+    try:
+        grid = to_container(compose(PRIMARY, list(overrides), schemas={SCHEMA: DriftGridConfig}))
+    except (ConfigError, ValueError) as err:
+        raise StudyInputError(str(err).splitlines()[0]) from None
+    if grid["seeds"] < 1:
+        raise StudyInputError(f"seeds must be >= 1, got {grid['seeds']}")
+    if not grid["axes"]:
+        raise StudyInputError("axes must name at least one study key with a list of values, got none")
+    for key, values in grid["axes"].items():
+        if not isinstance(values, list) or not values:
+            raise StudyInputError(f"axes.{key} must be a non-empty list of values, got {values!r}")
+        if len(set(map(repr, values))) != len(values):
+            raise StudyInputError(f"axes.{key} lists a value twice: {values}")
+        if key in grid["fixed"]:
+            raise StudyInputError(f"{key} is both a grid axis and a fixed override; keep one")
+    rule = grid["rule"]
+    if rule["min_disagree"] < 0 or not 0.0 <= rule["min_paired_share"] <= 1.0:
+        raise StudyInputError(
+            f"rule needs min_disagree >= 0 and min_paired_share in [0, 1], got {rule['min_disagree']} and "
+            f"{rule['min_paired_share']}"
+        )
+    return grid
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_value(v) for v in value) + "]"
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def _flatten(prefix: str, value: Any) -> list[str]:
+    """``key=value`` overrides of a (nested) mapping: {model: {hidden_size: 32}} -> model.hidden_size=32."""
+    if isinstance(value, Mapping):
+        return [ov for k, v in value.items() for ov in _flatten(f"{prefix}.{k}" if prefix else str(k), v)]
+    return [f"{prefix}={_value(value)}"]
+
+
+def expand(
+    grid: Mapping[str, Any], study_overrides: Sequence[str] = (), cluster: str | None = None
+) -> list[Cell]:
+    """The grid's cells in axis order (the last axis varies fastest), each composed and validated."""
+    axes = dict(grid["axes"])
+    for ov in study_overrides:
+        key = ov.split("=", 1)[0].lstrip("+~")
+        if key in axes:
+            raise StudyInputError(f"{key} is a grid axis; change it with axes.{key}=[...]")
+    fixed = _flatten("", dict(grid["fixed"]))
+    cells = []
+    for index, combo in enumerate(itertools.product(*axes.values())):
+        params = dict(zip(axes, combo))
+        overrides = (*fixed, *study_overrides, *_flatten("", params))
+        cfg = compose_study(overrides, cluster)
+        try:
+            validate(cfg)
+        except StudyInputError as err:
+            where = ", ".join(f"{k}={_value(v)}" for k, v in params.items())
+            raise StudyInputError(f"cell {index} ({where}): {err}") from None
+        cells.append(Cell(index, params, tuple(overrides), cfg, study_id_of(cfg)))
+    ids = [c.study_id for c in cells]
+    if len(set(ids)) != len(ids):
+        raise StudyInputError(
+            "two cells of the grid compose the same study; an axis value does not change it"
+        )
+    return cells
+
+
+def grid_id_of(grid: Mapping[str, Any], cells: Sequence[Cell]) -> str:
+    """Stable id of the grid: its name and its cells' study ids (not the seed count, not the rule)."""
+    return stable_id({"grid": grid["name"], "studies": [c.study_id for c in cells]}, exclude=())
+
+
+def grid_rows(cells: Sequence[Cell], grid_name: str) -> list[dict[str, Any]]:
+    """The token_level_grid rows of ``cells`` (analysis.store.upsert_grid)."""
+    return [
+        {
+            "grid_name": grid_name,
+            "cell": c.index,
+            "study_id": c.study_id,
+            "precision": c.precision,
+            **{k: c.config[k] for k in CELL_COLUMNS},
+            "params": c.params,
+        }
+        for c in cells
+    ]
+
+
+# ---------------------------------------------------------------------------------- choosing a default
+
+
+def cell_row(cell: Mapping[str, Any], point: DriftPoint) -> dict[str, Any]:
+    """What the rule reads of a cell: its parameters (``precision``, ``cell``, ...) and its drift point."""
+    return {
+        **cell,
+        "n_seeds": point.n_seeds,
+        "share_outside": point.share_outside.fraction,
+        "min_disagree": point.min_disagree,
+        "n_paired": point.n_paired,
+    }
+
+
+def measurable(row: Mapping[str, Any], rule: Mapping[str, Any]) -> bool:
+    """The rule's test of one cell: it has seeds, every seed has >= ``min_disagree`` disagreement tokens, and
+    both criteria kept a disagreement token on >= ``min_paired_share`` of its seeds (paired seeds)."""
+    n = row["n_seeds"]
+    return bool(
+        n > 0
+        and row["min_disagree"] is not None
+        and row["min_disagree"] >= rule["min_disagree"]
+        and row["n_paired"] >= math.ceil(rule["min_paired_share"] * n - 1e-9)
+    )
+
+
+def choose_default(rows: Sequence[Mapping[str, Any]], rule: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The lowest-drift measurable cell of ``rule.precision``: of the cells of that precision that pass
+    ``measurable``, the one with the lowest measured share outside (ties: the earlier cell); None if none passes."""
+    ok = [r for r in rows if r["precision"] == rule["precision"] and measurable(r, rule)]
+    return min(ok, key=lambda r: (r["share_outside"], r["cell"])) if ok else None
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m analysis drift",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "The token-level study over a grid of drift (conf/drift.yaml): every combination of the grid's axes "
+            "(lr x staleness x precision by default) is one study with its own study id, stored in the "
+            "token_level_* tables and linked to the grid in token_level_grid. Prints, per cell, the measured share "
+            "of response tokens outside the trust region and the paper's statistics there, and the cell the grid's "
+            "rule chooses as the study's default. A rerun keeps every finished seed."
+        ),
+        epilog=(
+            "overrides (key=value):\n"
+            "  seeds=N, name=..., axes.KEY=[...], (+)fixed.KEY=VALUE, rule.KEY=VALUE   change the grid\n"
+            "  any other key (checkpoint=..., delta=..., model.hidden_size=...)   a study override of every cell\n\n"
+            "examples:\n"
+            "  python -m analysis drift\n"
+            "  python -m analysis drift seeds=3 axes.precision=[bf16] axes.lr=[3e-4] axes.staleness=[3,7]\n"
+            "  python -m analysis drift --dry-run"
+        ),
+    )
+    p.add_argument(
+        "--cluster", default=None, metavar="NAME", help="conf/cluster entry of the workers (local)"
+    )
+    p.add_argument(
+        "--db", type=Path, default=None, help="results database (default: $PREDMASK_DB or results/)"
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="per-seed files, one folder per study (results/token_level)"
+    )
+    p.add_argument(
+        "--workers", type=int, default=None, metavar="W", help="worker processes (default: CPU count)"
+    )
+    p.add_argument("--inline", action="store_true", help="run every seed in this process (no submitit)")
+    p.add_argument("--dry-run", action="store_true", help="print the cells and their study ids; run nothing")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="grid or study overrides (see below)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from analysis.token_level.cli import ERR, make_console
+
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    console = make_console(210)
+    try:
+        if args.workers is not None and args.workers < 1:
+            raise StudyInputError(f"--workers must be >= 1, got {args.workers}")
+        grid_ovs, study_ovs = _split_overrides(args.overrides)
+        grid = compose_grid(grid_ovs)
+        cells = expand(grid, study_ovs, args.cluster)
+        if cells[0].config.get("checkpoint") is not None:
+            from analysis.token_level.cpu import check_checkpoint
+
+            check_checkpoint(cells[0].config)
+    except StudyInputError as err:
+        ERR.print(escape(f"error: {err}"))
+        return 2
+    grid_id = grid_id_of(grid, cells)
+    console.print(
+        escape(
+            f"drift grid {grid['name']} {grid_id}: {len(cells)} cells x {grid['seeds']} seeds "
+            f"({', '.join(f'{k} {_value(v)}' for k, v in grid['axes'].items())}; fixed {' '.join(_flatten('', grid['fixed']))})"
+        )
+    )
+    if args.dry_run:
+        for c in cells:
+            console.print(escape(f"  cell {c.index:>2}: {c.describe()} -> study {c.study_id}"))
+        return 0
+    return _run(args, grid, grid_id, cells, console)
+
+
+def _pending(db: Path, out: Path, cells: Sequence[Cell], seeds: Sequence[int]) -> dict[int, list[int]]:
+    """Per cell index: the seeds neither stored nor finished on disk."""
+    from analysis.token_level.cli import stored_in
+    from analysis.token_level.fanout import SeedFiles
+
+    pending = {}
+    for c in cells:
+        stored = stored_in(db, c.study_id)
+        files = SeedFiles(out / c.study_id)
+        pending[c.index] = [s for s in seeds if s not in stored and not files.done(s)]
+    return pending
+
+
+def _shares(
+    cells: Sequence[Cell], out: Path, pending: Mapping[int, list[int]], workers: int
+) -> list[list[Any]]:
+    """One list of WorkerSpecs per worker: each cell's pending seeds dealt round-robin, the dealer carrying on
+    across cells, so every worker gets about the same share of every cell (cells differ in cost)."""
+    from analysis.token_level.fanout import WorkerSpec
+
+    dealt: list[dict[int, list[int]]] = [{} for _ in range(workers)]
+    turn = 0
+    for c in cells:
+        for seed in pending[c.index]:
+            dealt[turn % workers].setdefault(c.index, []).append(seed)
+            turn += 1
+    by_index = {c.index: c for c in cells}
+    shares = [
+        [
+            WorkerSpec(
+                by_index[i].config,
+                str(out / by_index[i].study_id),
+                tuple(s),
+                by_index[i].config["launcher"]["threads"],
+            )
+            for i, s in share.items()
+        ]
+        for share in dealt
+    ]
+    return [s for s in shares if s]
+
+
+def _prepare(cells: Sequence[Cell], out: Path, console: Console) -> None:
+    """Absolute paths, the cached base model of each distinct CPU base (built before any worker starts), and each
+    cell's config.json beside its seed files (as the study writes it)."""
+    from analysis.token_level.cli import absolute_paths
+    from predmask.io import atomic_write_text
+
+    built: set[str] = set()
+    for c in cells:
+        absolute_paths(c.config)
+        base_key = stable_id(
+            {k: c.config[k] for k in ("model", "task", "base", "max_new_tokens", "paths")}, ()
+        )
+        if (
+            c.config["model"].get("backend") == "cpu"
+            and not c.config.get("checkpoint")
+            and base_key not in built
+        ):
+            from analysis.token_level.cpu import base_model
+
+            _model, info = base_model(c.config, progress=True)
+            console.print(f"base model: {info.get('cache_path')}")
+            built.add(base_key)
+        study_dir = out / c.study_id
+        study_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(
+            study_dir / "config.json", json.dumps(study_config(c.config), indent=1, sort_keys=True)
+        )
+
+
+def _run(
+    args: argparse.Namespace, grid: Mapping[str, Any], grid_id: str, cells: list[Cell], console: Console
+) -> int:
+    import logging
+
+    from analysis.store import StoreError, connect
+    from analysis.store.token_level import upsert_grid
+    from analysis.token_level.cli import ERR, db_path, ingest, out_root, stored_in
+    from analysis.token_level.fanout import SeedFiles, run_specs, submit_shares
+    from predmask.progress import progress
+
+    t0 = time.perf_counter()
+    db, out = db_path(args.db), out_root(args.out)
+    seeds = list(range(grid["seeds"]))
+    try:
+        pending = _pending(db, out, cells, seeds)
+    except StoreError as err:
+        ERR.print(escape(f"error: {err}"))
+        return 2
+    n_pending = sum(map(len, pending.values()))
+    console.print(
+        f"{len(cells) * len(seeds) - n_pending} of {len(cells) * len(seeds)} cell seeds done; {n_pending} to run"
+    )
+    failures: list[str] = []
+    interrupted = False
+    if n_pending:
+        _prepare(cells, out, console)
+        workers = 1 if args.inline else max(1, min(args.workers or _cpu_count(), n_pending))
+        shares = _shares(cells, out, pending, workers)
+        todo = [(SeedFiles(out / c.study_id), pending[c.index]) for c in cells]
+
+        def finished() -> int:
+            return sum(len(files.finished(p)) for files, p in todo)
+
+        with progress("cell seeds", n_pending, log=logging.getLogger("analysis.drift"), unit="seeds") as bar:
+            shown = 0
+
+            def on_poll(done: int) -> None:
+                nonlocal shown
+                if done > shown:
+                    bar.advance(done - shown)
+                    shown = done
+
+            try:
+                if args.inline:
+                    for spec in shares[0]:
+                        try:
+                            run_specs([spec])
+                        except RuntimeError as exc:
+                            failures.append(f"inline worker: {exc}")
+                        on_poll(finished())
+                else:
+                    console.print(
+                        f"{len(shares)} worker(s) on {cells[0].config['cluster'].get('name', 'local')}"
+                    )
+                    failures = submit_shares(
+                        cells[0].config, out / "jobs" / grid_id, shares, finished, on_poll
+                    )
+            except KeyboardInterrupt:
+                interrupted = True
+    try:
+        for c in cells:
+            stored = stored_in(db, c.study_id)
+            ingest(db, c.study_id, c.config, out / c.study_id, [s for s in seeds if s not in stored])
+        con = connect(db)
+        try:
+            upsert_grid(con, grid_id, grid_rows(cells, grid["name"]))
+        finally:
+            con.close()
+    except StoreError as err:
+        ERR.print(escape(f"error: {err}"))
+        return 1
+    for msg in failures:
+        ERR.print(escape(f"error: {msg}"))
+    if interrupted:
+        ERR.print("interrupted: finished seeds are stored; rerun the same command to run the others")
+        return 130
+    missing = _print_grid(db, grid, grid_id, cells, seeds, console, time.perf_counter() - t0)
+    if missing:
+        ERR.print(f"error: {missing} cell seed(s) are not stored; rerun the same command to run them")
+        return 1
+    return 0
+
+
+def _cpu_count() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+def _pct(v: float | None, digits: int = 2) -> str:
+    return "—" if v is None else f"{100 * v:.{digits}f}%"
+
+
+def _print_grid(
+    db: Path,
+    grid: Mapping[str, Any],
+    grid_id: str,
+    cells: Sequence[Cell],
+    seeds: Sequence[int],
+    console: Console,
+    elapsed: float,
+) -> int:
+    """The grid table, the chosen default and the benchmark line; returns the number of missing cell seeds."""
+    from analysis.store import connect
+    from analysis.token_level.report import load_study
+    from analysis.token_level.stats import drift_point
+
+    con = connect(db, read_only=True)
+    try:
+        frames = {c.index: load_study(con, c.study_id, seeds).seeds for c in cells}
+    finally:
+        con.close()
+    rule = grid["rule"]
+    rows, points = [], {}
+    for c in cells:
+        points[c.index] = drift_point(frames[c.index])
+        rows.append(cell_row({"cell": c.index, "precision": c.precision, **c.params}, points[c.index]))
+    chosen = choose_default(rows, rule)
+    axes = [k for k in grid["axes"] if k != "precision"]
+    t = Table(
+        title=escape(
+            f"drift grid {grid['name']} {grid_id} ({' '.join(_flatten('', grid['fixed']))}): the paper's statistics per cell"
+        ),
+        title_justify="left",
+        caption=escape(
+            "share outside: outside tokens / response tokens, pooled over seeds; disagree: aggregated-tail "
+            "predictive vs ratio; unsafe-keep: mean over paired seeds (both criteria kept a disagreement token); "
+            "corrective: pooled. Paper (Qwen3, 61 seeds): share outside not reported (0.017%-0.14% for a mean "
+            "response length of 8,192-1,024 tokens, assumed), disagreement ≈ 82 of 1,435 outside (5.7%), "
+            "unsafe-keep 34.2% vs 36.9%, corrective 65.1% vs 62.9%.\n"
+            f"measurable (rule): every seed >= {rule['min_disagree']} disagreement tokens and paired seeds >= "
+            f"{rule['min_paired_share']:.0%} of the seeds; default = the measurable {rule['precision']} cell with "
+            "the lowest share outside."
+        ),
+        caption_justify="left",
+    )
+    for col in ("cell", "precision", *axes, "seeds", "share outside", "outside/seed", "disagree/seed (min)"):
+        t.add_column(col, justify="right")
+    for col in (
+        "disagree share",
+        "paired",
+        "pred lower",
+        "unsafe-keep pred",
+        "ratio",
+        "corrective pred",
+        "ratio",
+    ):
+        t.add_column(col, justify="right")
+    t.add_column("cpu s", justify="right")
+    t.add_column("rule", justify="left")
+    cpu_total = 0.0
+    for c, row in zip(cells, rows):
+        p, frame = points[c.index], frames[c.index]
+        cpu = float(frame.get_column("cpu_seconds").sum()) if "cpu_seconds" in frame.columns else float("nan")
+        cpu_total += cpu if math.isfinite(cpu) else 0.0
+        outside = frame.get_column("n_outside").mean() if frame.height else None
+        disagree = frame.get_column("n_disagree").mean() if frame.height else None
+        mark = (
+            "default"
+            if chosen is not None and chosen["cell"] == c.index
+            else ("ok" if measurable(row, rule) else "")
+        )
+        t.add_row(
+            str(c.index),
+            c.precision,
+            *[_value(c.params[k]) for k in axes],
+            str(p.n_seeds),
+            _pct(p.share_outside.fraction, 3),
+            "—" if outside is None else f"{outside:,.1f}",
+            "—" if disagree is None else f"{disagree:.1f} ({p.min_disagree})",
+            _pct(p.disagreement.fraction, 1),
+            f"{p.n_paired}/{p.n_seeds}",
+            f"{p.n_lower}/{p.n_paired}",
+            _pct(p.unsafe_keep_predictive.mean, 1),
+            _pct(p.unsafe_keep_ratio.mean, 1),
+            _pct(p.corrective_predictive.fraction, 1),
+            _pct(p.corrective_ratio.fraction, 1),
+            f"{cpu:.0f}",
+            mark,
+        )
+    console.print(t)
+    if chosen is None:
+        console.print(
+            f"no {rule['precision']} cell is measurable by the rule: raise the drift or the sequences"
+        )
+    else:
+        c = cells[chosen["cell"]]
+        console.print(
+            escape(
+                f"default by the rule: cell {c.index} ({c.describe()}; {' '.join(_flatten('', grid['fixed']))}): share outside "
+                f"{_pct(chosen['share_outside'], 3)}, min disagreement {chosen['min_disagree']} per seed, "
+                f"{chosen['n_paired']} of {chosen['n_seeds']} seeds paired"
+            )
+        )
+    per_cell = ", ".join(
+        f"{c.index}: {float(frames[c.index].get_column('cpu_seconds').sum()):.0f}"
+        for c in cells
+        if frames[c.index].height and "cpu_seconds" in frames[c.index].columns
+    )
+    console.print(
+        f"benchmark: elapsed {elapsed:.0f} s ({elapsed / 60:.1f} min) for {len(cells)} cells; worker CPU seconds "
+        f"{cpu_total:.0f} in all, {cpu_total / max(1, len(cells)):.0f} per cell on average; per cell: {per_cell}"
+    )
+    return sum(len(seeds) - frames[c.index].height for c in cells)

@@ -1,0 +1,322 @@
+"""`python -m analysis drift`: the grid's cells, a tiny grid end to end with resume, the default rule, fig9's arrays."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytest
+from token_level_helpers import tiny_study_overrides
+
+from analysis.store import connect, upsert_token_level
+from analysis.store.token_level import grid_cells, upsert_grid
+from analysis.token_level import cli, drift
+from analysis.token_level.config import compose_study, study_id_of
+from analysis.token_level.fanout import SeedFiles
+
+GRID_KEYS = ("lr", "staleness", "sequences", "minibatches")
+
+
+def test_the_default_grid_lists_lr_staleness_and_the_three_precisions() -> None:
+    grid = drift.compose_grid()
+    assert set(grid["axes"]) == {"precision", "lr", "staleness"}
+    assert grid["axes"]["precision"] == ["bf16", "fp8_rollout", "fp8_e2e"]
+    assert grid["fixed"]["minibatches"] == 8
+    assert max(grid["axes"]["staleness"]) < grid["fixed"]["minibatches"]
+    assert grid["seeds"] >= 1
+
+
+def test_the_grid_expands_to_every_combination_with_distinct_study_ids() -> None:
+    grid = drift.compose_grid(
+        ["axes.precision=[bf16,fp8_e2e]", "axes.lr=[1e-4,3e-4]", "axes.staleness=[1,7]"]
+    )
+    cells = drift.expand(grid)
+    combos = list(itertools.product(["bf16", "fp8_e2e"], [1e-4, 3e-4], [1, 7]))
+    assert [(c.params["precision"], c.params["lr"], c.params["staleness"]) for c in cells] == combos
+    assert [c.index for c in cells] == list(range(8))
+    assert len({c.study_id for c in cells}) == 8
+    for c, (prec, lr, st) in zip(cells, combos):
+        # each cell is the study the study's own command composes from the same overrides
+        alone = compose_study(
+            [
+                "minibatches=8",
+                f"sequences={grid['fixed']['sequences']}",
+                f"precision={prec}",
+                f"lr={lr}",
+                f"staleness={st}",
+            ]
+        )
+        assert c.study_id == study_id_of(alone)
+        assert (
+            c.config["precision"]["name"],
+            c.config["lr"],
+            c.config["staleness"],
+            c.config["minibatches"],
+        ) == (prec, lr, st, 8)
+    assert drift.grid_id_of(grid, cells) == drift.grid_id_of(grid, drift.expand(grid))
+    assert drift.grid_id_of(grid, cells) != drift.grid_id_of(grid, cells[:-1])
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["lr=1e-3"], "lr is a grid axis; change it with axes.lr=[...]"),
+        (["+fixed.lr=1e-3"], "lr is both a grid axis and a fixed override"),
+        (["axes.staleness=[]"], "axes.staleness must be a non-empty list of values"),
+        (["axes.lr=[1e-4,1e-4]"], "axes.lr lists a value twice"),
+        (["seeds=0"], "seeds must be >= 1, got 0"),
+        (
+            ["fixed.sequences=100"],
+            "cell 0 (precision=bf16, lr=0.0001, staleness=1): sequences must be a positive",
+        ),
+        (["axes.precision=[fp4]"], "unknown precision 'fp4'"),
+    ],
+)
+def test_bad_grid_input_is_one_line_and_writes_nothing(
+    argv: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    small = [f"axes.{k}={v}" for k, v in (("precision", "[bf16]"), ("lr", "[1e-4]"), ("staleness", "[1]"))]
+    small = [
+        ov for ov in small if not any(a.lstrip("+").startswith(ov.split("=")[0]) for a in argv)
+    ]  # one value per key
+    rc = drift.main([*small, *argv, "--db", str(tmp_path / "db.duckdb"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and needle in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------ end to end
+
+
+def _tiny_grid(checkpoint: Path, seeds: int) -> list[str]:
+    study = tiny_study_overrides(checkpoint, without=("lr", "staleness", "sequences", "minibatches"))
+    grid = [
+        f"seeds={seeds}",
+        "name=tiny",
+        "axes.precision=[bf16]",
+        "axes.lr=[0.05]",
+        "axes.staleness=[1,2]",
+        "fixed.sequences=16",
+        "fixed.minibatches=2",
+    ]
+    return [*grid, *study]
+
+
+def test_a_tiny_grid_runs_into_duckdb_links_cells_to_studies_and_resumes(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, out = tmp_path / "db.duckdb", tmp_path / "out"
+    where = ["--inline", "--db", str(db), "--out", str(out)]
+    assert drift.main([*where, *_tiny_grid(checkpoint, 1)]) == 0
+    text = capsys.readouterr().out
+    assert "0 of 2 cell seeds done; 2 to run" in text and "benchmark: elapsed" in text
+
+    grid_ovs, study_ovs = drift._split_overrides(_tiny_grid(checkpoint, 1))
+    cells = drift.expand(drift.compose_grid(grid_ovs), study_ovs)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        rows = con.sql("SELECT * FROM token_level_grid ORDER BY cell").pl()
+        seeds = con.sql("SELECT study_id, seed FROM token_level_seeds ORDER BY study_id, seed").fetchall()
+        configs = dict(con.execute("SELECT study_id, config FROM token_level_studies").fetchall())
+    finally:
+        con.close()
+    assert rows["study_id"].to_list() == [c.study_id for c in cells]
+    assert rows["staleness"].to_list() == [1, 2] and rows["lr"].to_list() == [0.05, 0.05]
+    assert rows["grid_id"].unique().to_list() == [drift.grid_id_of(drift.compose_grid(grid_ovs), cells)]
+    assert sorted(seeds) == sorted((c.study_id, 0) for c in cells)
+    for row in rows.iter_rows(named=True):  # the grid row says what the linked study computed
+        stored = json.loads(configs[row["study_id"]])
+        assert {k: stored[k] for k in GRID_KEYS} == {k: row[k] for k in GRID_KEYS}
+        assert json.loads(row["params"]) == {"precision": "bf16", "lr": 0.05, "staleness": row["staleness"]}
+
+    # rerun with two seeds: only the new seed of each cell runs; the finished seeds' files are left alone
+    files = [SeedFiles(out / c.study_id) for c in cells]
+    before = [f.row_path(0).stat().st_mtime_ns for f in files]
+    assert drift.main([*where, *_tiny_grid(checkpoint, 2)]) == 0
+    assert "2 of 4 cell seeds done; 2 to run" in capsys.readouterr().out
+    assert [f.row_path(0).stat().st_mtime_ns for f in files] == before
+    # a cell is a normal study: the study's own command finds its seeds stored and runs nothing
+    cell0 = [*cells[0].overrides]
+    assert cli.main(["--seeds", "2", "--inline", "--db", str(db), "--out", str(out), *cell0]) == 0
+    assert "2 stored, 0 finished on disk, 0 to run" in capsys.readouterr().out
+    # a seed finished on disk but not ingested (the main process died) is ingested, not recomputed
+    (out / cells[1].study_id / "seed-000001.json").rename(tmp_path / "keep.json")
+    con = connect(db)
+    try:
+        con.execute("DELETE FROM token_level_seeds WHERE study_id = ? AND seed = 1", [cells[1].study_id])
+    finally:
+        con.close()
+    (tmp_path / "keep.json").rename(out / cells[1].study_id / "seed-000001.json")
+    assert drift.main([*where, *_tiny_grid(checkpoint, 2)]) == 0
+    assert "4 of 4 cell seeds done; 0 to run" in capsys.readouterr().out
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM token_level_seeds").fetchone() == (4,)
+        assert con.execute("SELECT count(*) FROM token_level_grid").fetchone() == (2,)
+    finally:
+        con.close()
+
+
+# ------------------------------------------------------------------------------------ the default rule
+
+RULE = {"precision": "bf16", "min_disagree": 10, "min_paired_share": 0.9}
+
+
+def _row(
+    cell: int, share: float, min_disagree: int | None, paired: int, seeds: int = 10, prec: str = "bf16"
+) -> dict:
+    return {
+        "cell": cell,
+        "precision": prec,
+        "share_outside": share,
+        "min_disagree": min_disagree,
+        "n_paired": paired,
+        "n_seeds": seeds,
+    }
+
+
+def test_the_rule_prefers_the_lowest_drift_that_is_still_measurable() -> None:
+    rows = [
+        _row(0, 0.001, 2, 3),  # lowest drift, too few disagreement tokens
+        _row(1, 0.004, 12, 8),  # enough tokens, but only 8 of 10 seeds paired (< 90%)
+        _row(2, 0.020, 10, 9),  # measurable: min 10, 9 of 10 paired
+        _row(3, 0.010, 15, 10, prec="fp8_e2e"),  # measurable, lower drift, but not the rule's precision
+        _row(4, 0.150, 40, 10),  # measurable, higher drift
+        _row(5, 0.0001, None, 0, seeds=0),  # no seeds
+    ]
+    assert [drift.measurable(r, RULE) for r in rows] == [False, False, True, True, True, False]
+    assert drift.choose_default(rows, RULE)["cell"] == 2
+    assert drift.choose_default(rows, {**RULE, "precision": "fp8_e2e"})["cell"] == 3
+    assert drift.choose_default(rows, {**RULE, "min_disagree": 50}) is None
+    assert drift.choose_default(rows, {**RULE, "min_paired_share": 0.8})["cell"] == 1
+    assert (
+        drift.choose_default([_row(7, 0.02, 10, 9), _row(6, 0.02, 11, 10)], RULE)["cell"] == 6
+    )  # tie: earlier
+
+
+# ------------------------------------------------------------------------------------------------- fig9
+
+
+def _seed_frame(
+    seeds: list[int],
+    n_tokens: list[int],
+    n_outside: list[int],
+    n_disagree: list[int],
+    u_pred: list[float | None],
+    u_ratio: list[float | None],
+    keep: list[tuple[int, int, int, int]],
+) -> pl.DataFrame:
+    """Per-seed rows with known counts; keep = (n_keep_pred, n_corrective_pred, n_keep_ratio, n_corrective_ratio)."""
+    return pl.DataFrame(
+        {
+            "seed": seeds,
+            "n_tokens": n_tokens,
+            "n_outside": n_outside,
+            "n_disagree": n_disagree,
+            "unsafe_keep_predictive": u_pred,
+            "unsafe_keep_ratio": u_ratio,
+            "n_keep_predictive": [k[0] for k in keep],
+            "n_corrective_predictive": [k[1] for k in keep],
+            "n_keep_ratio": [k[2] for k in keep],
+            "n_corrective_ratio": [k[3] for k in keep],
+        },
+        schema_overrides={"unsafe_keep_predictive": pl.Float64, "unsafe_keep_ratio": pl.Float64},
+    )
+
+
+def test_fig9_plots_each_statistic_against_the_measured_share_outside(tmp_path: Path) -> None:
+    from analysis.token_level.stats import PAPER_TOKEN_LEVEL
+    from reports.artefact import ReportContext
+    from reports.figures.token_level import fig9_drift_sensitivity
+
+    # three cells: two bf16 (the second with more drift), one fp8_e2e with no outside token (off the log axis)
+    frames = {
+        "s_low": _seed_frame(
+            [0, 1], [1000, 3000], [10, 30], [2, 4], [0.5, None], [0.25, 1.0], [(2, 1, 4, 3), (0, 0, 1, 0)]
+        ),
+        "s_high": _seed_frame(
+            [0, 1], [1000, 1000], [200, 100], [20, 10], [0.2, 0.4], [0.6, 0.3], [(10, 8, 5, 2), (5, 3, 4, 1)]
+        ),
+        "s_none": _seed_frame([0], [500], [0], [0], [None], [None], [(0, 0, 0, 0)]),
+    }
+    db = tmp_path / "db.duckdb"
+    con = connect(db)
+    try:
+        for sid, frame in frames.items():
+            upsert_token_level(con, sid, {"lr": 1}, frame, None)
+        cells = [("s_high", "bf16", 7), ("s_low", "bf16", 1), ("s_none", "fp8_e2e", 1)]
+        upsert_grid(
+            con,
+            "g1",
+            [
+                {
+                    "grid_name": "test",
+                    "cell": i,
+                    "study_id": sid,
+                    "precision": prec,
+                    "lr": 1e-4,
+                    "staleness": st,
+                    "minibatches": 8,
+                    "sequences": 1024,
+                    "params": {"staleness": st},
+                }
+                for i, (sid, prec, st) in enumerate(cells)
+            ],
+        )
+        assert grid_cells(con)["study_id"].to_list() == ["s_high", "s_low", "s_none"]
+    finally:
+        con.close()
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        ctx = ReportContext(con=con, out=tmp_path / "out", draw=False)
+        result = fig9_drift_sensitivity(ctx)
+    finally:
+        con.close()
+    assert result.has_data
+    # x: outside / response tokens pooled over seeds, ascending; computed here from the frames
+    x_low, x_high = 40 / 4000, 300 / 2000
+    disagree = result.panel("disagreement").get("BF16")
+    np.testing.assert_allclose(disagree.x, [x_low, x_high])
+    np.testing.assert_allclose(disagree.y, [6 / 40, 30 / 300])
+    unsafe = result.panel("unsafe-keep")
+    np.testing.assert_allclose(
+        unsafe.get("BF16: predictive").y, [0.5, 0.3]
+    )  # s_low: seed 1 unpaired, left out
+    np.testing.assert_allclose(unsafe.get("BF16: ratio").y, [0.25, 0.45])
+    corrective = result.panel("corrective")
+    np.testing.assert_allclose(corrective.get("BF16: predictive").y, [1 / 2, 11 / 15])
+    np.testing.assert_allclose(corrective.get("BF16: ratio").y, [3 / 5, 3 / 9])
+    # the fp8_e2e cell has no outside token: no point, and the panel says so
+    assert unsafe.get("FP8 E2E: predictive").x.size == 0
+    assert "FP8 E2E: 1 cell(s) with no outside token" in unsafe.note
+    # the paper's reported values, over the band of share outside its counts imply for 1,024-8,192-token responses
+    paper = unsafe.get("paper (Qwen3, 61 seeds): predictive")
+    np.testing.assert_allclose(paper.x, [1435 / 1024 / 8192, 1435 / 1024 / 1024])
+    np.testing.assert_allclose(paper.y, [PAPER_TOKEN_LEVEL["unsafe_keep_predictive"]] * 2)
+    np.testing.assert_allclose(result.panel("disagreement").get("paper (Qwen3, 61 seeds)").y, [82 / 1435] * 2)
+
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        drawn = fig9_drift_sensitivity(ReportContext(con=con, out=tmp_path / "out", formats=("png",)))
+    finally:
+        con.close()
+    assert [p.name for p in drawn.files] == ["fig9_drift_sensitivity.png"]
+
+
+def test_fig9_without_a_grid_says_so(tmp_path: Path) -> None:
+    from reports.artefact import ReportContext
+    from reports.figures.token_level import fig9_drift_sensitivity
+
+    connect(tmp_path / "db.duckdb").close()
+    con = duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True)
+    try:
+        result = fig9_drift_sensitivity(ReportContext(con=con, out=tmp_path, draw=False))
+    finally:
+        con.close()
+    assert not result.has_data and all("no drift grid" in p.note for p in result.panels)
