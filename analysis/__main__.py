@@ -3,6 +3,8 @@
 Subcommands:
   ingest <paths or globs> [--db PATH]   load run directories / verl file-logger JSONL into `runs` and `metrics`
   token_level [options]                 the token-level study (its own package, analysis/token_level/)
+  drift [options]                       the token-level study over a grid of drift (analysis/token_level/drift.py)
+  calibrate [options]                   the training regime per setting of the main comparison (analysis/calibrate.py)
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "token_level": (
         "analysis.token_level.cli",
         "the token-level study of the direction criteria (math.md §5)",
+    ),
+    "drift": (
+        "analysis.token_level.drift",
+        "the token-level study over a grid of drift (lr x staleness x precision), beyond the paper",
+    ),
+    "calibrate": (
+        "analysis.calibrate",
+        "measure the training regime per main-comparison setting: share outside, clip fraction, disagreement, gain",
     ),
 }
 # ------------------------------------------------------------------------------------------------------
