@@ -101,9 +101,9 @@ def test_divergence_loss_gradient_is_minus_a_r_grad_logpi_on_kept_tokens(name: s
 def test_predictive_and_ratio_masks_disagree_somewhere_and_report_it() -> None:
     logits, _, _, support, adv, mask = _batch(seed=3, bs=16, length=12)
     pi_lp = pm.gather_support_logprobs(logits, support.ids, support.valid)
-    common = dict(log_prob=support.sampled_logprob(pi_lp), old_log_prob=support.sampled_logprob(support.mu_logprobs),
-                  advantages=adv, response_mask=mask, mu_logprobs=support.mu_logprobs, pi_logprobs=pi_lp,
-                  valid=support.valid, sampled_index=support.sampled_index, delta=0.05)
+    common = {"log_prob": support.sampled_logprob(pi_lp), "old_log_prob": support.sampled_logprob(support.mu_logprobs),
+              "advantages": adv, "response_mask": mask, "mu_logprobs": support.mu_logprobs, "pi_logprobs": pi_lp,
+              "valid": support.valid, "sampled_index": support.sampled_index, "delta": 0.05}
     _, pred = pm.policy_loss("predmask_kl_agg", **common)
     _, ratio = pm.policy_loss("dppo_topk_kl", **common)
     assert pred["actor/mask/direction_disagree"] > 0
