@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -93,6 +94,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     max_parallel = args.max_parallel or int(specs[0].config["cluster"].get("max_parallel", 2))
     console.print(f"sweep [bold]{args.sweep}[/]: {describe(specs)} on {backend} "
                   f"({specs[0].config['cluster']['name']}), runs in {sweep_dir(args.sweep, root)}, database {db}")
+    started = time.perf_counter()
     with SweepLock(sweep_dir(args.sweep, root)):
         outcome = run_sweep(specs, root=root, max_parallel=max_parallel, console=console,
                             on_finished=lambda spec, path: _ingest(db, spec, path, backend))
@@ -101,8 +103,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         for spec in specs:
             if spec.run_id in outcome.skipped:
                 _ingest(db, spec, root / spec.sweep / spec.run_id, backend)
+    elapsed = time.perf_counter() - started
     console.print(f"{len(outcome.completed)} completed, {len(outcome.skipped)} already done, "
-                  f"{len(outcome.failed)} failed; database: {db}")
+                  f"{len(outcome.failed)} failed in {elapsed / 60:.1f} min; database: {db}")
+    if not outcome.failed:
+        console.print(f"next: python -m reports paper{'' if args.db is None else f' --db {db}'}", highlight=False)
     for run_id, message in outcome.failed.items():
         console.print(f"[red]failed[/] {run_id}: {message}", highlight=False)
     return 1 if outcome.failed else 0
