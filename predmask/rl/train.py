@@ -17,7 +17,9 @@ and writes the run directory (the contract of every CPU or VeRL run):
 - ``train.log``    the human log (appended across restarts).
 
 Started again with the same config after any kind of death (SIGKILL included), a run resumes from its last
-checkpoint and first truncates ``metrics.jsonl`` to the checkpoint's step, so the file ends with each step once.
+checkpoint and first truncates ``metrics.jsonl`` to the checkpoint's step, so the file ends with each step once;
+an unparseable line found then is moved to ``metrics.corrupt.jsonl`` (with a warning), never dropped, and the valid
+lines after it are kept.
 Sampling is seeded per step from ``seed``, so the same seed and config give the same metrics on the same machine
 (all but the wall-clock metrics, ``predmask.metrics.wall_clock``). A completed run started again does nothing.
 Hydra does not change the working directory and writes no ``outputs/`` or ``.hydra/`` directories.
@@ -33,6 +35,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +54,11 @@ from predmask.rl.task import STANDIN_LABEL, Problem, TaskConfig, iter_train_prom
 __all__ = [
     "CHECKPOINT_DIR",
     "CONFIG_FILE",
+    "CORRUPT_METRICS_FILE",
     "LOG_FILE",
     "METRICS_FILE",
     "STATUS_FILE",
+    "Truncation",
     "latest_checkpoint",
     "main",
     "read_metrics",
@@ -86,35 +91,65 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Parsed metrics lines; an unparseable line (a torn last write) and everything after it are ignored."""
-    out: list[dict[str, Any]] = []
+#: where a run's unparseable metrics lines go when the file is rewritten (``truncate_metrics``): kept, never lost
+CORRUPT_METRICS_FILE = "metrics.corrupt.jsonl"
+
+
+def _is_record(rec: Any) -> bool:
+    return isinstance(rec, dict) and isinstance(rec.get("step"), int) and isinstance(rec.get("data"), dict)
+
+
+def _parse_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """(valid records, unparseable lines) of a metrics file, in file order; a missing file has neither."""
+    records: list[dict[str, Any]] = []
+    corrupt: list[str] = []
     if not path.exists():
-        return out
-    with open(path) as fh:
+        return records, corrupt
+    with open(path, errors="replace") as fh:
         for line in fh:
+            if not line.strip():
+                continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError:
-                break
-            if not (isinstance(rec, dict) and "step" in rec and "data" in rec):
-                break
-            out.append(rec)
-    return out
+                rec = None
+            if _is_record(rec):
+                records.append(rec)
+            else:
+                corrupt.append(line if line.endswith("\n") else line + "\n")
+    return records, corrupt
 
 
-def truncate_metrics(path: Path, max_step: int) -> int:
-    """Keep only the lines with ``step <= max_step`` (atomically); returns how many were dropped."""
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The parsed records of a metrics file; an unparseable line (a torn last write, a bad disk, a hand edit) is
+    skipped, and the valid lines after it are read."""
+    return _parse_metrics(path)[0]
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What ``truncate_metrics`` did: records dropped past the step, corrupt lines moved to the quarantine file."""
+
+    dropped: int
+    quarantined: int
+
+
+def truncate_metrics(path: Path, max_step: int) -> Truncation:
+    """Keep only the valid records with ``step <= max_step`` (atomic rewrite). Unparseable lines are first appended
+    to ``metrics.corrupt.jsonl`` beside it (synced), so a rewrite never loses a line it could not read."""
     if not path.exists():
-        return 0
-    records = read_metrics(path)
-    with open(path) as fh:
-        total_lines = sum(1 for _ in fh)
-    kept = [r for r in records if int(r["step"]) <= max_step]
-    dropped = total_lines - len(kept)
-    if dropped:
+        return Truncation(0, 0)
+    records, corrupt = _parse_metrics(path)
+    kept = [r for r in records if r["step"] <= max_step]
+    if corrupt:
+        with open(path.with_name(CORRUPT_METRICS_FILE), "a") as fh:
+            fh.write("".join(corrupt))
+            fh.flush()
+            os.fsync(fh.fileno())
+    result = Truncation(len(records) - len(kept), len(corrupt))
+    if result.dropped or result.quarantined:
         atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
-    return dropped
+    return result
 
 
 class _MetricsWriter:
@@ -301,12 +336,15 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
     start_step, data_pos = 0, 0
     if ckpt is not None:
         start_step, data_pos = _load_checkpoint(ckpt, engine)
-        dropped = truncate_metrics(metrics_path, start_step)
-        log.info("resumed from %s (step %d); dropped %d metrics lines past it", ckpt.name, start_step, dropped)
+        cut = truncate_metrics(metrics_path, start_step)
+        log.info("resumed from %s (step %d); dropped %d metrics lines past it", ckpt.name, start_step, cut.dropped)
     else:
-        dropped = truncate_metrics(metrics_path, -1)
-        if dropped:
-            log.info("no checkpoint: restarting from step 0, dropped %d metrics lines", dropped)
+        cut = truncate_metrics(metrics_path, -1)
+        if cut.dropped:
+            log.info("no checkpoint: restarting from step 0, dropped %d metrics lines", cut.dropped)
+    if cut.quarantined:
+        log.warning("%d unparseable line(s) of %s moved to %s; every valid line before the checkpoint is kept",
+                    cut.quarantined, METRICS_FILE, CORRUPT_METRICS_FILE)
     writer = _MetricsWriter(metrics_path)
     last_val: dict[str, float] = {}
     try:

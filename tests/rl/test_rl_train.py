@@ -18,7 +18,7 @@ from predmask.config import ConfigError, compose, to_container
 from predmask.methods import MethodParams
 from predmask.metrics import metric, wall_clock
 from predmask.precisions import get_precision
-from predmask.rl.train import read_metrics, run, truncate_metrics
+from predmask.rl.train import CORRUPT_METRICS_FILE, Truncation, read_metrics, run, truncate_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,12 +105,33 @@ def test_a_different_config_in_the_same_run_dir_is_refused(cache_dir: Path, tmp_
         run(compose("train", _overrides(cache_dir, run_dir, "trainer.steps=1", "seed=5")))
 
 
-def test_truncate_metrics_drops_lines_past_a_step_and_a_torn_line(tmp_path: Path) -> None:
+def test_truncate_metrics_drops_lines_past_a_step_and_quarantines_a_torn_line(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "data": {"x": s}}) + "\n" for s in range(6)) + '{"step": 6, "da')
-    assert truncate_metrics(path, 3) == 3
+    assert truncate_metrics(path, 3) == Truncation(dropped=2, quarantined=1)
     assert [r["step"] for r in read_metrics(path)] == [0, 1, 2, 3]
-    assert truncate_metrics(path, 3) == 0
+    assert (tmp_path / CORRUPT_METRICS_FILE).read_text() == '{"step": 6, "da\n'
+    assert truncate_metrics(path, 3) == Truncation(0, 0)
+
+
+def test_a_corrupt_line_in_the_middle_loses_no_valid_line_on_resume(cache_dir: Path, tmp_path: Path) -> None:
+    """A bad line among valid ones (bad disk, hand edit): resuming keeps every valid line up to the checkpoint,
+    moves the bad one to metrics.corrupt.jsonl and says so in train.log (the run it resumes is the real trainer)."""
+    run_dir = tmp_path / "run"
+    extra = ("trainer.steps=8", "trainer.save_every=4", "trainer.val_every=4")
+    run(compose("train", _overrides(cache_dir, run_dir, *extra)))
+    (run_dir / "checkpoints" / "step_000008.pt").unlink()  # the newest checkpoint is now step 4
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    original = [json.loads(line) for line in lines]
+    lines[2] = "garbage from a bad disk\n"  # step 2 of 0..8
+    path.write_text("".join(lines))
+    run(compose("train", _overrides(cache_dir, run_dir, *extra)))
+    after = read_metrics(path)
+    assert [r["step"] for r in after] == [0, 1, *range(3, 9)]
+    assert _scientific(after[:4]) == _scientific([original[i] for i in (0, 1, 3, 4)])  # the valid lines, untouched
+    assert (run_dir / CORRUPT_METRICS_FILE).read_text() == "garbage from a bad disk\n"
+    assert "1 unparseable line(s) of metrics.jsonl moved to metrics.corrupt.jsonl" in (run_dir / "train.log").read_text()
 
 
 def _cli(args: list[str], cwd: Path, **kw) -> subprocess.Popen:
