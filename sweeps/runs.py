@@ -8,12 +8,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from predmask.io import atomic_write_text
 from sweeps.compose import RunSpec
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
+    from typing_extensions import Self
 
 
 def runs_root() -> Path:
