@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m analysis calibrate                                   # the defaults of conf/train.yaml\n"
             "  python -m analysis calibrate trainer.lr=2e-4                   # try another learning rate\n"
             "  python -m analysis calibrate --settings qwen3_4b_bf16 trainer.ppo_mini_batch_size=4\n"
-            "Numbers are those of the CPU stand-in (tiny models, synthetic task, emulated precision)."
+            "Numbers are those of the CPU stand-in (tiny models, synthetic task, emulated precision).\n"
+            "Exit status: 0 every target met, 3 a target missed, 1 a run failed, 2 bad input."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
