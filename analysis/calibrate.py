@@ -320,15 +320,8 @@ def _train(planned: Sequence[_Planned], max_parallel: int, out: Path) -> list[st
 
     failed: list[str] = []
     with progress(f"calibration: {len(todo)} runs", total=total_steps, unit="steps") as bar:
-        last = [0]
-
-        def tick(_active: object) -> None:
-            now = steps_done()
-            if now > last[0]:
-                bar.advance(now - last[0], status=f"{len(todo)} runs")
-                last[0] = now
-
-        ends = follow(jobs(), max_parallel=max_parallel, on_poll=tick)
+        ends = follow(jobs(), max_parallel=max_parallel,
+                      on_poll=lambda _active: bar.advance_to(steps_done(), status=f"{len(todo)} runs"))
     by_id = {p.run_id: p for p in todo}
     for e in ends:
         if not e.ok:

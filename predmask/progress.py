@@ -63,6 +63,12 @@ class Tracker:
         elif time.monotonic() - self._last >= self._interval:
             self._emit()
 
+    def advance_to(self, completed: int, status: str = "") -> None:
+        """Move the count up to ``completed`` units done (a poller that reads a running total, e.g. finished files
+        on disk); a total at or below the current count changes nothing."""
+        if completed > self.completed:
+            self.advance(completed - self.completed, status)
+
     def line(self) -> str:
         """The plain progress line of the current state."""
         elapsed = time.monotonic() - self._t0

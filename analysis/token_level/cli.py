@@ -191,15 +191,7 @@ def _run_workers(
 ) -> list[str]:
     from analysis.token_level.fanout import run_submitit
 
-    shown = 0
-
-    def on_poll(finished: int) -> None:
-        nonlocal shown
-        if finished > shown:
-            bar.advance(finished - shown)
-            shown = finished
-
-    return run_submitit(cfg, study_dir, pending, workers, on_poll)
+    return run_submitit(cfg, study_dir, pending, workers, bar.advance_to)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -410,14 +410,6 @@ def _run(
             return sum(len(files.finished(p)) for files, p in todo)
 
         with progress("cell seeds", n_pending, log=logging.getLogger("analysis.drift"), unit="seeds") as bar:
-            shown = 0
-
-            def on_poll(done: int) -> None:
-                nonlocal shown
-                if done > shown:
-                    bar.advance(done - shown)
-                    shown = done
-
             try:
                 if args.inline:
                     for spec in shares[0]:
@@ -425,13 +417,13 @@ def _run(
                             run_specs([spec])
                         except RuntimeError as exc:
                             failures.append(f"inline worker: {exc}")
-                        on_poll(finished())
+                        bar.advance_to(finished())
                 else:
                     console.print(
                         f"{len(shares)} worker(s) on {cells[0].config['cluster'].get('name', 'local')}"
                     )
                     failures = submit_shares(
-                        cells[0].config, out / "jobs" / grid_id, shares, finished, on_poll
+                        cells[0].config, out / "jobs" / grid_id, shares, finished, bar.advance_to
                     )
             except KeyboardInterrupt:
                 interrupted = True

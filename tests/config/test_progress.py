@@ -88,3 +88,15 @@ def test_on_a_terminal_it_draws_a_bar_and_writes_no_plain_lines(tmp_path: Path) 
     assert "pretraining" in text and "5/5" in text and "loss 0.4" in text
     assert not re.search(r"pretraining: \d/5 steps", text)
     assert stdout == b""  # the logger gets no lines while a bar is shown
+
+
+def test_advance_to_moves_up_to_a_polled_total_and_never_back(capsys) -> None:  # type: ignore[no-untyped-def]
+    from predmask.progress import progress
+
+    with progress("seeds", 10, unit="seeds", bar=False, interval_s=0) as bar:
+        for polled in (0, 3, 3, 2, 7):
+            bar.advance_to(polled, status=f"poll {polled}")
+        assert bar.completed == 7
+    counts = [re.match(r"seeds: (\d+)/10 seeds \(\d+%\) poll (\d)", ln) for ln in capsys.readouterr().err.splitlines()]
+    assert all(counts)
+    assert [(m.group(1), m.group(2)) for m in counts] == [("3", "3"), ("7", "7"), ("7", "7")]  # + the final line
