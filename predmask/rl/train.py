@@ -62,6 +62,7 @@ __all__ = [
     "latest_checkpoint",
     "main",
     "read_metrics",
+    "read_status",
     "run",
     "truncate_metrics",
     "write_status",
@@ -83,6 +84,12 @@ def write_status(run_dir: Path, status: str, step: int, total_steps: int, error:
     """Replace ``status.json`` atomically."""
     payload = {"status": status, "step": step, "total_steps": total_steps, "updated": time.time(), "error": error}
     atomic_write_text(run_dir / STATUS_FILE, json.dumps(payload) + "\n")
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    """``status.json`` of a run directory as written by ``write_status``; ``{}`` when there is none (yet)."""
+    path = run_dir / STATUS_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _clean(value: Any) -> Any:
