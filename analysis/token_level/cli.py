@@ -171,7 +171,8 @@ def ingest(db: Path, study_id: str, cfg: Mapping[str, Any], study_dir: Path, see
     return len(done)
 
 
-def _workers(args: argparse.Namespace, cfg: Mapping[str, Any], n: int) -> int:
+def worker_count(args: argparse.Namespace, cfg: Mapping[str, Any], n: int) -> int:
+    """Worker jobs for ``n`` pending seeds: ``--workers``, else the Slurm array size, else the CPU count."""
     if args.workers is not None:
         return max(1, min(args.workers, n))
     if cfg["cluster"].get("backend") == "slurm":
@@ -233,13 +234,28 @@ def absolute_paths(cfg: dict[str, Any]) -> None:
     cfg["paths"] = paths
 
 
+def prepare_study(cfg: dict[str, Any], study_dir: Path) -> dict[str, Any] | None:
+    """Before any worker starts: absolute paths, the CPU base model built into its cache (its info; None when the
+    study trains no CPU base model), and ``config.json`` beside the seed files."""
+    from predmask.io import atomic_write_text
+
+    absolute_paths(cfg)
+    info = None
+    if cfg["model"].get("backend") == "cpu" and not cfg.get("checkpoint"):
+        from analysis.token_level.cpu import base_model
+
+        _model, info = base_model(cfg, progress=True)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(study_dir / "config.json", json.dumps(study_config(cfg), indent=1, sort_keys=True))
+    return info
+
+
 def _run(
     args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: list[int], console: Console
 ) -> int:
     from analysis.store import StoreError, connect
     from analysis.token_level.fanout import SeedFiles
     from analysis.token_level.report import load_study, print_report
-    from predmask.io import atomic_write_text
     from predmask.progress import progress
 
     db = db_path(args.db)
@@ -259,19 +275,12 @@ def _run(
     failures: list[str] = []
     interrupted = False
     if pending:
-        absolute_paths(cfg)
-        if cfg["model"].get("backend") == "cpu" and not cfg.get("checkpoint"):
-            from analysis.token_level.cpu import base_model
-
-            _model, info = base_model(
-                cfg, progress=True
-            )  # build the cached base once, before the workers start
+        info = prepare_study(cfg, study_dir)
+        if info is not None:
             console.print(
                 f"base model: {info.get('cache_path')} (train accuracy {info.get('train_acc', float('nan')):.3f})"
             )
-        study_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(study_dir / "config.json", json.dumps(study_config(cfg), indent=1, sort_keys=True))
-        workers = 1 if args.inline else _workers(args, cfg, len(pending))
+        workers = 1 if args.inline else worker_count(args, cfg, len(pending))
         if not args.inline:
             where = cfg["cluster"].get("name", "local")
             console.print(f"{workers} worker(s) on {where}; logs in {study_dir / 'jobs'}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import sys
 import time
@@ -29,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.token_level.config import StudyInputError, compose_study, study_config, study_id_of, validate
+from analysis.token_level.config import StudyInputError, compose_study, study_id_of, validate
 from analysis.token_level.stats import DriftPoint
 from predmask.config import ConfigError, compose, stable_id, to_container
 
@@ -347,32 +346,15 @@ def _shares(
 
 
 def _prepare(cells: Sequence[Cell], out: Path, console: Console) -> None:
-    """Absolute paths, the cached base model of each distinct CPU base (built before any worker starts), and each
-    cell's config.json beside its seed files (as the study writes it)."""
-    from analysis.token_level.cli import absolute_paths
-    from predmask.io import atomic_write_text
+    """Each cell prepared as the study prepares itself (``cli.prepare_study``); each base model named once."""
+    from analysis.token_level.cli import prepare_study
 
-    built: set[str] = set()
+    shown: set[str] = set()
     for c in cells:
-        absolute_paths(c.config)
-        base_key = stable_id(
-            {k: c.config[k] for k in ("model", "task", "base", "max_new_tokens", "paths")}, ()
-        )
-        if (
-            c.config["model"].get("backend") == "cpu"
-            and not c.config.get("checkpoint")
-            and base_key not in built
-        ):
-            from analysis.token_level.cpu import base_model
-
-            _model, info = base_model(c.config, progress=True)
+        info = prepare_study(c.config, out / c.study_id)
+        if info is not None and info.get("cache_path") not in shown:
             console.print(f"base model: {info.get('cache_path')}")
-            built.add(base_key)
-        study_dir = out / c.study_id
-        study_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(
-            study_dir / "config.json", json.dumps(study_config(c.config), indent=1, sort_keys=True)
-        )
+            shown.add(info.get("cache_path"))
 
 
 def _run(
@@ -382,7 +364,7 @@ def _run(
 
     from analysis.store import StoreError, connect
     from analysis.store.token_level import upsert_grid
-    from analysis.token_level.cli import ERR, db_path, ingest, out_root, stored_in
+    from analysis.token_level.cli import ERR, db_path, ingest, out_root, stored_in, worker_count
     from analysis.token_level.fanout import SeedFiles, run_specs, submit_shares
     from predmask.progress import progress
 
@@ -402,7 +384,7 @@ def _run(
     interrupted = False
     if n_pending:
         _prepare(cells, out, console)
-        workers = 1 if args.inline else max(1, min(args.workers or _cpu_count(), n_pending))
+        workers = 1 if args.inline else worker_count(args, cells[0].config, n_pending)
         shares = _shares(cells, out, pending, workers)
         todo = [(SeedFiles(out / c.study_id), pending[c.index]) for c in cells]
 
@@ -449,12 +431,6 @@ def _run(
         ERR.print(f"error: {missing} cell seed(s) are not stored; rerun the same command to run them")
         return 1
     return 0
-
-
-def _cpu_count() -> int:
-    import os
-
-    return os.cpu_count() or 1
 
 
 def _pct(v: float | None, digits: int = 2) -> str:
