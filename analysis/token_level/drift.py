@@ -494,13 +494,14 @@ def _print_grid(
         t.add_column(col, justify="right")
     t.add_column("cpu s", justify="right")
     t.add_column("rule", justify="left")
-    cpu_total = 0.0
+    cpu = {  # worker CPU seconds of each cell's stored seeds (the benchmark)
+        c.index: float(frames[c.index].get_column("cpu_seconds").sum())
+        for c in cells
+        if frames[c.index].height and "cpu_seconds" in frames[c.index].columns
+    }
     for c, row in zip(cells, rows):
-        p, frame = points[c.index], frames[c.index]
-        cpu = float(frame.get_column("cpu_seconds").sum()) if "cpu_seconds" in frame.columns else float("nan")
-        cpu_total += cpu if math.isfinite(cpu) else 0.0
-        outside = frame.get_column("n_outside").mean() if frame.height else None
-        disagree = frame.get_column("n_disagree").mean() if frame.height else None
+        p = points[c.index]
+        outside, disagree = p.outside_per_seed.mean, p.disagree_per_seed.mean
         mark = (
             "default"
             if chosen is not None and chosen["cell"] == c.index
@@ -521,7 +522,7 @@ def _print_grid(
             _pct(p.unsafe_keep_ratio.mean, 1),
             _pct(p.corrective_predictive.fraction, 1),
             _pct(p.corrective_ratio.fraction, 1),
-            f"{cpu:.0f}",
+            f"{cpu[c.index]:.0f}" if c.index in cpu else "—",
             mark,
         )
     console.print(t)
@@ -538,11 +539,8 @@ def _print_grid(
                 f"{chosen['n_paired']} of {chosen['n_seeds']} seeds paired"
             )
         )
-    per_cell = ", ".join(
-        f"{c.index}: {float(frames[c.index].get_column('cpu_seconds').sum()):.0f}"
-        for c in cells
-        if frames[c.index].height and "cpu_seconds" in frames[c.index].columns
-    )
+    cpu_total = sum(cpu.values())
+    per_cell = ", ".join(f"{i}: {v:.0f}" for i, v in cpu.items())
     console.print(
         f"benchmark: elapsed {elapsed:.0f} s ({elapsed / 60:.1f} min) for {len(cells)} cells; worker CPU seconds "
         f"{cpu_total:.0f} in all, {cpu_total / max(1, len(cells)):.0f} per cell on average; per cell: {per_cell}"

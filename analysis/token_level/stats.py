@@ -386,12 +386,15 @@ class DriftPoint:
     ``share_outside``: outside tokens / response tokens, pooled over all seeds; ``disagreement``: disagreement
     tokens (aggregated-tail predictive vs ratio) / outside tokens, pooled; the unsafe-keep means are over the
     paired seeds and the corrective fractions pooled, as in ``study_summary``; ``min_disagree``: the smallest
-    per-seed disagreement set (None without seeds).
+    per-seed disagreement set (None without seeds); ``outside_per_seed`` and ``disagree_per_seed``: the means over
+    seeds of the outside and the disagreement tokens.
     """
 
     n_seeds: int
     share_outside: Pooled
     disagreement: Pooled
+    outside_per_seed: MeanSE
+    disagree_per_seed: MeanSE
     min_disagree: int | None
     n_paired: int
     n_lower: int
@@ -419,6 +422,8 @@ def drift_point(seed_rows: SeedRows) -> DriftPoint:
         n_seeds=summary.n_seeds,
         share_outside=Pooled(int(outside[ok].sum()), int(tokens[ok].sum())),
         disagreement=_pooled(cols, "n_disagree", "n_outside"),
+        outside_per_seed=summary.outside,
+        disagree_per_seed=mean_se(disagree),
         min_disagree=int(finite.min()) if finite.size else None,
         n_paired=paired.n_paired if paired is not None else 0,
         n_lower=paired.n_lower if paired is not None else 0,
