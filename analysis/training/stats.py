@@ -26,6 +26,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import integrate as sps_integrate
 from scipy import signal as sps_signal
 from scipy import stats as sps
 
@@ -112,11 +113,10 @@ def t_interval(values: Iterable[float | None], confidence: float = CONFIDENCE) -
     x = x[np.isfinite(x)]
     if x.size == 0:
         return Interval(None, None, None, 0)
-    mean = float(x.mean())
+    mean, lo, hi = (float(a[0]) for a in t_band(x[:, None], confidence))  # one formula: t_band's
     if x.size == 1:
         return Interval(mean, None, None, 1)
-    half = float(_t_quantile(x.size, confidence) * x.std(ddof=1) / math.sqrt(x.size))
-    return Interval(mean, mean - half, mean + half, int(x.size))
+    return Interval(mean, lo, hi, int(x.size))
 
 
 def t_band(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -285,7 +285,7 @@ def area_under_curve(steps: np.ndarray, values: np.ndarray) -> float:
         return float("nan")
     if len(x) == 1 or x[-1] == x[0]:
         return float(y.mean())
-    return float(np.trapezoid(y, x) / (x[-1] - x[0]))
+    return float(sps_integrate.trapezoid(y, x) / (x[-1] - x[0]))  # numpy < 2 has no np.trapezoid
 
 
 @dataclass(frozen=True)
