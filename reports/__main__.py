@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
             "for figures 1 and 5-8, tight_threshold for figure 2, falling back to every sweep",
         )
         sp.add_argument(
-            "--study", default=None, metavar="ID", help="token-level study id (default: the newest)"
+            "--study", default=None, metavar="ID", help="token-level study id (default: the one with the most seeds, the newest among equals)"
         )
 
     paper = sub.add_parser("paper", help="draw every figure and table and write the index page")

@@ -337,11 +337,7 @@ COLLAPSE_DOC = "docs/results.md"
 
 def _pct(iv: training_stats.Interval) -> str:
     """ "41.2% ± 3.1" (t-interval half-width, percentage points); one seed: "41.2% (one seed, no interval)"."""
-    if iv.mean is None:
-        return "—"
-    if iv.half_width is None:
-        return f"{100 * iv.mean:.1f}% (one seed, no interval)"
-    return f"{100 * iv.mean:.1f}% ± {100 * iv.half_width:.1f}"
+    return iv.text(100.0, ".1f", "%", with_n=False)
 
 
 def _diff(d: training_stats.PairedDifference | None, is_reference: bool) -> str:

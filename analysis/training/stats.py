@@ -97,14 +97,16 @@ class Interval:
     def half_width(self) -> float | None:
         return None if self.lo is None or self.hi is None else (self.hi - self.lo) / 2
 
-    def text(self, scale: float = 1.0, spec: str = ".3f", unit: str = "") -> str:
-        """ "41.2% ± 3.1 (n = 3 seeds)"; one seed: "41.2% (n = 1 seed, no interval)"; no seed: "—"."""
+    def text(self, scale: float = 1.0, spec: str = ".3f", unit: str = "", with_n: bool = True) -> str:
+        """ "41.2% ± 3.1 (n = 3 seeds)"; one seed: "41.2% (n = 1 seed, no interval)"; no seed: "—". Without n
+        (a table whose seeds column gives it): "41.2% ± 3.1" and "41.2% (one seed, no interval)"."""
         if self.mean is None:
             return "—"
         mean = f"{format(scale * self.mean, spec)}{unit}"
         if self.half_width is None:
-            return f"{mean} (n = {self.n} seed, no interval)"
-        return f"{mean} ± {format(scale * self.half_width, spec)} (n = {self.n} seeds)"
+            return f"{mean} (n = {self.n} seed, no interval)" if with_n else f"{mean} (one seed, no interval)"
+        text = f"{mean} ± {format(scale * self.half_width, spec)}"
+        return f"{text} (n = {self.n} seeds)" if with_n else text
 
 
 def t_interval(values: Iterable[float | None], confidence: float = CONFIDENCE) -> Interval:

@@ -145,17 +145,17 @@ def _per_setting_figure(
     for row in rows:
         for key in keys:
             panel = Panel(title=key.title, row=row.label)
-            members = [r for r in data.runs_in_panel(sel.runs, key) if (r.run_id, row.label) in series]
+            in_panel = data.runs_in_panel(sel.runs, key)
+            members = [r for r in in_panel if (r.run_id, row.label) in series]
             groups = data.by_method_and_seed(
                 members, {r.run_id: series[(r.run_id, row.label)] for r in members}
             )
             panel.series, left_out = _panel_lines(groups, _smoothing(ctx, row))
             used.update(r.run_id for r in members)
-            n_runs = len(data.runs_in_panel(sel.runs, key))
             if key.model is None:
                 panel.note = "no runs for this setting"
             elif not panel.series:
-                panel.note = f"no {row.label} logged by the {n_runs} run(s) of this setting"
+                panel.note = f"no {row.label} logged by the {len(in_panel)} run(s) of this setting"
             elif left_out:
                 panel.note = f"{left_out} logged point(s) on steps that not every seed logged are left out"
             result.panels.append(panel)

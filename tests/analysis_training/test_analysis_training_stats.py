@@ -46,6 +46,8 @@ def test_t_interval_known_values_one_seed_and_missing_values():
     assert one.text(100, ".1f", "%") == "40.0% (n = 1 seed, no interval)"
     assert stats.t_interval([]).text() == "—"
     assert iv.text() == "2.000 ± 2.484 (n = 3 seeds)"
+    assert iv.text(with_n=False) == "2.000 ± 2.484"
+    assert one.text(100, ".1f", "%", with_n=False) == "40.0% (one seed, no interval)"
     assert stats.interval_note(3) == "mean ± 95% t-interval over 3 seeds"
     assert "no interval" in stats.interval_note(1)
 
