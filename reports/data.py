@@ -13,6 +13,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from analysis.store import table_exists
 from analysis.training import stats as training_stats
 from predmask import metrics
 from reports import labels, style
@@ -22,13 +23,6 @@ AIME_RE = {
     "aime25": re.compile(r"aime[_-]?(?:20)?25", re.IGNORECASE),
 }
 PREFERRED_AT_N = 16  # the paper's avg@16
-
-
-def table_exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
-    rows = con.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name]
-    ).fetchall()
-    return bool(rows[0][0])
 
 
 def count_rows(con: duckdb.DuckDBPyConnection, table: str) -> int:

@@ -21,6 +21,7 @@ from analysis.store.connection import (
     connect,
     default_db_path,
     ensure_schema,
+    table_exists,
 )
 from analysis.store.ingest import (
     IngestSummary,
@@ -32,12 +33,19 @@ from analysis.store.ingest import (
 )
 from analysis.store.metrics_files import parse_metrics_file
 from analysis.store.runs import UpsertCounts, run_row_from_dir, upsert_runs
-from analysis.store.schema import RUN_COLUMNS, SEED_COLUMNS, TOKEN_COLUMNS
-from analysis.store.token_level import TokenLevelWrite, stored_seeds, upsert_token_level
+from analysis.store.schema import GRID_COLUMNS, RUN_COLUMNS, SEED_COLUMNS, TOKEN_COLUMNS
+from analysis.store.token_level import (
+    TokenLevelWrite,
+    grid_cells,
+    stored_seeds,
+    upsert_grid,
+    upsert_token_level,
+)
 
 __all__ = [
     "DB_ENV",
     "DEFAULT_DB_RELPATH",
+    "GRID_COLUMNS",
     "RUN_COLUMNS",
     "SEED_COLUMNS",
     "TOKEN_COLUMNS",
@@ -51,12 +59,15 @@ __all__ = [
     "default_db_path",
     "ensure_schema",
     "find_run_dirs",
+    "grid_cells",
     "ingest_metrics_file",
     "ingest_paths",
     "ingest_run_dir",
     "parse_metrics_file",
     "run_row_from_dir",
     "stored_seeds",
+    "table_exists",
+    "upsert_grid",
     "upsert_runs",
     "upsert_token_level",
 ]

@@ -21,6 +21,7 @@ __all__ = [
     "ensure_schema",
     "fetch_one",
     "table_columns",
+    "table_exists",
     "utcnow",
 ]
 
@@ -81,6 +82,12 @@ def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = 
     """The first row of a query (or None), with the result fully consumed (DuckDB 2 refuses new work otherwise)."""
     rows = con.execute(sql, list(params)).fetchall()
     return rows[0] if rows else None
+
+
+def table_exists(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    """Whether the database has table ``name`` (a read-only connection to an older file may lack one)."""
+    row = fetch_one(con, "SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [name])
+    return bool(row and row[0])
 
 
 def table_columns(con: duckdb.DuckDBPyConnection, table: str) -> list[str]:

@@ -1,10 +1,11 @@
-"""The results store's tables: column names and types of `runs`, `metrics` and the token-level study, and their DDL."""
+"""The results store's tables: column names and types of `runs`, `metrics`, the token-level study and the drift grid,
+and their DDL."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["RUN_COLUMNS", "SCHEMA_DDL", "SEED_COLUMNS", "TOKEN_COLUMNS"]
+__all__ = ["GRID_COLUMNS", "RUN_COLUMNS", "SCHEMA_DDL", "SEED_COLUMNS", "TOKEN_COLUMNS"]
 
 RUN_COLUMNS: dict[str, str] = {
     "run_id": "VARCHAR PRIMARY KEY",
@@ -100,6 +101,23 @@ TOKEN_COLUMNS: dict[str, str] = {
     "dd_all": "DOUBLE",  # optional: dD after the unmasked reference step (sign-accuracy / first-order checks)
 }
 
+# One row per cell of a drift grid (``python -m analysis drift``): the grid, the cell's parameters as the cell's
+# composed study config has them, and the study that holds the cell's seeds (token_level_studies/_seeds/_tokens).
+# ``params`` is the JSON of the grid axes' values of the cell; (grid_id, study_id) is unique.
+GRID_COLUMNS: dict[str, str] = {
+    "grid_id": "VARCHAR NOT NULL",
+    "grid_name": "VARCHAR",
+    "cell": "INTEGER NOT NULL",  # the cell's index in the grid's expansion order
+    "study_id": "VARCHAR NOT NULL",
+    "precision": "VARCHAR",
+    "lr": "DOUBLE",
+    "staleness": "INTEGER",
+    "minibatches": "INTEGER",
+    "sequences": "INTEGER",
+    "params": "JSON",
+    "created_at": "TIMESTAMP",
+}
+
 
 def _columns_ddl(columns: Mapping[str, str]) -> str:
     return ",\n  ".join(f"{name} {kind}" for name, kind in columns.items())
@@ -120,4 +138,8 @@ SCHEMA_DDL: tuple[str, ...] = (
         "  PRIMARY KEY (study_id, seed)\n)"
     ),
     f"CREATE TABLE IF NOT EXISTS token_level_tokens (\n  {_columns_ddl(TOKEN_COLUMNS)}\n)",
+    (
+        f"CREATE TABLE IF NOT EXISTS token_level_grid (\n  {_columns_ddl(GRID_COLUMNS)},\n"
+        "  PRIMARY KEY (grid_id, study_id)\n)"
+    ),
 )

@@ -12,11 +12,11 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.connection import fetch_one, table_columns, utcnow
+from analysis.store.connection import fetch_one, table_columns, table_exists, utcnow
 from analysis.store.runs import canonical_config
+from analysis.store.schema import GRID_COLUMNS
 
 __all__ = [
-    "GRID_COLUMNS",
     "TokenLevelWrite",
     "grid_cells",
     "stored_seeds",
@@ -25,29 +25,6 @@ __all__ = [
 ]
 
 Frame = Any  # a pyarrow Table or a polars DataFrame (anything with .to_arrow())
-
-# One row per cell of a drift grid (``python -m analysis drift``): the grid, the cell's parameters as the cell's
-# composed study config has them, and the study that holds the cell's seeds (token_level_studies/_seeds/_tokens).
-# ``params`` is the JSON of the grid axes' values of the cell; (grid_id, study_id) is unique.
-GRID_COLUMNS: dict[str, str] = {
-    "grid_id": "VARCHAR NOT NULL",
-    "grid_name": "VARCHAR",
-    "cell": "INTEGER NOT NULL",  # the cell's index in the grid's expansion order
-    "study_id": "VARCHAR NOT NULL",
-    "precision": "VARCHAR",
-    "lr": "DOUBLE",
-    "staleness": "INTEGER",
-    "minibatches": "INTEGER",
-    "sequences": "INTEGER",
-    "params": "JSON",
-    "created_at": "TIMESTAMP",
-}
-GRID_DDL = (
-    "CREATE TABLE IF NOT EXISTS token_level_grid (\n  "
-    + ",\n  ".join(f"{k} {v}" for k, v in GRID_COLUMNS.items())
-    + ",\n  PRIMARY KEY (grid_id, study_id)\n)"
-)
-
 
 @dataclass(frozen=True)
 class TokenLevelWrite:
@@ -202,7 +179,6 @@ def upsert_grid(con: duckdb.DuckDBPyConnection, grid_id: str, rows: Sequence[Map
     studies = [str(r["study_id"]) for r in rows]
     if len(set(studies)) != len(studies):
         raise ValueError(f"grid {grid_id}: a study id appears in more than one cell ({sorted(studies)})")
-    con.execute(GRID_DDL)
     con.execute("BEGIN TRANSACTION")
     try:
         created = dict(
@@ -228,8 +204,7 @@ def grid_cells(con: duckdb.DuckDBPyConnection, grid_id: str | None = None) -> An
     stored seed count (``n_seeds``); an empty frame when no grid is stored. Raises ValueError for an unknown id."""
     import polars as pl
 
-    tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-    if "token_level_grid" not in tables:
+    if not table_exists(con, "token_level_grid"):  # a database written before the grid existed
         if grid_id is not None:
             raise ValueError(f"unknown grid {grid_id!r}; no grid is stored")
         return pl.DataFrame()
@@ -247,7 +222,7 @@ def grid_cells(con: duckdb.DuckDBPyConnection, grid_id: str | None = None) -> An
         raise ValueError(f"unknown grid {grid_id!r}; stored: {', '.join(grids) or 'none'}")
     count = (
         "(SELECT count(*) FROM token_level_seeds s WHERE s.study_id = g.study_id)"
-        if "token_level_seeds" in tables
+        if table_exists(con, "token_level_seeds")
         else "0"
     )
     return con.sql(

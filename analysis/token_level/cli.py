@@ -137,14 +137,13 @@ def out_root(arg: Path | None) -> Path:
 
 
 def stored_in(db: Path, study_id: str) -> set[int]:
-    from analysis.store import connect, stored_seeds
+    from analysis.store import connect, stored_seeds, table_exists
 
     if not db.is_file():
         return set()
     con = connect(db, read_only=True)
     try:
-        tables = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        return stored_seeds(con, study_id) if "token_level_seeds" in tables else set()
+        return stored_seeds(con, study_id) if table_exists(con, "token_level_seeds") else set()
     finally:
         con.close()
 

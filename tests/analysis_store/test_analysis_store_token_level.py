@@ -143,7 +143,7 @@ def test_grid_rows_are_replaced_idempotently_and_bad_rows_write_nothing(tmp_path
 
     con = connect(tmp_path / "db.duckdb")
     try:
-        assert grid_cells(con).height == 0  # no grid table yet
+        assert grid_cells(con).height == 0  # no grid stored yet
         assert upsert_grid(con, "g1", [_grid_row(0, "a"), _grid_row(1, "b")]) == 2
         first = con.execute("SELECT * FROM token_level_grid ORDER BY cell").fetchall()
         upsert_grid(con, "g1", [_grid_row(0, "a"), _grid_row(1, "b")])
