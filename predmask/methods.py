@@ -12,7 +12,7 @@ repeat the defaults).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -32,6 +32,7 @@ from predmask.registry import Registry
 from predmask.support import binary_support_valid
 
 __all__ = [
+    "ANCHORS",
     "DIRECTIONS",
     "LOSS_AGG_MODES",
     "LOSS_KINDS",
@@ -43,6 +44,7 @@ __all__ = [
     "MethodParams",
     "agg_loss",
     "get_method",
+    "method_anchor",
     "method_config",
     "policy_loss",
     "register_direction",
@@ -54,6 +56,9 @@ __all__ = [
 LOSS_AGG_MODES: tuple[str, ...] = (
     "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean",
 )
+#: what the ratio r = pi / anchor is anchored on: "old" = pi_old, the training policy's log-prob of the sampled token
+#: before the batch's first update (verl's recomputed old_log_prob); "rollout" = the rollout's log mu_k
+ANCHORS: tuple[str, ...] = ("old", "rollout")
 #: the direction criterion every other one is compared with (``actor/mask/direction_disagree``)
 REFERENCE_DIRECTION = "ratio"
 
@@ -71,6 +76,8 @@ class MethodParams:
     ratio_cap:      c in the DPPO loss ``-A * sg(min(r, c)) * keep * log pi_k`` (our choice: the DPPO reference
                     code's default)
     loss_agg_mode:  one of verl's modes (LOSS_AGG_MODES; our choice: the paper's Table 1 was not available)
+    anchor:         what r is anchored on (ANCHORS); None = the method's default (its loss kind's: "old" for
+                    grpo_clip_higher, as verl's GRPO; "rollout" for the divergence methods, as the paper)
     vocab_size:     V, needed by the uniform tail estimator (known at run time, not configured)
     """
 
@@ -79,6 +86,7 @@ class MethodParams:
     eps_high: float = 0.28
     ratio_cap: float = 10.0
     loss_agg_mode: str = "token-mean"
+    anchor: str | None = None
     vocab_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -92,6 +100,8 @@ class MethodParams:
             raise ValueError(f"ratio_cap must be > 0, got {self.ratio_cap}")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"unknown loss_agg_mode {self.loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}")
+        if self.anchor is not None and self.anchor not in ANCHORS:
+            raise ValueError(f"unknown anchor {self.anchor!r}; allowed: {', '.join(ANCHORS)}")
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> MethodParams:
@@ -146,12 +156,14 @@ SupportFn = Callable[[Tensor, Tensor], Tensor]
 
 @dataclass(frozen=True)
 class LossKind:
-    """A registered loss form: its function, whether it needs the top-K support, the parameters it reads."""
+    """A registered loss form: its function, whether it needs the top-K support, the parameters it reads (a run
+    records them), and the default anchor of its ratio (ANCHORS)."""
 
     name: str
     loss: LossFn
     needs_support: bool
     params: tuple[str, ...]
+    anchor: str
 
 
 LOSS_KINDS: Registry[LossKind] = Registry("loss kind")
@@ -163,14 +175,18 @@ register_direction = DIRECTIONS.register
 register_support = SUPPORTS.register
 
 
-def register_loss_kind(name: str, *, needs_support: bool, params: tuple[str, ...]) -> Callable[[LossFn], LossFn]:
-    """Decorator: register a loss form under ``name``; ``params`` are the MethodParams fields it reads."""
+def register_loss_kind(name: str, *, needs_support: bool, params: tuple[str, ...],
+                       anchor: str) -> Callable[[LossFn], LossFn]:
+    """Decorator: register a loss form under ``name``; ``params`` are the MethodParams fields it reads (recorded
+    in every run's config), ``anchor`` the default anchor of its ratio."""
     unknown = sorted(set(params) - {f.name for f in fields(MethodParams)})
     if unknown:
         raise ValueError(f"loss kind {name!r} names unknown parameters {unknown}")
+    if anchor not in ANCHORS:
+        raise ValueError(f"loss kind {name!r}: unknown anchor {anchor!r}; allowed: {', '.join(ANCHORS)}")
 
     def decorator(fn: LossFn) -> LossFn:
-        LOSS_KINDS.add(name, LossKind(name, fn, needs_support, params))
+        LOSS_KINDS.add(name, LossKind(name, fn, needs_support, params, anchor))
         return fn
 
     return decorator
@@ -186,8 +202,8 @@ class Method:
     support:    a key of SUPPORTS: "topk" (TopK(mu) ∪ {k}) or "binary" ({k} only, DPPO's binary approximation)
     direction:  a key of DIRECTIONS: "ratio" (A·(r-1) > 0) or "predictive" (A·Ddot > 0)
     tail:       q_T estimator of the predictive direction, a key of predmask.divergence.TAILS
-    The ratio's anchor is the caller's ``old_log_prob`` (every caller passes the rollout's log mu_k when the
-    rollout reports it).
+    The ratio's anchor is the caller's ``old_log_prob``: pi_old or the rollout's log mu_k, as
+    :meth:`anchor` says (the loss kind's default unless ``MethodParams.anchor`` is set).
     """
 
     name: str
@@ -219,6 +235,15 @@ class Method:
         """The MethodParams fields this method reads (its configurable parameters)."""
         return LOSS_KINDS[self.kind].params
 
+    @property
+    def default_anchor(self) -> str:
+        """The anchor of the ratio when ``MethodParams.anchor`` is None (the loss kind's)."""
+        return LOSS_KINDS[self.kind].anchor
+
+    def anchor(self, params: MethodParams) -> str:
+        """The anchor this method's ratio uses with ``params`` (ANCHORS)."""
+        return params.anchor or self.default_anchor
+
 
 METHODS: Registry[Method] = Registry("method")
 
@@ -238,10 +263,25 @@ def get_method(name: str) -> Method:
 
 def method_config(section: dict[str, Any]) -> dict[str, Any]:
     """A run config's ``method`` section completed with every parameter the method reads (its value, else the
-    MethodParams default): what a run records in its config.yaml. Other keys (``name``, ``label``) are kept."""
+    MethodParams default): what a run records in its config.yaml. Other keys (``name``, ``label``) are kept.
+
+    The anchor is recorded resolved where the loss kind reads it (``anchor`` in its params: grpo_clip_higher);
+    elsewhere it is kept only when it differs from the method's default, so a default run's config (and its id)
+    does not carry it. :func:`method_anchor` reads it back either way."""
     m = get_method(str(section.get("name")))
     params = MethodParams.from_mapping(dict(section))
-    return {**section, **{p: getattr(params, p) for p in m.params}}
+    out = {**section, **{p: getattr(params, p) for p in m.params}}
+    if "anchor" in m.params:
+        out["anchor"] = m.anchor(params)
+    elif m.anchor(params) == m.default_anchor:
+        out.pop("anchor", None)
+    return out
+
+
+def method_anchor(section: Mapping[str, Any]) -> str:
+    """The anchor of a run's ``method`` config section (recorded, else the method's default): ``old`` | ``rollout``."""
+    m = get_method(str(section.get("name")))
+    return m.anchor(MethodParams.from_mapping(dict(section)))
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -311,7 +351,7 @@ def policy_loss(
     """The masked policy loss of a registered method and its metrics, per batch (math.md §4).
 
     Per-token tensors [batch, response_len]: ``log_prob`` (training log pi_k, with grad), ``old_log_prob``
-    (the anchor of r; the rollout's log mu_k by default), ``advantages``, ``response_mask``.
+    (the anchor of r: pi_old or the rollout's log mu_k, see ``Method.anchor``), ``advantages``, ``response_mask``.
     Divergence methods also need the support [batch, response_len, K+1]: ``mu_logprobs``, ``pi_logprobs``,
     ``valid`` and ``sampled_index``; ``predmask_*_exact`` needs ``pi_tail_sq`` and ``*_uniform`` needs
     ``params.vocab_size``. ``param_overrides`` replace fields of ``params`` (e.g. ``delta=0.05``).
@@ -343,7 +383,8 @@ def policy_loss(
 
 
 # ----------------------------------------------------------------------------------------------- loss kinds
-@register_loss_kind("clip", needs_support=False, params=("eps_low", "eps_high", "loss_agg_mode"))
+@register_loss_kind("clip", needs_support=False, params=("eps_low", "eps_high", "anchor", "loss_agg_mode"),
+                    anchor="old")
 def _clip_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor, dict[str, float]]:
     """PPO clipping with the clip-higher range: ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))``."""
     surr1 = -b.adv * b.ratio
@@ -353,7 +394,8 @@ def _clip_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor
     return torch.maximum(surr1, surr2), dropped & b.mask, {}
 
 
-@register_loss_kind("divergence", needs_support=True, params=("delta", "ratio_cap", "loss_agg_mode"))
+@register_loss_kind("divergence", needs_support=True, params=("delta", "ratio_cap", "loss_agg_mode"),
+                    anchor="rollout")
 def _divergence_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor, dict[str, float]]:
     """The DPPO loss form ``-A sg(min(r, c)) keep log pi_k``: a token is dropped when it lies outside the trust
     region (D > delta) and the method's direction criterion says its step increases D."""

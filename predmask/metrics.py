@@ -5,6 +5,13 @@ A metric's ``reduce`` says how the values of one step's micro-batches (or of sev
 verl's (``critic/score/mean``, ``actor/ppo_kl``, ...); the mask metrics live under ``actor/mask/``. A name with
 ``{placeholders}`` is a family (one metric per validation data source and sample count); :func:`metric` looks up a
 concrete name in either form. ``wall_clock`` metrics measure time and differ between otherwise identical runs.
+
+A ``mean`` metric of the policy loss names its ``weight``: the count metric it is a fraction or mean over (e.g.
+``actor/mask/tokens``). One mini-batch split into micro-batches and ranks (verl) then merges exactly:
+:func:`merge_micro_batches` sums counts, takes extremes, and weights means by their counts, which gives what one
+micro-batch holding the whole mini-batch reports; a step's mini-batches then reduce by :func:`reduce_metrics`, as
+the CPU engine reduces its mini-batches (one micro-batch each). The verl plugin writes the per-micro-batch values
+as JSON lines under ``<run dir>/<LOSS_STATS_DIR>/`` (:data:`STATS_FIELDS`); ingest merges them per step.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ __all__ = [
     "CLIPFRAC",
     "CLIPFRAC_LOWER",
     "GLOBAL_STEP",
+    "LOSS_STATS_DIR",
+    "MASK_ADV_TOKENS",
     "MASK_DIRECTION_DISAGREE",
     "MASK_DIVERGENCE_MAX",
     "MASK_DIVERGENCE_MEAN",
@@ -48,6 +57,7 @@ __all__ = [
     "SCORE_MAX",
     "SCORE_MEAN",
     "SCORE_MIN",
+    "STATS_FIELDS",
     "TIMING_GEN",
     "TIMING_STEP",
     "TIMING_TESTING",
@@ -59,6 +69,7 @@ __all__ = [
     "VAL_CORE_PREFIX",
     "VAL_RESPONSE_LENGTH",
     "Metric",
+    "merge_micro_batches",
     "metric",
     "reduce_metrics",
     "val_acc",
@@ -77,6 +88,8 @@ class Metric:
     reduce: Reduce
     meaning: str
     wall_clock: bool = False
+    #: for a ``mean`` over tokens: the count metric it is taken over (merges micro-batches exactly)
+    weight: str | None = None
 
 
 # -- names used in code (the constants are the names; METRICS below says what each means)
@@ -87,6 +100,7 @@ ACTOR_PG_LOSS = "actor/pg_loss"
 ACTOR_GRAD_NORM = "actor/grad_norm"
 ACTOR_LR = "actor/lr"
 MASK_TOKENS = "actor/mask/tokens"
+MASK_ADV_TOKENS = "actor/mask/adv_tokens"
 MASK_DIVERGENCE_MEAN = "actor/mask/divergence_mean"
 MASK_DIVERGENCE_MAX = "actor/mask/divergence_max"
 MASK_OUTSIDE_FRAC = "actor/mask/outside_frac"
@@ -127,17 +141,22 @@ VAL_ACC_RE = re.compile(r"^val-core/(?P<source>.+)/acc/mean@(?P<n>\d+)$")
 
 _CATALOGUE: tuple[Metric, ...] = (
     # per micro-batch, from predmask.policy_loss (math.md §4) and the update around it
-    Metric(PPO_KL, "mean", "mean of log mu_k - log pi_k (the ratio's anchor minus the training log-prob) over "
-                           "response tokens, before the update"),
+    Metric(PPO_KL, "mean", "mean of log anchor - log pi_k (the ratio's anchor, pi_old or mu_k, minus the training "
+                           "log-prob) over response tokens, before the update", weight=MASK_TOKENS),
     Metric(CLIPFRAC, "mean", "fraction of response tokens with a nonzero advantage whose gradient the method drops "
-                             "(clipped ratio or masked token)"),
-    Metric(CLIPFRAC_LOWER, "mean", "the part of actor/pg_clipfrac with a negative advantage"),
+                             "(clipped ratio or masked token)", weight=MASK_ADV_TOKENS),
+    Metric(CLIPFRAC_LOWER, "mean", "the part of actor/pg_clipfrac with a negative advantage",
+           weight=MASK_ADV_TOKENS),
     Metric(ACTOR_PG_LOSS, "mean", "the policy loss of the micro-batch (after loss aggregation)"),
     Metric(ACTOR_GRAD_NORM, "mean", "global gradient norm before clipping"),
     Metric(MASK_TOKENS, "sum", "response tokens the loss saw"),
-    Metric(MASK_DIVERGENCE_MEAN, "mean", "mean top-K divergence D(mu, pi) of the method over response tokens"),
+    Metric(MASK_ADV_TOKENS, "sum", "response tokens with a nonzero advantage (what actor/pg_clipfrac is a fraction "
+                                   "of; written by the verl plugin's loss statistics)"),
+    Metric(MASK_DIVERGENCE_MEAN, "mean", "mean top-K divergence D(mu, pi) of the method over response tokens",
+           weight=MASK_TOKENS),
     Metric(MASK_DIVERGENCE_MAX, "max", "largest per-token top-K divergence D(mu, pi)"),
-    Metric(MASK_OUTSIDE_FRAC, "mean", "fraction of response tokens outside the trust region (D > delta)"),
+    Metric(MASK_OUTSIDE_FRAC, "mean", "fraction of response tokens outside the trust region (D > delta)",
+           weight=MASK_TOKENS),
     Metric(MASK_MU_TAIL_CLAMPED, "sum", "tokens whose rollout tail mass 1 - sum_S mu fell below the floor (clamped)"),
     Metric(MASK_PI_TAIL_CLAMPED, "sum", "tokens whose training tail mass 1 - sum_S pi fell below the floor (clamped)"),
     Metric(MASK_DIRECTION_DISAGREE, "sum", "outside tokens with a nonzero advantage where the predictive direction "
@@ -180,6 +199,14 @@ _CATALOGUE: tuple[Metric, ...] = (
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _CATALOGUE}
+
+#: the verl plugin's per-micro-batch loss statistics: a folder of the run dir, one JSON-lines file per launch and
+#: rank, ``<session>.rank<R>.jsonl``; every line is one micro-batch with the fields STATS_FIELDS: ``session`` (the
+#: launch; a later session's lines of a step replace an earlier one's), ``step`` (verl's global step), ``mini_batch``
+#: (its index in the step), ``rank`` (the writing data-parallel rank), ``micro_batch`` (its index on that rank) and
+#: ``metrics`` (catalogue name -> value of that micro-batch alone, each mean with its weight)
+LOSS_STATS_DIR = "loss_stats"
+STATS_FIELDS: tuple[str, ...] = ("session", "step", "mini_batch", "rank", "micro_batch", "metrics")
 
 _REDUCERS: dict[str, Callable[[list[float]], float]] = {
     "sum": sum,
@@ -225,6 +252,28 @@ def val_response_length(source: str) -> str:
 def wall_clock(name: str) -> bool:
     """Whether a metric measures wall-clock time (differs between otherwise identical runs)."""
     return metric(name).wall_clock
+
+
+def merge_micro_batches(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One mini-batch's metrics from its micro-batches (any split over micro-batches and ranks, the same result).
+
+    Counts add up, extremes take the extreme, a mean with a ``weight`` is weighted by that count of each part (0.0
+    when the counts are all 0, as a masked mean over no tokens); a mean without one is averaged. A weighted mean
+    whose part lacks its weight raises ValueError.
+    """
+    names = sorted({k for p in parts for k in p})
+    out: dict[str, float] = {}
+    for name in names:
+        m = metric(name)
+        have = [p for p in parts if name in p]
+        if m.reduce == "mean" and m.weight is not None:
+            if any(m.weight not in p for p in have):
+                raise ValueError(f"metric {name} is weighted by {m.weight}, which a micro-batch lacks")
+            total = sum(float(p[m.weight]) for p in have)
+            out[name] = sum(float(p[name]) * float(p[m.weight]) for p in have) / total if total else 0.0
+        else:
+            out[name] = float(_REDUCERS[m.reduce]([float(p[name]) for p in have]))
+    return out
 
 
 def reduce_metrics(per_microbatch: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -12,9 +12,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analysis.results import curves
 from analysis.token_level import stats
 from analysis.training import stats as training_stats
 from predmask.io import atomic_write_text
+from predmask.methods import method_anchor
 from reports import data
 from reports.artefact import ArtefactResult, ReportContext, table
 from reports.figures.training import MAIN
@@ -184,14 +186,19 @@ def hyperparameter_tables(runs: Sequence[data.RunInfo]) -> tuple[TextTable, Text
     )
     methods = sorted({r.method for r in runs if r.method}, key=lambda m: (method_rank(m), m))
     per_method = {
-        m: [flatten(r.config.get("method", {})) for r in runs if r.method == m and isinstance(r.config, dict)]
+        m: [{**flatten(r.config.get("method", {})), "anchor": method_anchor(r.config.get("method", {}))}
+            for r in runs if r.method == m and isinstance(r.config, dict)]
         for m in methods
     }
     m_keys = sorted({k for flats in per_method.values() for f in flats for k in f} - {"name", "label"})
     m_rows = [[k] + [_merge_values([f.get(k) for f in per_method[m]]) for m in methods] for k in m_keys]
     method_table = TextTable(
         title="Table 1 (continued): method parameters",
-        note="method.* of the same configs; δ is the trust-region threshold of the divergence methods.",
+        note=(
+            "method.* of the same configs; δ is the trust-region threshold of the divergence methods; anchor is "
+            "what the ratio is anchored on: old = π_old (the training policy before the batch's first update, "
+            "verl's recomputed old_log_prob), rollout = the rollout's μ of the sampled token."
+        ),
         header=["parameter"] + [method_label(m) for m in methods],
         rows=m_rows,
     )
@@ -360,8 +367,8 @@ def main_results(
 ) -> tuple[SettingResults, list[data.RunInfo]]:
     """Per setting (panel order), each method's results over its seeds from the runs' validation curves; and the
     runs they come from (those with a validation curve)."""
-    aime = data.aime_series(ctx.con, [r.run_id for r in runs])
-    val = {rid: s for rid, a in aime.items() if (s := data.validation_series(a)) is not None and len(s[0])}
+    aime = curves.aime_series(ctx.con, [r.run_id for r in runs])
+    val = {rid: s for rid, a in aime.items() if (s := curves.validation_series(a)) is not None and len(s[0])}
     out: SettingResults = []
     used: list[data.RunInfo] = []
     for key in data.panel_keys(runs):
@@ -369,7 +376,7 @@ def main_results(
             out.append((key, {}))
             continue
         members = [r for r in data.runs_in_panel(runs, key) if r.run_id in val]
-        groups = data.by_method_and_seed(members, val)
+        groups = curves.by_method_and_seed(members, val, rank=method_rank)
         results = training_stats.setting_results({str(m): g for m, g in groups.items()})
         out.append((key, results))
         used += [r for r in members if str(r.method) in results]

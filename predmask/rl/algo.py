@@ -9,6 +9,8 @@ Reusable by the trainer and by the token-level study:
 - ``token_advantages(adv, response_mask)``: broadcast to [B, R].
 - ``policy_update(model, optimizer, batch, support, advantages, method=..., params=...)``: one optimiser step of a
   ``predmask`` loss on a (mini-)batch; returns the loss's metrics plus ``actor/grad_norm`` and ``actor/pg_loss``.
+  The ratio is anchored on ``anchor_logprobs`` when given (pi_old of the sampled tokens), else on the rollout's
+  log mu_k.
 - ``mismatch_metrics(batch, support, pi_logprobs)``: rollout-vs-training mismatch (top-K KL, verl's sampled KL).
 """
 
@@ -130,14 +132,16 @@ def rollout_policy_loss(
     advantages: Tensor,
     response_mask: Tensor,
     params: MethodParams,
+    anchor_logprobs: Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, dict[str, float]]:
-    """``predmask.policy_loss`` on a rollout batch: ratio anchored on the rollout's log mu of the sampled token,
-    the support's mu and the training log-probs ``lp``; ``kwargs`` go to policy_loss (e.g. global_batch_info)."""
+    """``predmask.policy_loss`` on a rollout batch: ratio anchored on ``anchor_logprobs`` [B, R] (pi_old of the
+    sampled token) when given, else on the rollout's log mu of the sampled token; the support's mu and the
+    training log-probs ``lp``; ``kwargs`` go to policy_loss (e.g. global_batch_info)."""
     return policy_loss(
         method,
         log_prob=lp.log_prob,
-        old_log_prob=batch.sampled_logprobs,
+        old_log_prob=batch.sampled_logprobs if anchor_logprobs is None else anchor_logprobs,
         advantages=advantages,
         response_mask=response_mask,
         mu_logprobs=support.mu_logprobs,
@@ -164,8 +168,10 @@ def policy_update(
     grad_clip: float | None = 1.0,
     step: bool = True,
     overrides: dict[str, Any] | None = None,
+    anchor_logprobs: Tensor | None = None,
 ) -> tuple[dict[str, float], TrainLogprobs]:
-    """One optimiser step of ``predmask.policy_loss(method)`` on ``batch`` (anchor of r: the rollout's log mu).
+    """One optimiser step of ``predmask.policy_loss(method)`` on ``batch`` (anchor of r: ``anchor_logprobs``, pi_old
+    of the sampled tokens, when given; else the rollout's log mu).
 
     ``advantages`` is [B] (sequence) or [B, R] (token). With ``step=False`` only the gradient is computed.
     Returns ``(metrics, train_logprobs)``; the log-probs are those before the step (detached).
@@ -175,7 +181,7 @@ def policy_update(
     lp = support_logprobs(model, batch, support, temperature=temperature, precision=precision)
     adv = advantages if advantages.ndim == 2 else token_advantages(advantages, batch.response_mask)
     loss, metrics = rollout_policy_loss(method, batch, support, lp, adv, batch.response_mask, params,
-                                        **(overrides or {}))
+                                        anchor_logprobs, **(overrides or {}))
     loss.backward()
     clip = float("inf") if grad_clip is None else grad_clip
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)

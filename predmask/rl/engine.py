@@ -10,7 +10,9 @@ composed ``conf/train.yaml`` (``predmask.config.compose("train", overrides)`` co
 - ``engine.update(batch, support, advantages, method=None, **param_overrides)`` -> metrics: one optimiser step.
 - ``engine.sync_rollout()``: copy the training weights into the rollout model (after updates).
 - ``engine.train_step(problems, generator)``: one GRPO step (rollout, group advantages, mini-batch updates,
-  weight sync) -> verl-named metrics.
+  weight sync) -> verl-named metrics. With the anchor ``old`` (``MethodParams.anchor``; grpo_clip_higher's
+  default) the ratio is anchored on pi_old: one no-grad forward of the training policy (training precision) over
+  the rollout batch before its first update, as verl's ``compute_log_prob``; else on the rollout's log mu.
 - ``engine.validate(seed)``: avg@``val_n`` accuracy on both stand-in splits -> ``val-core/<split>/acc/mean@16``.
 
 ``resolve_cpu_model`` maps a model entry to the checked CPU model that trains for it (``predmask.config.cpu_standin``).
@@ -128,13 +130,21 @@ class Engine:
                                     precision=self.precision)
 
     def update(self, batch: RolloutBatch, support: TopKSupport, advantages: torch.Tensor, *,
-               method: str | None = None, **param_overrides: Any) -> tuple[dict[str, float], TrainLogprobs]:
+               method: str | None = None, anchor_logprobs: torch.Tensor | None = None,
+               **param_overrides: Any) -> tuple[dict[str, float], TrainLogprobs]:
         """One optimiser step with ``method`` (default: the run's) on ``batch``; see ``algo.policy_update``."""
         return policy_update(
             self.model, self.optimizer, batch, support, advantages,
             method=method or self.method, params=self.params, temperature=self.rollout_cfg.temperature,
             precision=self.precision, grad_clip=self.trainer_cfg.grad_clip, overrides=param_overrides or None,
+            anchor_logprobs=anchor_logprobs,
         )
+
+    def old_logprobs(self, batch: RolloutBatch, support: TopKSupport) -> torch.Tensor | None:
+        """pi_old [B, R] of the sampled tokens when the run's anchor is ``old`` (one no-grad forward), else None."""
+        if self.method.anchor(self.params) != "old":
+            return None
+        return self.train_logprobs(batch, support).log_prob
 
     def train_step(self, problems: Sequence[Problem], generator: torch.Generator) -> dict[str, float]:
         """One GRPO step on ``problems``: rollout, advantages, mini-batch updates, weight sync; verl metrics."""
@@ -144,6 +154,7 @@ class Engine:
         n = self.rollout_cfg.n
         adv = grpo_advantages(batch.rewards, n)
         support = batch.support()
+        old = self.old_logprobs(batch, support)
         rows = self.trainer_cfg.ppo_mini_batch_size * n
         per_mb: list[dict[str, float]] = []
         mismatch: dict[str, float] = {}
@@ -151,7 +162,8 @@ class Engine:
         for _epoch in range(self.trainer_cfg.ppo_epochs):
             for start in range(0, batch.batch_size, rows):
                 idx = slice(start, start + rows)
-                metrics, lp = self.update(batch.select(idx), support.select(idx), adv[idx])
+                metrics, lp = self.update(batch.select(idx), support.select(idx), adv[idx],
+                                          anchor_logprobs=None if old is None else old[idx])
                 if not mismatch:
                     mismatch = mismatch_metrics(batch.select(idx), support.select(idx), lp.pi)
                 per_mb.append(metrics)

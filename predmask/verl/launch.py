@@ -14,6 +14,11 @@ The Ray workers do not inherit this process's environment on a cluster started w
 launcher also forwards ``VERL_FILE_LOGGER_PATH`` / ``VERL_FILE_LOGGER_ROOT`` when they are set here (replacing an
 override of the same variable: the job sets them per attempt; verl's FileLogger runs in the TaskRunner actor).
 
+predmask's own keys (``predmask.delta=...``, ``predmask.top_k=...``; :mod:`predmask.verl.settings`) are taken off
+verl's argv: verl never sees them. Their values, with this launch's session (it names the attempt's loss-statistics
+files), go as JSON into ``PREDMASK_VERL_SETTINGS`` of this process and, through the same ``runtime_env``, of every
+Ray worker.
+
 It also adds ``trainer.use_v1=false`` unless given (the plugin rides verl's DataProto trainer) and refuses
 ``trainer.use_v1=true``. Any Hydra flag (``--cfg job``, ``--help``) passes through to verl.
 """
@@ -23,12 +28,15 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from predmask.verl.overrides import PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
+from predmask.io import RunDirBusyError, hold_run_lock
+from predmask.verl.overrides import HYDRA_SUBDIR, PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
+from predmask.verl.settings import SETTINGS_ENV, PluginSettings, split_argv
 
-__all__ = ["FORWARDED_ENV", "keep_previous_attempt", "launch_argv", "main", "plugin_modules_value"]
+__all__ = ["FORWARDED_ENV", "keep_previous_attempt", "launch_argv", "main", "plugin_modules_value", "run_dir_of"]
 
 _KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
 TRAINER_MODULE = "verl.trainer.main_ppo"
@@ -57,9 +65,16 @@ def _override_keys(overrides: Sequence[str]) -> dict[str, str]:
     return keys
 
 
-def launch_argv(overrides: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The verl argv (overrides plus the plugin's defaults) and the environment updates for this process."""
+def launch_argv(overrides: Sequence[str], environ: Mapping[str, str],
+                session: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The verl argv (overrides without predmask's keys, plus the plugin's defaults) and the environment updates
+    for this process; ``session`` names this launch in the settings (None: left out)."""
+    overrides, values = split_argv(overrides)
+    settings = PluginSettings.from_mapping({**values, **({"session": session} if session else {})})
     keys = _override_keys(overrides)
+    settings_key = f"{RUNTIME_ENV.lstrip('+')}.{SETTINGS_ENV}"
+    if settings_key in keys:
+        raise ValueError(f"{settings_key} is set by the launcher: give predmask.<key>=<value> overrides instead")
     use_v1 = keys.get("trainer.use_v1")
     if use_v1 is not None and use_v1.strip("'\"").lower() not in ("false", "0"):
         raise ValueError(
@@ -81,7 +96,8 @@ def launch_argv(overrides: Sequence[str], environ: Mapping[str, str]) -> tuple[l
             key = f"{RUNTIME_ENV.lstrip('+')}.{var}"
             argv = [a for a in argv if _override_keys([a]).get(key) is None]
             argv.append(f"{RUNTIME_ENV}.{var}={hydra_value(value)}")
-    return argv, {PLUGIN_ENV: modules}
+    argv.append(f"{RUNTIME_ENV}.{SETTINGS_ENV}={hydra_value(settings.to_json())}")
+    return argv, {PLUGIN_ENV: modules, SETTINGS_ENV: settings.to_json()}
 
 
 def keep_previous_attempt(metrics_file: Path) -> Path | None:
@@ -104,13 +120,35 @@ def _logger_path(overrides: Sequence[str], environ: Mapping[str, str]) -> str | 
     return keys.get(f"{RUNTIME_ENV.lstrip('+')}.VERL_FILE_LOGGER_PATH") or environ.get("VERL_FILE_LOGGER_PATH")
 
 
+def run_dir_of(overrides: Sequence[str]) -> Path | None:
+    """The run directory a verl command line writes (its ``hydra.run.dir`` is ``<run_dir>/hydra``), or None."""
+    value = _override_keys(overrides).get("hydra.run.dir")
+    if not value:
+        return None
+    path = Path(value.strip("'\""))
+    return path.parent if path.name == HYDRA_SUBDIR else None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point: set up the plugin environment, then hand the command line to verl's Hydra app."""
+    """Entry point: hold the run directory's writer lock, set up the plugin environment, hand the command line to
+    verl's Hydra app."""
     overrides = list(sys.argv[1:] if argv is None else argv)
     try:
-        verl_argv, env = launch_argv(overrides, os.environ)
+        verl_argv, env = launch_argv(overrides, os.environ, session=f"{time.time_ns():020d}")
     except ValueError as exc:
         raise SystemExit(f"predmask.verl.launch: {exc}") from None
+    run_dir = run_dir_of(verl_argv)
+    if run_dir is None:
+        _launch(verl_argv, env)
+        return
+    try:
+        with hold_run_lock(run_dir):
+            _launch(verl_argv, env)
+    except RunDirBusyError as exc:
+        raise SystemExit(f"predmask.verl.launch: {exc}") from None
+
+
+def _launch(verl_argv: list[str], env: Mapping[str, str]) -> None:
     logger_path = _logger_path(verl_argv, os.environ)
     if logger_path:
         keep_previous_attempt(Path(logger_path.strip("'\"")))

@@ -6,22 +6,25 @@ tensors only; the rollout's top-K support reaches the loss through :func:`rollou
 :class:`predmask.verl.topk_loss.TopKPolicyLoss` sets around verl's ``ppo_loss``. Imports no verl: verl's
 ``core_algos`` module is passed to :func:`register_all` by the plugin's hook.
 
-Where the method parameters come from (verl's own ``ActorConfig`` fields, no new config keys):
+Where the method parameters come from (verl's keys keep verl's meaning; predmask's own travel under ``predmask.*``,
+:mod:`predmask.verl.settings`):
 
 ==================  =========================================  ===============================================
-predmask parameter  verl actor config key                       note
+predmask parameter  key                                        note
 ==================  =========================================  ===============================================
-delta               ``actor_rollout_ref.actor.clip_ratio``      verl's own ``dppo_kl``/``dppo_tv`` read it too but
-                                                                let ``clip_ratio_low/high`` override it per side
-eps_low, eps_high   ``actor.clip_ratio_low`` / ``clip_ratio_high``  grpo_clip_higher's clip range
-ratio_cap           ``actor.clip_ratio_c``                      c in ``-A sg(min(r, c)) keep log pi``
-loss_agg_mode       ``actor.loss_agg_mode``                     passed by verl as an argument
+delta               ``predmask.delta``                         the divergence methods' trust-region threshold
+ratio_cap           ``predmask.ratio_cap``                     c in ``-A sg(min(r, c)) keep log pi``
+anchor              ``predmask.anchor``                        ``old``: verl's ``old_log_prob`` (recomputed pi_old);
+                                                               ``rollout``: log mu_k from the top-K records
+eps_low, eps_high   verl's ``actor.clip_ratio_low`` / ``_high``  grpo_clip_higher's PPO clip range, verl's meaning
+loss_agg_mode       verl's ``actor.loss_agg_mode``             passed by verl as an argument
 vocab_size          the logits' width, else ``model.hf_config.vocab_size``  for the uniform tail
 ==================  =========================================  ===============================================
 
-The ratio is anchored on the rollout's log-probability of the sampled token (``log mu_k``) whenever the top-K
-plumbing provides it; without it (no ``rollout.calculate_log_probs``) only ``grpo_clip_higher`` can run, anchored
-on verl's ``old_log_prob``.
+The anchor defaults to the method's (``Method.default_anchor``: ``old`` for grpo_clip_higher, as verl's GRPO;
+``rollout`` for the divergence methods, as the paper). Inside a :func:`loss_statistics` block every call also
+hands its micro-batch's metrics, with the count ``actor/mask/adv_tokens`` that weights the clip fractions, to the
+block's sink (:mod:`predmask.verl.stats` writes them).
 """
 
 from __future__ import annotations
@@ -38,13 +41,15 @@ from torch import Tensor
 
 from predmask.methods import METHODS, Method, MethodParams, get_method
 from predmask.methods import policy_loss as predmask_policy_loss
-from predmask.metrics import MASK_PI_SAMPLED_GAP
+from predmask.metrics import MASK_ADV_TOKENS, MASK_PI_SAMPLED_GAP
 from predmask.support import TopKSupport
+from predmask.verl.settings import PluginSettings, current_settings
 
 __all__ = [
     "EXTRA_METRICS",
     "RolloutSupport",
     "current_rollout_support",
+    "loss_statistics",
     "make_policy_loss",
     "method_params",
     "register_all",
@@ -94,6 +99,20 @@ def current_rollout_support() -> RolloutSupport | None:
     return _CURRENT.get()
 
 
+StatsSink = Callable[[dict[str, float]], None]
+_STATS: ContextVar[StatsSink | None] = ContextVar("predmask_loss_statistics", default=None)
+
+
+@contextmanager
+def loss_statistics(sink: StatsSink | None) -> Iterator[None]:
+    """Every predmask loss called in the block passes its micro-batch's metrics to ``sink`` (None: nowhere)."""
+    token = _STATS.set(sink)
+    try:
+        yield
+    finally:
+        _STATS.reset(token)
+
+
 def _config_value(config: Any, key: str, default: Any = None) -> Any:
     getter = getattr(config, "get", None)
     if callable(getter):
@@ -108,21 +127,25 @@ def _hf_vocab_size(config: Any) -> int | None:
     return int(vocab) if isinstance(vocab, int) and not isinstance(vocab, bool) else None
 
 
-def method_params(config: Any, loss_agg_mode: str, vocab_size: int | None = None) -> MethodParams:
-    """MethodParams from verl's actor config (see the module docstring for the key mapping)."""
+def method_params(config: Any, loss_agg_mode: str, vocab_size: int | None = None,
+                  settings: PluginSettings | None = None) -> MethodParams:
+    """MethodParams from verl's actor config and predmask's settings (default: this process's; see the module
+    docstring for the keys)."""
     if config is None:
         raise ValueError("predmask policy losses need verl's actor config (config=None was passed)")
+    s = current_settings() if settings is None else settings
 
     def number(key: str, default: float) -> float:
         value = _config_value(config, key, None)
         return float(default if value is None else value)
 
     return MethodParams(
-        delta=number("clip_ratio", MethodParams.delta),
+        delta=MethodParams.delta if s.delta is None else float(s.delta),
         eps_low=number("clip_ratio_low", MethodParams.eps_low),
         eps_high=number("clip_ratio_high", MethodParams.eps_high),
-        ratio_cap=number("clip_ratio_c", MethodParams.ratio_cap),
+        ratio_cap=MethodParams.ratio_cap if s.ratio_cap is None else float(s.ratio_cap),
         loss_agg_mode=loss_agg_mode,
+        anchor=s.anchor,
         vocab_size=vocab_size if vocab_size is not None else _hf_vocab_size(config),
     )
 
@@ -157,8 +180,14 @@ def make_policy_loss(name: str) -> PolicyLossFn:
             )
         batch = current_rollout_support()
         mask = response_mask.bool()
-        if batch is None:
+        params = method_params(config, loss_agg_mode, batch.vocab_size if batch is not None else None)
+        if method.anchor(params) == "old":
             anchor = old_log_prob
+        elif batch is None:
+            raise ValueError(
+                f"policy loss {name!r} anchors on the rollout (predmask.anchor=rollout) and needs the rollout "
+                "top-K records: set predmask.top_k=K and start verl with `python -m predmask.verl.launch`"
+            )
         else:
             if tuple(batch.anchor_logprobs.shape) != tuple(log_prob.shape):
                 raise ValueError(
@@ -170,9 +199,8 @@ def make_policy_loss(name: str) -> PolicyLossFn:
         if method.needs_support:
             if batch is None or batch.support is None or batch.pi_logprobs is None:
                 raise ValueError(
-                    f"policy loss {name!r} needs the rollout top-K support: set "
-                    "actor_rollout_ref.rollout.calculate_log_probs=K and start verl with "
-                    "`python -m predmask.verl.launch`"
+                    f"policy loss {name!r} needs the rollout top-K support: set predmask.top_k=K and start "
+                    "verl with `python -m predmask.verl.launch`"
                 )
             support_kwargs = {
                 "mu_logprobs": batch.support.mu_logprobs,
@@ -181,7 +209,6 @@ def make_policy_loss(name: str) -> PolicyLossFn:
                 "sampled_index": batch.support.sampled_index,
                 "pi_tail_sq": batch.pi_tail_sq,
             }
-        params = method_params(config, loss_agg_mode, batch.vocab_size if batch is not None else None)
         loss, metrics = predmask_policy_loss(
             method,
             log_prob=log_prob,
@@ -196,6 +223,9 @@ def make_policy_loss(name: str) -> PolicyLossFn:
             pi_k = batch.support.sampled_logprob(batch.pi_logprobs.detach()).to(log_prob.dtype)
             gap = (pi_k - log_prob.detach()).abs()[mask]
             metrics[MASK_PI_SAMPLED_GAP] = float(gap.max()) if gap.numel() else 0.0
+        sink = _STATS.get()
+        if sink is not None:
+            sink({**metrics, MASK_ADV_TOKENS: float((mask & (advantages != 0)).sum())})
         return loss, metrics
 
     policy_loss_fn.__name__ = f"predmask_policy_loss_{name}"

@@ -23,6 +23,12 @@ Keys read from ``run_cfg`` (a mapping or an OmegaConf DictConfig, shaped like th
 - ``seed`` [0], ``val_n`` [16], ``run_id``?, ``sweep``? (verl's project name, [predmask]), ``run_dir``?
   (checkpoints under ``<run_dir>/checkpoints``, Hydra's output under ``<run_dir>/hydra``), ``verl`` [{}]
 
+predmask's own parameters travel under predmask's own keys (``predmask.delta``, ``predmask.ratio_cap``,
+``predmask.anchor``, ``predmask.top_k``, ``predmask.stats_dir``; :mod:`predmask.verl.settings`), so no verl key
+changes meaning: verl's ``clip_ratio_low`` / ``clip_ratio_high`` are grpo_clip_higher's PPO eps, as in verl, and
+``rollout.calculate_log_probs=true`` keeps verl's meaning (rollout log-probs). ``python -m predmask.verl.launch``
+takes the ``predmask.*`` keys off verl's argv and hands them to every process.
+
 ``file_logger_path`` goes into every Ray worker's environment (verl's FileLogger reads ``VERL_FILE_LOGGER_PATH``
 in the trainer process, a Ray actor). :func:`verl_command` is the full argv of one run.
 """
@@ -35,19 +41,25 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from predmask.methods import METHODS, MethodParams, get_method
+from predmask.metrics import LOSS_STATS_DIR
 from predmask.precisions import CLUSTER_PRECISIONS, Precision, get_precision
+from predmask.verl.settings import PREFIX
 
 __all__ = [
     "DATA_FILES",
     "ENGINES",
+    "HYDRA_SUBDIR",
     "PLUGIN_ENV",
     "PLUGIN_MODULE",
+    "data_files",
     "hydra_value",
     "verl_command",
     "verl_overrides",
 ]
 
 ENGINES: tuple[str, ...] = ("megatron", "fsdp")
+#: verl's Hydra output directory inside a run directory (how the launcher finds the run directory it writes)
+HYDRA_SUBDIR = "hydra"
 #: the module every verl process must import (it installs the hooks), and verl's env var that makes it do so
 #: (verl/__init__.py imports the comma-separated modules it names)
 PLUGIN_MODULE = "predmask.verl.plugin"
@@ -142,7 +154,8 @@ def _files(value: Any) -> list[str]:
     return files
 
 
-def _data_files(run_cfg: Any) -> tuple[list[str], list[str]]:
+def data_files(run_cfg: Any) -> tuple[list[str], list[str]]:
+    """(train files, validation files) a VeRL run of ``run_cfg`` reads (see the module docstring's ``data``)."""
     data = _get(run_cfg, "data")
     if _get(data, "train_files") is not None:
         return _files(_require(data, "train_files", "data")), _files(_require(data, "val_files", "data"))
@@ -194,7 +207,7 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     cluster = _get(run_cfg, "cluster")
     nnodes = _positive_int(_get(cluster, "nodes"), "cluster.nodes")
     gpus = _positive_int(_get(cluster, "gpus_per_node"), "cluster.gpus_per_node")
-    train_files, val_files = _data_files(run_cfg)
+    train_files, val_files = data_files(run_cfg)
     seed = int(_get(run_cfg, "seed", 0))
     val_n = _positive_int(_get(run_cfg, "val_n", 16), "val_n")
     parallel, batch_cfg = _get(model, "parallel"), _get(model, "batch")
@@ -239,12 +252,9 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     # -- actor: the loss and its parameters (see predmask.verl.loss for the key mapping)
     o[f"{actor}.policy_loss.loss_mode"] = name
     o[f"{actor}.loss_agg_mode"] = params.loss_agg_mode
-    if method.kind == "clip":
+    if method.kind == "clip":  # verl's PPO clip range, in verl's meaning
         o[f"{actor}.clip_ratio_low"] = params.eps_low
         o[f"{actor}.clip_ratio_high"] = params.eps_high
-    else:
-        o[f"{actor}.clip_ratio"] = params.delta
-        o[f"{actor}.clip_ratio_c"] = params.ratio_cap
     o[f"{actor}.ppo_epochs"] = 1
     o[f"{actor}.ppo_mini_batch_size"] = _positive_int(b("ppo_mini_batch_prompts", 64), "model.batch.ppo_mini_batch_prompts")
     o[f"{actor}.use_dynamic_bsz"] = True
@@ -273,12 +283,14 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
         o[f"+{actor}.megatron.override_transformer_config.fp8"] = "hybrid"
         o[f"+{actor}.megatron.override_transformer_config.fp8_recipe"] = "blockwise"
         o[f"+{actor}.optim.override_optimizer_config.fp8_recipe"] = "blockwise"
-    # -- rollout: vLLM with the top-K support (calculate_log_probs=K; see predmask.verl.rollout)
+    # -- rollout: vLLM; with predmask.top_k the plugin's hook also returns the top-K (see predmask.verl.rollout)
+    anchor = method.anchor(params)
+    wants_topk = method.needs_support or anchor == "rollout"
     o[f"{rollout}.name"] = "vllm"
     o[f"{rollout}.mode"] = "async"
-    o[f"{rollout}.calculate_log_probs"] = top_k
+    o[f"{rollout}.calculate_log_probs"] = True
     o[f"{rollout}.logprobs_mode"] = "processed_logprobs"
-    if top_k > VLLM_DEFAULT_MAX_LOGPROBS:
+    if wants_topk and top_k > VLLM_DEFAULT_MAX_LOGPROBS:
         o[f"+{rollout}.engine_kwargs.vllm.max_logprobs"] = top_k
     o[f"{rollout}.n"] = _positive_int(b("responses_per_prompt", 16), "model.batch.responses_per_prompt")
     o[f"{rollout}.temperature"] = temperature
@@ -311,11 +323,20 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     o["trainer.total_epochs"] = 1000  # an upper bound: total_training_steps ends the run
     if run_dir:
         o["trainer.default_local_dir"] = f"{str(run_dir).rstrip('/')}/checkpoints"
-        o["hydra.run.dir"] = f"{str(run_dir).rstrip('/')}/hydra"
+        o["hydra.run.dir"] = f"{str(run_dir).rstrip('/')}/{HYDRA_SUBDIR}"
     # -- every Ray worker imports the plugin (verl/__init__.py honours VERL_USE_EXTERNAL_MODULES)
     o[f"{RUNTIME_ENV}.{PLUGIN_ENV}"] = PLUGIN_MODULE
     if file_logger_path:
         o[f"{RUNTIME_ENV}.VERL_FILE_LOGGER_PATH"] = str(file_logger_path)
+    # -- predmask's own keys (predmask.verl.settings; the launcher hands them to every process)
+    if method.kind != "clip":
+        o[f"{PREFIX}delta"] = params.delta
+        o[f"{PREFIX}ratio_cap"] = params.ratio_cap
+    o[f"{PREFIX}anchor"] = anchor
+    if wants_topk:
+        o[f"{PREFIX}top_k"] = top_k
+    if run_dir:
+        o[f"{PREFIX}stats_dir"] = f"{str(run_dir).rstrip('/')}/{LOSS_STATS_DIR}"
     # -- raw extras: model.verl, then run_cfg.verl
     for extra in (_get(model, "verl"), _get(run_cfg, "verl")):
         for key, value in (_plain(extra) or {}).items():

@@ -79,7 +79,7 @@ def support_from_records(
     if bool(missing.any()):
         raise ValueError(
             f"{int(missing.sum())} response tokens have no rollout top-K; was the rollout run with "
-            "actor_rollout_ref.rollout.calculate_log_probs=K through predmask.verl.launch?"
+            "predmask.top_k=K through predmask.verl.launch?"
         )
     mismatch = mask & (padded["sampled_ids"] != responses.cpu().long())
     if bool(mismatch.any()):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TOPK_KEY", "TopKRecord", "parse_vllm_logprobs", "topk_setting"]
+__all__ = ["TOPK_KEY", "TopKRecord", "parse_vllm_logprobs"]
 
 #: non_tensor_batch / TensorDict key holding one TopKRecord per sample
 TOPK_KEY = "predmask_topk"
@@ -44,20 +44,6 @@ class TopKRecord:
     def k(self) -> int:
         return int(self.topk_ids.shape[1])
 
-
-
-def topk_setting(calculate_log_probs: Any) -> int:
-    """K from ``rollout.calculate_log_probs``: an int K >= 1 asks for the top-K; a bool (verl's meaning) -> 0."""
-    if calculate_log_probs is None or isinstance(calculate_log_probs, bool):
-        return 0
-    if isinstance(calculate_log_probs, int | np.integer):
-        k = int(calculate_log_probs)
-        if k < 0:
-            raise ValueError(f"rollout.calculate_log_probs must be a bool or an int K >= 1, got {k}")
-        return k
-    raise ValueError(
-        f"rollout.calculate_log_probs must be a bool or an int K >= 1, got {calculate_log_probs!r}"
-    )
 
 
 def _entry_fields(token_id: Any, entry: Any) -> tuple[int, float, float]:

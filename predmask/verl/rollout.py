@@ -1,8 +1,9 @@
 """The rollout hook: verl's ``vLLMHttpServer.generate`` also returns vLLM's top-K log-probs (one record per sample).
 
 verl 0.9.1 turns the agent loop's ``logprobs`` into ``SamplingParams(logprobs=0)`` and returns only the sampled
-token's log-prob; no hook exposes vLLM's ``RequestOutput``. When ``rollout.calculate_log_probs`` is an integer
-K >= 1, the wrapper registers the request, wraps the server's engine client ``generate`` (an instance attribute)
+token's log-prob; no hook exposes vLLM's ``RequestOutput``. When predmask's ``top_k`` setting is K >= 1
+(``predmask.top_k``, :mod:`predmask.verl.settings`) and the request asks for log-probs (verl's
+``rollout.calculate_log_probs=true``), the wrapper registers the request, wraps the server's engine client ``generate`` (an instance attribute)
 to raise ``logprobs`` to K for that request and keep the final output, parses it
 (:func:`predmask.verl.records.parse_vllm_logprobs`) and puts the record into ``TokenOutput.extra_fields``
 (key :data:`~predmask.verl.records.TOPK_KEY`); verl's agent loop and ``DataProto.to_tensordict`` carry it to the
@@ -17,7 +18,8 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from predmask.verl.records import TOPK_KEY, parse_vllm_logprobs, topk_setting
+from predmask.verl.records import TOPK_KEY, parse_vllm_logprobs
+from predmask.verl.settings import current_settings
 
 __all__ = ["install_rollout"]
 
@@ -68,7 +70,7 @@ def install_rollout(vllm_async_server: ModuleType) -> None:
     @functools.wraps(original)
     async def generate(self: Any, prompt_ids: Any, sampling_params: dict[str, Any], request_id: str, *args: Any,
                        **kwargs: Any) -> Any:
-        k = topk_setting(getattr(self.config, "calculate_log_probs", None))
+        k = current_settings().top_k
         if k < 1 or not sampling_params.get("logprobs"):
             return await original(self, prompt_ids, sampling_params, request_id, *args, **kwargs)
         if not hasattr(self, "_predmask_pending"):

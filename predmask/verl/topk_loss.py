@@ -5,8 +5,9 @@
 logits: it gathers the training log-probs on the rollout support (packed, shifted to the rows that predict each
 response token; TP-sharded vocab on Megatron) into ``model_output``. Then, as the loss, it rebuilds the
 response-aligned support and the rollout anchor and calls verl's ``ppo_loss`` inside
-:func:`predmask.verl.loss.rollout_support`, so verl's entropy/KL/aggregation/metrics stay verl's.
-Imports verl; loaded by the worker hook.
+:func:`predmask.verl.loss.rollout_support`, so verl's entropy/KL/aggregation/metrics stay verl's. With a
+:class:`~predmask.verl.stats.LossStatsWriter` (``stats_writer``, set by the worker) every micro-batch's metrics are
+also written as they are, before verl's mean over micro-batches and ranks. Imports verl; loaded by the worker hook.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from predmask.methods import METHODS, Method
 from predmask.verl.gather import chunked_support_logprobs, vocab_parallel_support_logprobs
-from predmask.verl.loss import RolloutSupport, rollout_support
+from predmask.verl.loss import RolloutSupport, loss_statistics, rollout_support
 from predmask.verl.packing import pack_response_tensor, sequence_lengths, support_from_records
 from predmask.verl.records import TOPK_KEY, TopKRecord
+from predmask.verl.stats import LossStatsWriter
 
 __all__ = ["PI_KEY_PREFIX", "PI_TAIL_KEY", "TopKPolicyLoss"]
 
@@ -73,6 +75,7 @@ class TopKPolicyLoss:
         name = _policy_loss_mode(self.config)
         self.method: Method | None = METHODS.get(name)
         self.vocab_size: int | None = None
+        self.stats_writer: LossStatsWriter | None = None
         if self.needs_logits and bool(getattr(self.config, "use_fused_kernels", False)):
             raise ValueError(
                 f"policy loss {name!r} gathers log-probs from the logits: set "
@@ -204,12 +207,15 @@ class TopKPolicyLoss:
     ) -> Any:
         if student_logits is not None:
             return self.support_logprobs(student_logits, data, data_format)
-        if self.method is None or data is None or TOPK_KEY not in data:
-            if self.needs_logits:
-                raise ValueError(
-                    f"policy loss {self.method.name!r} needs the rollout top-K (batch key {TOPK_KEY!r}): "  # type: ignore[union-attr]
-                    "set actor_rollout_ref.rollout.calculate_log_probs=K"
-                )
+        if self.method is None:
             return self.inner(model_output=model_output, data=data, dp_group=dp_group)
-        with rollout_support(self.rollout_batch(model_output or {}, data)):
+        has_records = data is not None and TOPK_KEY in data
+        if not has_records and self.needs_logits:
+            raise ValueError(
+                f"policy loss {self.method.name!r} needs the rollout top-K (batch key {TOPK_KEY!r}): "
+                "set predmask.top_k=K"
+            )
+        support = self.rollout_batch(model_output or {}, data) if has_records else None
+        sink = self.stats_writer.write if self.stats_writer is not None else None
+        with rollout_support(support), loss_statistics(sink):
             return self.inner(model_output=model_output, data=data, dp_group=dp_group)

@@ -32,10 +32,28 @@ def test_a_method_file_selects_its_method_and_repeats_no_default(name: str) -> N
 
 def test_method_config_completes_a_section_with_the_parameters_the_method_reads() -> None:
     clip = pm.method_config({"name": "grpo_clip_higher", "label": "x"})
-    assert clip == {"name": "grpo_clip_higher", "label": "x", "eps_low": 0.2, "eps_high": 0.28,
+    assert clip == {"name": "grpo_clip_higher", "label": "x", "eps_low": 0.2, "eps_high": 0.28, "anchor": "old",
                     "loss_agg_mode": "token-mean"}
     div = pm.method_config({"name": "dppo_topk_kl", "delta": 0.05})
     assert div == {"name": "dppo_topk_kl", "delta": 0.05, "ratio_cap": 10.0, "loss_agg_mode": "token-mean"}
+
+
+def test_the_anchor_is_recorded_where_it_is_not_the_papers_default() -> None:
+    """grpo_clip_higher records its anchor (verl's pi_old by default); a divergence method's config carries it only
+    when it is not the rollout's mu (so the run ids of default divergence runs stay what they were)."""
+    from predmask.methods import ANCHORS, method_anchor
+
+    assert ANCHORS == ("old", "rollout")
+    assert pm.method_config({"name": "grpo_clip_higher", "anchor": "rollout"})["anchor"] == "rollout"
+    assert "anchor" not in pm.method_config({"name": "dppo_topk_kl", "anchor": "rollout"})
+    assert pm.method_config({"name": "predmask_kl_agg", "anchor": "old"})["anchor"] == "old"
+    assert [method_anchor({"name": n}) for n in ("grpo_clip_higher", "dppo_topk_kl", "predmask_kl_agg")] == [
+        "old", "rollout", "rollout"]
+    assert method_anchor(pm.method_config({"name": "predmask_kl_agg", "anchor": "old"})) == "old"
+    assert {m: pm.get_method(m).default_anchor for m in pm.METHODS} == {
+        m: "old" if pm.get_method(m).kind == "clip" else "rollout" for m in pm.METHODS}
+    with pytest.raises(ValueError, match="unknown anchor 'pi'; allowed: old, rollout"):
+        pm.MethodParams(anchor="pi")
 
 
 def _batch(seed: int = 0, bs: int = 4, length: int = 6, vocab: int = 30, k: int = 5):
@@ -117,6 +135,23 @@ def test_reduce_metrics_follows_the_catalogue() -> None:
     assert list(out) == sorted(out)
     with pytest.raises(ValueError, match="unknown metric 'actor/nope'"):
         reduce_metrics([{"actor/nope": 1.0}])
+
+
+def test_weighted_means_name_a_count_of_the_catalogue() -> None:
+    from predmask.metrics import merge_micro_batches
+
+    weighted = {m.name: m.weight for m in METRICS.values() if m.weight is not None}
+    assert weighted == {"actor/ppo_kl": "actor/mask/tokens", "actor/mask/divergence_mean": "actor/mask/tokens",
+                        "actor/mask/outside_frac": "actor/mask/tokens", "actor/pg_clipfrac": "actor/mask/adv_tokens",
+                        "actor/pg_clipfrac_lower": "actor/mask/adv_tokens"}
+    assert all(METRICS[m.name].reduce == "mean" and METRICS[w].reduce == "sum" for m in METRICS.values()
+               if (w := m.weight) is not None)
+    parts = [{"actor/mask/tokens": 1.0, "actor/ppo_kl": 0.4, "actor/mask/divergence_max": 0.2},
+             {"actor/mask/tokens": 3.0, "actor/ppo_kl": 0.0, "actor/mask/divergence_max": 0.5},
+             {"actor/mask/tokens": 0.0, "actor/ppo_kl": 0.0}]
+    assert merge_micro_batches(parts) == {"actor/mask/divergence_max": 0.5, "actor/mask/tokens": 4.0,
+                                          "actor/ppo_kl": 0.1}
+    assert merge_micro_batches([{"actor/mask/tokens": 0.0, "actor/ppo_kl": 0.0}])["actor/ppo_kl"] == 0.0
 
 
 def test_metric_families_and_wall_clock() -> None:

@@ -95,6 +95,9 @@ def test_table1_from_the_run_configs(paper):
     ]
     m_row = next(line for line in md.splitlines() if line.startswith("| eps_high |"))
     assert [c.strip() for c in m_row.strip("|").split("|")][1:] == ["0.28", "—", "—", "—"]
+    # every method's anchor, recorded or its default (the divergence methods' configs do not carry it)
+    a_row = next(line for line in md.splitlines() if line.startswith("| anchor |"))
+    assert [c.strip() for c in a_row.strip("|").split("|")][1:] == ["old", "rollout", "rollout", "rollout"]
     assert r"model.hidden\_size" in tex and r"\begin{tabular}" in tex and "Qwen3-4B-Base $\\cdot$ BF16" in tex
 
 

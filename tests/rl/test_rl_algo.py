@@ -109,3 +109,66 @@ def test_update_with_step_false_leaves_weights(rollout, tokenizer) -> None:
                   params=MethodParams(vocab_size=tokenizer.vocab_size), step=False)
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_the_anchor_old_is_pi_old_and_the_rollout_anchor_is_todays_path(rollout, tokenizer) -> None:
+    """anchor_logprobs replaces the rollout's log mu as the ratio's anchor; without it the update is exactly the
+    rollout-anchored one (the loss written out with predmask.policy_loss on old_log_prob = log mu)."""
+    from predmask.methods import policy_loss
+    from predmask.rl.algo import token_advantages
+
+    _, b = rollout
+    s = b.support()
+    adv = torch.linspace(-1, 1, b.batch_size)
+    params = MethodParams(vocab_size=tokenizer.vocab_size)
+
+    def update(method: str, anchor=None):
+        model = peaked_policy(tokenizer, scale=6.0).train()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        return policy_update(model, opt, b, s, adv, method=method, params=params, grad_clip=None,
+                             anchor_logprobs=anchor)[0]
+
+    pi = support_logprobs(peaked_policy(tokenizer, scale=6.0), b, s)
+    ref = {}
+    for name in ("dppo_topk_kl", "grpo_clip_higher"):
+        loss, m = policy_loss(name, log_prob=pi.log_prob, old_log_prob=b.sampled_logprobs,
+                              advantages=token_advantages(adv, b.response_mask), response_mask=b.response_mask,
+                              mu_logprobs=s.mu_logprobs, pi_logprobs=pi.pi, valid=s.valid,
+                              sampled_index=s.sampled_index, pi_tail_sq=pi.pi_tail_sq, params=params)
+        ref[name] = {**m, "actor/pg_loss": float(loss.detach())}
+    for name in ("dppo_topk_kl", "grpo_clip_higher"):
+        got = update(name)
+        assert {k: got[k] for k in ref[name]} == ref[name], name
+    # anchored on pi_old = the policy's own log-prob before the update: the first update sees r = 1 exactly
+    with torch.no_grad():
+        old = support_logprobs(peaked_policy(tokenizer, scale=6.0), b, s).log_prob
+    on_old = update("grpo_clip_higher", anchor=old)
+    assert on_old["actor/ppo_kl"] == 0.0 and on_old["actor/pg_clipfrac"] == 0.0
+    assert ref["grpo_clip_higher"]["actor/ppo_kl"] != 0.0  # the rollout anchor differs (mu is the rollout's)
+
+
+def test_engine_computes_pi_old_only_when_the_anchor_is_old(rollout, tokenizer) -> None:
+    """Engine.old_logprobs: one no-grad forward of the training policy for anchor=old (grpo_clip_higher's
+    default), None for the rollout anchor (every divergence method's default: their steps are unchanged). The
+    engine is assembled from its parts here (a full Engine pretrains a base model)."""
+    from predmask.methods import get_method
+    from predmask.precisions import get_precision
+    from predmask.rl.engine import Engine
+    from predmask.rl.schema import RolloutConfig
+
+    _, b = rollout
+    s = b.support()
+    engine = Engine.__new__(Engine)
+    engine.model = peaked_policy(tokenizer, scale=6.0)
+    engine.rollout_cfg, engine.precision = RolloutConfig(), get_precision("fp32")
+    for name, anchor, expect_old in (("grpo_clip_higher", None, True), ("grpo_clip_higher", "rollout", False),
+                                     ("dppo_topk_kl", None, False), ("predmask_kl_agg", "old", True)):
+        engine.method, engine.params = get_method(name), MethodParams(anchor=anchor)
+        old = engine.old_logprobs(b, s)
+        if not expect_old:
+            assert old is None, (name, anchor)
+            continue
+        assert old is not None and not old.requires_grad
+        with torch.no_grad():
+            direct = support_logprobs(engine.model, b, s).log_prob
+        assert torch.equal(old, direct)

@@ -12,8 +12,9 @@ mode, when their parameters are set alike. Where they differ (asserted below, an
   from the top-K records and uses ``old_log_prob`` only where a token has no record.
 - **delta**: verl reads ``clip_ratio`` but lets ``clip_ratio_low`` / ``clip_ratio_high`` (both 0.2 by default in
   verl's ActorConfig, so they win unless set to null) give one threshold per side; predmask has one symmetric
-  ``delta``, which the plugin reads from ``clip_ratio`` alone. The ratio cap c is ``clip_ratio_c`` in both
-  (predmask's ``ratio_cap``; verl's ActorConfig default 3.0, predmask's method default 10.0).
+  ``delta``, which the plugin reads from its own key ``predmask.delta`` (verl's keys keep verl's meaning). The
+  ratio cap c is verl's ``clip_ratio_c`` (ActorConfig default 3.0) and predmask's ``ratio_cap`` (``predmask.ratio_cap``,
+  method default 10.0).
 - **zero advantages**: verl's ``pg_clipfrac`` counts every response token and applies its A <= 0 branch to
   A = 0 tokens; predmask's counts tokens with a nonzero advantage only (the loss is the same: those tokens
   contribute nothing). ``actor/pg_clipfrac_lower`` means different things: verl's is the fraction of kept tokens
@@ -142,9 +143,12 @@ def test_the_kept_sets_are_verls_token_by_token() -> None:
         assert (live & ~keep).any() and (live & keep & (pi / mu > cap)).any()  # drops and truncations both occur
 
 
-def test_difference_anchor_rollout_mu_versus_old_log_prob() -> None:
+def test_difference_anchor_rollout_mu_versus_old_log_prob(monkeypatch) -> None:
     """predmask's registered loss anchors on the rollout's mu even when verl hands it a different old_log_prob:
     it equals verl's dppo_kl anchored on mu, not verl's dppo_kl anchored on old_log_prob."""
+    from predmask.verl.settings import SETTINGS_ENV
+
+    monkeypatch.setenv(SETTINGS_ENV, '{"delta": 0.05, "ratio_cap": 10.0}')  # as the launcher sets predmask.*
     case = random_case(3)
     g = torch.Generator().manual_seed(11)
     old = case["mu_lp"] + 0.3 * torch.randn(case["mu_lp"].shape, generator=g, dtype=torch.float64)
@@ -171,7 +175,7 @@ def _support(case: dict):
 
 def test_difference_verls_sided_thresholds_win_over_clip_ratio() -> None:
     """verl's dppo losses take delta from clip_ratio_low / clip_ratio_high when set (verl's defaults: 0.2 each);
-    predmask's one delta is clip_ratio. With clip_ratio=0.02 and the default sides, verl's dppo_kl is
+    predmask has one delta. With clip_ratio=0.02 and the default sides, verl's dppo_kl is
     predmask's at delta=0.2, not at 0.02."""
     from verl.workers.config import FSDPActorConfig
 

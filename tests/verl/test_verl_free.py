@@ -2,8 +2,9 @@
 
 ``run_without`` starts a fresh Python whose import system refuses verl, ray, tensordict, vLLM and Megatron (and
 checks that ``import verl`` fails there and that none of them was imported by the end). In it run: the tests of
-the top-K functions (test_verl_topk_pure.py), of the post-import hooks (test_verl_hooks.py), the CPU tests of
-scripts/gpu_check.py, the command translation
+the top-K functions (test_verl_topk_pure.py), of the post-import hooks (test_verl_hooks.py), of predmask's own
+keys (test_verl_settings.py) and loss statistics (test_verl_stats.py), the CPU tests of scripts/gpu_check.py, the
+command translation
 (:mod:`predmask.verl.overrides`) and ``python -m sweeps.data prepare``'s functions. And importing the plugin's
 package or its overrides installs nothing: no import hook, no loss in verl's registry.
 """
@@ -28,7 +29,8 @@ def _passed(out: str) -> int:
     return int(match.group(1)) if match else 0
 
 
-@pytest.mark.parametrize("test_file", ["test_verl_topk_pure.py", "test_verl_hooks.py", "test_verl_gpu_check.py"])
+@pytest.mark.parametrize("test_file", ["test_verl_topk_pure.py", "test_verl_hooks.py", "test_verl_gpu_check.py",
+                                       "test_verl_settings.py", "test_verl_stats.py"])
 def test_verl_free_tests_pass_without_verl(test_file: str) -> None:
     proc = run_without(f"""
         import pytest

@@ -17,6 +17,8 @@ from predmask.verl.overrides import PLUGIN_ENV, PLUGIN_MODULE
 
 pytestmark = pytest.mark.verl
 ENV_OVERRIDE = f"+ray_kwargs.ray_init.runtime_env.env_vars.{PLUGIN_ENV}"
+#: the launcher's settings override when no predmask.* key is given (see tests/verl/test_verl_settings.py)
+NO_SETTINGS = "+ray_kwargs.ray_init.runtime_env.env_vars.PREDMASK_VERL_SETTINGS='{}'"
 
 
 def test_plugin_modules_value_appends_once() -> None:
@@ -29,18 +31,18 @@ def test_plugin_modules_value_appends_once() -> None:
 
 def test_launch_argv_adds_the_worker_env_and_the_v0_trainer() -> None:
     argv, env = launch_argv(["trainer.nnodes=4"], {})
-    assert argv == ["trainer.nnodes=4", f"{ENV_OVERRIDE}=predmask.verl.plugin", "trainer.use_v1=false"]
-    assert env == {PLUGIN_ENV: "predmask.verl.plugin"}
+    assert argv == ["trainer.nnodes=4", f"{ENV_OVERRIDE}=predmask.verl.plugin", "trainer.use_v1=false", NO_SETTINGS]
+    assert env == {PLUGIN_ENV: "predmask.verl.plugin", "PREDMASK_VERL_SETTINGS": "{}"}
     argv, env = launch_argv(["trainer.use_v1=false"], {PLUGIN_ENV: "my.plugin"})
-    assert argv == ["trainer.use_v1=false", f"{ENV_OVERRIDE}='my.plugin,predmask.verl.plugin'"]
-    assert env == {PLUGIN_ENV: "my.plugin,predmask.verl.plugin"}
+    assert argv == ["trainer.use_v1=false", f"{ENV_OVERRIDE}='my.plugin,predmask.verl.plugin'", NO_SETTINGS]
+    assert env == {PLUGIN_ENV: "my.plugin,predmask.verl.plugin", "PREDMASK_VERL_SETTINGS": "{}"}
 
 
 def test_launch_argv_keeps_an_explicit_worker_env_and_refuses_bad_ones() -> None:
     argv, _ = launch_argv([f"{ENV_OVERRIDE}=predmask.verl.plugin"], {})
     assert argv.count(f"{ENV_OVERRIDE}=predmask.verl.plugin") == 1
     argv, _ = launch_argv([f"{ENV_OVERRIDE}='other,predmask.verl.plugin'"], {})
-    assert argv == [f"{ENV_OVERRIDE}='other,predmask.verl.plugin'", "trainer.use_v1=false"]
+    assert argv == [f"{ENV_OVERRIDE}='other,predmask.verl.plugin'", "trainer.use_v1=false", NO_SETTINGS]
     for bad in ("other", "predmask.verl", "predmask.verl.plugins"):  # a list entry, not a substring, must match
         with pytest.raises(ValueError, match="must include predmask.verl.plugin"):
             launch_argv([f"{ENV_OVERRIDE}={bad}"], {})
@@ -72,7 +74,8 @@ def test_launcher_runs_verls_hydra_app_with_the_overrides(tmp_path) -> None:
                           capture_output=True, text=True, timeout=240, env=_env(), cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    for needle in ("loss_mode: predmask_kl_agg", "calculate_log_probs: 20", "quantization: fp8", "fp8: hybrid",
+    for needle in ("loss_mode: predmask_kl_agg", "calculate_log_probs: true", "quantization: fp8", "fp8: hybrid",
+                   'PREDMASK_VERL_SETTINGS: \'{"anchor":"rollout","delta":0.15,"ratio_cap":10.0,"session":',
                    "use_v1: false", "VERL_USE_EXTERNAL_MODULES: predmask.verl.plugin"):
         assert needle in out, needle
     bad = subprocess.run([sys.executable, "-m", "predmask.verl.launch", "trainer.use_v1=true"], capture_output=True,
@@ -125,3 +128,32 @@ def test_a_restart_keeps_the_previous_attempts_metrics(tmp_path) -> None:
     assert keep_previous_attempt(metrics) == tmp_path / "metrics.attempt-2.jsonl"
     assert not metrics.exists()
     assert (tmp_path / "metrics.attempt-1.jsonl").read_text().startswith('{"step": 1')
+
+
+def test_the_launcher_finds_its_run_dir_from_verls_hydra_dir(tmp_path) -> None:
+    from predmask.verl.launch import run_dir_of
+
+    assert run_dir_of([f"hydra.run.dir={tmp_path}/r1/hydra", "x=1"]) == tmp_path / "r1"
+    assert run_dir_of([f"hydra.run.dir='{tmp_path}/r 2/hydra'"]) == tmp_path / "r 2"
+    assert run_dir_of([f"hydra.run.dir={tmp_path}/elsewhere"]) is None  # not a predmask run directory
+    assert run_dir_of(["x=1"]) is None
+
+
+def test_a_second_launcher_on_a_run_dir_being_written_refuses_in_one_line(tmp_path) -> None:
+    """A real process holds the run dir's writer lock; the launcher refuses before verl starts, writing nothing."""
+    run_dir = tmp_path / "run"
+    script = ("import time; from pathlib import Path; from predmask.io import hold_run_lock\n"
+              f"with hold_run_lock(Path({str(run_dir)!r})):\n    print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in run_dir.iterdir())
+        proc = subprocess.run([sys.executable, "-m", "predmask.verl.launch", f"hydra.run.dir={run_dir}/hydra"],
+                              capture_output=True, text=True, timeout=120, env=_env(), cwd=tmp_path, check=False)
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "being written by another trainer" in lines[0] and f"pid {holder.pid}" in lines[0]
+        assert sorted(p.name for p in run_dir.iterdir()) == before
+    finally:
+        holder.kill()
+        holder.wait()

@@ -1,10 +1,12 @@
 """predmask's methods in verl's policy-loss registry: same loss and metrics as predmask.policy_loss, verl's config.
 
-Uses verl's real ``get_policy_loss_fn``, ``ActorConfig`` and ``agg_loss``; nothing is mocked.
+Uses verl's real ``get_policy_loss_fn``, ``ActorConfig`` and ``agg_loss``; nothing is mocked. predmask's own
+parameters come from its settings (the environment variable the launcher sets in every process).
 """
 
 from __future__ import annotations
 
+import json
 import zlib
 
 import pytest
@@ -16,9 +18,25 @@ core_algos = require_verl()
 import predmask
 import predmask.verl.plugin  # installs the hooks: the losses are registered in core_algos
 from predmask.support import build_support
-from predmask.verl.loss import EXTRA_METRICS, RolloutSupport, make_policy_loss, method_params, rollout_support
+from predmask.verl.loss import (
+    EXTRA_METRICS,
+    RolloutSupport,
+    loss_statistics,
+    make_policy_loss,
+    method_params,
+    rollout_support,
+)
+from predmask.verl.settings import SETTINGS_ENV, PluginSettings
 
 pytestmark = pytest.mark.verl
+
+
+@pytest.fixture
+def settings(monkeypatch):
+    """Set predmask's settings of this process, as the launcher does (``settings(delta=0.1, ...)``)."""
+    def set_(**values):
+        monkeypatch.setenv(SETTINGS_ENV, json.dumps(values))
+    return set_
 
 
 def actor_config(**kwargs):
@@ -65,9 +83,11 @@ def test_unknown_names_still_fail_in_verl() -> None:
 
 @pytest.mark.parametrize("name", sorted(predmask.METHODS))
 @pytest.mark.parametrize("mode", predmask.LOSS_AGG_MODES)
-def test_registered_loss_equals_predmask_policy_loss(name: str, mode: str) -> None:
+def test_registered_loss_equals_predmask_policy_loss(settings, name: str, mode: str) -> None:
     batch, log_prob, old, adv, mask = make_batch(seed=zlib.crc32(f"{name}/{mode}".encode()) % 1000)
-    config = actor_config(clip_ratio=0.1, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=10.0,
+    settings(delta=0.1, ratio_cap=10.0)
+    # verl's own clip_ratio / clip_ratio_c keep verl's meaning: predmask reads neither
+    config = actor_config(clip_ratio=0.5, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0,
                           loss_agg_mode=mode)
     config.global_batch_info.update({"dp_size": 2, "batch_num_tokens": 40, "global_batch_size": 8,
                                      "loss_scale_factor": None})
@@ -83,8 +103,9 @@ def test_registered_loss_equals_predmask_policy_loss(name: str, mode: str) -> No
                           "pi_tail_sq": batch.pi_tail_sq}
     params = predmask.MethodParams(delta=0.1, eps_low=0.2, eps_high=0.28, ratio_cap=10.0, loss_agg_mode=mode,
                                    vocab_size=40)
+    anchor = old if method.kind == "clip" else batch.anchor_logprobs  # the methods' default anchors
     ref_loss, ref_metrics = predmask.policy_loss(
-        name, log_prob=log_prob, old_log_prob=batch.anchor_logprobs, advantages=adv, response_mask=mask,
+        name, log_prob=log_prob, old_log_prob=anchor, advantages=adv, response_mask=mask,
         params=params, global_batch_info={"dp_size": 2, "batch_num_tokens": 40, "global_batch_size": 8,
                                           "loss_scale_factor": None}, **support_kwargs)
     assert torch.equal(loss, ref_loss)
@@ -105,39 +126,79 @@ def test_pi_sampled_gap_is_zero_when_aligned() -> None:
     assert metrics["actor/mask/pi_sampled_gap"] < 1e-6
 
 
-def test_parameters_come_from_verl_actor_config() -> None:
-    config = actor_config(clip_ratio=0.05, clip_ratio_low=0.1, clip_ratio_high=0.3, clip_ratio_c=7.0)
-    params = method_params(config, "seq-mean-token-mean", vocab_size=123)
+def test_parameters_come_from_predmask_keys_and_verls_clip_range() -> None:
+    config = actor_config(clip_ratio=0.5, clip_ratio_low=0.1, clip_ratio_high=0.3, clip_ratio_c=3.0)
+    settings = PluginSettings(delta=0.05, ratio_cap=7.0, anchor="rollout")
+    params = method_params(config, "seq-mean-token-mean", vocab_size=123, settings=settings)
     assert (params.delta, params.eps_low, params.eps_high, params.ratio_cap) == (0.05, 0.1, 0.3, 7.0)
-    assert params.loss_agg_mode == "seq-mean-token-mean" and params.vocab_size == 123
-    # delta really drives the mask: a tiny threshold puts more tokens outside the trust region
+    assert params.loss_agg_mode == "seq-mean-token-mean" and params.vocab_size == 123 and params.anchor == "rollout"
+    default = method_params(config, "token-mean", settings=PluginSettings())
+    assert (default.delta, default.ratio_cap, default.anchor) == (0.15, 10.0, None)  # MethodParams' defaults
+
+
+def test_delta_from_the_settings_drives_the_mask(settings) -> None:
     batch, log_prob, old, adv, mask = make_batch(seed=5)
     fn = core_algos.get_policy_loss_fn("dppo_topk_kl")
     with rollout_support(batch):
-        _, loose = fn(old, log_prob, adv, mask, "token-mean", actor_config(clip_ratio=10.0))
-        _, tight = fn(old, log_prob, adv, mask, "token-mean", actor_config(clip_ratio=1e-4))
+        settings(delta=10.0)
+        _, loose = fn(old, log_prob, adv, mask, "token-mean", actor_config(clip_ratio=1e-4))
+        settings(delta=1e-4)
+        _, tight = fn(old, log_prob, adv, mask, "token-mean", actor_config(clip_ratio=10.0))
     assert loose["actor/mask/outside_frac"] == 0.0 < tight["actor/mask/outside_frac"]
 
 
-def test_ratio_is_anchored_on_the_rollout_not_on_old_log_prob() -> None:
+@pytest.mark.parametrize(("name", "anchor", "expected"), [
+    ("grpo_clip_higher", None, "old"), ("grpo_clip_higher", "rollout", "rollout"),
+    ("dppo_topk_kl", None, "rollout"), ("dppo_topk_kl", "old", "old"),
+])
+def test_the_ratio_is_anchored_as_the_anchor_says(settings, name: str, anchor: str | None, expected: str) -> None:
+    """grpo_clip_higher anchors on verl's old_log_prob by default (verl's GRPO), the divergence methods on the
+    rollout's log mu_k (the paper); predmask.anchor chooses the other."""
     batch, log_prob, old, adv, mask = make_batch(seed=7)
-    fn = core_algos.get_policy_loss_fn("grpo_clip_higher")
+    settings(**({"anchor": anchor} if anchor else {}))
     config = actor_config(clip_ratio_low=0.2, clip_ratio_high=0.28)
     with rollout_support(batch):
-        anchored, _ = fn(old, log_prob, adv, mask, "token-mean", config)
-    plain, _ = fn(old, log_prob, adv, mask, "token-mean", config)  # no rollout support: verl's old_log_prob
-    ref_rollout, _ = predmask.policy_loss("grpo_clip_higher", log_prob=log_prob, old_log_prob=batch.anchor_logprobs,
-                                          advantages=adv, response_mask=mask)
-    ref_old, _ = predmask.policy_loss("grpo_clip_higher", log_prob=log_prob, old_log_prob=old, advantages=adv,
-                                      response_mask=mask)
-    assert torch.equal(anchored, ref_rollout) and torch.equal(plain, ref_old)
-    assert not torch.equal(anchored, plain)
+        loss, metrics = core_algos.get_policy_loss_fn(name)(old, log_prob, adv, mask, "token-mean", config)
+    kwargs = {}
+    if predmask.get_method(name).needs_support:
+        kwargs = {"mu_logprobs": batch.support.mu_logprobs, "pi_logprobs": batch.pi_logprobs,
+                  "valid": batch.support.valid, "sampled_index": batch.support.sampled_index}
+    refs = {a: predmask.policy_loss(name, log_prob=log_prob, old_log_prob=lp, advantages=adv, response_mask=mask,
+                                    **kwargs)
+            for a, lp in (("old", old), ("rollout", batch.anchor_logprobs))}
+    assert torch.equal(loss, refs[expected][0]) and metrics["actor/ppo_kl"] == refs[expected][1]["actor/ppo_kl"]
+    assert not torch.equal(refs["old"][0], refs["rollout"][0])
+
+
+def test_grpo_runs_on_old_log_prob_without_records(settings) -> None:
+    _, log_prob, old, adv, mask = make_batch(seed=8)
+    loss, _ = core_algos.get_policy_loss_fn("grpo_clip_higher")(
+        old, log_prob, adv, mask, "token-mean", actor_config(clip_ratio_low=0.2, clip_ratio_high=0.28))
+    ref, _ = predmask.policy_loss("grpo_clip_higher", log_prob=log_prob, old_log_prob=old, advantages=adv,
+                                  response_mask=mask)
+    assert torch.equal(loss, ref)
+    settings(anchor="rollout")
+    with pytest.raises(ValueError, match="predmask.top_k"):
+        core_algos.get_policy_loss_fn("grpo_clip_higher")(old, log_prob, adv, mask, "token-mean", actor_config())
 
 
 def test_divergence_method_without_support_says_how_to_fix() -> None:
     _, log_prob, old, adv, mask = make_batch()
-    with pytest.raises(ValueError, match="calculate_log_probs"):
+    with pytest.raises(ValueError, match="predmask.top_k"):
         core_algos.get_policy_loss_fn("predmask_kl_agg")(old, log_prob, adv, mask, "token-mean", actor_config())
+
+
+def test_loss_statistics_receive_each_calls_metrics_and_the_clip_fraction_weight() -> None:
+    batch, log_prob, old, adv, mask = make_batch(seed=9)
+    adv = adv.clone()
+    adv[1] = 0.0  # a row without advantage: not in pg_clipfrac's denominator
+    seen: list[dict[str, float]] = []
+    with rollout_support(batch), loss_statistics(seen.append):
+        _, metrics = core_algos.get_policy_loss_fn("predmask_kl_agg")(old, log_prob, adv, mask, "token-mean",
+                                                                      actor_config())
+    (record,) = seen
+    assert {k: v for k, v in record.items() if k != "actor/mask/adv_tokens"} == metrics
+    assert record["actor/mask/adv_tokens"] == float(((mask > 0) & (adv != 0)).sum()) == 15.0
 
 
 def test_rollout_importance_weights_are_refused() -> None:

@@ -15,7 +15,9 @@ import pytest
 from verl_helpers import GOLDEN, require_verl
 
 import predmask
+from predmask.verl.launch import launch_argv
 from predmask.verl.overrides import DATA_FILES, PLUGIN_MODULE, hydra_value, verl_command, verl_overrides
+from predmask.verl.settings import SETTINGS_ENV, PluginSettings, current_settings
 
 pytestmark = pytest.mark.verl
 
@@ -82,7 +84,8 @@ def test_no_stale_golden_files() -> None:
 
 @pytest.fixture(scope="module")
 def compose():
-    """Compose overrides with verl's own ppo_trainer config (as main_ppo would), resolved."""
+    """Compose overrides with verl's own ppo_trainer config (as main_ppo would), resolved: what the launcher hands
+    verl (``launch_argv``: predmask's own keys taken off, the plugin's environment added)."""
     require_verl()
     import verl
     from hydra import compose as hydra_compose
@@ -92,7 +95,8 @@ def compose():
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         def run(overrides: list[str]):
-            cfg = hydra_compose(config_name="ppo_trainer", overrides=[o for o in overrides if not o.startswith("hydra.")])
+            verl_argv, _ = launch_argv(overrides, {})
+            cfg = hydra_compose(config_name="ppo_trainer", overrides=[o for o in verl_argv if not o.startswith("hydra.")])
             OmegaConf.resolve(cfg)
             return cfg
 
@@ -110,15 +114,23 @@ def test_overrides_compose_with_verl_config(compose, method: str, model: str, pr
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     assert actor.policy_loss["loss_mode"] == method and actor.strategy == "megatron"
-    if predmask.get_method(method).kind == "clip":
-        assert (actor.clip_ratio_low, actor.clip_ratio_high) == (0.2, 0.28)
-    else:
-        assert (actor.clip_ratio, actor.clip_ratio_c) == (0.15, 10.0)
-    assert rollout.calculate_log_probs == 20 and rollout.val_kwargs.n == 16 and rollout.name == "vllm"
+    # verl's keys keep verl's meaning: PPO's eps (grpo_clip_higher's range), verl's own clip_ratio / dual-clip c
+    clip = predmask.get_method(method).kind == "clip"
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == ((0.2, 0.28) if clip else (0.2, 0.2))
+    assert (actor.clip_ratio, actor.clip_ratio_c) == (0.2, 3.0)
+    assert rollout.calculate_log_probs is True and rollout.val_kwargs.n == 16 and rollout.name == "vllm"
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.use_v1) == (4, 8, False)
     assert list(cfg.trainer.logger) == ["console", "file"]
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
     assert env.VERL_USE_EXTERNAL_MODULES == PLUGIN_MODULE == "predmask.verl.plugin" and env.VERL_FILE_LOGGER_PATH == "/x/metrics.jsonl"
+    assert "predmask" not in cfg
+    settings = current_settings({SETTINGS_ENV: env[SETTINGS_ENV]})
+    run_dir = run_cfg(method, model, precision)["run_dir"]
+    if clip:
+        assert settings == PluginSettings(anchor="old", stats_dir=f"{run_dir}/loss_stats")
+    else:
+        assert settings == PluginSettings(delta=0.15, ratio_cap=10.0, anchor="rollout", top_k=20,
+                                          stats_dir=f"{run_dir}/loss_stats")
     assert rollout.quantization == ("fp8" if precision in ("fp8_rollout", "fp8_e2e") else None)
     fp8 = actor.megatron.override_transformer_config.get("fp8")
     assert fp8 == ("hybrid" if precision == "fp8_e2e" else None)
@@ -134,8 +146,32 @@ def test_overrides_compose_with_verl_config(compose, method: str, model: str, pr
 def test_large_k_raises_vllms_logprob_cap(compose) -> None:
     cfg = {**run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16"), "top_k": 32}
     composed = compose(verl_overrides(cfg))
-    assert composed.actor_rollout_ref.rollout.calculate_log_probs == 32
+    env = composed.ray_kwargs.ray_init.runtime_env.env_vars
+    assert current_settings({SETTINGS_ENV: env[SETTINGS_ENV]}).top_k == 32
     assert composed.actor_rollout_ref.rollout.engine_kwargs.vllm.max_logprobs == 32
+
+
+def test_predmask_keys_do_not_compose_as_verl_keys(compose) -> None:
+    """verl's strict config refuses predmask's keys: only the launcher's argv (without them) composes."""
+    from hydra import compose as hydra_compose
+    from hydra.errors import ConfigCompositionException
+
+    overrides = verl_overrides(run_cfg("dppo_topk_kl", "qwen3_4b_base", "bf16"))
+    ours = [o for o in overrides if o.startswith("predmask.")]
+    assert [o.split("=")[0] for o in ours] == ["predmask.delta", "predmask.ratio_cap", "predmask.anchor",
+                                               "predmask.top_k", "predmask.stats_dir"]
+    assert not any("clip_ratio" in o for o in overrides)
+    compose(overrides)  # the launcher's argv composes
+    with pytest.raises(ConfigCompositionException, match="predmask"):
+        hydra_compose(config_name="ppo_trainer", overrides=[ours[0]])
+
+
+def test_anchor_rollout_gives_grpo_the_top_k() -> None:
+    cfg = run_cfg("grpo_clip_higher", "qwen3_4b_base", "bf16")
+    cfg["method"]["anchor"] = "rollout"
+    overrides = verl_overrides(cfg)
+    assert "predmask.anchor=rollout" in overrides and "predmask.top_k=20" in overrides
+    assert not any(o.startswith(("predmask.delta", "predmask.ratio_cap")) for o in overrides)
 
 
 def test_fsdp_engine_and_explicit_data_files(compose) -> None:

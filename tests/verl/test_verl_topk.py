@@ -12,6 +12,7 @@ verl-free functions have their own tests (test_verl_topk_pure.py, also run witho
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from functools import partial
 from types import ModuleType, SimpleNamespace
@@ -33,9 +34,19 @@ from predmask.verl.packing import (
     support_from_records,
 )
 from predmask.verl.records import TOPK_KEY, parse_vllm_logprobs
+from predmask.verl.settings import SETTINGS_ENV
+from predmask.verl.stats import LossStatsWriter
 from predmask.verl.topk_loss import PI_KEY_PREFIX, TopKPolicyLoss
 
 pytestmark = pytest.mark.verl
+
+
+@pytest.fixture
+def settings(monkeypatch):
+    """predmask's settings of this process, as the launcher sets them (``settings(delta=0.05, top_k=6)``)."""
+    def set_(**values):
+        monkeypatch.setenv(SETTINGS_ENV, json.dumps(values))
+    return set_
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -137,7 +148,8 @@ def run_fsdp_engine(model, td, loss_fn):
 
 
 @pytest.mark.parametrize(("layers", "remove_padding"), [(1, False), (0, True)])
-def test_fsdp_engine_gathers_the_support_at_the_predicting_positions(layers: int, remove_padding: bool) -> None:
+def test_fsdp_engine_gathers_the_support_at_the_predicting_positions(settings, layers: int,
+                                                                      remove_padding: bool) -> None:
     """With 0 layers logits depend on the token only, so verl's packed (remove-padding) forward is exact on CPU."""
     from verl.workers.config import FSDPActorConfig
     from verl.workers.utils.losses import ppo_loss
@@ -148,8 +160,9 @@ def test_fsdp_engine_gathers_the_support_at_the_predicting_positions(layers: int
     plens, rlens = [3, 5, 2], [6, 4, 1]
     td, logits, records, responses, mask, width_p = verl_micro_batch(
         model, plens, rlens, k=k, temperature=temperature, remove_padding=remove_padding)
-    config = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.05,
-                             clip_ratio_c=10.0, policy_loss={"loss_mode": "predmask_kl_exact"})
+    settings(delta=0.05, ratio_cap=10.0)
+    config = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                             policy_loss={"loss_mode": "predmask_kl_exact"})
     loss_fn = TopKPolicyLoss(partial(ppo_loss, config=config))
     model_output, (loss, metrics) = run_fsdp_engine(model, td, loss_fn)
 
@@ -185,6 +198,122 @@ def test_fsdp_engine_gathers_the_support_at_the_predicting_positions(layers: int
         assert math.isclose(float(values[key]), ref_metrics[key], rel_tol=1e-4, abs_tol=1e-6), key
     assert float(values["actor/mask/pi_sampled_gap"]) < 1e-4
     assert 0 < ref_metrics["actor/mask/outside_frac"] < 1  # the check is not vacuous
+
+
+def _run_layout(model, pieces, loss_fn, directory, session: str = "1") -> tuple[dict[str, float], list]:
+    """One mini-batch split into ``pieces`` (micro-batches on ranks: piece i on rank i % 2), through verl's FSDP
+    engine path and loss; returns (merged statistics of step 1, verl's per-piece metrics)."""
+    from analysis.store.exact_metrics import exact_step_metrics
+
+    writers = [LossStatsWriter(directory / "loss_stats", session, rank) for rank in (0, 1)]
+    for w in writers:
+        w.begin_step(1)
+        w.begin_mini_batch()
+    verl_metrics = []
+    for i, piece in enumerate(pieces):
+        loss_fn.stats_writer = writers[i % 2]
+        _, (_, metrics) = run_fsdp_engine(model, piece, loss_fn)
+        verl_metrics.append(metrics)
+    return exact_step_metrics(directory)[1], verl_metrics
+
+
+def test_exact_metrics_do_not_depend_on_how_the_batch_is_split(settings, tmp_path) -> None:
+    """The same mini-batch as one micro-batch, as 2 + 4 sequences on one rank, and as 1 + 2 + 3 sequences over two
+    ranks: the merged loss statistics agree (counts and maxima exactly, means to float rounding) and equal
+    predmask.policy_loss on the whole batch, while verl's mean-reduced numbers differ with the split."""
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.metric.utils import Metric
+    from verl.workers.config import FSDPActorConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    settings(delta=0.05)
+    model = tiny_causal_lm(layers=0)  # logits depend on the token only: packing cannot change them
+    plens, rlens = [3, 5, 2, 4, 2, 3], [6, 4, 1, 5, 3, 2]
+    td, *_ = verl_micro_batch(model, plens, rlens, k=4, temperature=0.9, remove_padding=True, seed=3)
+    config = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                             policy_loss={"loss_mode": "predmask_kl_agg"})
+    loss_fn = TopKPolicyLoss(partial(ppo_loss, config=config))
+    pick = [tu.index_select_tensor_dict(td, torch.tensor(ix)) for ix in ([0, 1], [2, 3, 4, 5], [5], [0, 3], [1, 2, 4])]
+    whole, verl_whole = _run_layout(model, [td], loss_fn, tmp_path / "one")
+    two, verl_two = _run_layout(model, pick[:2], loss_fn, tmp_path / "two")
+    three, _ = _run_layout(model, pick[2:], loss_fn, tmp_path / "three")
+
+    assert set(whole) == set(two) == set(three) and "actor/mask/direction_disagree" in whole
+    for name, value in whole.items():
+        if predmask.metrics.metric(name).reduce == "mean":
+            for other in (two, three):
+                assert math.isclose(other[name], value, rel_tol=1e-6, abs_tol=1e-9), name
+        else:
+            assert two[name] == value == three[name], name
+    assert whole["actor/mask/tokens"] == sum(rlens) and whole["actor/mask/outside_frac"] > 0
+    # the merged values are those of the whole batch (its own micro-batch, the CPU engine's reduction)
+    (verl_one,) = verl_whole
+    for name in ("actor/mask/tokens", "actor/mask/divergence_max", "actor/pg_clipfrac", "actor/ppo_kl"):
+        assert math.isclose(whole[name], float(verl_one[name].aggregate()), rel_tol=1e-6), name
+
+    def verl_reduced(per_piece, name):  # verl's reduction of a policy-loss metric: a mean over micro-batches
+        gathered = Metric(per_piece[0][name].aggregation)
+        for m in per_piece:
+            gathered.extend(m[name])
+        return float(Metric.aggregate_dp([gathered]))
+
+    assert verl_reduced(verl_two, "actor/mask/tokens") != verl_reduced(verl_whole, "actor/mask/tokens")
+    assert verl_reduced(verl_two, "actor/mask/divergence_max") != whole["actor/mask/divergence_max"]
+
+
+def test_training_worker_counts_steps_from_the_checkpoint_and_writes_one_line_per_loss_call(settings,
+                                                                                           tmp_path) -> None:
+    """The stand-in base replaces verl's TrainingWorker and its engine (no GPU here): its train_mini_batch runs two
+    mini-batches (train_batch), each calling the loss once; verl's real worker is run in test_verl_worker_cpu.py."""
+    from verl.workers.config import FSDPActorConfig
+
+    from analysis.store.exact_metrics import read_records
+
+    class Engine:
+        def __init__(self, src: bool):
+            self.src = src
+
+        def is_mp_src_rank_with_outputs(self):
+            return self.src
+
+        def get_data_parallel_rank(self):
+            return 3
+
+    class Base:
+        def __init__(self, src: bool):
+            self.loss_fn, self.engine = None, Engine(src)
+
+        def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+            return None
+
+        def train_mini_batch(self, data):
+            return [self.train_batch(data) for _ in range(2)]
+
+        def train_batch(self, data):
+            if self.loss_fn.stats_writer is not None:
+                self.loss_fn.stats_writer.write({"actor/mask/tokens": 4.0})
+            return "trained"
+
+    settings(stats_dir=str(tmp_path / "stats"), session="00007")
+    config = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1,
+                             policy_loss={"loss_mode": "grpo_clip_higher"})
+    cls = worker.make_training_worker_cls(Base)
+    trainer = cls(True)
+    trainer.set_loss_fn(partial(lambda **kw: None, config=config))
+    trainer.load_checkpoint("/ckpt/global_step_40/actor")
+    from tensordict import TensorDict
+
+    trainer.train_mini_batch(TensorDict({}, batch_size=1))
+    trainer.train_mini_batch(TensorDict({}, batch_size=1))
+    records = read_records(tmp_path / "stats" / "00007.rank3.jsonl")
+    assert [(r["step"], r["mini_batch"], r["micro_batch"], r["rank"]) for r in records] == [
+        (41, 0, 0, 3), (41, 1, 0, 3), (42, 0, 0, 3), (42, 1, 0, 3)]
+    other = cls(False)  # not the first rank of its model-parallel group: writes nothing
+    other.set_loss_fn(partial(lambda **kw: None, config=config))
+    other.train_mini_batch(TensorDict({}, batch_size=1))
+    assert sorted(p.name for p in (tmp_path / "stats").iterdir()) == ["00007.rank3.jsonl"]
+    with pytest.raises(ValueError, match="global_step"):
+        trainer.load_checkpoint("/ckpt/latest/actor")
 
 
 def test_loss_wrapper_passes_verl_losses_through() -> None:
@@ -280,7 +409,7 @@ def fake_vllm_server_module(vocab: int = 20, k_dist_seed: int = 0) -> ModuleType
                 yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens[:n], logprobs=lps and lps[:n])])
 
     class vLLMHttpServer:
-        def __init__(self, calculate_log_probs):
+        def __init__(self, calculate_log_probs=True):
             self.config = SimpleNamespace(calculate_log_probs=calculate_log_probs)
             self.engine = Engine()
 
@@ -302,12 +431,14 @@ def fake_vllm_server_module(vocab: int = 20, k_dist_seed: int = 0) -> ModuleType
     return module
 
 
-def test_rollout_hook_returns_the_topk_record_in_extra_fields() -> None:
+def test_rollout_hook_returns_the_topk_record_in_extra_fields(settings) -> None:
+    """K comes from predmask.top_k; verl's calculate_log_probs keeps its bool meaning (the request asks for log-probs)."""
+    settings(top_k=6)
     module = fake_vllm_server_module()
     rollout.install_rollout(module)
     rollout.install_rollout(module)  # idempotent
-    server = module.vLLMHttpServer(calculate_log_probs=6)
-    out = asyncio.run(server.generate([1, 2], {"logprobs": 6, "temperature": 1.0}, "req-1"))
+    server = module.vLLMHttpServer(calculate_log_probs=True)
+    out = asyncio.run(server.generate([1, 2], {"logprobs": True, "temperature": 1.0}, "req-1"))
     rec = out.extra_fields[TOPK_KEY]
     assert server.engine.requested == [6] and out.extra_fields["global_steps"] == 1
     assert rec.length == 5 and rec.k == 6 and list(rec.token_ids) == out.token_ids
@@ -317,10 +448,11 @@ def test_rollout_hook_returns_the_topk_record_in_extra_fields() -> None:
     assert server._predmask_pending == {}
 
 
-@pytest.mark.parametrize(("setting", "requested"), [(True, 0), (False, None)])
-def test_rollout_hook_leaves_plain_verl_requests_alone(setting, requested) -> None:
+@pytest.mark.parametrize(("top_k", "logprobs", "requested"), [(0, True, 0), (6, False, None), (0, False, None)])
+def test_rollout_hook_leaves_plain_verl_requests_alone(settings, top_k, logprobs, requested) -> None:
+    settings(top_k=top_k)
     module = fake_vllm_server_module()
     rollout.install_rollout(module)
-    server = module.vLLMHttpServer(calculate_log_probs=setting)
-    out = asyncio.run(server.generate([1], {"logprobs": setting}, "req-2"))
+    server = module.vLLMHttpServer(calculate_log_probs=logprobs)
+    out = asyncio.run(server.generate([1], {"logprobs": logprobs}, "req-2"))
     assert TOPK_KEY not in out.extra_fields and server.engine.requested == [requested]

@@ -25,7 +25,7 @@ from predmask.verl.packing import (
     sequence_lengths,
     support_from_records,
 )
-from predmask.verl.records import TopKRecord, parse_vllm_logprobs, topk_setting
+from predmask.verl.records import TopKRecord, parse_vllm_logprobs
 
 pytestmark = pytest.mark.verl
 
@@ -89,14 +89,6 @@ def test_parse_orders_by_logprob_when_ranks_are_missing() -> None:
 def test_parse_rejects_bad_vllm_output(positions, tokens, match) -> None:
     with pytest.raises(ValueError, match=match):
         parse_vllm_logprobs(positions, tokens, 2)
-
-
-def test_topk_setting() -> None:
-    assert topk_setting(True) == 0 and topk_setting(False) == 0 and topk_setting(None) == 0
-    assert topk_setting(20) == 20 and topk_setting(np.int64(5)) == 5
-    for bad in (-1, "20", 2.5):
-        with pytest.raises(ValueError, match="calculate_log_probs"):
-            topk_setting(bad)
 
 
 # --------------------------------------------------------------------------------------------------------------
