@@ -59,7 +59,7 @@ def _ingest_parser() -> argparse.ArgumentParser:
             "Load run directories (runs/<sweep>/<run_id>/ with config.yaml, status.json, metrics*.jsonl) or "
             "standalone verl file-logger .jsonl files into the results database. Idempotent: ingesting the "
             "same files again changes nothing. Earlier attempts (metrics.attempt-<n>.jsonl) are merged with "
-            "metrics.jsonl by step, the latest attempt winning. Corrupt lines are reported and skipped."
+            "metrics.jsonl by step, the latest attempt winning. Corrupt lines, non-finite values and steps going backwards are reported and not stored; a run directory without config.yaml is refused."
         ),
     )
     p.add_argument(
@@ -85,6 +85,9 @@ def print_summary(summary: IngestSummary, db: Path, console: Console, quiet: boo
             "changed",
             "bad lines",
             "non-numeric",
+            "non-finite",
+            "backwards",
+            "status",
             "runs row",
         ):
             table.add_column(col, justify="left" if col == "run" else "right")
@@ -98,13 +101,13 @@ def print_summary(summary: IngestSummary, db: Path, console: Console, quiet: boo
                 str(r.rows_changed),
                 str(r.skipped_lines),
                 str(r.skipped_values),
+                str(r.nonfinite_values),
+                str(r.backward_lines),
+                r.status or "—",
                 r.run_registered,
             )
         console.print(table)
-    console.print(
-        f"{len(summary.runs)} run(s); {summary.rows_added} metric rows added, {summary.rows_changed} changed; "
-        f"{summary.skipped_lines} line(s) skipped, {summary.skipped_values} non-numeric value(s) skipped"
-    )
+    console.print(summary.totals_line())
 
 
 def cmd_ingest(argv: Sequence[str]) -> int:
@@ -128,6 +131,9 @@ def cmd_ingest(argv: Sequence[str]) -> int:
         _err.print(
             f"error: {len(summary.unmatched)} input(s) matched nothing: {', '.join(summary.unmatched)}"
         )
+        return 1
+    if summary.refused:
+        _err.print(f"error: {len(summary.refused)} run director(ies) refused: {'; '.join(summary.refused)}")
         return 1
     return 0
 

@@ -1,12 +1,16 @@
 """The results store: DuckDB schema, connections, idempotent ingest of run directories and token-level rows.
 
 One process writes the database (ingest, sweeps through this package, the token-level study's final write);
-every reader opens it read-only. Every write here is idempotent: ingesting the same files again, or
+every reader opens it read-only. Opening waits a bounded time while another process holds the file (a writer for
+readers and another writer, a reader for a writer; ``connect``'s ``wait_s``, $PREDMASK_DB_WAIT), then raises
+StoreError naming the holder's pid: a caller that must not fail (a sweep) catches it and ingests later. Every write here is idempotent: ingesting the same files again, or
 upserting the same rows again, leaves the database unchanged.
 
 Run directory contract (runs/<sweep>/<run_id>/): config.yaml (resolved run config), status.json, and the
 verl file-logger lines ``{"step": N, "data": {name: value}}``, earlier attempts kept as
-``metrics.attempt-<n>.jsonl`` and merged by step, the latest attempt winning.
+``metrics.attempt-<n>.jsonl`` and merged by step, the latest attempt winning. Ingest stores nothing invalid
+silently (``ingest``): bad lines and values are skipped, a run without config.yaml is refused, each with one
+warning line and a count; killed and empty runs get the statuses ``dead`` and ``empty``.
 
 Parts: ``schema`` (tables), ``connection`` (open, default path), ``runs`` (the `runs` rows), ``metrics_files``
 (parsing file-logger lines), ``attempts`` (a run's attempt files and their merge), ``ingest`` (run directories into
@@ -16,6 +20,7 @@ Parts: ``schema`` (tables), ``connection`` (open, default path), ``runs`` (the `
 from analysis.store.attempts import attempt_files
 from analysis.store.connection import (
     DB_ENV,
+    DB_WAIT_ENV,
     DEFAULT_DB_RELPATH,
     StoreError,
     connect,
@@ -32,7 +37,7 @@ from analysis.store.ingest import (
     ingest_run_dir,
 )
 from analysis.store.metrics_files import parse_metrics_file
-from analysis.store.runs import UpsertCounts, run_row_from_dir, upsert_runs
+from analysis.store.runs import EMPTY, RunRefusedError, UpsertCounts, run_row_from_dir, upsert_runs
 from analysis.store.schema import GRID_COLUMNS, RUN_COLUMNS, SEED_COLUMNS, TOKEN_COLUMNS
 from analysis.store.token_level import (
     TokenLevelWrite,
@@ -44,13 +49,16 @@ from analysis.store.token_level import (
 
 __all__ = [
     "DB_ENV",
+    "DB_WAIT_ENV",
     "DEFAULT_DB_RELPATH",
+    "EMPTY",
     "GRID_COLUMNS",
     "RUN_COLUMNS",
     "SEED_COLUMNS",
     "TOKEN_COLUMNS",
     "IngestSummary",
     "RunIngest",
+    "RunRefusedError",
     "StoreError",
     "TokenLevelWrite",
     "UpsertCounts",

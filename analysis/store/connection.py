@@ -1,8 +1,12 @@
-"""Opening the results database (one writer, any number of readers), its default path, and small query helpers."""
+"""Opening the results database (one writer, any number of readers; waiting a bounded time for the file's lock),
+its default path, and small query helpers."""
 
 from __future__ import annotations
 
 import os
+import random
+import re
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,7 +18,10 @@ from analysis.store.schema import SCHEMA_DDL
 
 __all__ = [
     "DB_ENV",
+    "DB_WAIT_ENV",
     "DEFAULT_DB_RELPATH",
+    "READ_WAIT_S",
+    "WRITE_WAIT_S",
     "StoreError",
     "connect",
     "default_db_path",
@@ -27,6 +34,13 @@ __all__ = [
 
 DB_ENV = "PREDMASK_DB"
 DEFAULT_DB_RELPATH = Path("results") / "predmask.duckdb"
+#: seconds to wait for the database's lock (a writer waits for readers and for another writer, a reader for a
+#: writer); $PREDMASK_DB_WAIT replaces both defaults, the ``wait_s`` argument of ``connect`` replaces that
+DB_WAIT_ENV = "PREDMASK_DB_WAIT"
+WRITE_WAIT_S = 30.0
+READ_WAIT_S = 10.0
+_FIRST_SLEEP_S, _MAX_SLEEP_S = 0.05, 1.0
+_HOLDER_RE = re.compile(r"Conflicting lock is held in (.+?) \(PID (\d+)\)")
 
 
 class StoreError(RuntimeError):
@@ -45,12 +59,56 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         con.execute(ddl)
 
 
-def connect(path: str | os.PathLike[str] | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def _wait_bound(read_only: bool, wait_s: float | None) -> float:
+    if wait_s is None:
+        env = os.environ.get(DB_WAIT_ENV)
+        if env is None:
+            return READ_WAIT_S if read_only else WRITE_WAIT_S
+        try:
+            wait_s = float(env)
+        except ValueError:
+            raise StoreError(f"${DB_WAIT_ENV}={env!r} is not a number of seconds (>= 0)") from None
+    if not wait_s >= 0:  # also NaN
+        raise StoreError(f"the database wait must be a number of seconds >= 0, got {wait_s!r}")
+    return wait_s
+
+
+def _is_lock_error(exc: duckdb.Error) -> bool:
+    return isinstance(exc, duckdb.IOException) and "could not set lock" in str(exc).lower()
+
+
+def _holder(exc: duckdb.Error) -> str:
+    m = _HOLDER_RE.search(str(exc))
+    return f"pid {m.group(2)} ({m.group(1)})" if m else "another process"
+
+
+def _open(db: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect, retried with jittered exponential backoff for up to wait_s seconds while the lock is held."""
+    deadline = time.monotonic() + wait_s
+    sleep = _FIRST_SLEEP_S
+    while True:
+        try:
+            return duckdb.connect(str(db), read_only=read_only)
+        except duckdb.Error as exc:
+            left = deadline - time.monotonic()
+            if not _is_lock_error(exc) or left <= 0:
+                raise
+            time.sleep(min(left, random.uniform(sleep / 2, sleep)))
+            sleep = min(2 * sleep, _MAX_SLEEP_S)
+
+
+def connect(
+    path: str | os.PathLike[str] | None = None, read_only: bool = False, wait_s: float | None = None
+) -> duckdb.DuckDBPyConnection:
     """Open the results database; a writer creates the parent folder and the schema, a reader needs the file.
 
-    Raises StoreError (one line) when a read-only database is missing or another process holds the lock.
+    While another process holds the file (a reader blocks writers, a writer blocks everyone) it retries with a
+    jittered backoff for up to ``wait_s`` seconds (default: $PREDMASK_DB_WAIT, else WRITE_WAIT_S for a writer and
+    READ_WAIT_S for a reader). Raises StoreError (one line) when a read-only database is missing, or when the lock
+    is still held after the wait (naming the holder's pid when DuckDB says it).
     """
     db = Path(path) if path is not None else default_db_path()
+    bound = _wait_bound(read_only, wait_s)
     if read_only:
         if not db.is_file():
             raise StoreError(
@@ -59,16 +117,15 @@ def connect(path: str | os.PathLike[str] | None = None, read_only: bool = False)
     else:
         db.parent.mkdir(parents=True, exist_ok=True)
     try:
-        con = duckdb.connect(str(db), read_only=read_only)
-    except duckdb.IOException as exc:
+        con = _open(db, read_only, bound)
+    except duckdb.Error as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "lock" in first.lower():
+        if _is_lock_error(exc):
             raise StoreError(
-                f"results database {db} is in use by another process (only one writer at a time): {first}"
+                f"results database {db} is in use by {_holder(exc)} (only one writer at a time, no reader "
+                f"beside a writer); gave up after {bound:g} s (${DB_WAIT_ENV} sets the wait)"
             ) from exc
         raise StoreError(f"cannot open results database {db}: {first}") from exc
-    except duckdb.Error as exc:
-        raise StoreError(f"cannot open results database {db}: {str(exc).splitlines()[0]}") from exc
     if not read_only:
         ensure_schema(con)
     return con

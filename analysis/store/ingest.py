@@ -1,8 +1,17 @@
-"""Ingest of run directories and standalone metrics files into `runs` and `metrics` (idempotent, one run per transaction)."""
+"""Ingest of run directories and standalone metrics files into `runs` and `metrics` (idempotent, one run per transaction).
+
+Nothing invalid is stored silently: each problem is one warning line naming the run (and the file and line), and a
+count in the run's RunIngest and the IngestSummary. Corrupt lines, non-numeric and non-finite values and lines whose
+step goes backwards are not stored (``metrics_files``); a run directory without a readable config.yaml is refused
+(not registered); a "completed" run without any stored metric gets status ``empty``, a killed one ``dead``
+(``runs``); a non-finite value stored by an older ingest is deleted when its run is ingested again. A verl run's
+policy-loss metrics are replaced, step by step, by the exact values of its loss statistics (``exact_metrics``).
+"""
 
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -15,8 +24,10 @@ import pyarrow as pa
 
 from analysis.store.attempts import attempt_files, is_attempt_file, is_run_dir, merge_attempts
 from analysis.store.connection import StoreError, fetch_one
+from analysis.store.exact_metrics import exact_step_metrics
 from analysis.store.metrics_files import parse_metrics_file
-from analysis.store.runs import run_row_from_dir, upsert_runs
+from analysis.store.runs import EMPTY, RunRefusedError, run_row_from_dir, upsert_runs
+from predmask.io import DEAD
 
 __all__ = [
     "IngestSummary",
@@ -39,10 +50,20 @@ class RunIngest:
     metric_rows: int = 0  # distinct (step, name) after merging attempts
     rows_added: int = 0
     rows_changed: int = 0
-    skipped_lines: int = 0
-    skipped_values: int = 0
-    run_registered: str = "unchanged"  # inserted | updated | unchanged
+    rows_removed: int = 0  # non-finite values an older ingest stored
+    skipped_lines: int = 0  # corrupt lines
+    skipped_values: int = 0  # non-numeric values (null, text, ...)
+    nonfinite_values: int = 0  # NaN, Infinity, -Infinity: not stored
+    backward_lines: int = 0  # lines whose step goes backwards: refused
+    status: str | None = None  # the status stored (dead / empty when corrected)
+    run_registered: str = "unchanged"  # inserted | updated | unchanged | refused
+    refused: str | None = None  # why the run was refused (not registered, nothing stored)
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def flagged_status(self) -> bool:
+        """Whether the stored status corrects the run's status.json (dead or empty)."""
+        return self.status in (DEAD, EMPTY)
 
 
 @dataclass
@@ -69,8 +90,47 @@ class IngestSummary:
         return sum(r.skipped_values for r in self.runs)
 
     @property
+    def rows_removed(self) -> int:
+        return sum(r.rows_removed for r in self.runs)
+
+    @property
+    def nonfinite_values(self) -> int:
+        return sum(r.nonfinite_values for r in self.runs)
+
+    @property
+    def backward_lines(self) -> int:
+        return sum(r.backward_lines for r in self.runs)
+
+    @property
+    def refused(self) -> list[RunIngest]:
+        return [r for r in self.runs if r.refused is not None]
+
+    @property
+    def flagged_runs(self) -> list[RunIngest]:
+        """Runs stored with a corrected status (dead, empty)."""
+        return [r for r in self.runs if r.flagged_status]
+
+    @property
+    def problems(self) -> int:
+        """Everything not stored as written: corrupt lines, non-finite values, backward lines, refused runs and
+        corrected statuses (non-numeric values such as null are the file-logger's own way to say "no value")."""
+        return (self.skipped_lines + self.nonfinite_values + self.backward_lines + len(self.refused)
+                + len(self.flagged_runs))
+
+    @property
     def warnings(self) -> list[str]:
         return [w for r in self.runs for w in r.warnings]
+
+    def totals_line(self) -> str:
+        """The one-line summary of an ingest: runs, rows, and a count of each kind of problem."""
+        return (
+            f"{len(self.runs) - len(self.refused)} run(s) ingested, {len(self.refused)} refused; "
+            f"{self.rows_added} metric rows added, {self.rows_changed} changed; {self.skipped_lines} corrupt "
+            f"line(s) and {self.backward_lines} line(s) with a step going backwards skipped; "
+            f"{self.nonfinite_values} non-finite and {self.skipped_values} non-numeric value(s) not stored; "
+            f"{len(self.flagged_runs)} run(s) stored as dead or empty"
+            + (f"; {self.rows_removed} non-finite value(s) of an earlier ingest removed" if self.rows_removed else "")
+        )
 
 
 def _write_metrics(
@@ -108,22 +168,61 @@ def _write_metrics(
     return int(added), int(changed)
 
 
+def _remove_nonfinite(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
+    row = fetch_one(con, "SELECT count(*) FROM metrics WHERE run_id = ? AND NOT isfinite(value)", [run_id])
+    if row and row[0]:
+        con.execute("DELETE FROM metrics WHERE run_id = ? AND NOT isfinite(value)", [run_id])
+    return int(row[0]) if row else 0
+
+
+def _overlay_exact(result: RunIngest, merged: dict[tuple[int, str], float]) -> None:
+    """Replace verl's policy-loss values by the exact ones of the run's loss statistics, for the steps verl logged."""
+    try:
+        exact = exact_step_metrics(result.run_dir)
+    except ValueError as exc:  # a corrupt statistics line: verl's values stay, the run is warned about
+        result.skipped_lines += 1
+        result.warnings.append(f"run {result.run_id}: {exc}; the exact loss statistics are not used")
+        return
+    logged = {step for step, _ in merged}
+    for step, values in exact.items():
+        if step not in logged:  # verl never logged the step (a crash mid-step): not added
+            continue
+        bad = [f"{name}={value}" for name, value in values.items() if not math.isfinite(value)]
+        if bad:
+            result.nonfinite_values += len(bad)
+            result.warnings.append(f"run {result.run_id}: loss statistics of step {step}: non-finite value(s) "
+                                   f"{', '.join(bad)} not stored")
+        merged.update({(step, name): value for name, value in values.items() if math.isfinite(value)})
+
+
 def _ingest(
-    con: duckdb.DuckDBPyConnection, run_row: dict[str, Any], run_dir: Path, files: list[Path]
+    con: duckdb.DuckDBPyConnection, run_row: dict[str, Any], run_dir: Path, files: list[Path], exact: bool = False
 ) -> RunIngest:
-    result = RunIngest(run_id=run_row["run_id"], run_dir=run_dir, files=files)
+    """Store one run's row and metrics in one transaction; ``exact``: overlay its loss statistics (run dirs)."""
+    run_id = run_row["run_id"]
+    result = RunIngest(run_id=run_id, run_dir=run_dir, files=files)
     parsed = [parse_metrics_file(p) for p in files]
     for pf in parsed:
         result.lines += pf.lines
         result.skipped_lines += pf.skipped_lines
         result.skipped_values += pf.skipped_values
-        result.warnings.extend(pf.warnings)
+        result.nonfinite_values += pf.nonfinite_values
+        result.backward_lines += pf.backward_lines
+        result.warnings.extend(f"run {run_id}: {w}" for w in pf.warnings)
     merged = merge_attempts(parsed)
+    if exact:
+        _overlay_exact(result, merged)
     result.metric_rows = len(merged)
+    if run_row.get("status") == "completed" and not merged:
+        run_row = {**run_row, "status": EMPTY}
+        result.warnings.append(f"run {run_id}: status.json says completed but no metrics file holds a valid line: "
+                               f"stored as status '{EMPTY}'")
+    result.status = run_row.get("status")
     con.execute("BEGIN TRANSACTION")
     try:
         counts = upsert_runs(con, [run_row])
-        result.rows_added, result.rows_changed = _write_metrics(con, result.run_id, merged)
+        result.rows_added, result.rows_changed = _write_metrics(con, run_id, merged)
+        result.rows_removed = _remove_nonfinite(con, run_id)
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -133,16 +232,25 @@ def _ingest(
 
 
 def ingest_run_dir(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[str]) -> RunIngest:
-    """Register one run directory in `runs` and merge all its metrics attempts into `metrics` (idempotent)."""
+    """Register one run directory in `runs` and merge all its metrics attempts into `metrics` (idempotent).
+
+    A run directory without a readable config.yaml is refused: the result has ``run_registered == "refused"`` and
+    ``refused`` (one line, also the only warning), and nothing is stored.
+    """
     path = Path(run_dir)
     if not path.is_dir():
         raise StoreError(f"run directory {path} does not exist")
     notes: list[str] = []
-    row = run_row_from_dir(path, notes)
-    result = _ingest(con, row, path, attempt_files(path))
+    try:
+        row = run_row_from_dir(path, notes)
+    except RunRefusedError as exc:
+        why = str(exc)
+        return RunIngest(run_id=path.name, run_dir=path, files=attempt_files(path), run_registered="refused",
+                         refused=why, warnings=[why])
+    result = _ingest(con, row, path, attempt_files(path), exact=True)
     result.warnings[:0] = notes
     if not result.files:
-        result.warnings.append(f"{path}: no metrics.jsonl yet (run registered, no metrics)")
+        result.warnings.append(f"run {path.name}: {path} has no metrics.jsonl yet (run registered, no metrics)")
     return result
 
 

@@ -1,4 +1,9 @@
-"""The `runs` table: idempotent upserts of run rows, and the row a run directory describes (config.yaml, status.json)."""
+"""The `runs` table: idempotent upserts of run rows, and the row a run directory describes (config.yaml, status.json).
+
+A run directory's status is the one its status.json gives, with two corrections, each reported: "running" while no
+process holds the run's writer lock is ``dead`` (the trainer was killed, ``predmask.io.run_status``), and
+"completed" with no stored metric is ``empty`` (``EMPTY``, set by ingest).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,18 @@ from typing import Any
 
 import duckdb
 
-from analysis.store.connection import fetch_one, utcnow
+from analysis.store.connection import StoreError, fetch_one, utcnow
 from analysis.store.schema import RUN_COLUMNS
+from predmask.io import DEAD, run_status
 
-__all__ = ["UpsertCounts", "canonical_config", "run_row_from_dir", "upsert_runs"]
+__all__ = ["EMPTY", "RunRefusedError", "UpsertCounts", "canonical_config", "run_row_from_dir", "upsert_runs"]
+
+#: the stored status of a run whose status.json says "completed" but whose metrics files hold no valid line
+EMPTY = "empty"
+
+
+class RunRefusedError(StoreError):
+    """A run directory that ingest does not register (no readable config.yaml): one line, naming the run."""
 
 
 @dataclass(frozen=True)
@@ -142,34 +155,35 @@ def _backend_of(cfg: Mapping[str, Any]) -> str | None:
 
 
 def run_row_from_dir(run_dir: Path, notes: list[str] | None = None) -> dict[str, Any]:
-    """The `runs` row that a run directory describes (config.yaml, status.json), as far as they exist."""
+    """The `runs` row that a run directory describes (config.yaml, status.json).
+
+    Raises RunRefusedError when config.yaml is missing or unreadable (the run's method would be unknown); a broken
+    status.json is reported in ``notes`` and not used; a dead writer gives status ``dead`` (reported).
+    """
     notes = notes if notes is not None else []
     row: dict[str, Any] = {"run_id": run_dir.name, "run_dir": str(run_dir.resolve())}
     cfg_path, status_path = run_dir / "config.yaml", run_dir / "status.json"
-    cfg: dict[str, Any] = {}
-    if cfg_path.is_file():
-        try:
-            cfg = _load_config(cfg_path)
-        except Exception as exc:  # noqa: BLE001 - a broken config must not stop the metrics
-            notes.append(
-                f"{cfg_path}: unreadable config ({str(exc).splitlines()[0]}), run registered without it"
-            )
-    if cfg:
-        method = cfg.get("method")
-        delta = method.get("delta") if isinstance(method, Mapping) else None
-        delta = delta if isinstance(delta, (int, float)) and not isinstance(delta, bool) else cfg.get("delta")
-        row.update(
-            sweep=_name_of(cfg.get("sweep")) or run_dir.parent.name,
-            method=_name_of(method),
-            delta=delta if isinstance(delta, (int, float)) and not isinstance(delta, bool) else None,
-            model=_name_of(cfg.get("model")),
-            precision=_name_of(cfg.get("precision")),
-            seed=cfg.get("seed") if isinstance(cfg.get("seed"), int) else None,
-            backend=_backend_of(cfg),
-            config=cfg,
-        )
-    else:
-        row["sweep"] = run_dir.parent.name
+    if not cfg_path.is_file():
+        raise RunRefusedError(f"run {run_dir.name}: {run_dir} has no config.yaml, run refused (not registered)")
+    try:
+        cfg = _load_config(cfg_path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable config refuses the run, in one line
+        raise RunRefusedError(
+            f"run {run_dir.name}: {cfg_path} is unreadable ({str(exc).splitlines()[0]}), run refused (not registered)"
+        ) from None
+    method = cfg.get("method")
+    delta = method.get("delta") if isinstance(method, Mapping) else None
+    delta = delta if isinstance(delta, (int, float)) and not isinstance(delta, bool) else cfg.get("delta")
+    row.update(
+        sweep=_name_of(cfg.get("sweep")) or run_dir.parent.name,
+        method=_name_of(method),
+        delta=delta if isinstance(delta, (int, float)) and not isinstance(delta, bool) else None,
+        model=_name_of(cfg.get("model")),
+        precision=_name_of(cfg.get("precision")),
+        seed=cfg.get("seed") if isinstance(cfg.get("seed"), int) else None,
+        backend=_backend_of(cfg),
+        config=cfg,
+    )
     if status_path.is_file():
         try:
             status = json.loads(status_path.read_text())
@@ -181,7 +195,10 @@ def run_row_from_dir(run_dir: Path, notes: list[str] | None = None) -> dict[str,
             )
         else:
             if isinstance(status.get("status"), str):
-                row["status"] = status["status"]
+                row["status"] = run_status(run_dir, status["status"])
+                if row["status"] == DEAD:
+                    notes.append(f"run {run_dir.name}: status.json says running but no process holds its lock "
+                                 f"(the trainer was killed): stored as status '{DEAD}'")
             if status.get("job_id") is not None:
                 row["job_id"] = str(status["job_id"])
             if isinstance(status.get("updated"), (int, float)):

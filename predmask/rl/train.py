@@ -16,6 +16,9 @@ and writes the run directory (the contract of every CPU or VeRL run):
                    steps and at the end (the last ``trainer.keep_checkpoints`` are kept);
 - ``train.log``    the human log (appended across restarts).
 
+The trainer holds the run directory's writer lock (``.run.lock``, ``predmask.io.hold_run_lock``) for its whole
+life: a second trainer on the same ``run_dir`` exits with one line naming the first one's pid and writes nothing, and
+a ``status.json`` that says "running" while the lock is free belongs to a killed trainer (``predmask.io.run_status``).
 Started again with the same config after any kind of death (SIGKILL included), a run resumes from its last
 checkpoint and first truncates ``metrics.jsonl`` to the checkpoint's step, so the file ends with each step once;
 an unparseable line found then is moved to ``metrics.corrupt.jsonl`` (with a warning), never dropped, and the valid
@@ -44,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from predmask import metrics as M
 from predmask.config import store_schemas, to_container
-from predmask.io import atomic_write, atomic_write_text
+from predmask.io import RunDirBusyError, atomic_write, atomic_write_text, hold_run_lock
 from predmask.methods import method_config
 from predmask.progress import progress as show_progress
 from predmask.rl.engine import Engine, resolve_cpu_model, validate_config
@@ -298,7 +301,11 @@ def run(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """Train one run to ``trainer.steps`` (resuming if its run_dir has a checkpoint); returns a summary dict."""
     c = _prepare_config(cfg)
     run_dir = Path(c["run_dir"])
-    run_dir.mkdir(parents=True, exist_ok=True)
+    with hold_run_lock(run_dir):  # before anything is written: a second trainer on run_dir refuses, touching nothing
+        return _run_locked(c, run_dir)
+
+
+def _run_locked(c: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     _check_or_write_config(run_dir, c)
     handlers = _setup_logging(run_dir)
     total = int(c["trainer"]["steps"])
@@ -407,7 +414,7 @@ def main() -> None:
     def _app(cfg: DictConfig) -> None:
         try:
             run(cfg)
-        except ValueError as exc:  # bad input: one clear line, non-zero exit
+        except (ValueError, RunDirBusyError) as exc:  # bad input, or a live trainer on run_dir: one line, exit 2
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
 

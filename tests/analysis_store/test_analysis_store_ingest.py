@@ -11,6 +11,7 @@ import pytest
 
 from analysis import store
 from analysis.store import StoreError, connect, ingest_paths, ingest_run_dir
+from predmask.io import hold_run_lock
 
 
 def _metrics(con) -> dict[tuple[str, int, str], float]:
@@ -87,7 +88,7 @@ def test_reingest_changes_nothing(tmp_path, db_path, helpers):
 
 def test_changed_value_is_updated_not_duplicated(tmp_path, db_path, helpers):
     d = helpers.make_run(
-        tmp_path, "s", "r1", None, {"metrics.jsonl": helpers.jsonl([(1, {"a": 1.0}), (2, {"a": 2.0})])}
+        tmp_path, "s", "r1", helpers.cpu_config(), {"metrics.jsonl": helpers.jsonl([(1, {"a": 1.0}), (2, {"a": 2.0})])}
     )
     con = connect(db_path)
     ingest_run_dir(con, d)
@@ -137,7 +138,7 @@ def test_attempts_merge_by_step_latest_attempt_wins(tmp_path, db_path, helpers):
 
 def test_truncated_last_line_is_reported_and_skipped(tmp_path, db_path, helpers):
     text = helpers.jsonl([(1, {"a": 1.0}), (2, {"a": 2.0})]) + '{"step": 3, "data": {"a": 3.'
-    d = helpers.make_run(tmp_path, "s", "cut", None, {"metrics.jsonl": text})
+    d = helpers.make_run(tmp_path, "s", "cut", helpers.cpu_config(), {"metrics.jsonl": text})
     con = connect(db_path)
     res = ingest_run_dir(con, d)
     assert res.skipped_lines == 1
@@ -157,7 +158,7 @@ def test_bad_lines_and_non_numeric_values_are_counted(tmp_path, db_path, helpers
         "",  # blank lines are not errors
         json.dumps({"step": 4.0, "data": {"a": 4.5}}),  # integral float step is fine
     ]
-    d = helpers.make_run(tmp_path, "s", "bad", None, {"metrics.jsonl": "\n".join(lines) + "\n"})
+    d = helpers.make_run(tmp_path, "s", "bad", helpers.cpu_config(), {"metrics.jsonl": "\n".join(lines) + "\n"})
     con = connect(db_path)
     res = ingest_run_dir(con, d)
     assert res.skipped_lines == 3 and res.skipped_values == 5
@@ -168,7 +169,7 @@ def test_bad_lines_and_non_numeric_values_are_counted(tmp_path, db_path, helpers
 def test_repeated_step_in_one_file_keeps_the_last_value(tmp_path, db_path, helpers):
     """verl may log the same step twice (validation then training): one statement, no duplicate-key error."""
     text = helpers.jsonl([(5, {"a": 1.0, "val": 0.1}), (5, {"a": 2.0}), (6, {"a": 3.0})])
-    d = helpers.make_run(tmp_path, "s", "dup", None, {"metrics.jsonl": text})
+    d = helpers.make_run(tmp_path, "s", "dup", helpers.cpu_config(), {"metrics.jsonl": text})
     con = connect(db_path)
     ingest_run_dir(con, d)
     assert _metrics(con) == {("dup", 5, "a"): 2.0, ("dup", 5, "val"): 0.1, ("dup", 6, "a"): 3.0}
@@ -197,24 +198,34 @@ def test_paths_globs_folders_and_unmatched(tmp_path, db_path, helpers):
     }
 
 
-def test_run_without_metrics_is_registered(tmp_path, db_path, helpers):
+def test_live_run_without_metrics_is_registered_as_running(tmp_path, db_path, helpers):
+    """A run whose writer holds the run lock (here this process) is live: its status.json "running" is stored."""
     d = helpers.make_run(
         tmp_path, "s", "queued", helpers.cpu_config(), None, {"status": "running", "step": 0}
     )
     con = connect(db_path)
-    res = ingest_run_dir(con, d)
+    with hold_run_lock(d):
+        res = ingest_run_dir(con, d)
     assert res.rows_added == 0 and any("no metrics.jsonl" in w for w in res.warnings)
+    assert res.status == "running" and not res.flagged_status
     assert con.execute("SELECT status FROM runs WHERE run_id = 'queued'").fetchall() == [("running",)]
 
 
-def test_broken_config_and_status_do_not_stop_metrics(tmp_path, db_path, helpers):
-    d = helpers.make_run(tmp_path, "s", "odd", None, {"metrics.jsonl": helpers.jsonl([(1, {"a": 1.0})])})
-    (d / "config.yaml").write_text("[unclosed")
+def test_broken_status_does_not_stop_metrics_and_a_broken_config_refuses_the_run(tmp_path, db_path, helpers):
+    d = helpers.make_run(
+        tmp_path, "s", "odd", helpers.cpu_config(), {"metrics.jsonl": helpers.jsonl([(1, {"a": 1.0})])}
+    )
     (d / "status.json").write_text("{not json")
     con = connect(db_path)
     res = ingest_run_dir(con, d)
-    assert res.rows_added == 1
-    assert any("config" in w for w in res.warnings) and any("status" in w for w in res.warnings)
+    assert res.rows_added == 1 and any("status" in w for w in res.warnings)
+    d2 = helpers.make_run(tmp_path, "s", "odd2", None, {"metrics.jsonl": helpers.jsonl([(1, {"a": 1.0})])})
+    (d2 / "config.yaml").write_text("[unclosed")
+    res = ingest_run_dir(con, d2)
+    assert res.run_registered == "refused" and res.warnings == [res.refused]
+    assert "odd2" in res.refused and "unreadable" in res.refused and "\n" not in res.refused
+    assert con.execute("SELECT run_id FROM runs").fetchall() == [("odd",)]
+    assert con.execute("SELECT count(*) FROM metrics WHERE run_id = 'odd2'").fetchall() == [(0,)]
 
 
 def test_upsert_runs_merges_and_keeps_created_at(db_path):
@@ -264,8 +275,9 @@ def test_second_writer_gets_a_clear_error(tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "ok"
-        with pytest.raises(StoreError, match="in use by another process"):
-            connect(db)
+        with pytest.raises(StoreError, match=f"in use by pid {holder.pid} ") as err:
+            connect(db, wait_s=0)
+        assert "\n" not in str(err.value)
     finally:
         holder.kill()
         holder.wait()

@@ -177,6 +177,44 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(cache_dir: Path, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "killed"]
 
 
+@pytest.mark.slow
+def test_one_trainer_per_run_dir_and_a_sigkilled_one_is_dead(cache_dir: Path, tmp_path: Path) -> None:
+    """Real trainers: a second one on a live run_dir exits 2 with one line naming the first one's pid and writes
+    nothing; the first one SIGKILLed leaves status.json at "running" with the lock free, which reads as dead in
+    predmask.io.run_status and is stored as dead by ingest (a real DuckDB file)."""
+    from analysis.store import connect, ingest_run_dir
+    from predmask.io import run_status, run_writer_alive
+
+    run_dir = tmp_path / "run"
+    args = _overrides(cache_dir, run_dir, "trainer.steps=500", "trainer.save_every=0", "trainer.val_every=0")
+    first = _cli(args, cwd=tmp_path)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (read_metrics(run_dir / "metrics.jsonl")[1:] or first.poll() is not None):
+            time.sleep(0.05)
+        assert first.poll() is None and run_writer_alive(run_dir), "the first trainer is not training"
+        written = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name in ("config.yaml", "train.log")}
+        second = _cli(args, cwd=tmp_path)
+        out, _ = second.communicate(timeout=120)
+        assert second.returncode == 2
+        assert out.strip().splitlines() == [
+            f"error: run_dir {run_dir} is being written by another trainer (pid {first.pid})"]
+        assert (run_dir / "config.yaml").read_bytes() == written["config.yaml"]
+        assert (run_dir / "train.log").read_bytes().count(b"start: run_dir") == 1
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate(timeout=60)
+    assert first.returncode == -signal.SIGKILL
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["status"] == "running" and not run_writer_alive(run_dir)
+    assert run_status(run_dir, status["status"]) == "dead"
+    con = connect(tmp_path / "db.duckdb")
+    res = ingest_run_dir(con, run_dir)
+    assert res.status == "dead" and res.rows_added > 0
+    assert con.execute("SELECT status FROM runs").fetchall() == [("dead",)]
+    con.close()
+
+
 def test_cli_bad_input_is_one_line(cache_dir: Path, tmp_path: Path) -> None:
     proc = _cli(_overrides(cache_dir, tmp_path / "r", "trainer.train_batch_size=3"), cwd=tmp_path)
     out, _ = proc.communicate(timeout=120)

@@ -1,0 +1,46 @@
+"""The run directory's writer lock with real processes and real kills: a second writer is refused with one line
+naming the first one's pid, and a SIGKILLed writer leaves the lock free, so its "running" status reads as dead."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from predmask.io import DEAD, RunDirBusyError, hold_run_lock, run_status, run_writer_alive
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _writer(run_dir: Path) -> subprocess.Popen[str]:
+    """A process holding run_dir's lock through hold_run_lock until it is killed; it says "ok" once it holds it."""
+    code = ("import sys, time; from pathlib import Path; from predmask.io import hold_run_lock\n"
+            f"with hold_run_lock(Path({str(run_dir)!r})):\n    print('ok', flush=True); time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ok"
+    return proc
+
+
+def test_a_second_writer_is_refused_and_a_killed_writer_is_dead(tmp_path: Path) -> None:
+    run_dir = tmp_path / "runs" / "s" / "r"
+    assert not run_writer_alive(run_dir) and run_status(run_dir, "running") == DEAD  # nothing ever held it
+    first = _writer(run_dir)
+    try:
+        assert run_writer_alive(run_dir)
+        assert run_status(run_dir, "running") == "running"
+        with pytest.raises(RunDirBusyError) as err, hold_run_lock(run_dir):
+            pytest.fail("the lock was taken twice")
+        assert str(err.value) == f"run_dir {run_dir} is being written by another trainer (pid {first.pid})"
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert first.returncode == -signal.SIGKILL
+    assert not run_writer_alive(run_dir)
+    assert run_status(run_dir, "running") == DEAD
+    assert run_status(run_dir, "completed") == "completed" and run_status(run_dir, "failed") == "failed"
+    with hold_run_lock(run_dir):  # free again: the next writer takes it (and reads as alive meanwhile)
+        assert run_writer_alive(run_dir)
+    assert not run_writer_alive(run_dir)
