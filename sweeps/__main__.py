@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,23 @@ seeds=, not both). Default: the sweep's own seed axis (smoke: seed 0), else the 
 engine (local, slurm_emulated), 1 on h20_4x8. The count is not part of any run: a cell's seed-0 run has the same
 id whatever S, so a rerun with more seeds runs only the new ones. Runs go seed by seed (every cell at seed 0 first).
 Resume: a rerun of the same command skips completed runs, joins live ones and resumes the others.
+Dry run: needs no Slurm (no srun/sbatch) and no GPU; nothing is submitted. It opens with the plan: jobs, nodes x
+GPUs (or CPU cores) per job, the most held at once, the wall-time limit, the worst-case GPU-hours, the partition,
+every data and model path the jobs read with whether it exists here, and the command that submits (the same
+without --dry-run). --format json prints {"summary": {...}, "runs": [...]}, also written to
+runs/<sweep>/dry-run/plan.json beside each run's .cmd and .sbatch:
+  summary: sweep, cluster, backend (local|slurm), trainer (cpu|verl), runs (e.g. "16 runs (16 cells x 1 seed)"),
+    jobs, nodes_per_job, resource ("GPU" or "CPU core"), per_node, per_job, max_parallel,
+    at_once (= min(max_parallel, jobs) x per_job), timeout_min, worst_case_hours (= jobs x per_job x
+    timeout_min / 60), max_num_timeout, worst_case_hours_with_requeues (x (1 + max_num_timeout)),
+    partition (null: the site default), check_paths, paths: [{kind (data|model), path, prepare, exists, runs}],
+    submit (the command line)
+  runs: [{run_id, method, delta, model, precision, seed, command (argv), sbatch (script text, null if local)}]
+Before submitting, every data and model path the jobs read must exist, else one error line names the first
+missing one and the command that prepares it (python -m sweeps.data prepare --out DIR for data; for a model,
+download it there or set model.path=DIR); cluster.check_paths=false skips the check. Slurm jobs are named
+predmask-<sweep>-<run_id> (squeue, sacct). A run whose ingest cannot reach the database (held by another process)
+is deferred, the sweep goes on, and its end tries it again (else: python -m analysis ingest runs/<sweep>).
 Outputs: run directories under runs/<sweep>/<run_id>/ ($PREDMASK_RUNS), the results database
 results/predmask.duckdb ($PREDMASK_DB or --db). On the local cluster every run is a CPU stand-in: small
 Qwen3-architecture models, a synthetic task, emulated bf16/FP8 precision.
@@ -46,26 +64,97 @@ def _db_path(arg: str | None) -> Path:
     return Path(arg) if arg else default_db_path()
 
 
-def _ingest(db: Path, spec: RunSpec, path: Path, backend: str) -> None:
-    """Register and ingest one finished run (the sweep process is the database's only writer)."""
+def _ingest(db: Path, spec: RunSpec, path: Path, backend: str) -> str | None:
+    """Register and ingest one finished run (the sweep process is the database's only writer); returns why the
+    store refused the run directory, else None. Raises StoreError when the database cannot be written now."""
     from analysis.store import connect, ingest_run_dir, upsert_runs
 
     con = connect(db)
     try:
-        ingest_run_dir(con, path)
+        result = ingest_run_dir(con, path)  # owns the run's status (dead, empty) from its directory
+        if result.run_registered == "refused":
+            return result.refused
         record = json.loads((path / "job.json").read_text()) if (path / "job.json").exists() else {}
         upsert_runs(con, [{
             "run_id": spec.run_id, "sweep": spec.sweep, "method": spec.method, "delta": spec.delta,
             "model": spec.model, "precision": spec.precision, "seed": spec.seed, "backend": backend,
-            "status": read_state(path).status, "config": spec.config, "job_id": record.get("job_id"),
+            "config": spec.config, "job_id": record.get("job_id"),
             "log_path": str((path / "job.log").resolve()), "run_dir": str(path.resolve()),
         }])
+        return None
     finally:
         con.close()
 
 
+class Ingester:
+    """Ingests each finished run as it ends; a run whose ingest fails (the database held by another process for
+    longer than the store waits) is deferred, not fatal: the sweep goes on and :meth:`catch_up` tries it again."""
+
+    def __init__(self, db: Path, backend: str, catch_up_hint: str) -> None:
+        self.db, self.backend, self.hint = db, backend, catch_up_hint
+        self.deferred: dict[str, tuple[RunSpec, Path, str]] = {}  # run_id -> (spec, run dir, cause)
+
+    def _try(self, spec: RunSpec, path: Path) -> bool:
+        from analysis.store import StoreError
+
+        try:
+            refused = _ingest(self.db, spec, path, self.backend)
+        except StoreError as err:
+            self.deferred[spec.run_id] = (spec, path, str(err))
+            return False
+        self.deferred.pop(spec.run_id, None)
+        if refused:
+            print(f"warning: run {spec.run_id} not registered in the database: {refused}", flush=True)
+        return True
+
+    def __call__(self, spec: RunSpec, path: Path) -> None:
+        if not self._try(spec, path):
+            print(f"ingest of {spec.run_id} deferred: {self.deferred[spec.run_id][2]}; the end of this sweep, "
+                  f"the next sweep or `{self.hint}` catches it up", flush=True)
+
+    def catch_up(self) -> dict[str, str]:
+        """Try every deferred run once more; returns the runs still deferred, with the cause."""
+        for spec, path, _ in list(self.deferred.values()):
+            if self._try(spec, path):
+                print(f"ingest of {spec.run_id} caught up", flush=True)
+        return {run_id: cause for run_id, (_, _, cause) in self.deferred.items()}
+
+
+def _submit_command(args: argparse.Namespace) -> str:
+    """The command that submits what a dry run shows: the same invocation without --dry-run and --format."""
+    argv = ["python", "-m", "sweeps", args.sweep, *args.overrides]
+    for flag, value in (("--db", args.db), ("--runs-root", args.runs_root), ("--max-parallel", args.max_parallel)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return shlex.join(argv)
+
+
+def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> int:
+    from sweeps.plan import max_parallel, plan_summary, summary_lines
+    from sweeps.submit import dry_run_records, write_dry_run
+
+    summary = plan_summary(specs, max_parallel(specs, args.max_parallel), _submit_command(args))
+    payload = {"summary": summary, "runs": dry_run_records(specs, root)}
+    out = write_dry_run(payload, sweep_dir(args.sweep, root))
+    if args.format == "json":
+        print(json.dumps(payload, indent=2))
+        print(f"scripts and commands written to {out}", file=sys.stderr)
+        return 0
+    lines = summary_lines(summary)
+    for rec in payload["runs"]:
+        title = f"{rec['run_id']}  {rec['method']}  delta={rec['delta']}  {rec['model']}/{rec['precision']}"
+        lines += ["", f"=== {title}  seed={rec['seed']}"]
+        if rec["sbatch"]:
+            lines.append(rec["sbatch"].rstrip("\n"))
+        lines.append(shlex.join(rec["command"]))
+    lines += ["", f"{describe(specs)}; scripts and commands written to {out}", *summary_lines(summary)[-1:]]
+    print("\n".join(lines))  # plain print: long lines stay whole when piped
+    return 0
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from sweeps.submit import backend_of, dry_run_records, job_command, run_sweep, write_dry_run
+    from sweeps.plan import check_paths, max_parallel
+    from sweeps.submit import backend_of, job_command, run_sweep
 
     specs = expand(args.sweep, args.overrides)
     root = Path(args.runs_root) if args.runs_root else runs_root()
@@ -73,44 +162,40 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if len(clusters) > 1:
         raise SweepError(f"one cluster per sweep invocation, got {', '.join(sorted(clusters))}")
     if args.dry_run:
-        records = dry_run_records(specs, root)
-        out = write_dry_run(records, sweep_dir(args.sweep, root))
-        if args.format == "json":
-            print(json.dumps(records, indent=2))
-        else:
-            for rec in records:
-                console.rule(f"{rec['run_id']}  {rec['method']}  delta={rec['delta']}  {rec['model']}/{rec['precision']}"
-                             f"  seed={rec['seed']}")
-                if rec["sbatch"]:
-                    console.print(rec["sbatch"], markup=False, highlight=False)
-                console.print(" ".join(rec["command"]), markup=False, highlight=False, soft_wrap=True)
-            console.print(f"[dim]{describe(specs)}; scripts and commands written to {out}[/]")
-        return 0
+        return cmd_dry_run(args, specs, root)
 
     for spec in specs:  # every run's command composes (model and data paths, names) before anything is written
         job_command(spec, root / spec.sweep / spec.run_id)
+    check_paths(specs)
     db = _db_path(args.db)
     backend = backend_of(specs[0])
-    max_parallel = args.max_parallel or int(specs[0].config["cluster"].get("max_parallel", 2))
+    parallel = max_parallel(specs, args.max_parallel)
     console.print(f"sweep [bold]{args.sweep}[/]: {describe(specs)} on {backend} "
                   f"({specs[0].config['cluster']['name']}), runs in {sweep_dir(args.sweep, root)}, database {db}")
+    hint = f"python -m analysis ingest {shlex.quote(str(sweep_dir(args.sweep, root)))}" + \
+        ("" if args.db is None else f" --db {shlex.quote(str(db))}")
+    ingest = Ingester(db, backend, hint)
     started = time.perf_counter()
     with SweepLock(sweep_dir(args.sweep, root)):
-        outcome = run_sweep(specs, root=root, max_parallel=max_parallel, console=console,
-                            on_finished=lambda spec, path: _ingest(db, spec, path, backend))
+        outcome = run_sweep(specs, root=root, max_parallel=parallel, console=console, on_finished=ingest)
         # runs completed by an earlier invocation may have ended after its last ingest: ingest them again
         # (idempotent) so the database always matches the run directories.
         for spec in specs:
             if spec.run_id in outcome.skipped:
-                _ingest(db, spec, root / spec.sweep / spec.run_id, backend)
+                ingest(spec, root / spec.sweep / spec.run_id)
+        deferred = ingest.catch_up()
     elapsed = time.perf_counter() - started
     console.print(f"{len(outcome.completed)} completed, {len(outcome.skipped)} already done, "
                   f"{len(outcome.failed)} failed in {elapsed / 60:.1f} min; database: {db}")
-    if not outcome.failed:
-        console.print(f"next: python -m reports paper{'' if args.db is None else f' --db {db}'}", highlight=False)
     for run_id, message in outcome.failed.items():
         console.print(f"[red]failed[/] {run_id}: {message}", highlight=False)
-    return 1 if outcome.failed else 0
+    for run_id, cause in deferred.items():
+        console.print(f"[yellow]not ingested[/] {run_id}: {cause}", highlight=False)
+    if deferred:
+        console.print(f"catch up with: {hint}", highlight=False)
+    elif not outcome.failed:
+        console.print(f"next: python -m reports paper{'' if args.db is None else f' --db {db}'}", highlight=False)
+    return 1 if outcome.failed or deferred else 0
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
@@ -148,9 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("sweep", help="a sweep name (conf/sweep/), or 'status'")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. method=dppo_topk_kl,predmask_kl_agg")
-    ap.add_argument("--dry-run", action="store_true", help="submit nothing; print each run's id, sbatch script and "
-                    "exact command, and write them under runs/<sweep>/dry-run/")
-    ap.add_argument("--format", choices=("text", "json"), default="text", help="dry-run output format")
+    ap.add_argument("--dry-run", action="store_true", help="submit nothing (no Slurm needed); print the plan, then "
+                    "each run's id, sbatch script and exact command, and write them under runs/<sweep>/dry-run/")
+    ap.add_argument("--format", choices=("text", "json"), default="text",
+                    help="dry-run output format (json: {\"summary\": ..., \"runs\": [...]}, see below)")
     ap.add_argument("--db", help="results database (default: $PREDMASK_DB or results/predmask.duckdb)")
     ap.add_argument("--runs-root", help="root of run directories (default: $PREDMASK_RUNS or runs/)")
     ap.add_argument("--max-parallel", type=int, help="runs at once (default: the cluster config's max_parallel)")
@@ -159,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)  # options may sit between overrides
-    console = Console(stderr=args.format == "json")
+    console = Console(stderr=args.format == "json", soft_wrap=True)  # long lines stay whole when piped
     try:
         if args.sweep == "status":
             args.sweep = args.overrides[0] if args.overrides else None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from predmask.io import atomic_write_text
+from predmask.io import atomic_write_text, run_status
 from sweeps.compose import RunSpec
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
@@ -34,7 +34,8 @@ def run_dir(spec: RunSpec, root: Path | None = None) -> Path:
 
 @dataclass(frozen=True)
 class RunState:
-    """What the run directory says: status is one of new, running, completed, failed."""
+    """What the run directory says: status is one of new, running, completed, failed, dead (status.json says
+    running but no process holds the run's writer lock: its trainer was killed)."""
 
     status: str
     step: int = 0
@@ -50,7 +51,7 @@ def read_state(path: Path) -> RunState:
         data = json.loads(status_file.read_text())
     except (json.JSONDecodeError, OSError):
         return RunState("running")  # being replaced right now; the next poll reads it whole
-    return RunState(str(data.get("status", "running")), int(data.get("step") or 0),
+    return RunState(run_status(path, str(data.get("status", "running"))), int(data.get("step") or 0),
                     int(data.get("total_steps") or 0), data.get("error"))
 
 
@@ -65,8 +66,14 @@ def read_job_record(path: Path) -> dict[str, Any]:
 
 
 def write_planned_config(path: Path, spec: RunSpec) -> None:
-    """The resolved config the sweep composed, written before submission (the trainer writes config.yaml)."""
+    """The resolved config the sweep composed, written before submission (the CPU trainer writes config.yaml)."""
     atomic_write_text(path / "planned_config.yaml", yaml.safe_dump(spec.config, sort_keys=False))
+
+
+def write_run_config(path: Path, spec: RunSpec) -> None:
+    """``config.yaml``, the run directory's resolved config, for a trainer that writes none itself (VeRL): the
+    config the sweep composed."""
+    atomic_write_text(path / "config.yaml", yaml.safe_dump(spec.config, sort_keys=False))
 
 
 class SweepLock:
@@ -102,18 +109,3 @@ class SweepLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def run_is_live(path: Path) -> bool:
-    """True while some process holds the run's own lock (a trainer job from an earlier sweep invocation)."""
-    lock = path / ".run.lock"
-    if not lock.exists():
-        return False
-    fd = os.open(lock, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False

@@ -19,9 +19,12 @@ from typing import Any
 import submitit
 from rich.console import Console
 
+from predmask.io import run_writer_alive
 from predmask.progress import progress
 from sweeps.compose import RunSpec
-from sweeps.jobs import TrainJob, trainer_argv
+from sweeps.jobs import trainer_argv
+from sweeps.launch.command_job import CommandJob
+from sweeps.launch.executor import job_python, sbatch_script
 from sweeps.launch.executor import make_executor as cluster_executor
 from sweeps.launch.follow import Ended, follow, rejoin_slurm_job
 from sweeps.launch.ray_job import RayJob
@@ -30,9 +33,9 @@ from sweeps.runs import (
     read_job_record,
     read_state,
     run_dir,
-    run_is_live,
     write_job_record,
     write_planned_config,
+    write_run_config,
 )
 
 
@@ -53,22 +56,34 @@ def trainer_of(spec: RunSpec) -> str:
     return str(spec.config["cluster"].get("trainer", "cpu"))
 
 
+def job_cluster(spec: RunSpec) -> dict[str, Any]:
+    """The cluster config a run's job is submitted with: the run's own, except that a CPU-engine run is one
+    process (one node, one task, no GPU) whatever shape the cluster has."""
+    cluster = dict(spec.config["cluster"])
+    if trainer_of(spec) == "cpu":
+        cluster = {**cluster, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0}
+    return cluster
+
+
+def job_name(spec: RunSpec) -> str:
+    """The run's job name (Slurm's, as squeue and sacct show it): ``predmask-<sweep>-<run_id>``."""
+    return f"predmask-{spec.sweep}-{spec.run_id}"
+
+
 def job_command(spec: RunSpec, path: Path) -> list[str]:
-    """The exact argv a run executes: the CPU trainer, or the VeRL launcher with every override spelled out."""
+    """The exact argv a run executes, with the job's interpreter (the cluster config's ``python``): the CPU
+    trainer, or the VeRL launcher with every override spelled out."""
+    python = job_python(spec.config["cluster"])
     if trainer_of(spec) == "verl":
         from predmask.verl.overrides import verl_command  # no verl import: plain config translation
 
-        return verl_command(spec.config, path.resolve())
-    return trainer_argv(spec, path)
+        return verl_command(spec.config, path.resolve(), python=python)
+    return trainer_argv(spec, path, python=python)
 
 
 def make_executor(spec: RunSpec, folder: Path) -> submitit.Executor:
-    """submitit executor for the run's cluster config."""
-    cluster = dict(spec.config["cluster"])
-    if trainer_of(spec) == "cpu":
-        # a CPU-engine run is one process: one node, one task, no GPU, whatever shape the cluster has
-        cluster = {**cluster, "nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0}
-    return cluster_executor(folder, cluster)
+    """submitit executor for the run's job, named after the run."""
+    return cluster_executor(folder, job_cluster(spec), name=job_name(spec))
 
 
 def make_job(spec: RunSpec, path: Path) -> Any:
@@ -81,21 +96,24 @@ def make_job(spec: RunSpec, path: Path) -> Any:
     # the job runs inside its run directory: hand it the sweep's base-model cache as an absolute path, so
     # every run of the sweep shares one base model
     cache = Path(str(spec.config.get("cache_dir", "results/cache"))).resolve()
-    return TrainJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
-                    env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PREDMASK_THREADS": threads,
-                         "PREDMASK_CACHE": str(cache)})
+    return CommandJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
+                      env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PREDMASK_THREADS": threads,
+                           "PREDMASK_CACHE": str(cache)})
 
 
-def sbatch_text(spec: RunSpec, path: Path) -> str | None:
-    """The sbatch script submitit would submit for this run (None for local runs); nothing is submitted."""
+def submitit_folder(spec: RunSpec, root: Path) -> Path:
+    """The sweep's submitit folder (job scripts, pickles, task logs)."""
+    return root / spec.sweep / ".submitit"
+
+
+def sbatch_text(spec: RunSpec, root: Path) -> str | None:
+    """The sbatch script submitit submits for this run (None for local runs), rendered without Slurm (no srun
+    needed); nothing is submitted. A comment line after the shebang holds the trainer command, on one line."""
     if backend_of(spec) == "local":
         return None
-    ex = make_executor(spec, path.parent / ".submitit")
-    inner = getattr(ex, "_executor", ex)
+    text = sbatch_script(submitit_folder(spec, root), job_cluster(spec), name=job_name(spec))
     header = "\n".join(["# predmask run " + spec.run_id, "# trainer command (inside the job):",
-                        "#   " + shlex.join(job_command(spec, path))])
-    text: str = inner._make_submission_file_text(  # type: ignore[attr-defined]
-        f"python -u -m submitit.core._submit {shlex.quote(str(inner.folder))}", spec.run_id)
+                        "#   " + shlex.join(job_command(spec, run_dir(spec, root)))])
     return text.replace("\n", "\n" + header + "\n", 1)
 
 
@@ -110,13 +128,15 @@ def _rejoin(path: Path) -> submitit.Job[Any] | None:
 def _start(spec: RunSpec, root: Path) -> submitit.Job[Any]:
     """The run's job: the live one of an earlier invocation (Slurm), else a new submission."""
     path = run_dir(spec, root)
-    if backend_of(spec) == "local" and run_is_live(path):
+    if backend_of(spec) == "local" and run_writer_alive(path):
         raise RuntimeError(f"run {spec.run_id} is live in another process ({path}); "
                            "wait for it or stop it before rerunning the sweep")
     job = _rejoin(path) if backend_of(spec) == "slurm" else None
     if job is None:
         write_planned_config(path, spec)
-        folder = root / spec.sweep / ".submitit"
+        if trainer_of(spec) == "verl":
+            write_run_config(path, spec)
+        folder = submitit_folder(spec, root)
         job = make_executor(spec, folder).submit(make_job(spec, path))
         write_job_record(path, {"backend": backend_of(spec), "job_id": str(job.job_id), "folder": str(folder),
                                 "command": job_command(spec, path), "submitted": time.time()})
@@ -185,20 +205,21 @@ def dry_run_records(specs: list[RunSpec], root: Path) -> list[dict[str, Any]]:
         records.append({
             "run_id": spec.run_id, "method": spec.method, "delta": spec.delta, "model": spec.model,
             "precision": spec.precision, "seed": spec.seed, "command": job_command(spec, path),
-            "sbatch": sbatch_text(spec, path),
+            "sbatch": sbatch_text(spec, root),
         })
     return records
 
 
-def write_dry_run(records: list[dict[str, Any]], directory: Path) -> Path:
-    """Write the dry-run scripts and commands under ``<sweep dir>/dry-run/`` (replaced as a whole)."""
+def write_dry_run(payload: dict[str, Any], directory: Path) -> Path:
+    """Write a dry run under ``<sweep dir>/dry-run/`` (replaced as a whole): each run's ``.cmd`` and ``.sbatch``,
+    and ``plan.json`` (the ``--format json`` output: ``{"summary": ..., "runs": [...]}``)."""
     out = directory / "dry-run"
     out.mkdir(parents=True, exist_ok=True)
     for old in out.iterdir():
         old.unlink()
-    for rec in records:
+    for rec in payload["runs"]:
         (out / f"{rec['run_id']}.cmd").write_text(shlex.join(rec["command"]) + "\n")
         if rec["sbatch"]:
             (out / f"{rec['run_id']}.sbatch").write_text(rec["sbatch"])
-    (out / "runs.json").write_text(json.dumps(records, indent=2) + "\n")
+    (out / "plan.json").write_text(json.dumps(payload, indent=2) + "\n")
     return out

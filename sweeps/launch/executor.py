@@ -4,14 +4,31 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import submitit
+from submitit.slurm.slurm import (  # the script renderer, without Slurm detection
+    _convert_mem,
+    _make_sbatch_string,
+)
 
 from sweeps.launch.shell import check_env_name
 
-__all__ = ["BACKENDS", "make_executor", "plain_config", "setup_lines"]
+__all__ = [
+    "BACKENDS",
+    "JobShape",
+    "job_python",
+    "job_shape",
+    "make_executor",
+    "plain_config",
+    "sbatch_parameters",
+    "sbatch_script",
+    "setup_lines",
+]
 
 BACKENDS = ("local", "slurm")
 
@@ -30,15 +47,128 @@ def plain_config(cfg: Mapping[str, Any] | Any) -> dict[str, Any]:
     return dict(cfg)
 
 
-def setup_lines(cluster_cfg: Mapping[str, Any], env: Mapping[str, str] | None = None) -> list[str]:
-    """The sbatch setup lines of a cluster config: its ``setup`` lines verbatim (trusted site config such as
-    ``module load``), then one ``export NAME=<shlex-quoted value>`` per entry of its ``env`` and of ``env``."""
+@dataclass(frozen=True)
+class JobShape:
+    """What one job of a cluster config asks for, with the launch layer's defaults filled in."""
+
+    backend: str
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    cpus_per_task: int | None
+    mem_gb: float | None
+    timeout_min: int
+    max_num_timeout: int
+    partition: str | None
+
+
+def job_shape(cluster_cfg: Mapping[str, Any]) -> JobShape:
+    """The :class:`JobShape` of a cluster config; a bad value is a one-line ValueError naming it."""
     cfg = plain_config(cluster_cfg)
-    lines = [str(line) for line in (cfg.get("setup") or [])]
+    backend = cfg.get("backend")
+    if backend not in BACKENDS:
+        raise ValueError(f"cluster backend {backend!r} is not one of {list(BACKENDS)}")
+    shape = JobShape(
+        backend=str(backend),
+        nodes=_positive_int(cfg, "nodes", 1),
+        tasks_per_node=_positive_int(cfg, "tasks_per_node", 1),
+        gpus_per_node=_nonnegative_int(cfg, "gpus_per_node", 0),
+        cpus_per_task=_positive_int(cfg, "cpus_per_task", 1) if cfg.get("cpus_per_task") is not None else None,
+        mem_gb=_mem_gb(cfg),
+        timeout_min=_positive_int(cfg, "timeout_min", 24 * 60),
+        max_num_timeout=_nonnegative_int(cfg, "max_num_timeout", 3),
+        partition=str(cfg["partition"]) if cfg.get("partition") else None,
+    )
+    if backend == "local" and shape.nodes != 1:
+        raise ValueError(f"the local backend runs on one node, got nodes={shape.nodes}")
+    return shape
+
+
+def job_python(cluster_cfg: Mapping[str, Any]) -> str:
+    """The interpreter a job runs: the cluster config's ``python`` (a command on the cluster's nodes, e.g.
+    ``python3`` of the activated environment); this host's own interpreter on the local backend or when
+    ``python`` is null (a cluster that is this host, such as the emulated one)."""
+    cfg = plain_config(cluster_cfg)
+    python = cfg.get("python")
+    if cfg.get("backend") == "local" or python is None:
+        return sys.executable
+    if not isinstance(python, str) or not python.strip():
+        raise ValueError(f"cluster python must be an interpreter command such as python3 or null, got {python!r}")
+    return python
+
+
+def setup_lines(cluster_cfg: Mapping[str, Any], env: Mapping[str, str] | None = None) -> list[str]:
+    """The sbatch setup lines of a cluster config, in this order, every value shell-quoted:
+
+    ``module load M`` for each of ``modules``; ``source DIR/bin/activate`` for a virtual environment
+    ``activate: DIR`` or ``conda activate NAME`` (after conda's shell hook) for ``conda: NAME`` (not both);
+    the ``setup`` lines verbatim (trusted site config); ``export NAME=value`` for each entry of its ``env`` and
+    of ``env``."""
+    cfg = plain_config(cluster_cfg)
+    modules = cfg.get("modules") or []
+    if isinstance(modules, str) or not isinstance(modules, Sequence):
+        raise ValueError(f"cluster modules must be a list of module names, got {modules!r}")  # noqa: TRY004
+    lines = [f"module load {shlex.quote(str(module))}" for module in modules]
+    activate, conda = cfg.get("activate"), cfg.get("conda")
+    if activate and conda:
+        raise ValueError(f"cluster activate ({activate!r}) and conda ({conda!r}): set one of them, not both")
+    if activate:
+        lines.append(f"source {shlex.quote(str(activate).rstrip('/') + '/bin/activate')}")
+    if conda:
+        lines += ['eval "$(conda shell.bash hook)"', f"conda activate {shlex.quote(str(conda))}"]
+    lines += [str(line) for line in (cfg.get("setup") or [])]
     merged = {**(cfg.get("env") or {}), **(env or {})}
     for name, value in merged.items():
         lines.append(f"export {check_env_name(name)}={shlex.quote(str(value))}")
     return lines
+
+
+def sbatch_parameters(
+    cluster_cfg: Mapping[str, Any], *, name: str | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The keyword arguments of submitit's sbatch script for a Slurm cluster config (submitit's own names:
+    ``job_name``, ``time``, ``nodes``, ``ntasks_per_node``, ``gpus_per_node``, ``cpus_per_task``, ``mem``,
+    ``partition``, ``signal_delay_s``, ``setup``, ``additional_parameters``)."""
+    cfg = plain_config(cluster_cfg)
+    shape = job_shape(cfg)
+    params: dict[str, Any] = {
+        "time": shape.timeout_min,
+        "nodes": shape.nodes,
+        "ntasks_per_node": shape.tasks_per_node,
+        "gpus_per_node": shape.gpus_per_node,
+        "setup": setup_lines(cfg, env),
+    }
+    if name is not None:
+        params["job_name"] = name
+    if shape.cpus_per_task is not None:
+        params["cpus_per_task"] = shape.cpus_per_task
+    if shape.mem_gb is not None:
+        params["mem"] = _convert_mem(shape.mem_gb)
+    if shape.partition:
+        params["partition"] = shape.partition
+    if cfg.get("signal_delay_s") is not None:
+        params["signal_delay_s"] = _positive_int(cfg, "signal_delay_s", 90)
+    extra = cfg.get("slurm_additional_parameters") or {}
+    if not isinstance(extra, Mapping):
+        raise TypeError(f"slurm_additional_parameters must be a mapping, got {extra!r}")
+    if extra:
+        params["additional_parameters"] = dict(extra)
+    return params
+
+
+def sbatch_script(
+    folder: str | os.PathLike[str],
+    cluster_cfg: Mapping[str, Any],
+    *,
+    name: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """The sbatch script that :func:`make_executor`'s Slurm executor submits for one job, rendered without
+    Slurm: no ``srun``/``sbatch`` needed (submitit's Slurm executor refuses to start without them)."""
+    cfg = plain_config(cluster_cfg)
+    folder = Path(folder).expanduser().absolute()  # as submitit's executor stores its folder
+    command = " ".join([shlex.quote(job_python(cfg)), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    return _make_sbatch_string(command=command, folder=folder, **sbatch_parameters(cfg, name=name, env=env))
 
 
 def make_executor(
@@ -51,47 +181,40 @@ def make_executor(
     """The submitit executor of a cluster config (``conf/cluster/<name>.yaml``).
 
     ``backend: local`` gives submitit's local executor (one process per task on this machine);
-    ``backend: slurm`` gives its Slurm executor with ``nodes``, ``tasks_per_node``, ``gpus_per_node``,
-    ``cpus_per_task``, ``mem_gb``, ``partition``, ``timeout_min``, ``max_num_timeout`` (requeues after a
-    timeout), ``signal_delay_s``, ``slurm_additional_parameters`` and the setup lines of :func:`setup_lines`.
-    ``env`` adds exports (quoted) to the sbatch script.
+    ``backend: slurm`` gives its Slurm executor with the sbatch parameters of :func:`sbatch_parameters`
+    (``nodes``, ``tasks_per_node``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``partition``,
+    ``timeout_min``, ``signal_delay_s``, ``slurm_additional_parameters``, the setup lines of
+    :func:`setup_lines`), ``max_num_timeout`` (requeues after a timeout) and the job interpreter of
+    :func:`job_python`. ``name`` is the Slurm job name; ``env`` adds exports (quoted) to the sbatch script.
     """
     cfg = plain_config(cluster_cfg)
-    backend = cfg.get("backend")
-    if backend not in BACKENDS:
-        raise ValueError(f"cluster backend {backend!r} is not one of {list(BACKENDS)}")
-    nodes = _positive_int(cfg, "nodes", 1)
-    tasks_per_node = _positive_int(cfg, "tasks_per_node", 1)
-    timeout_min = _positive_int(cfg, "timeout_min", 24 * 60)
-    max_num_timeout = _nonnegative_int(cfg, "max_num_timeout", 3)
-    params: dict[str, Any] = {"timeout_min": timeout_min, "tasks_per_node": tasks_per_node}
-    if name is not None:
-        params["name"] = name
-    for key in ("cpus_per_task", "mem_gb"):
-        if cfg.get(key) is not None:
-            params[key] = cfg[key]
-    if backend == "local":
-        if nodes != 1:
-            raise ValueError(f"the local backend runs on one node, got nodes={nodes}")
+    shape = job_shape(cfg)
+    if shape.backend == "local":
+        params: dict[str, Any] = {"timeout_min": shape.timeout_min, "tasks_per_node": shape.tasks_per_node}
+        if name is not None:
+            params["name"] = name
+        for key in ("cpus_per_task", "mem_gb"):
+            if cfg.get(key) is not None:
+                params[key] = cfg[key]
         executor = submitit.AutoExecutor(
-            folder=folder, cluster="local", local_max_num_timeout=max_num_timeout
+            folder=folder, cluster="local", local_max_num_timeout=shape.max_num_timeout
         )
         executor.update_parameters(**params)
         return executor
-    gpus_per_node = _nonnegative_int(cfg, "gpus_per_node", 0)
-    params.update(nodes=nodes, gpus_per_node=gpus_per_node, slurm_setup=setup_lines(cfg, env))
-    if cfg.get("partition"):
-        params["slurm_partition"] = str(cfg["partition"])
-    if cfg.get("signal_delay_s") is not None:
-        params["slurm_signal_delay_s"] = _positive_int(cfg, "signal_delay_s", 90)
-    extra = cfg.get("slurm_additional_parameters") or {}
-    if not isinstance(extra, Mapping):
-        raise TypeError(f"slurm_additional_parameters must be a mapping, got {extra!r}")
-    if extra:
-        params["slurm_additional_parameters"] = dict(extra)
-    executor = submitit.AutoExecutor(folder=folder, cluster="slurm", slurm_max_num_timeout=max_num_timeout)
-    executor.update_parameters(**params)
+    sbatch = sbatch_parameters(cfg, name=name, env=env)
+    executor = submitit.AutoExecutor(
+        folder=folder, cluster="slurm", slurm_max_num_timeout=shape.max_num_timeout,
+        slurm_python=shlex.quote(job_python(cfg)),
+    )
+    executor.update_parameters(**{f"slurm_{key}": value for key, value in sbatch.items()})
     return executor
+
+
+def _mem_gb(cfg: Mapping[str, Any]) -> float | None:
+    value = cfg.get("mem_gb")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+        raise ValueError(f"cluster mem_gb must be a number of GB > 0 or null (the site default), got {value!r}")
+    return value
 
 
 def _positive_int(cfg: Mapping[str, Any], key: str, default: int) -> int:

@@ -8,6 +8,8 @@ import json
 import os
 import pickle
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +20,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from sweeps.launch.command_job import CommandFailedError, CommandJob
-from sweeps.launch.executor import make_executor, setup_lines
+from sweeps.launch.executor import job_python, make_executor, sbatch_script, setup_lines
 from sweeps.launch.follow import follow
 from sweeps.launch.ray_job import RayJob
 from sweeps.launch.ray_slurm import JobContext, RayOptions, ray_options
@@ -67,6 +69,54 @@ def test_sbatch_exports_are_shell_quoted_and_arrive_literally(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     # the same lines are what the Slurm executor writes into the sbatch script
     assert "\n".join(lines) in _sbatch("slurm_emulated", env=env)
+
+
+def test_setup_lines_load_modules_activate_the_env_and_export_in_order(tmp_path: Path) -> None:
+    """The structured setup keys as real shell lines, run by bash: ``module`` (a function standing in for the
+    site's Environment Modules) gets every name literally, the venv's own activate script runs, nothing else."""
+    venv = tmp_path / "my env"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text('export ACTIVATED="$VIRTUAL_ENV_MARK"; echo activate >> order\n')
+    modules = ["cuda/12.4", *NASTY[:4]]
+    lines = setup_lines({"modules": modules, "activate": str(venv), "setup": ["echo setup >> order"],
+                         "env": {"VIRTUAL_ENV_MARK": "$(touch pwned)"}})
+    assert lines[:len(modules)] == [f"module load {shlex.quote(m)}" for m in modules]
+    assert lines[len(modules)] == f"source {shlex.quote(str(venv / 'bin' / 'activate'))}"
+    script = ('module() { printf "%s\\0" "$@" >> modules; echo module >> order; }\n' + "\n".join(lines)
+              + '\nprintf "%s" "$VIRTUAL_ENV_MARK" > mark\n')
+    subprocess.run(["bash", "-c", script], cwd=tmp_path, check=True)
+    assert (tmp_path / "modules").read_bytes().split(b"\0")[:-1] == [
+        w.encode() for m in modules for w in ("load", m)]
+    assert (tmp_path / "order").read_text().split() == ["module"] * len(modules) + ["activate", "setup"]
+    assert (tmp_path / "mark").read_text() == "$(touch pwned)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mark", "modules", "my env", "order"]
+    conda = setup_lines({"conda": "predmask env"})
+    assert conda == ['eval "$(conda shell.bash hook)"', "conda activate 'predmask env'"]
+    with pytest.raises(ValueError, match="set one of them, not both"):
+        setup_lines({"activate": "/venv", "conda": "base"})
+
+
+def test_the_job_interpreter_is_the_clusters_on_slurm_and_this_hosts_locally() -> None:
+    h20 = OmegaConf.to_container(OmegaConf.load(CONF / "h20_4x8.yaml"), resolve=True)
+    assert job_python(h20) == "python3"
+    assert job_python({**h20, "python": None}) == sys.executable  # a cluster that is this host
+    assert job_python({"backend": "local", "python": "python3"}) == sys.executable
+    assert "\n# setup\n" in sbatch_script("/f", h20) and " python3 -u -m submitit.core._submit /f\n" in \
+        sbatch_script("/f", h20)
+    with pytest.raises(ValueError, match="cluster python must be an interpreter command"):
+        job_python({"backend": "slurm", "python": " "})
+
+
+@pytest.mark.skipif(shutil.which("srun") is None, reason="submitit's Slurm executor needs srun on PATH")
+@pytest.mark.parametrize("cluster", ["h20_4x8", "slurm_emulated"])
+def test_the_script_rendered_without_slurm_is_the_one_submitit_submits(tmp_path: Path, cluster: str) -> None:
+    cfg = OmegaConf.merge(OmegaConf.load(CONF / f"{cluster}.yaml"), {"modules": ["cuda/12.4"], "mem_gb": 900})
+    executor = make_executor(tmp_path / "submitit", cfg, name="predmask-x-1", env={"A": "b c"})
+    inner = executor._executor
+    submitted = inner._make_submission_file_text(inner._submitit_command_str, "uid")
+    assert sbatch_script(tmp_path / "submitit", cfg, name="predmask-x-1", env={"A": "b c"}) == submitted
+    assert "#SBATCH --job-name=predmask-x-1\n" in submitted and "#SBATCH --mem=900GB\n" in submitted
+    assert "\nmodule load cuda/12.4\n" in submitted and "\nexport A='b c'\n" in submitted
 
 
 def test_shell_join_round_trips_through_a_shell(tmp_path: Path) -> None:

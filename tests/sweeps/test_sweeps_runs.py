@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -113,31 +112,12 @@ def test_second_invocation_on_a_running_sweep_is_refused(tmp_path: Path) -> None
     assert not list((tmp_path / "runs" / "smoke").glob("*/job.json"))
 
 
-def test_cluster_dry_run_prints_sixteen_verl_jobs(tmp_path: Path) -> None:
-    out = _sweeps(tmp_path, "main_comparison", "cluster=h20_4x8", "--dry-run", "--format", "json", timeout=300)
-    assert out.returncode == 0, out.stderr
-    records = json.loads(out.stdout)
-    assert len(records) == 16 and len({r["run_id"] for r in records}) == 16  # one seed per cell on the cluster
-    assert {r["seed"] for r in records} == {0}
-    for rec in records:
-        assert rec["command"][1:3] == ["-m", "predmask.verl.launch"]
-        cmd = rec["command"]
-        assert "trainer.nnodes=4" in cmd and "trainer.n_gpus_per_node=8" in cmd
-        assert f"actor_rollout_ref.actor.policy_loss.loss_mode={rec['method']}" in cmd
-        assert "actor_rollout_ref.rollout.calculate_log_probs=20" in cmd
-        assert ("actor_rollout_ref.rollout.quantization=fp8" in cmd) == rec["precision"].startswith("fp8")
-        assert "#SBATCH --nodes=4" in rec["sbatch"] and "#SBATCH --gpus-per-node=8" in rec["sbatch"]
-        written = tmp_path / "runs" / "main_comparison" / "dry-run" / f"{rec['run_id']}.cmd"
-        assert shlex.split(written.read_text()) == cmd
-    assert sum(r["precision"].startswith("fp8") for r in records) == 8
-    assert not (tmp_path / "db.duckdb").exists()
-
-
 def test_local_dry_run_has_no_sbatch_and_the_exact_trainer_command(tmp_path: Path) -> None:
     out = _sweeps(tmp_path, "smoke", "--dry-run", "--format", "json", timeout=300)
-    records = json.loads(out.stdout)
+    records = json.loads(out.stdout)["runs"]
     assert len(records) == 4 and all(r["sbatch"] is None for r in records)
     assert [r["seed"] for r in records] == [0] * 4  # the smoke sweep's own seed axis
+    assert all(r["command"][0] == sys.executable for r in records)  # the local cluster is this host
     assert all(r["command"][1:3] == ["-m", "predmask.rl.train"] for r in records)
     assert all(any(a.startswith("run_dir=") and r["run_id"] in a for a in r["command"]) for r in records)
 
@@ -172,3 +152,41 @@ def test_cluster_run_without_model_or_data_is_refused_before_submission(tmp_path
     assert out.returncode == 2
     assert out.stderr.strip().startswith(message) and len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists() and not (tmp_path / "db.duckdb").exists()
+
+
+HOLD_DB = "import duckdb, sys\ncon = duckdb.connect(sys.argv[1])\nprint('held', flush=True)\nsys.stdin.read()"
+
+
+@pytest.mark.slow
+def test_a_busy_database_defers_the_ingest_and_the_next_sweep_catches_up(tmp_path: Path) -> None:
+    """Another process holds the database (a real DuckDB writer) for the whole sweep: the run completes, its
+    ingest is deferred and retried at the end, the sweep says how to catch up; the next sweep ingests it."""
+    db = tmp_path / "db.duckdb"
+    args = ["smoke", "method=dppo_topk_kl", *TINY, "trainer.steps=2", "trainer.val_every=2"]
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_DB, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        env = {**_env(tmp_path), "PREDMASK_DB_WAIT": "1"}
+        busy = subprocess.run([sys.executable, "-m", "sweeps", *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=600, check=False)
+    finally:
+        holder.communicate("", timeout=60)  # closes its stdin: it lets go of the database and exits
+    (run_id,) = [p.name for p in (tmp_path / "runs" / "smoke").iterdir() if not p.name.startswith(".")]
+    assert busy.returncode == 1, busy.stdout + busy.stderr
+    assert f"ingest of {run_id} deferred: results database {db} is in use" in busy.stdout
+    assert "1 completed, 0 already done, 0 failed" in busy.stdout
+    assert f"not ingested {run_id}: results database {db} is in use" in busy.stdout
+    assert f"catch up with: python -m analysis ingest {tmp_path / 'runs' / 'smoke'}" in busy.stdout
+    assert _file_steps(tmp_path / "runs" / "smoke" / run_id) == [0, 1, 2]
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        tables = {name for (name,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        assert "runs" not in tables or con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    finally:
+        con.close()
+
+    again = _sweeps(tmp_path, *args)
+    assert again.returncode == 0 and "0 completed, 1 already done, 0 failed" in again.stdout, again.stdout
+    assert "deferred" not in again.stdout
+    assert _metric_steps(db) == {run_id: [0, 1, 2]}

@@ -180,10 +180,10 @@ def test_bad_seeds_on_the_command_line_write_nothing(tmp_path: Path) -> None:
 def test_local_dry_run_records_carry_the_seed(tmp_path: Path) -> None:
     out = _sweeps(tmp_path, "smoke", "seeds=2", "--dry-run", "--format", "json", timeout=300)
     assert out.returncode == 0, out.stderr
-    records = json.loads(out.stdout)
+    records = json.loads(out.stdout)["runs"]
     assert sorted(r["seed"] for r in records) == [0] * 4 + [1] * 4
     assert all(f"seed={r['seed']}" in r["command"] for r in records)
-    written = json.loads((tmp_path / "runs" / "smoke" / "dry-run" / "runs.json").read_text())
+    written = json.loads((tmp_path / "runs" / "smoke" / "dry-run" / "plan.json").read_text())["runs"]
     assert [r["seed"] for r in written] == [r["seed"] for r in records]
 
 

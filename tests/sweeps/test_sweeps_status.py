@@ -1,0 +1,45 @@
+"""`python -m sweeps status` and the sweep's view of a run directory: a run whose status.json says running is
+running only while a process holds its writer lock (a real process holding it, then gone), else dead."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from sweeps.compose import expand
+from sweeps.runs import read_state, run_dir, write_planned_config
+
+HOLD = ("import sys\nfrom pathlib import Path\nfrom predmask.io import hold_run_lock\n"
+        "with hold_run_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    sys.stdin.read()")
+
+
+def _status(tmp: Path) -> str:
+    out = subprocess.run([sys.executable, "-m", "sweeps", "status", "smoke"], cwd=tmp, capture_output=True,
+                         text=True, timeout=120, check=True, env={**os.environ, "PREDMASK_RUNS": str(tmp / "runs")})
+    return out.stdout
+
+
+def test_a_running_run_without_its_writer_is_dead(tmp_path: Path) -> None:
+    spec = expand("smoke", ["method=dppo_topk_kl"])[0]
+    path = run_dir(spec, tmp_path / "runs")
+    path.mkdir(parents=True)
+    write_planned_config(path, spec)
+    (path / "status.json").write_text(json.dumps({"status": "running", "step": 3, "total_steps": 6}))
+    assert yaml.safe_load((path / "planned_config.yaml").read_text())["seed"] == 0
+    writer = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "held"
+        assert read_state(path).status == "running"
+        assert " running " in _status(tmp_path).replace("│", " ")
+    finally:
+        writer.communicate("", timeout=60)
+    assert read_state(path).status == "dead"
+    assert (read_state(path).step, read_state(path).total_steps) == (3, 6)
+    table = _status(tmp_path).replace("│", " ")
+    assert f" {spec.run_id} " in table and " dead " in table and " running " not in table
