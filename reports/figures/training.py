@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from matplotlib.ticker import MaxNLocator
 
+from analysis.results import curves
 from analysis.training import stats as training_stats
 from predmask import metrics
 from predmask.rl.task import EVAL_SPLITS
@@ -24,7 +25,7 @@ from reports.figures.draw import (
     wrap_lines,
 )
 from reports.labels import method_label, sweep_delta
-from reports.style import method_style
+from reports.style import method_rank, method_style
 
 MAIN, TIGHT = "main_comparison", "tight_threshold"  # the sweeps the figures draw by default
 MAX_COLS = 4
@@ -73,19 +74,19 @@ def _line_label(method: str | None, keys: Sequence[Hashable], identical_to: str 
 
 def _row_series(
     ctx: ReportContext, runs: Sequence[data.RunInfo], rows: Sequence[MetricRow]
-) -> dict[tuple[str, str], data.Series]:
+) -> dict[tuple[str, str], curves.Series]:
     """(run_id, row label) -> raw series for every row, reading each metric once."""
     ids = [r.run_id for r in runs]
-    aime = data.aime_series(ctx.con, ids) if any(row.kind != "metric" for row in rows) else {}
-    raw = data.metric_series(ctx.con, ids, sorted({n for row in rows for n in row.names}))
-    out: dict[tuple[str, str], data.Series] = {}
+    aime = curves.aime_series(ctx.con, ids) if any(row.kind != "metric" for row in rows) else {}
+    raw = curves.metric_series(ctx.con, ids, sorted({n for row in rows for n in row.names}))
+    out: dict[tuple[str, str], curves.Series] = {}
     for run in runs:
         for row in rows:
             found = aime.get(run.run_id, {})
             if row.kind == "metric":
                 series = raw.get((run.run_id, row.names[0]))
             elif row.kind == "val_mean":
-                series = data.validation_series(found)
+                series = curves.validation_series(found)
             else:
                 series = found.get(row.kind)
             if series is not None and len(series[0]):
@@ -94,7 +95,7 @@ def _row_series(
 
 
 def _panel_lines(
-    groups: dict[str | None, dict[Hashable, data.Series]], smoothing: training_stats.Smoothing
+    groups: dict[str | None, dict[Hashable, curves.Series]], smoothing: training_stats.Smoothing
 ) -> tuple[list[Series], int]:
     """One line per method (mean over its seeds, band, coincidence mark) and the points left out because not
     every seed logged their step."""
@@ -147,8 +148,8 @@ def _per_setting_figure(
             panel = Panel(title=key.title, row=row.label)
             in_panel = data.runs_in_panel(sel.runs, key)
             members = [r for r in in_panel if (r.run_id, row.label) in series]
-            groups = data.by_method_and_seed(
-                members, {r.run_id: series[(r.run_id, row.label)] for r in members}
+            groups = curves.by_method_and_seed(
+                members, {r.run_id: series[(r.run_id, row.label)] for r in members}, rank=method_rank
             )
             panel.series, left_out = _panel_lines(groups, _smoothing(ctx, row))
             used.update(r.run_id for r in members)

@@ -276,7 +276,7 @@ def test_registry_lists_every_paper_artefact():
 
 
 def test_aime_metric_names_match_cpu_and_cluster_spellings():
-    from reports.data import aime_metric_names
+    from analysis.results.curves import aime_metric_names
 
     names = [
         "val-core/aime24_standin/acc/mean@16",

@@ -1,0 +1,170 @@
+"""A run's curves as the database holds them: metric series, the AIME validation scores and their mean, by seed.
+
+The one place that says which logged metrics make a run's validation accuracy (``val-core/<aime24 or 25>/acc/
+mean@N``, N = 16 preferred) and how runs of one method are keyed for pairing (by seed, or by run id where seeds do
+not identify them). The reports' figures and tables and ``analysis.results`` read curves through these functions.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from functools import cache
+from typing import Any, Protocol
+
+import duckdb
+import numpy as np
+
+from analysis.store import table_exists
+from analysis.training import stats as training_stats
+from predmask import config, metrics
+
+__all__ = [
+    "AIME_RE",
+    "PREFERRED_AT_N",
+    "RunKey",
+    "Series",
+    "aime_metric_names",
+    "aime_series",
+    "by_method_and_seed",
+    "metric_names_by_run",
+    "metric_series",
+    "paper_model",
+    "validation_series",
+]
+
+Series = tuple[np.ndarray, np.ndarray]  # (steps, values), sorted by step
+
+AIME_RE = {
+    "aime24": re.compile(r"aime[_-]?(?:20)?24", re.IGNORECASE),
+    "aime25": re.compile(r"aime[_-]?(?:20)?25", re.IGNORECASE),
+}
+PREFERRED_AT_N = 16  # the paper's avg@16
+
+
+class RunKey(Protocol):
+    """What pairing needs of a run (a reports ``RunInfo`` or a row of ``Results.runs``)."""
+
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def method(self) -> str | None: ...
+    @property
+    def seed(self) -> int | None: ...
+
+
+def paper_model(model: str | None, run_config: Mapping[str, Any] | None = None) -> str | None:
+    """The paper model a run's model stands for: the run config's ``model.stands_in_for``, else the
+    ``stands_in_for`` of a ``backend: cpu`` model of conf/model; None for any other model."""
+    model_cfg = run_config.get("model") if isinstance(run_config, Mapping) else None
+    if isinstance(model_cfg, Mapping) and isinstance(model_cfg.get("stands_in_for"), str):
+        return model_cfg["stands_in_for"]
+    return _conf_stands_in_for(model) if model else None
+
+
+@cache
+def _conf_stands_in_for(model: str) -> str | None:
+    if model not in config.group_options("model"):
+        return None
+    entry = config.group_entry("model", model)
+    return entry.get("stands_in_for") if entry.get("backend") == "cpu" else None
+
+
+def metric_series(
+    con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], names: Sequence[str]
+) -> dict[tuple[str, str], Series]:
+    """(run_id, name) -> (steps, values) for the given runs and metric names, steps ascending."""
+    if not run_ids or not names or not table_exists(con, "metrics"):
+        return {}
+    cols = con.execute(
+        "SELECT run_id, name, step, value FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) "
+        "AND name IN (SELECT unnest(?::VARCHAR[])) ORDER BY run_id, name, step",
+        [list(run_ids), list(names)],
+    ).fetchnumpy()
+    run_col, name_col = np.asarray(cols["run_id"], dtype=object), np.asarray(cols["name"], dtype=object)
+    steps = np.asarray(cols["step"], dtype=np.int64)
+    values = np.asarray(cols["value"], dtype=np.float64)
+    out: dict[tuple[str, str], Series] = {}
+    if len(steps) == 0:
+        return out
+    key = np.char.add(np.char.add(run_col.astype(str), "\x00"), name_col.astype(str))
+    bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(key)]):
+        out[(str(run_col[lo]), str(name_col[lo]))] = (steps[lo:hi], values[lo:hi])
+    return out
+
+
+def metric_names_by_run(
+    con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], prefix: str
+) -> dict[str, list[str]]:
+    """run_id -> distinct metric names starting with prefix (runs without any are absent)."""
+    if not run_ids or not table_exists(con, "metrics"):
+        return {}
+    rows = con.execute(
+        "SELECT DISTINCT run_id, name FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) "
+        "AND starts_with(name, ?) ORDER BY run_id, name",
+        [list(run_ids), prefix],
+    ).fetchall()
+    out: dict[str, list[str]] = {}
+    for run_id, name in rows:
+        out.setdefault(run_id, []).append(name)
+    return out
+
+
+def aime_metric_names(names: Iterable[str]) -> dict[str, str]:
+    """{'aime24': name, 'aime25': name} from val-core/<src>/acc/mean@N names; prefers N = 16, else the largest."""
+    best: dict[str, tuple[int, str]] = {}
+    for name in names:
+        m = metrics.VAL_ACC_RE.match(name)  # a data source may contain "/"
+        if not m:
+            continue
+        n = int(m.group("n"))
+        rank = 10**6 if n == PREFERRED_AT_N else n
+        for bench, pat in AIME_RE.items():
+            if pat.search(m.group("source")) and (bench not in best or rank > best[bench][0]):
+                best[bench] = (rank, name)
+    return {bench: name for bench, (_, name) in best.items()}
+
+
+def aime_series(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, dict[str, Series]]:
+    """run_id -> {'aime24': series, 'aime25': series} for the benchmarks each run logged (names as
+    ``aime_metric_names`` picks them)."""
+    by_run = metric_names_by_run(con, run_ids, metrics.VAL_CORE_PREFIX)
+    chosen = {rid: aime_metric_names(names) for rid, names in by_run.items()}
+    raw = metric_series(con, run_ids, sorted({n for m in chosen.values() for n in m.values()}))
+    return {
+        rid: {bench: raw[(rid, name)] for bench, name in m.items() if (rid, name) in raw}
+        for rid, m in chosen.items()
+    }
+
+
+def validation_series(aime: Mapping[str, Series]) -> Series | None:
+    """A run's validation accuracy: the mean of its AIME24 and AIME25 scores on the steps where both were
+    evaluated (None unless it logged both)."""
+    if not {"aime24", "aime25"} <= set(aime):
+        return None
+    return training_stats.mean_on_common_steps(aime["aime24"], aime["aime25"])
+
+
+def _no_rank(method: str | None) -> int:
+    return 0
+
+
+def by_method_and_seed(
+    runs: Iterable[RunKey],
+    series: Mapping[str, Series],
+    rank: Callable[[str | None], Any] = _no_rank,
+) -> dict[str | None, dict[Hashable, Series]]:
+    """method -> {seed: series} for the runs that have a series (by run_id), methods ordered by ``rank`` then name.
+    A run is keyed by its seed; where a method has a run without a seed or two runs of one seed (runs of several
+    sweeps), its runs are keyed by run id, so nothing is merged and nothing pairs by accident."""
+    by_method: dict[str | None, list[RunKey]] = {}
+    for run in sorted(runs, key=lambda r: (rank(r.method), r.method or "", r.seed or 0, r.run_id)):
+        if run.run_id in series:
+            by_method.setdefault(run.method, []).append(run)
+    out: dict[str | None, dict[Hashable, Series]] = {}
+    for method, members in by_method.items():
+        seeds = [r.seed for r in members]
+        by_seed = None not in seeds and len(set(seeds)) == len(seeds)
+        out[method] = {(r.seed if by_seed else r.run_id): series[r.run_id] for r in members}
+    return out

@@ -1,0 +1,558 @@
+"""The results database as DataFrames for notebooks: runs, metric curves, the main results, the token-level study.
+
+``open_results()`` opens the database read-only (the same default path and ``PREDMASK_DB`` as the commands) and
+returns a ``Results`` whose methods return pandas DataFrames (``backend="polars"``: polars DataFrames). No number
+is computed here: the main results come from ``analysis.training.stats`` (as Table 2 of the reports), smoothing is
+its EMA (as the figures), the token-level statistics are ``analysis.token_level.stats`` (as the study's CLI), and
+validation curves are read by ``analysis.results.curves`` (as the reports read them). An unknown name (a metric,
+sweep, run, method, setting, study, backend or level) raises ``UnknownNameError`` listing what exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from analysis.results import curves
+from analysis.store import connect, default_db_path, table_exists
+from analysis.token_level import stats as token_stats
+from analysis.training import stats as training_stats
+from predmask import config
+
+__all__ = ["BACKENDS", "LEVELS", "Results", "UnknownNameError", "open_results"]
+
+Backend = Literal["pandas", "polars"]
+BACKENDS: tuple[str, ...] = ("pandas", "polars")
+LEVELS: tuple[str, ...] = ("seed", "token")
+#: the run axes every frame of runs or metrics carries, in this order
+AXES: tuple[str, ...] = ("sweep", "method", "setting", "model", "precision", "delta", "seed", "backend")
+
+
+class UnknownNameError(ValueError):
+    """A name the database (or the library) does not have; the message lists the names that exist."""
+
+    def __init__(self, what: str, name: object, known: Iterable[object]) -> None:
+        listed = ", ".join(str(k) for k in known) or "none"
+        super().__init__(f"unknown {what} {name!r}; this database has: {listed}")
+
+
+def _check(what: str, names: Iterable[Any], known: Sequence[Any]) -> None:
+    have = set(known)
+    for name in names:
+        if name not in have:
+            raise UnknownNameError(what, name, known)
+
+
+def _as_list(value: Any) -> list[Any]:
+    return [value] if isinstance(value, (str, int, float)) else list(value)
+
+
+# -------------------------------------------------------------------------------------------- run axes
+
+
+@cache
+def _settings() -> dict[tuple[str, str], str]:
+    """(paper model, precision) -> the conf/setting option that selects them."""
+    out: dict[tuple[str, str], str] = {}
+    for name in config.group_options("setting"):
+        choice = config.option_choices("setting", name)
+        out[(choice["model"], choice["precision"])] = name
+    return out
+
+
+def _run_setting(run_config: Mapping[str, Any], paper_model: str | None, precision: str | None) -> str | None:
+    """The run's paper setting: its config's ``setting.name``, else the conf/setting of its (paper model,
+    precision); None when no setting selects them."""
+    node = run_config.get("setting")
+    if isinstance(node, Mapping) and isinstance(node.get("name"), str):
+        return node["name"]
+    if paper_model is None or precision is None:
+        return None
+    return _settings().get((paper_model, precision))
+
+
+@cache
+def _model_label(model: str) -> str:
+    """conf/model's label (for a CPU model it says what it stands in for), or the raw name conf/ lacks."""
+    return config.label("model", model) if model in config.group_options("model") else model
+
+
+def _anchor(run_config: Mapping[str, Any]) -> str | None:
+    """The anchor of the run's ratio (``predmask.methods.method_anchor``: recorded, else the method's default);
+    None for a run without a method this code knows."""
+    from predmask.methods import method_anchor  # lazy: torch is needed only here
+
+    section = run_config.get("method")
+    if not isinstance(section, Mapping):
+        return None
+    try:  # only the keys the anchor depends on: an old config's other parameters may no longer validate
+        return method_anchor({k: section[k] for k in ("name", "anchor") if k in section})
+    except ValueError:
+        return None
+
+
+def _run_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """One row per run: the stored columns and the axes derived from its config (setting, paper model, anchor,
+    scale)."""
+    schema = {
+        "run_id": pl.String,
+        "sweep": pl.String,
+        "method": pl.String,
+        "setting": pl.String,
+        "model": pl.String,
+        "paper_model": pl.String,
+        "precision": pl.String,
+        "delta": pl.Float64,
+        "seed": pl.Int64,
+        "backend": pl.String,
+        "status": pl.String,
+        "anchor": pl.String,
+        "scale": pl.String,
+        "run_dir": pl.String,
+        "updated_at": pl.Datetime("us"),
+    }
+    if not table_exists(con, "runs"):
+        return pl.DataFrame(schema=schema)
+    rows = con.execute(
+        "SELECT run_id, sweep, method, model, precision, delta, seed, backend, status, config, run_dir, "
+        "updated_at FROM runs ORDER BY sweep, run_id"
+    ).fetchall()
+    out = []
+    for run_id, sweep, method, model, precision, delta, seed, backend, status, cfg, run_dir, updated in rows:
+        try:
+            parsed = json.loads(cfg) if cfg else {}
+        except (TypeError, json.JSONDecodeError):
+            parsed = {}
+        parsed = parsed if isinstance(parsed, dict) else {}
+        paper = curves.paper_model(model, parsed) or model
+        out.append(
+            {
+                "run_id": run_id,
+                "sweep": sweep,
+                "method": method,
+                "setting": _run_setting(parsed, paper, precision),
+                "model": model,
+                "paper_model": paper,
+                "precision": precision,
+                "delta": delta,
+                "seed": seed,
+                "backend": backend,
+                "status": status,
+                "anchor": _anchor(parsed),
+                "scale": _model_label(model) if model else None,
+                "run_dir": run_dir,
+                "updated_at": updated,
+            }
+        )
+    return pl.DataFrame(out, schema=schema)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What pairing needs of a run (``curves.RunKey``)."""
+
+    run_id: str
+    method: str | None
+    seed: int | None
+
+
+@cache
+def _method_order() -> dict[str, int]:
+    from predmask.methods import METHODS  # lazy: torch is needed only here
+
+    return {name: i for i, name in enumerate(METHODS)}
+
+
+def _method_rank(method: str | None) -> tuple[int, str]:
+    return (_method_order().get(method or "", len(_method_order())), method or "")
+
+
+def _smoothing(smooth: float | training_stats.Smoothing | None) -> training_stats.Smoothing | None:
+    if smooth is None or isinstance(smooth, training_stats.Smoothing):
+        return smooth
+    if isinstance(smooth, bool) or not isinstance(smooth, (int, float)):
+        raise TypeError(
+            f"smooth must be None, a half-life in logged points (a number >= 0) or a Smoothing, got {smooth!r}"
+        )
+    return training_stats.Smoothing(float(smooth))
+
+
+def _interval(prefix: str, iv: training_stats.Interval | None) -> dict[str, float | int | None]:
+    if iv is None:
+        return {f"{prefix}_mean": None, f"{prefix}_lo": None, f"{prefix}_hi": None}
+    return {f"{prefix}_mean": iv.mean, f"{prefix}_lo": iv.lo, f"{prefix}_hi": iv.hi}
+
+
+def _difference(prefix: str, d: training_stats.PairedDifference | None) -> dict[str, float | int | None]:
+    row = _interval(prefix, d.interval if d is not None else None)
+    row[f"{prefix}_n"] = d.n if d is not None else None
+    row[f"{prefix}_positive"] = d.n_positive if d is not None else None
+    return row
+
+
+def _keys(keys: Iterable[Hashable]) -> str:
+    return ", ".join(str(k) for k in keys)
+
+
+def _distinct(frame: pl.DataFrame, column: str) -> list[Any]:
+    return sorted(v for v in frame.get_column(column).unique().to_list() if v is not None)
+
+
+def _select(
+    frame: pl.DataFrame,
+    sweep: str | Sequence[str] | None = None,
+    method: str | Sequence[str] | None = None,
+    setting: str | Sequence[str] | None = None,
+    seed: int | Sequence[int] | None = None,
+    runs: str | Sequence[str] | None = None,
+) -> pl.DataFrame:
+    """The runs matching every filter given (a value or a list); a value no run has raises UnknownNameError."""
+    for column, wanted in (("sweep", sweep), ("method", method), ("setting", setting), ("seed", seed)):
+        if wanted is None:
+            continue
+        values = _as_list(wanted)
+        _check(column, values, _distinct(frame, column))
+        frame = frame.filter(pl.col(column).is_in(values))
+    if runs is not None:
+        ids = _as_list(runs)
+        _check("run", ids, frame.get_column("run_id").to_list())
+        frame = frame.filter(pl.col("run_id").is_in(ids))
+    return frame
+
+
+def _metric_names(con: duckdb.DuckDBPyConnection, runs: pl.DataFrame) -> list[str]:
+    if not table_exists(con, "metrics"):
+        return []
+    rows = con.execute(
+        "SELECT DISTINCT name FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY name",
+        [runs.get_column("run_id").to_list()],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _studies(con: duckdb.DuckDBPyConnection) -> list[str]:
+    if not table_exists(con, "token_level_studies"):
+        return []
+    return [
+        r[0] for r in con.execute("SELECT study_id FROM token_level_studies ORDER BY study_id").fetchall()
+    ]
+
+
+def _study(con: duckdb.DuckDBPyConnection, study: str | None) -> str:
+    """The study asked for, else the only one stored."""
+    known = _studies(con)
+    if study is not None:
+        _check("study", [study], known)
+        return study
+    if len(known) == 1:
+        return known[0]
+    if not known:
+        raise ValueError("this database has no token-level study (python -m analysis token_level)")
+    raise ValueError(f"this database has {len(known)} token-level studies; name one: {', '.join(known)}")
+
+
+# ------------------------------------------------------------------------------------------ the library
+
+
+class Results:
+    """A read-only view of one results database. Every call opens the file read-only for its own queries and
+    closes it again, so a notebook left open never keeps a sweep's ingest from writing; each call sees the
+    database as it is then."""
+
+    def __init__(self, path: Path, backend: Backend = "pandas") -> None:
+        _check("backend", [backend], BACKENDS)
+        self.path = path
+        self.backend: Backend = backend
+        with self._connect():  # a missing or unreadable file fails here, in one line
+            pass
+
+    @contextmanager
+    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        con = connect(self.path, read_only=True)
+        try:
+            yield con
+        finally:
+            con.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Results({str(self.path)!r}: sweeps {self.sweeps()}, studies {self.studies()}; {self.backend})"
+        )
+
+    def _out(self, frame: pl.DataFrame) -> Any:
+        if self.backend == "polars":
+            return frame
+        try:
+            return frame.to_pandas()
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError(
+                f"backend 'pandas' needs pandas installed ({exc}); pip install pandas, or use backend='polars'"
+            ) from exc
+
+    # --------------------------------------------------------------------------------------------- names
+
+    def sweeps(self) -> list[str]:
+        """The sweeps that have runs in this database."""
+        with self._connect() as con:
+            return _distinct(_run_frame(con), "sweep")
+
+    def metric_names(self, sweep: str | None = None) -> list[str]:
+        """The metric names logged (by the runs of ``sweep`` when given)."""
+        with self._connect() as con:
+            return _metric_names(con, _select(_run_frame(con), sweep=sweep))
+
+    def studies(self) -> list[str]:
+        """The token-level studies stored, by id."""
+        with self._connect() as con:
+            return _studies(con)
+
+    # ---------------------------------------------------------------------------------------------- runs
+
+    def runs(
+        self,
+        sweep: str | Sequence[str] | None = None,
+        method: str | Sequence[str] | None = None,
+        setting: str | Sequence[str] | None = None,
+        seed: int | Sequence[int] | None = None,
+    ) -> Any:
+        """One row per run: its axes (sweep, method, setting, model, the paper model it stands for, precision,
+        δ, seed, backend), status, the ratio's anchor (``old`` | ``rollout``: recorded, else the method's default), scale
+        (conf/model's label, which names a CPU stand-in as one), run directory and last update. Each filter takes
+        a value or a list; a value no run has raises UnknownNameError."""
+        with self._connect() as con:
+            return self._out(_select(_run_frame(con), sweep, method, setting, seed))
+
+    # ------------------------------------------------------------------------------------------- metrics
+
+    def metrics(
+        self,
+        names: str | Sequence[str],
+        *,
+        sweep: str | Sequence[str] | None = None,
+        runs: str | Sequence[str] | None = None,
+        smooth: float | training_stats.Smoothing | None = None,
+        wide: bool = False,
+    ) -> Any:
+        """Tidy rows (run_id, step, name, value) with the run axes, ordered by run, name and step; ``wide``: one
+        column per metric (run axes, step, then the metrics; null where a run did not log one at a step).
+
+        ``smooth``: the figures' EMA (``analysis.training.stats.Smoothing``, or its half-life in logged points;
+        ``STEP_SMOOTHING`` and ``VAL_SMOOTHING`` are the figures' choices) applied to each run's series of each
+        metric on its own logged points, as the figures smooth each seed; ``value`` is then the smoothed value.
+        """
+        wanted = _as_list(names)
+        if not wanted:
+            raise ValueError("metrics() needs at least one metric name; see Results.metric_names()")
+        smoothing = _smoothing(smooth)
+        with self._connect() as con:
+            every = _run_frame(con)
+            selected = _select(every, sweep=sweep, runs=runs)
+            _check("metric", wanted, _metric_names(con, every))
+            series = curves.metric_series(con, selected.get_column("run_id").to_list(), wanted)
+        parts = []
+        for (run_id, name), (steps, values) in series.items():
+            shown = values if smoothing is None else smoothing.apply(values)
+            parts.append(
+                pl.DataFrame(
+                    {"run_id": run_id, "step": steps, "name": name, "value": shown},
+                    schema={"run_id": pl.String, "step": pl.Int64, "name": pl.String, "value": pl.Float64},
+                )
+            )
+        tidy = (
+            pl.concat(parts)
+            if parts
+            else pl.DataFrame(
+                schema={"run_id": pl.String, "step": pl.Int64, "name": pl.String, "value": pl.Float64}
+            )
+        )
+        axes = selected.select("run_id", *AXES)
+        tidy = tidy.join(axes, on="run_id", how="left").select("run_id", *AXES, "step", "name", "value")
+        if wide:
+            present = [n for n in wanted if n in set(tidy.get_column("name").to_list())]
+            tidy = tidy.pivot(on="name", index=["run_id", *AXES, "step"], values="value")
+            tidy = tidy.select("run_id", *AXES, "step", *present).sort("run_id", "step")
+        return self._out(tidy)
+
+    # ------------------------------------------------------------------------------------- main results
+
+    def summary(self, sweep: str) -> Any:
+        """The main results of a sweep, one row per (setting, model, δ, method): final, best and AUC validation
+        accuracy over seeds (mean and 95% t-interval; ``lo``/``hi`` null for one seed), the method a predictive
+        mask is paired with and the paired differences in final accuracy and AUC (mean, interval, pairs, pairs
+        > 0), and the seeds that collapsed. The numbers of Table 2 of the reports, from the same functions
+        (``analysis.training.stats.setting_results`` on the validation curves of ``analysis.results.curves``);
+        validation accuracy is the mean of the two AIME scores, and runs without both are left out."""
+        with self._connect() as con:
+            selected = _select(_run_frame(con), sweep=sweep)
+            aime = curves.aime_series(con, selected.get_column("run_id").to_list())
+        val = {
+            rid: s for rid, a in aime.items() if (s := curves.validation_series(a)) is not None and len(s[0])
+        }
+        rows: list[dict[str, Any]] = []
+        groups = ("setting", "paper_model", "model", "precision", "delta")
+        for key, members in selected.group_by(groups, maintain_order=True):
+            runs = [_Run(r["run_id"], r["method"], r["seed"]) for r in members.iter_rows(named=True)]
+            by_method = curves.by_method_and_seed(runs, val, rank=_method_rank)
+            results = training_stats.setting_results({str(m): g for m, g in by_method.items()})
+            axes = dict(zip(groups, key))
+            for method, r in results.items():
+                ref = r.vs_final.reference if r.vs_final is not None else None
+                rows.append(
+                    {
+                        "sweep": sweep,
+                        **axes,
+                        "method": method,
+                        "n_seeds": r.n,
+                        "seeds": _keys(r.runs),
+                        **_interval("final", r.final),
+                        **_interval("best", r.best),
+                        **_interval("auc", r.auc),
+                        "reference": ref,
+                        **_difference("d_final", r.vs_final),
+                        **_difference("d_auc", r.vs_auc),
+                        "n_collapsed": len(r.collapsed),
+                        "collapsed_seeds": _keys(r.collapsed),
+                    }
+                )
+        if not rows:
+            return self._out(pl.DataFrame(schema={"sweep": pl.String, **{g: pl.String for g in groups}}))
+        frame = pl.DataFrame(rows, infer_schema_length=None)
+        return self._out(
+            frame.sort(["setting", "model", "precision", "delta"], nulls_last=True, maintain_order=True)
+        )
+
+    # -------------------------------------------------------------------------------------- token level
+
+    def token_level(self, study: str | None = None, level: str = "seed") -> Any:
+        """A token-level study's rows as stored: ``level="seed"`` one row per seed (the per-seed counts and
+        rates), ``level="token"`` one row per studied token. ``study`` None: the only study stored."""
+        _check("level", [level], LEVELS)
+        table = "token_level_seeds" if level == "seed" else "token_level_tokens"
+        order = "seed" if level == "seed" else "seed, sequence, position"
+        with self._connect() as con:
+            study_id = _study(con, study)
+            frame = con.sql(
+                f"SELECT * FROM {table} WHERE study_id = ? ORDER BY {order}", params=[study_id]
+            ).pl()
+        return self._out(frame)
+
+    def token_level_summary(self, study: str | None = None) -> Any:
+        """The study's numbers as the study's CLI prints them (``analysis.token_level.stats.study_summary``), one
+        row per quantity and criterion: mean ± standard error over seeds (``over`` says which seeds: all, or the
+        paired seeds of a comparison), pooled fractions k / n with their Wilson interval, the CLI's text, and
+        the paper's number where the paper reports it."""
+        with self._connect() as con:
+            study_id = _study(con, study)
+            seeds = con.sql(
+                "SELECT * FROM token_level_seeds WHERE study_id = ? ORDER BY seed", params=[study_id]
+            ).pl()
+        summary = token_stats.study_summary(seeds)
+        rows = [_count_row("seeds", None, summary.n_seeds, "seeds")]
+        rows.append(_mean_row("outside per seed", None, summary.outside, "outside_per_seed", count=True))
+        for crit, pair in summary.pairs.items():
+            paper = crit == "predictive"
+            u = pair.unsafe_keep
+            rows += [
+                _mean_row(
+                    "disagreement per seed", crit, pair.disagree, "disagree_per_seed" if paper else None, True
+                ),
+                _mean_row(
+                    "unsafe-keep, predictive", crit, u.pred_mean, "unsafe_keep_predictive" if paper else None
+                ),
+                _mean_row("unsafe-keep, ratio", crit, u.ratio_mean, "unsafe_keep_ratio" if paper else None),
+                {
+                    **_count_row("seeds where predictive is lower", crit, u.n_lower, None),
+                    "n": u.n_paired,
+                    "over": "paired seeds",
+                    "text": f"{u.n_lower} of {u.n_paired}",
+                    "paper": token_stats.paper_text("seeds_predictive_lower") if paper else None,
+                },
+                _pooled_row(
+                    "corrective, predictive",
+                    crit,
+                    pair.corrective_pred,
+                    "corrective_predictive" if paper else None,
+                ),
+                _pooled_row(
+                    "corrective, ratio", crit, pair.corrective_ratio, "corrective_ratio" if paper else None
+                ),
+            ]
+        return self._out(pl.DataFrame(rows, schema=_SUMMARY_SCHEMA))
+
+
+_SUMMARY_SCHEMA = {
+    "quantity": pl.String,
+    "criterion": pl.String,
+    "value": pl.Float64,
+    "se": pl.Float64,
+    "lo": pl.Float64,
+    "hi": pl.Float64,
+    "k": pl.Int64,
+    "n": pl.Int64,
+    "over": pl.String,
+    "text": pl.String,
+    "paper": pl.String,
+}
+
+
+def _row(quantity: str, criterion: str | None, **values: Any) -> dict[str, Any]:
+    return {key: values.get(key) for key in _SUMMARY_SCHEMA} | {"quantity": quantity, "criterion": criterion}
+
+
+def _count_row(quantity: str, criterion: str | None, value: int, paper: str | None) -> dict[str, Any]:
+    return _row(
+        quantity,
+        criterion,
+        value=float(value),
+        text=str(value),
+        paper=token_stats.paper_text(paper) if paper else None,
+    )
+
+
+def _mean_row(
+    quantity: str, criterion: str | None, m: token_stats.MeanSE, paper: str | None, count: bool = False
+) -> dict[str, Any]:
+    return _row(
+        quantity,
+        criterion,
+        value=m.mean,
+        se=m.se,
+        n=m.n,
+        over=m.over,
+        text=m.count() if count else m.pct(),
+        paper=token_stats.paper_text(paper) if paper else None,
+    )
+
+
+def _pooled_row(
+    quantity: str, criterion: str | None, p: token_stats.Pooled, paper: str | None
+) -> dict[str, Any]:
+    lo, hi = p.interval
+    return _row(
+        quantity,
+        criterion,
+        value=p.fraction,
+        lo=None if np.isnan(lo) else lo,
+        hi=None if np.isnan(hi) else hi,
+        k=p.k,
+        n=p.n,
+        over="tokens pooled over seeds",
+        text=p.pct(),
+        paper=token_stats.paper_text(paper) if paper else None,
+    )
+
+
+def open_results(db: str | os.PathLike[str] | None = None, *, backend: Backend = "pandas") -> Results:
+    """Open the results database read-only: ``db``, else ``$PREDMASK_DB``, else results/predmask.duckdb (the
+    commands' default). Raises StoreError (one line) when the file is missing or cannot be opened."""
+    return Results(Path(db) if db is not None else default_db_path(), backend)
