@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -114,13 +116,70 @@ def compose(
         with initialize_config_module(config_module="conf", version_base=None):
             cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException) as err:
+        hint = _override_hint(config_name, overrides, _one_line(err), schemas)
         raise ConfigError(
-            f"cannot compose {config_name} with {' '.join(overrides) or 'no overrides'}: {_one_line(err)}"
+            hint or f"cannot compose {config_name} with {' '.join(overrides) or 'no overrides'}: {_one_line(err)}"
         ) from None
     finally:
         GlobalHydra.instance().clear()
     _check_schema_keys(cfg)
     return cfg
+
+
+_UNKNOWN_KEY = re.compile(r"Could not override '([^']+)'")
+_BAD_VALUE = re.compile(r"Error merging override ([^=\s]+)=.*?Value '(.*)' of type '\w+' could not be converted to (\w+)")
+
+
+def _bare_key(override: str) -> str:
+    """The dotted key of a Hydra override (``+a.b=1``, ``~a.b``, ``a.b=1,2`` -> ``a.b``)."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def config_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Every dotted key of ``cfg`` (sections and leaves), without Hydra's own node."""
+    keys: list[str] = []
+    for key in cfg:
+        if str(key) == "hydra":
+            continue
+        path = f"{prefix}.{key}" if prefix else str(key)
+        keys.append(path)
+        node = cfg._get_node(key)  # type: ignore[union-attr]
+        if isinstance(node, DictConfig):
+            keys.extend(config_keys(node, path))
+    return keys
+
+
+def closest_keys(key: str, known: Sequence[str], n: int = 3) -> list[str]:
+    """The known dotted keys nearest to ``key``: by the whole path, then by its last part (``lr`` -> ``trainer.lr``)."""
+    whole = difflib.get_close_matches(key, known, n=n, cutoff=0.6)
+    last = key.rsplit(".", 1)[-1]
+    names = sorted({k.rsplit(".", 1)[-1] for k in known})
+    near = difflib.get_close_matches(last, names, n=n, cutoff=0.75)
+    tails = [k for name in near for k in known if k.rsplit(".", 1)[-1] == name]
+    return list(dict.fromkeys(whole + tails))[:n]
+
+
+def _override_hint(
+    config_name: str, overrides: Sequence[str], message: str, schemas: Mapping[str, Any] | None
+) -> str | None:
+    """One line for an unknown key (its nearest known keys) or a bad value (key, value, the type it takes)."""
+    bad = _BAD_VALUE.search(message)
+    if bad:
+        key, value, kind = bad.groups()
+        article = "an" if kind[0] in "AEIOU" else "a"
+        return f"bad value for {key}: {value!r} is not {article} {kind.lower()} ({key} takes {article} {kind.lower()})"
+    unknown = _UNKNOWN_KEY.search(message)
+    if not unknown:
+        return None
+    key = unknown.group(1)
+    rest = [o for o in overrides if _bare_key(o) != key]
+    try:
+        known = config_keys(compose(config_name, rest, schemas=schemas))
+    except ConfigError:
+        known = []
+    near = closest_keys(key, known)
+    allowed = f"did you mean {' or '.join(near)}?" if near else "no known key is close"
+    return f"unknown config key {key!r} (conf/{config_name}.yaml and its groups); {allowed}"
 
 
 def _check_schema_keys(cfg: DictConfig, path: str = "") -> None:

@@ -15,8 +15,10 @@ from omegaconf import MISSING
 from predmask.config import (
     LAUNCHER_KEYS,
     ConfigError,
+    closest_keys,
     compose,
     conf_dir,
+    config_keys,
     cpu_standin,
     group_entry,
     group_options,
@@ -84,7 +86,7 @@ def test_the_study_composes_with_its_own_schema() -> None:
     cfg = to_container(compose("token_level", ["delta=0.1", "model=cpu_m"], schemas={SCHEMA: StudyConfig}))
     assert sorted(cfg) == sorted(_primary_keys("token_level"))
     assert cfg["delta"] == 0.1 and cfg["model"]["name"] == "cpu_m" and cfg["task"]["seed"] == 1234
-    with pytest.raises(ConfigError, match="sequences=many"):
+    with pytest.raises(ConfigError, match="bad value for sequences: 'many' is not an integer"):
         compose("token_level", ["sequences=many"], schemas={SCHEMA: StudyConfig})
 
 
@@ -97,18 +99,18 @@ def test_a_study_schema_is_applied_to_the_study_config() -> None:
     typed = _schema("token_level", sequences=int)
     cfg = compose("token_level", ["sequences=64"], schemas={"token_level_schema": typed})
     assert cfg.sequences == 64
-    with pytest.raises(ConfigError, match="sequences=many"):
+    with pytest.raises(ConfigError, match="bad value for sequences: 'many' is not an integer"):
         compose("token_level", ["sequences=many"], schemas={"token_level_schema": typed})
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["trainer.bogus=1"], "Could not override 'trainer.bogus'"),
+    (["trainer.bogus=1"], "unknown config key 'trainer.bogus'"),
     (["+trainer.bogus=1"], "unknown trainer keys ['bogus']"),
     (["+task.bogus=1"], "unknown task keys ['bogus']"),
     (["+base.bogus=1"], "unknown base keys ['bogus']"),
-    (["trainer.steps=many"], "Value 'many' of type 'str' could not be converted to Integer"),
-    (["rollout.temperature=hot"], "could not be converted to Float"),
-    (["base.lr=fast"], "could not be converted to Float"),
+    (["trainer.steps=many"], "bad value for trainer.steps: 'many' is not an integer"),
+    (["rollout.temperature=hot"], "bad value for rollout.temperature: 'hot' is not a float"),
+    (["base.lr=fast"], "bad value for base.lr: 'fast' is not a float"),
     (["task.train_ops=oops"], "task.train_ops=oops"),
     (["method=nope"], "Could not find 'method/nope'"),
 ])
@@ -116,6 +118,27 @@ def test_the_schemas_reject_unknown_keys_and_wrong_types_in_one_line(overrides: 
     with pytest.raises(ConfigError) as err:
         compose("train", overrides)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("override", "suggested"), [
+    ("lr=1e-3", "trainer.lr"),                       # a leaf named without its section
+    ("trainer.stepz=3", "trainer.steps"),            # a typo in the leaf
+    ("rollout.temprature=2", "rollout.temperature"),
+])
+def test_an_unknown_key_names_the_closest_known_keys(override: str, suggested: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        compose("train", [override])
+    text = str(err.value)
+    assert "did you mean" in text and suggested in text.split("did you mean")[1] and "\n" not in text
+    key = override.split("=")[0]
+    assert config_keys(compose("train")).count(suggested) == 1 and key not in config_keys(compose("train"))
+
+
+def test_closest_keys_prefers_the_whole_path_then_the_last_part() -> None:
+    known = ["trainer.lr", "base.lr", "trainer.steps", "rollout.n"]
+    assert closest_keys("trainer.lrr", known)[0] == "trainer.lr"
+    assert set(closest_keys("lr", known)) == {"trainer.lr", "base.lr"}
+    assert closest_keys("zzzz", known) == []
 
 
 def test_schema_values_keep_their_types() -> None:
