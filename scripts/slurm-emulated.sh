@@ -3,9 +3,9 @@
 #
 # Usage: scripts/slurm-emulated.sh start|stop|status
 #
-# The cluster is the one described in docs/cluster-facts.md: munged, one slurmctld and four slurmd
-# daemons (node1..node4, all on this host, each with its own port, spool and pid file; Debian's
-# slurm-wlm is built with MULTIPLE_SLURMD). The "GPUs" are plain files used as scheduling tokens.
+# The cluster is the one conf/cluster/h20_4x8.yaml describes (4 nodes x 8 GPUs, partition h20): munged, one
+# slurmctld and four slurmd daemons (node1..node4, all on this host, each with its own port, spool and pid file;
+# Debian's slurm-wlm is built with MULTIPLE_SLURMD). The "GPUs" are plain files used as scheduling tokens.
 # Everything lives under a state directory (default /tmp/predmask-slurm, or $PREDMASK_SLURM_DIR).
 # `start` is idempotent (starts only what is missing), prints progress on stderr and, on stdout,
 # the one line clients need:  export SLURM_CONF=<state dir>/slurm.conf

@@ -30,8 +30,14 @@ VERL_FREE: tuple[str, ...] = (
     "predmask.verl.packing",
     "predmask.verl.records",
     "predmask.verl.rollout",
+    "predmask.verl.settings",
+    "predmask.verl.stats",
     "sweeps.data",
 )
+
+#: what the notebook library analysis.results may import of the project (docs/architecture.md, "may import")
+RESULTS_MAY_IMPORT: tuple[str, ...] = ("predmask", "analysis.store", "analysis.training", "analysis.token_level.stats",
+                                       "analysis.results")
 
 Graph = dict[str, set[str]]
 
@@ -102,6 +108,9 @@ def violations(graph: Mapping[str, set[str]]) -> list[str]:
                 found.append(f"{importer} -> {dep}: analysis uses only the launch layer of sweeps")
             if _within(importer, "sweeps") and _within(dep, "analysis") and not _within(dep, "analysis.store"):
                 found.append(f"{importer} -> {dep}: sweeps uses only the results store of analysis")
+            project = any(_within(dep, p) for p in PACKAGES)
+            if _within(importer, "analysis.results") and project and not any(_within(dep, a) for a in RESULTS_MAY_IMPORT):
+                found.append(f"{importer} -> {dep}: the results library reads only the store and the statistics")
             if any(_within(dep, v) for v in VERL_ROOTS) and not _within(importer, "predmask.verl"):
                 found.append(f"{importer} -> {dep}: only predmask/verl/ imports verl")
             if importer in VERL_FREE and any(_within(dep, v) for v in CLUSTER_STACK):
@@ -194,6 +203,9 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         ("reports.tables", "sweeps.launch.slurm", "reports runs nothing"),
         ("predmask.verl.packing", "verl.utils", "a verl-free part of the plugin"),
         ("sweeps.data", "ray", "a verl-free part of the plugin"),
+        ("predmask.verl.settings", "verl.workers", "a verl-free part of the plugin"),
+        ("analysis.results.library", "analysis.token_level.study", "the results library reads only"),
+        ("analysis.results.curves", "analysis.calibrate", "the results library reads only"),
     ],
 )
 def test_each_rule_catches_its_breach(importer: str, imported: str, rule: str) -> None:
@@ -208,5 +220,7 @@ def test_allowed_edges_pass() -> None:
         "reports.paper": {"analysis.store", "analysis.token_level.stats", "predmask.config"},
         "sweeps.submit": {"predmask.verl.overrides"},
         "predmask.verl.topk_loss": {"verl.utils", "predmask.verl.packing"},
+        "analysis.results.library": {"pandas", "polars", "analysis.store", "analysis.training.stats",
+                                     "analysis.token_level.stats", "analysis.results.curves", "predmask.methods"},
     }
     assert violations(allowed) == []

@@ -224,6 +224,29 @@ def test_aggregated_and_uniform_differ_by_the_stated_correction(case: Case) -> N
     torch.testing.assert_close(uni - agg, expected, rtol=1e-7, atol=1e-12)
 
 
+@EXAMPLES
+@given(case=cases, divergence=divergences)
+def test_the_exact_tail_lies_between_the_uniform_and_the_aggregated(case: Case, divergence: str) -> None:
+    """docs/math.md §3.1: pi_T**2 / (V - |S|) <= q_T <= pi_T**2 and Ddot is linear in q_T, so the exact tail's Ddot
+    lies between the two estimators'."""
+    pi_lp, tail_sq = _lib_logprobs(case, return_tail_sq=True)
+    args = (case.mu_lp, pi_lp, case.valid, case.sampled_index)
+    agg = pm.predicted_divergence_change(*args, divergence=divergence)
+    uni = pm.predicted_divergence_change(*args, divergence=divergence, tail="uniform", vocab_size=case.z.shape[-1])
+    exact = pm.predicted_divergence_change(*args, divergence=divergence, tail="exact", pi_tail_sq=tail_sq)
+    low, high = torch.minimum(agg, uni), torch.maximum(agg, uni)
+    assert bool((exact >= low - 1e-12).all() and (exact <= high + 1e-12).all())
+
+
+@EXAMPLES
+@given(case=cases)
+def test_the_top_k_kl_is_at_most_the_full_kl(case: Case) -> None:
+    """docs/math.md §2: merging the tail into one bucket can only lower the KL (the full KL written out here)."""
+    d = pm.topk_divergence(case.mu_lp, _lib_logprobs(case), case.valid)
+    full = (case.mu_full.exp() * (case.mu_full - torch.log_softmax(case.u, -1))).sum(-1)
+    assert bool((d <= full + 1e-12).all())
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.6])
 def test_support_log_softmax_passes_gradcheck_backward_and_forward(temperature: float) -> None:
     """The hand-written backward and jvp of the support log-softmax against finite differences."""
