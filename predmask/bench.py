@@ -1,11 +1,18 @@
-"""Benchmark: loss forward+backward time and peak memory of the predictive mask against DPPO-TopK-KL.
+"""Benchmark of the whole loss (support gather from logits, mask, backward) of the predictive masks against
+DPPO-TopK-KL: time ratio, peak memory, and the closed forms at the benchmark's precision against float64.
 
-    python -m predmask.bench [--tokens 4096] [--vocab 32000] [--topk 20] [--repeats 7]
+    python -m predmask.bench [--device cpu|cuda] [--dtype float32|bfloat16] [--tokens 4096[,8192,...]]
+                             [--vocab 32000] [--topk 20] [--repeats 7] [--no-memory] [--out DIR]
 
-Every method runs the whole path a trainer runs: gather the training log-probs on the support from the
-logits (log-sum-exp), the masked loss, and the backward pass to the logits. Timings interleave the methods in
-one process (median of the repeats); peak memory is measured per method in a fresh subprocess (peak RSS above
-the inputs), in units of one [tokens, vocab] float32 tensor. The last line is the ratio the project tracks.
+Every method runs the path a trainer runs: gather the training log-probs on the support from the logits
+(log-sum-exp), the masked loss, and the backward pass to the logits. Timings interleave the methods in one process
+(median of the repeats). Peak memory is the most memory allocated above the inputs during one step, in units of the
+logits' own size (numel x element size): on CUDA ``torch.cuda.max_memory_allocated`` in this process, on CPU the
+peak RSS of a fresh subprocess per method. The closed forms (D and its predicted change Ddot, both tails) are
+computed from the benchmark's logits as the trainer computes them and again with the same logits and rollout
+log-probs in float64; their largest absolute and relative differences and the tokens whose mask decision differs
+are printed. Each size ends with PASS/FAIL against the targets (``TIME_RATIO_MAX``, ``PEAK_EXTRA_MAX``); the exit
+status is 1 when a target fails. ``--out`` writes the printed text and a JSON record (bench.txt, bench.json).
 """
 
 from __future__ import annotations
@@ -13,36 +20,105 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
+import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
+from torch import Tensor
 
+from predmask.divergence import predicted_divergence_change, topk_divergence
+from predmask.io import atomic_write_text
 from predmask.methods import MethodParams, policy_loss
 from predmask.support import build_support, gather_support_logprobs
 
+__all__ = [
+    "BASELINE",
+    "DELTA",
+    "DTYPES",
+    "METHODS",
+    "PEAK_EXTRA_MAX",
+    "REFERENCE",
+    "REL_FLOOR",
+    "TIME_RATIO_MAX",
+    "bench_size",
+    "closed_form_errors",
+    "main",
+    "make_inputs",
+    "median_times",
+    "peak_extra_bytes",
+    "report_lines",
+    "step_fn",
+    "targets",
+]
+
 METHODS = ("dppo_topk_kl", "predmask_kl_agg", "predmask_kl_uniform")
+#: the method every time ratio is taken against
+BASELINE = "dppo_topk_kl"
 REFERENCE = "log_softmax_gather"  # the plain sampled-token loss: log_softmax over the vocabulary, gathered
+#: the predictive masks may cost at most 2% more time than DPPO-TopK-KL: their extra work is [tokens, K+1]-sized
+TIME_RATIO_MAX = 1.02
+#: peak extra memory of a step, in logits sizes. The logits gradient itself is 1.00; the per-token tensors add
+#: (K+1)/V of it and bounded row-chunk work buffers a little more, while any second [tokens, vocab] tensor adds at
+#: least 1.0 (another tensor in the logits' dtype) or 2.0 (a float32 copy of bf16 logits): 1.25 tells them apart
+PEAK_EXTRA_MAX = 1.25
+#: the trust-region threshold of the timed losses: the paper's tight threshold, so that the mask has work to do
+DELTA = 0.05
+#: |float64 value| below which the relative error is taken against this floor instead: ulp(1) in float32 is 1.2e-7,
+#: so values this small are sums of O(1) probabilities at float32 rounding, where a relative error measures nothing
+REL_FLOOR = 1e-6
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+#: rows of logits generated and compared at once (bounds the float32/float64 work buffers at Qwen3 scale)
+_CHUNK_ROWS = 4096
+#: glibc's mmap threshold in the CPU memory subprocess, fixed: every buffer above 128 KiB is mapped and unmapped on
+#: its own, so the peak RSS follows the live tensors (glibc's default threshold grows after frees and then keeps
+#: freed buffers resident, which adds 0.1-0.3 x the logits of noise at 2,048 x 32k)
+_MMAP_THRESHOLD = "131072"
+#: the closed forms compared against float64: (name in the output, tail estimator or None for D itself)
+_CLOSED_FORMS: tuple[tuple[str, str | None], ...] = (("D", None), ("Ddot_aggregated", "aggregated"),
+                                                     ("Ddot_uniform", "uniform"))
 
 
-def make_inputs(tokens: int, vocab: int, topk: int, seed: int = 0) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(tokens, vocab, generator=g) * 2.0
-    # the rollout distribution: the same logits, perturbed (a stand-in for precision mismatch)
-    mu_lp = torch.log_softmax(logits + 0.3 * torch.randn(tokens, vocab, generator=g), -1)
-    sampled = torch.multinomial(mu_lp.exp(), 1, generator=g).squeeze(-1)
-    top = mu_lp.topk(topk, -1)
-    sup = build_support(top.indices, top.values, sampled, mu_lp.gather(-1, sampled[:, None]).squeeze(-1))
-    adv = torch.randn(tokens, generator=g)
+def make_inputs(tokens: int, vocab: int, topk: int, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                seed: int = 0) -> dict[str, Tensor]:
+    """Logits [tokens, vocab] in ``dtype`` and a rollout support built from a perturbed copy of them.
+
+    Each token's logits are standard normal times a sharpness drawn from [1, 6], so the distributions range from
+    nearly flat to peaked like a language model's; the rollout distribution is the (rounded) logits plus noise of
+    scale 0.3, a stand-in for precision mismatch. Generated in row chunks on ``device``, so that no float32 copy
+    of the whole logits exists.
+    """
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.empty(tokens, vocab, dtype=dtype, device=device)
+    sharp = 1.0 + 5.0 * torch.rand(tokens, 1, generator=g, device=device)
+    top_ids, top_lp, sampled, sampled_lp = [], [], [], []
+    for s in range(0, tokens, _CHUNK_ROWS):
+        e = min(s + _CHUNK_ROWS, tokens)
+        logits[s:e] = torch.randn(e - s, vocab, generator=g, device=device) * sharp[s:e]
+        mu_lp = torch.log_softmax(logits[s:e].float() + 0.3 * torch.randn(e - s, vocab, generator=g, device=device), -1)
+        k = torch.multinomial(mu_lp.exp(), 1, generator=g)
+        top = mu_lp.topk(topk, -1)
+        top_ids.append(top.indices)
+        top_lp.append(top.values)
+        sampled.append(k.squeeze(-1))
+        sampled_lp.append(mu_lp.gather(-1, k).squeeze(-1))
+        del mu_lp
+    sampled_ids = torch.cat(sampled)
+    sup = build_support(torch.cat(top_ids), torch.cat(top_lp), sampled_ids, torch.cat(sampled_lp))
+    adv = torch.randn(tokens, generator=g, device=device)
     return {"logits": logits, "ids": sup.ids, "mu": sup.mu_logprobs, "valid": sup.valid,
-            "sampled_index": sup.sampled_index, "sampled": sampled, "adv": adv}
+            "sampled_index": sup.sampled_index, "sampled": sampled_ids, "adv": adv}
 
 
-def step_fn(name: str, x: dict[str, torch.Tensor], vocab: int) -> Callable[[], None]:
-    """One forward+backward of ``name`` on the inputs (batch of 1 sequence x tokens)."""
-    params = MethodParams(delta=0.05, vocab_size=vocab)
-    mask = torch.ones(1, x["adv"].shape[0], dtype=torch.bool)
+def step_fn(name: str, x: dict[str, Tensor], vocab: int) -> Callable[[], None]:
+    """One forward+backward of ``name`` on the inputs (one sequence of all the tokens)."""
+    params = MethodParams(delta=DELTA, vocab_size=vocab)
+    mask = torch.ones(1, x["adv"].shape[0], dtype=torch.bool, device=x["adv"].device)
     old = x["mu"].gather(-1, x["sampled_index"][:, None]).squeeze(-1)[None]
 
     def reference() -> None:
@@ -63,6 +139,28 @@ def step_fn(name: str, x: dict[str, torch.Tensor], vocab: int) -> Callable[[], N
     return reference if name == REFERENCE else method
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_times(fns: dict[str, Callable[[], None]], repeats: int, device: torch.device,
+                 warmup: int = 2) -> dict[str, float]:
+    """Median wall seconds of each step, the steps interleaved so that machine noise hits every one alike."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    for _ in range(repeats):
+        for n, fn in fns.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times[n].append(time.perf_counter() - t0)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -77,63 +175,199 @@ def _reset_peak_rss() -> None:
         f.write("5")
 
 
-def _peak_child(name: str, tokens: int, vocab: int, topk: int, out: mp.Queue) -> None:
+def _peak_child(name: str, tokens: int, vocab: int, topk: int, dtype: str, out: mp.Queue) -> None:
     torch.set_num_threads(1)
-    x = make_inputs(tokens, vocab, topk)
+    x = make_inputs(tokens, vocab, topk, dtype=DTYPES[dtype])
     fn = step_fn(name, x, vocab)
+    fn()  # warm-up: the first call also loads code and sets up kernels, which is not the step's memory
     _reset_peak_rss()
     base = _status_kib("VmRSS")
     fn()
     out.put(max(0, _status_kib("VmHWM") - base) * 1024)
 
 
-def peak_extra_memory(name: str, tokens: int, vocab: int, topk: int) -> int:
+def peak_extra_bytes(name: str, x: dict[str, Tensor], vocab: int, topk: int) -> int:
+    """Most bytes allocated above the inputs during one step of ``name``: CUDA's peak-allocation counter on a
+    CUDA device; on CPU the peak RSS of a fresh subprocess that rebuilds the same inputs (seed 0), during its
+    second step."""
+    logits = x["logits"]
+    if logits.device.type == "cuda":
+        fn = step_fn(name, x, vocab)
+        _sync(logits.device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(logits.device)
+        base = torch.cuda.memory_allocated(logits.device)
+        fn()
+        _sync(logits.device)
+        return int(torch.cuda.max_memory_allocated(logits.device) - base)
+    dtype = next(k for k, v in DTYPES.items() if v == logits.dtype)
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
-    p = ctx.Process(target=_peak_child, args=(name, tokens, vocab, topk, q))
-    p.start()
+    p = ctx.Process(target=_peak_child, args=(name, logits.shape[0], vocab, topk, dtype, q))
+    previous = os.environ.get("MALLOC_MMAP_THRESHOLD_")
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = _MMAP_THRESHOLD  # read by glibc when the child starts
+    try:
+        p.start()
+    finally:
+        if previous is None:
+            del os.environ["MALLOC_MMAP_THRESHOLD_"]
+        else:
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = previous
     value = q.get(timeout=600)
     p.join()
     return int(value)
 
 
-def main(argv: list[str] | None = None) -> None:
+def closed_form_errors(x: dict[str, Tensor], vocab: int, delta: float = DELTA) -> dict[str, dict[str, float]]:
+    """D and Ddot (both tails) as the trainer computes them from these logits, against float64 from the same
+    logits and rollout log-probs: per closed form the largest absolute error, the largest relative error (against
+    max(|float64 value|, REL_FLOOR)) and ``decision_flips``, the tokens whose mask decision differs (D > delta
+    for D, A * Ddot > 0 for Ddot)."""
+    out = {name: {"max_abs": 0.0, "max_rel": 0.0, "decision_flips": 0.0} for name, _ in _CLOSED_FORMS}
+    n = x["logits"].shape[0]
+    for s in range(0, n, _CHUNK_ROWS):
+        e = min(s + _CHUNK_ROWS, n)
+        ids, valid, k = x["ids"][s:e], x["valid"][s:e], x["sampled_index"][s:e]
+        adv = x["adv"][s:e].double()
+        with torch.no_grad():
+            pairs = []
+            for logits, mu in ((x["logits"][s:e], x["mu"][s:e]), (x["logits"][s:e].double(), x["mu"][s:e].double())):
+                pi = gather_support_logprobs(logits, ids, valid)
+                values = []
+                for _, tail in _CLOSED_FORMS:
+                    values.append(topk_divergence(mu, pi, valid) if tail is None else
+                                  predicted_divergence_change(mu, pi, valid, k, tail=tail, vocab_size=vocab))
+                pairs.append(values)
+                del pi
+        for (name, tail), low, ref in zip(_CLOSED_FORMS, pairs[0], pairs[1], strict=True):
+            low = low.double()
+            err = (low - ref).abs()
+            rel = err / ref.abs().clamp_min(REL_FLOOR)
+            if tail is None:
+                flips = (low > delta) != (ref > delta)
+            else:
+                flips = (adv * low > 0) != (adv * ref > 0)
+            row = out[name]
+            row["max_abs"] = max(row["max_abs"], float(err.max()))
+            row["max_rel"] = max(row["max_rel"], float(rel.max()))
+            row["decision_flips"] += float(flips.sum())
+    return out
+
+
+def targets(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """The PASS/FAIL targets of one size's record: each predictive mask's time ratio against the baseline, and
+    each method's peak extra memory (when measured)."""
+    rows = [{"target": f"time {m} / {BASELINE}", "value": record["time_ratio"][m], "limit": TIME_RATIO_MAX}
+            for m in METHODS if m != BASELINE]
+    rows += [{"target": f"peak extra memory {m} (x logits)", "value": record["peak_extra"][m],
+              "limit": PEAK_EXTRA_MAX} for m in METHODS if m in record["peak_extra"]]
+    return [{**r, "pass": bool(r["value"] <= r["limit"])} for r in rows]
+
+
+def bench_size(tokens: int, *, vocab: int, topk: int, device: str, dtype: torch.dtype, repeats: int,
+               memory: bool) -> dict[str, Any]:
+    """Time, memory, closed-form errors and targets at one size (a JSON-ready record)."""
+    x = make_inputs(tokens, vocab, topk, device=device, dtype=dtype)
+    names = (REFERENCE, *METHODS)
+    med = median_times({n: step_fn(n, x, vocab) for n in names}, repeats, x["logits"].device)
+    unit = x["logits"].numel() * x["logits"].element_size()
+    peak = {n: peak_extra_bytes(n, x, vocab, topk) / unit for n in names} if memory else {}
+    record: dict[str, Any] = {
+        "tokens": tokens, "vocab": vocab, "topk": topk, "logits_bytes": unit, "median_s": med,
+        "time_ratio": {m: med[m] / med[BASELINE] for m in METHODS}, "peak_extra": peak,
+        "closed_forms": closed_form_errors(x, vocab),
+    }
+    record["targets"] = targets(record)
+    del x
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return record
+
+
+def environment(device: str) -> dict[str, Any]:
+    """What the numbers were measured on."""
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "device": device,
+                           "cpu_threads": torch.get_num_threads()}
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        env.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    return env
+
+
+def report_lines(env: dict[str, Any], dtype: str, records: Sequence[dict[str, Any]], repeats: int) -> list[str]:
+    """The printed report: per size the step times, ratios, peak memory, closed-form errors and targets."""
+    where = env.get("gpu", f"CPU, {env['cpu_threads']} threads")
+    lines = [f"predmask.bench: {where}, torch {env['torch']}, {dtype} logits, delta {DELTA}, median of {repeats}"]
+    for r in records:
+        lines.append(f"{r['tokens']} tokens x vocab {r['vocab']}, K={r['topk']} "
+                     f"(logits {r['logits_bytes'] / 2**30:.3f} GiB)")
+        for n, t in r["median_s"].items():
+            line = f"  {n:22s} fwd+bwd {t * 1e3:9.2f} ms"
+            if n in r["time_ratio"]:
+                line += f"   x{r['time_ratio'][n]:.3f} of {BASELINE}"
+            if n in r["peak_extra"]:
+                line += f"   peak extra memory {r['peak_extra'][n]:5.2f} x logits"
+            lines.append(line)
+        lines.append(f"  closed forms from {dtype} logits vs float64 (same logits and rollout log-probs):")
+        for name, e in r["closed_forms"].items():
+            lines.append(f"    {name:16s} max abs {e['max_abs']:.3e}  max rel {e['max_rel']:.3e}  "
+                         f"decision flips {int(e['decision_flips'])} of {r['tokens']}")
+        for t in r["targets"]:
+            lines.append(f"  {'PASS' if t['pass'] else 'FAIL'} {t['target']}: {t['value']:.3f} (limit {t['limit']})")
+    failed = sum(not t["pass"] for r in records for t in r["targets"])
+    total = sum(len(r["targets"]) for r in records)
+    lines.append(f"{'PASS' if failed == 0 else 'FAIL'}: {total - failed} of {total} targets met")
+    return lines
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tokens takes positive integers separated by commas, got {text!r}")
+    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError(f"--tokens takes positive integers separated by commas, got {text!r}")
+    return sizes
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m predmask.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="logits dtype (default float32)")
+    ap.add_argument("--tokens", type=_sizes, default=[4096], help="token counts, comma-separated (default 4096)")
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--topk", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--no-memory", action="store_true", help="skip the per-method peak-memory subprocesses")
-    ap.add_argument("--json", action="store_true", help="also print the results as one JSON line")
-    args = ap.parse_args(argv)
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    ap.add_argument("--out", type=Path, help="also write the report (bench.txt) and the record (bench.json) here")
+    return ap
 
-    x = make_inputs(args.tokens, args.vocab, args.topk)
-    names = (REFERENCE, *METHODS)
-    fns = {n: step_fn(n, x, args.vocab) for n in names}
-    for fn in fns.values():  # warm-up
-        fn()
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for _ in range(args.repeats):
-        for n in names:  # interleaved, so machine noise hits every method alike
-            t0 = time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t0)
-    med = {n: statistics.median(v) for n, v in times.items()}
-    unit = args.tokens * args.vocab * 4
-    print(f"predmask.bench: {args.tokens} tokens, vocab {args.vocab}, K={args.topk}, CPU threads "
-          f"{torch.get_num_threads()}, median of {args.repeats}")
-    mem: dict[str, float] = {}
-    for n in names:
-        line = f"  {n:22s} fwd+bwd {med[n] * 1e3:8.1f} ms"
-        if not args.no_memory:
-            mem[n] = peak_extra_memory(n, args.tokens, args.vocab, args.topk) / unit
-            line += f"   peak extra memory {mem[n]:5.2f} x [tokens, vocab] fp32"
-        print(line)
-    if args.json:
-        print(json.dumps({"median_s": med, "peak_extra_tv_units": mem}))
-    print(f"predmask_kl_agg / dppo_topk_kl loss time ratio: {med['predmask_kl_agg'] / med['dppo_topk_kl']:.2f}")
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error(f"--device {args.device}: no CUDA device is visible (allowed: cpu, or cuda on a GPU machine)")
+    if not args.device.startswith(("cpu", "cuda")):
+        ap.error(f"--device {args.device!r}: allowed cpu or cuda[:N]")
+    if args.topk + 1 >= args.vocab:
+        ap.error(f"--topk {args.topk} must be below --vocab - 1 ({args.vocab - 1})")
+    env = environment(args.device)
+    records = []
+    for tokens in args.tokens:
+        records.append(bench_size(tokens, vocab=args.vocab, topk=args.topk, device=args.device,
+                                  dtype=DTYPES[args.dtype], repeats=args.repeats, memory=not args.no_memory))
+        print(f"predmask.bench: {tokens} tokens measured", file=sys.stderr, flush=True)
+    text = "\n".join(report_lines(env, args.dtype, records, args.repeats)) + "\n"
+    print(text, end="")
+    if args.out is not None:
+        doc = {"environment": env, "dtype": args.dtype, "delta": DELTA, "repeats": args.repeats,
+               "time_ratio_max": TIME_RATIO_MAX, "peak_extra_max": PEAK_EXTRA_MAX, "sizes": records}
+        atomic_write_text(args.out / "bench.json", json.dumps(doc, indent=2) + "\n")
+        atomic_write_text(args.out / "bench.txt", text)
+    return 0 if all(t["pass"] for r in records for t in r["targets"]) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,6 +9,13 @@ from torch import Tensor
 
 __all__ = ["TopKSupport", "binary_support_valid", "build_support", "gather_support_logprobs"]
 
+#: row chunks of low-precision (bf16, fp16) logits: their log-sum-exp and gradient are computed in float32 one
+#: chunk of rows at a time, so each float32 work buffer is 1/32 of a float32 copy, 1/16 of the bf16 logits (a
+#: step's peak stays near the gradient alone, 1 x the logits, instead of the 4 x that whole-tensor float32 copies
+#: cost), while a chunk stays large (at 8,192 tokens x 151,936, 256 rows) so each kernel runs at full speed
+LOW_PRECISION_CHUNKS = 32
+_FULL_PRECISION = (torch.float32, torch.float64)
+
 
 @dataclass(frozen=True)
 class TopKSupport:
@@ -84,15 +91,42 @@ def binary_support_valid(valid: Tensor, sampled_index: Tensor) -> Tensor:
     return onehot & valid
 
 
+def _chunk_rows(rows: int) -> int:
+    """Rows of low-precision logits computed in float32 at once (``LOW_PRECISION_CHUNKS`` chunks in all)."""
+    return max(1, -(-rows // LOW_PRECISION_CHUNKS))
+
+
+def _chunked_logsumexp(logits: Tensor, temperature: float, factor: float = 1.0) -> Tensor:
+    """``logsumexp(factor * (logits / temperature), -1, keepdim=True)`` in float32 for low-precision logits, one
+    row chunk at a time (the same operations, in the same order, as on a float32 copy of the whole logits)."""
+    vocab = logits.shape[-1]
+    flat = logits.reshape(-1, vocab)
+    out = torch.empty(flat.shape[0], 1, dtype=torch.float32, device=logits.device)
+    step = _chunk_rows(flat.shape[0])
+    for s in range(0, flat.shape[0], step):
+        z = flat[s:s + step].float()
+        if temperature != 1.0:
+            z.div_(temperature)
+        if factor != 1.0:
+            z.mul_(factor)
+        out[s:s + step] = torch.logsumexp(z, dim=-1, keepdim=True)
+    return out.view(*logits.shape[:-1], 1)
+
+
 class _SupportLogSoftmax(torch.autograd.Function):
     """``log_softmax(z / T)`` gathered at ``ids``, with a hand-written backward that builds the logits gradient
     in one [..., V] buffer: ``(scatter(g) - sum(g) * softmax(z / T)) / T``. Autograd's own graph for the same
     expression keeps several [..., V] tensors alive (the exp of the log-sum-exp, the scatter of the gather, their
-    sum); this keeps only the gradient itself. Forward-mode AD (``torch.func.jvp``) is supported too."""
+    sum); this keeps only the gradient itself. Low-precision logits (bf16, fp16) are computed in float32 in row
+    chunks, forward and backward, so that their gradient is again the only [..., V] tensor. Forward-mode AD
+    (``torch.func.jvp``) is supported too."""
 
     @staticmethod
     def forward(logits: Tensor, ids: Tensor, temperature: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+        if logits.dtype not in _FULL_PRECISION:
+            lse = _chunked_logsumexp(logits, temperature)
+            return logits.gather(-1, ids).float() / temperature - lse, lse
+        z = logits
         lse = torch.logsumexp(z, dim=-1, keepdim=True) if temperature == 1.0 else \
             torch.logsumexp(z / temperature, dim=-1, keepdim=True)
         return z.gather(-1, ids) / temperature - lse, lse
@@ -118,11 +152,30 @@ class _SupportLogSoftmax(torch.autograd.Function):
         logits, ids, lse = ctx.saved_tensors
         t = ctx.temperature
         g = grad_out.to(lse.dtype)
+        if logits.dtype not in _FULL_PRECISION:
+            return _SupportLogSoftmax._chunked_grad(logits, ids, lse, g, t), None, None
         grad = _SupportLogSoftmax._softmax(logits, lse, t)
         grad.mul_(-g.sum(-1, keepdim=True)).scatter_add_(-1, ids, g)
         if t != 1.0:
             grad.div_(t)
-        return grad.to(logits.dtype), None, None
+        return grad, None, None
+
+    @staticmethod
+    def _chunked_grad(logits: Tensor, ids: Tensor, lse: Tensor, g: Tensor, t: float) -> Tensor:
+        """The logits gradient of low-precision logits, in their dtype, from float32 row chunks."""
+        vocab, width = logits.shape[-1], ids.shape[-1]
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        flat, flat_grad = logits.reshape(-1, vocab), grad.view(-1, vocab)
+        flat_ids, flat_g, flat_lse = ids.reshape(-1, width), g.reshape(-1, width), lse.reshape(-1, 1)
+        step = _chunk_rows(flat.shape[0])
+        for s in range(0, flat.shape[0], step):
+            e = s + step
+            chunk = _SupportLogSoftmax._softmax(flat[s:e], flat_lse[s:e], t)
+            chunk.mul_(-flat_g[s:e].sum(-1, keepdim=True)).scatter_add_(-1, flat_ids[s:e], flat_g[s:e])
+            if t != 1.0:
+                chunk.div_(t)
+            flat_grad[s:e].copy_(chunk)
+        return grad
 
     @staticmethod
     def jvp(ctx, logits_t: Tensor, ids_t: Tensor | None, temperature_t: float | None):  # type: ignore[override]
@@ -170,8 +223,12 @@ def gather_support_logprobs(
     # sum_j pi_j^2 = exp(logsumexp(2z/T) - 2 logsumexp(z/T)); subtract the (distinct) support slots' squares.
     with torch.no_grad():
         z = logits.detach()
-        z = (z if z.dtype in (torch.float32, torch.float64) else z.float()) / temperature
-        total_sq = torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))
+        if z.dtype not in _FULL_PRECISION:
+            lse = _chunked_logsumexp(z, temperature)
+            total_sq = torch.exp((_chunked_logsumexp(z, temperature, 2.0) - 2.0 * lse).squeeze(-1))
+        else:
+            z = z / temperature
+            total_sq = torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))
         del z
     support_sq = torch.where(valid, torch.exp(2.0 * logp), torch.zeros_like(logp)).sum(-1)
     return logp, (total_sq - support_sq).clamp_min(0.0)

@@ -62,12 +62,26 @@ def mock_rollout(model, prompts: list[list[int]], samples: int, length: int, k: 
     return outputs
 
 
-def logits_fn(model):
+def logits_fn(model, shift: int = 0):
+    """The training forward; ``shift`` rolls its rows (a support aligned to the wrong logits row when nonzero)."""
     def run(ids: list[int]) -> torch.Tensor:
         with torch.no_grad():
-            return model(input_ids=torch.tensor([ids])).logits[0].float()
+            return model(input_ids=torch.tensor([ids])).logits[0].float().roll(shift, 0)
 
     return run
+
+
+def batch_rows(gpu_check, noise: float, shift: int = 0, sharpness: float = 1.0):
+    """method_rows of a mock rollout; ``sharpness`` scales the output layer (peaked distributions, as a trained
+    model has, where the tiny random model's are nearly uniform)."""
+    model = tiny_causal_lm(vocab=40)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharpness)
+    outputs = mock_rollout(model, [[3, 4, 5], [7, 8]], samples=3, length=5, k=6, noise=noise)
+    prompt_ids, records, _ = gpu_check.records_from_outputs(outputs, 6)
+    rewards = torch.tensor([1.0, -1.0, 1.0, -1.0, -1.0, 1.0])
+    batch = gpu_check.build_batch(prompt_ids, records, logits_fn(model, shift), rewards, group=3)
+    return gpu_check.method_rows(batch, delta=0.15)
 
 
 @pytest.mark.parametrize("noise", [0.0, 1.5])
@@ -116,10 +130,63 @@ def test_group_advantages_are_grpo_and_finite_for_a_group_of_one(gpu_check, samp
     assert samples == 1 or bool((batch.advantages != 0).any())
 
 
-def test_print_rows_and_no_gpu_exit(gpu_check, capsys) -> None:
+def test_checks_pass_on_a_matching_rollout(gpu_check) -> None:
+    """The rollout reports the training model's own distribution: no gap, no divergence, nothing fails."""
+    assert gpu_check.check_failures(batch_rows(gpu_check, noise=0.0)) == []
+
+
+def test_training_logits_one_row_off_fail_the_divergence_check(gpu_check) -> None:
+    """Training logits one row off (each support meets the logits of a neighbouring position): the support and
+    the direct log-softmax read the same wrong row, so the gap stays small, and the step-0 divergence check fails
+    (mean D about 0.5 here, against 0 when aligned)."""
+    rows = batch_rows(gpu_check, noise=0.0, shift=1, sharpness=10.0)
+    assert max(row[MASK_PI_SAMPLED_GAP] for row in rows) <= gpu_check.PI_SAMPLED_GAP_MAX
+    (failure,) = gpu_check.check_failures(rows)
+    assert "STEP0_DIVERGENCE_MEAN_MAX" in failure
+
+
+def test_a_gap_beyond_the_threshold_fails(gpu_check) -> None:
+    """The gap check on rows as method_rows returns them, one with the sampled token read from another row."""
+    rows = batch_rows(gpu_check, noise=0.0)
+    rows[2] = {**rows[2], MASK_PI_SAMPLED_GAP: 0.7}
+    (failure,) = gpu_check.check_failures(rows)
+    assert f"{MASK_PI_SAMPLED_GAP} 0.7 > PI_SAMPLED_GAP_MAX" in failure
+    rows[2] = {**rows[2], MASK_PI_SAMPLED_GAP: gpu_check.PI_SAMPLED_GAP_MAX, "grad_finite": 0.0}
+    (failure,) = gpu_check.check_failures(rows)
+    assert "non-finite gradient" in failure
+
+
+def test_a_rollout_far_from_training_fails_the_divergence_check(gpu_check) -> None:
+    """A rollout engine whose distribution is far from the training forward's: the step-0 divergence check
+    fails (and only it: the support is aligned)."""
+    rows = batch_rows(gpu_check, noise=3.0)
+    d = next(r for r in rows if r["method"] == gpu_check.DIVERGENCE_ROW)[MASK_DIVERGENCE_MEAN]
+    assert d > gpu_check.STEP0_DIVERGENCE_MEAN_MAX
+    (failure,) = gpu_check.check_failures(rows)
+    assert "STEP0_DIVERGENCE_MEAN_MAX" in failure and f"{d:.3g}" in failure
+
+
+def test_print_rows(gpu_check, capsys) -> None:
     gpu_check.print_rows([{"method": "dppo_topk_kl", "loss": 0.5, CLIPFRAC: 0.125}], width=250)
     out = capsys.readouterr().out
     assert "dppo_topk_kl" in out and "pg_clipfrac" in out and "0.125" in out
-    if not torch.cuda.is_available():
-        assert gpu_check.main(["--prompts", "1"]) == 2
-        assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_model_is_a_required_local_path(gpu_check, tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        gpu_check.main([])
+    assert exc.value.code == 2 and "--model" in capsys.readouterr().err
+    missing = tmp_path / "Qwen3-0.6B-Base"
+    assert gpu_check.main(["--model", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(missing) in err and "nothing is downloaded" in err
+    missing.mkdir()
+    assert gpu_check.main(["--model", str(missing)]) == 2
+    assert "no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
+def test_no_gpu_exit(gpu_check, tmp_path, capsys) -> None:
+    tiny_causal_lm(vocab=40).save_pretrained(tmp_path / "tiny")
+    assert gpu_check.main(["--model", str(tmp_path / "tiny"), "--prompts", "1"]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
