@@ -12,6 +12,7 @@ repeat the defaults).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -90,8 +91,9 @@ class MethodParams:
     vocab_size: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.delta > 0:
-            raise ValueError(f"delta must be > 0, got {self.delta}")
+        if not 0 < self.delta < math.inf:
+            raise ValueError(f"delta must be a finite number > 0 (the trust-region threshold on D; delta=inf would "
+                             f"never bind, i.e. no trust region at all), got {self.delta}")
         if not (0 < self.eps_low < 1):
             raise ValueError(f"eps_low must lie in (0, 1), got {self.eps_low}")
         if not self.eps_high > 0:

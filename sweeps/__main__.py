@@ -7,6 +7,7 @@ import json
 import shlex
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
@@ -47,6 +48,10 @@ runs/<sweep>/dry-run/plan.json beside each run's .cmd and .sbatch:
     partition (null: the site default), check_paths, paths: [{kind (data|model), path, prepare, exists, runs}],
     submit (the command line)
   runs: [{run_id, method, delta, model, precision, seed, command (argv), sbatch (script text, null if local)}]
+Before anything is written, every run is checked as its trainer checks it (e.g. top_k within the vocabulary,
+trainer.steps >= 1, the mini-batch dividing the batch, delta finite and > 0, rollout.n >= 2) and the database path
+is checked; a bad one is one line naming the run's cell, exit 2. A failed run is reported with its cause (the
+trainer's error line, or killed by signal 9) and the command that resumes it.
 Before submitting, every data and model path the jobs read must exist, else one error line names the first
 missing one and the command that prepares it (python -m sweeps.data prepare --out DIR for data; for a model,
 download it there or set model.path=DIR); cluster.check_paths=false skips the check. Slurm jobs are named
@@ -99,7 +104,7 @@ class Ingester:
 
         try:
             refused = _ingest(self.db, spec, path, self.backend)
-        except StoreError as err:
+        except (StoreError, OSError) as err:  # held by another process, or its folder cannot be written now
             self.deferred[spec.run_id] = (spec, path, str(err))
             return False
         self.deferred.pop(spec.run_id, None)
@@ -153,21 +158,22 @@ def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> i
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from analysis.store import check_db_path
     from sweeps.plan import check_paths, max_parallel
-    from sweeps.submit import backend_of, job_command, run_sweep
+    from sweeps.submit import backend_of, run_sweep, validate_runs
 
     specs = expand(args.sweep, args.overrides)
     root = Path(args.runs_root) if args.runs_root else runs_root()
     clusters = {spec.config["cluster"]["name"] for spec in specs}
     if len(clusters) > 1:
         raise SweepError(f"one cluster per sweep invocation, got {', '.join(sorted(clusters))}")
+    validate_runs(specs, root)  # every run as its trainer checks it, before anything is written (dry run included)
     if args.dry_run:
         return cmd_dry_run(args, specs, root)
 
-    for spec in specs:  # every run's command composes (model and data paths, names) before anything is written
-        job_command(spec, root / spec.sweep / spec.run_id)
     check_paths(specs)
     db = _db_path(args.db)
+    check_db_path(db)  # before the first run starts, not when it ends
     backend = backend_of(specs[0])
     parallel = max_parallel(specs, args.max_parallel)
     console.print(f"sweep [bold]{args.sweep}[/]: {describe(specs)} on {backend} "
@@ -191,10 +197,14 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"[red]failed[/] {run_id}: {message}", highlight=False)
     for run_id, cause in deferred.items():
         console.print(f"[yellow]not ingested[/] {run_id}: {cause}", highlight=False)
+    if outcome.failed:
+        console.print(f"next: fix the cause above, then rerun the same command (completed runs are skipped, the "
+                      f"failed ones resume): {_submit_command(args)}", highlight=False)
     if deferred:
         console.print(f"catch up with: {hint}", highlight=False)
     elif not outcome.failed:
-        console.print(f"next: python -m reports paper{'' if args.db is None else f' --db {db}'}", highlight=False)
+        console.print(f"next: python -m reports paper{'' if args.db is None else f' --db {shlex.quote(str(db))}'}",
+                      highlight=False)
     return 1 if outcome.failed or deferred else 0
 
 
@@ -207,6 +217,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
         table.add_column(col, no_wrap=True)
     import yaml
 
+    counts: dict[str, Counter[str]] = {}
     for name in sweeps:
         for path in sorted(p for p in (root / name).iterdir() if p.is_dir() and not p.name.startswith(".")) \
                 if (root / name).exists() else []:
@@ -218,10 +229,33 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             step = f"{state.step}/{state.total_steps}" if state.total_steps else str(state.step)
             table.add_row(name, path.name, cfg["method"]["name"], cfg["model"]["name"], cfg["precision"]["name"],
                           str(cfg.get("delta")), str(cfg.get("seed")), state.status, step)
+            counts.setdefault(name, Counter())[state.status] += 1
     if not console.is_terminal:
         console.width = max(console.width, 140)
     console.print(table)
+    for line in status_next(counts, root):
+        console.print(line, highlight=False)
     return 0
+
+
+def status_next(counts: dict[str, Counter[str]], root: Path) -> list[str]:
+    """What to run after ``status``, from the number of runs in each state per sweep."""
+    if not any(counts.values()):
+        return [f"no runs under {root} yet; next: python -m sweeps smoke (a few minutes), then python -m reports paper"]
+    lines = []
+    for name, by_status in sorted(counts.items()):
+        unfinished = sum(n for status, n in by_status.items() if status not in ("completed", "running"))
+        if by_status["running"]:
+            lines.append(f"{name}: {by_status['running']} running; python -m sweeps status {name} shows their steps")
+        if unfinished:
+            which = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items())
+                              if status not in ("completed", "running"))
+            lines.append(f"{name}: {unfinished} not completed ({which}); next: rerun the sweep's own command "
+                         f"(python -m sweeps {name} with the same overrides) to resume them; a failed run's cause "
+                         "is in its job.log")
+    if not lines:
+        lines.append("every run completed; next: python -m reports paper")
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,8 +285,12 @@ def main(argv: list[str] | None = None) -> int:
             args.sweep = args.overrides[0] if args.overrides else None
             return cmd_status(args, console)
         return cmd_run(args, console)
-    except (ValueError, RuntimeError) as err:  # SweepError is a ValueError
+    except (ValueError, RuntimeError) as err:  # SweepError is a ValueError, StoreError a RuntimeError
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a runs root or database location that cannot be created or written
+        print(f"error: {err.strerror or err}: {err.filename or ''} (choose another --runs-root or --db)".rstrip(),
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -72,6 +72,11 @@ class RunSpec:
         return int(self.config.get("seed", 0))
 
     @property
+    def cell(self) -> str:
+        """The run's place in the grid, for messages (``cell_text``)."""
+        return cell_text(self.config)
+
+    @property
     def cell_id(self) -> str:
         """The id of the run's cell: the run id's hash without the seed (the same for every seed of a cell)."""
         return stable_id(self.config, exclude=(*LAUNCHER_KEYS, "seed"))
@@ -187,13 +192,29 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
+#: the run config's top-level numbers (no schema types them): key -> (type, what is allowed); their ranges are the
+#: trainers' own checks (predmask.methods.MethodParams for delta, the engine's and the VeRL translation's for top_k)
+_NUMBERS: dict[str, tuple[type, str]] = {
+    "delta": (float, "a finite number > 0 (the trust-region threshold, e.g. delta=0.15)"),
+    "top_k": (int, "an integer >= 1 (K of the rollout's top-K, e.g. top_k=20)"),
+}
+
+
 def _check_values(cfg: dict[str, Any]) -> None:
-    delta = cfg.get("delta")
-    if delta is not None and not float(delta) > 0:
-        raise SweepError(f"delta must be > 0, got {delta}")
-    top_k = cfg.get("top_k")
-    if top_k is not None and int(top_k) < 1:
-        raise SweepError(f"top_k (K) must be >= 1, got {top_k}")
+    """The top-level numbers have their type: a bad one is one line naming the key, the value and what is allowed."""
+    for key, (kind, allowed) in _NUMBERS.items():
+        value = cfg.get(key)
+        numeric = isinstance(value, int | float) if kind is float else isinstance(value, int)
+        if value is not None and (isinstance(value, bool) or not numeric):
+            raise SweepError(f"{key} must be {allowed}, got {value!r}")
+
+
+def cell_text(cfg: dict[str, Any]) -> str:
+    """A run's place in the grid, for messages: ``method=... model=... precision=... delta=... seed=...``."""
+    method, model, precision = (cfg.get(k) for k in ("method", "model", "precision"))
+    names = [(k, v.get("name") if isinstance(v, dict) else v)
+             for k, v in (("method", method), ("model", model), ("precision", precision))]
+    return " ".join(f"{k}={v}" for k, v in (*names, ("delta", cfg.get("delta")), ("seed", cfg.get("seed", 0))))
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -233,7 +254,7 @@ def _cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None) -> lis
         try:  # the run records every parameter its loss reads
             resolved["method"] = method_config(resolved["method"])
         except ValueError as err:
-            raise SweepError(str(err).splitlines()[0]) from None
+            raise SweepError(f"cell {cell_text(resolved)}: {str(err).splitlines()[0]}") from None
         runs.append((seed, RunSpec(stable_id(resolved), sweep, (*standin, f"seed={seed}"), resolved)))
     return runs
 

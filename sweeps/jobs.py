@@ -6,10 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from predmask.verl.overrides import hydra_value  # plain config translation: imports no verl
 from sweeps.compose import RunSpec
 
 
 def trainer_argv(spec: RunSpec, run_dir: Path, python: str | None = None) -> list[str]:
-    """The CPU trainer's command line for a run: the sweep's own overrides plus the run directory; ``python`` is
-    the job's interpreter (default: this host's)."""
-    return [python or sys.executable, "-m", "predmask.rl.train", *spec.overrides, f"run_dir={run_dir.resolve()}"]
+    """The CPU trainer's command line for a run: the sweep's own overrides plus the run directory, quoted for Hydra's
+    override grammar (a path may hold spaces, quotes, ``$``, ``=``, ``,`` or brackets); ``python`` is the job's
+    interpreter (default: this host's)."""
+    path = str(run_dir.resolve())
+    return [python or sys.executable, "-m", "predmask.rl.train", *spec.overrides, f"run_dir={hydra_value(path)}"]

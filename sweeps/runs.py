@@ -5,6 +5,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,16 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from predmask.config import runs_root
 from predmask.io import atomic_write_text, run_status
 from sweeps.compose import RunSpec
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
     from typing_extensions import Self
-
-
-def runs_root() -> Path:
-    """Root of all run directories: ``$PREDMASK_RUNS`` or ``runs/`` under the working directory."""
-    return Path(os.environ.get("PREDMASK_RUNS", "runs"))
 
 
 def sweep_dir(sweep: str, root: Path | None = None) -> Path:
@@ -63,6 +61,76 @@ def write_job_record(path: Path, record: dict[str, Any]) -> None:
 def read_job_record(path: Path) -> dict[str, Any]:
     f = path / "job.json"
     return json.loads(f.read_text()) if f.exists() else {}
+
+
+#: a Python exception line at the start of a line (the last line of a traceback), e.g. ``RuntimeError: boom``
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b.*")
+
+
+def log_size(path: Path) -> int:
+    """The size of a run's ``job.log`` now (0 when there is none): where the next attempt's lines begin."""
+    try:
+        return (path / "job.log").stat().st_size
+    except OSError:
+        return 0
+
+
+def _log_lines(path: Path, offset: int) -> list[str]:
+    """The lines of ``job.log`` from byte ``offset`` (the whole file when it is shorter: it was replaced)."""
+    try:
+        data = (path / "job.log").read_bytes()
+    except OSError:
+        return []
+    return data[offset if offset <= len(data) else 0:].decode(errors="replace").splitlines()
+
+
+def _read_json(file: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def exit_text(returncode: int) -> str:
+    """A command's exit status in words: ``killed by signal 9 (SIGKILL)`` or ``exit status 2``."""
+    if returncode < 0:
+        try:
+            name = f" ({signal.Signals(-returncode).name})"
+        except ValueError:
+            name = ""
+        return f"killed by signal {-returncode}{name}"
+    return f"exit status {returncode}"
+
+
+def failure_cause(path: Path) -> str | None:
+    """Why the latest attempt of a run failed, read from its directory (None when nothing there says):
+
+    the trainer's ``error: ...`` line in ``job.log``, else ``status.json``'s error, else the last exception line of a
+    traceback in ``job.log`` (only the lines written since the sweep submitted it: ``job.json`` ``log_offset``), each
+    followed by how the command ended (``exit_status.json``: ``exit status N`` or ``killed by signal 9 (SIGKILL)``),
+    or that alone when the trainer left no line (a SIGKILL leaves none), with the step it reached.
+    """
+    record = read_job_record(path)
+    since = float(record.get("submitted") or 0)
+    lines = [ln.strip() for ln in _log_lines(path, int(record.get("log_offset") or 0))]
+    status = _read_json(path / "status.json")
+    exit_record = _read_json(path / "exit_status.json")
+    if float(exit_record.get("started") or 0) < since:
+        exit_record = {}  # an earlier attempt's
+    errors = [ln.removeprefix("error: ") for ln in lines if ln.startswith("error: ")]
+    if not errors and status.get("status") == "failed" and float(status.get("updated") or 0) >= since:
+        errors = [str(status.get("error"))] if status.get("error") else []
+    if not errors:
+        errors = [ln for ln in lines if _EXCEPTION_LINE.match(ln)]
+    returncode = exit_record.get("returncode")
+    ended = exit_text(int(returncode)) if isinstance(returncode, int) else exit_record.get("error")
+    if errors:
+        return f"{errors[-1]} ({ended})" if ended else errors[-1]
+    if not ended:
+        return None
+    step = read_state(path)
+    return f"{ended} at step {step.step}/{step.total_steps}" if step.total_steps else str(ended)
 
 
 def write_planned_config(path: Path, spec: RunSpec) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from rich.console import Console
 
 from predmask.io import run_writer_alive
 from predmask.progress import progress
-from sweeps.compose import RunSpec
+from sweeps.compose import RunSpec, SweepError
 from sweeps.jobs import trainer_argv
 from sweeps.launch.command_job import CommandJob
 from sweeps.launch.executor import job_python, sbatch_script
@@ -30,6 +31,8 @@ from sweeps.launch.follow import Ended, follow, rejoin_slurm_job
 from sweeps.launch.ray_job import RayJob
 from sweeps.launch.ray_slurm import ray_options
 from sweeps.runs import (
+    failure_cause,
+    log_size,
     read_job_record,
     read_state,
     run_dir,
@@ -137,9 +140,11 @@ def _start(spec: RunSpec, root: Path) -> submitit.Job[Any]:
         if trainer_of(spec) == "verl":
             write_run_config(path, spec)
         folder = submitit_folder(spec, root)
+        submitted, log_offset = time.time(), log_size(path)  # before the job can write: its lines and records follow
         job = make_executor(spec, folder).submit(make_job(spec, path))
         write_job_record(path, {"backend": backend_of(spec), "job_id": str(job.job_id), "folder": str(folder),
-                                "command": job_command(spec, path), "submitted": time.time()})
+                                "command": job_command(spec, path), "submitted": submitted,
+                                "log_offset": log_offset})
     return job
 
 
@@ -164,8 +169,9 @@ def run_sweep(
             outcome.skipped.append(spec.run_id)
         else:
             pending[spec.run_id] = spec
+    # plain lines go to stdout beside the sweep's other lines: `python -m sweeps ... | tee log` keeps them
     with progress(f"sweep {specs[0].sweep}" if specs else "sweep", total=len(specs), unit="runs",
-                  completed=len(outcome.skipped)) as bar:
+                  completed=len(outcome.skipped), stream=sys.stdout) as bar:
 
         def started() -> Iterator[tuple[str, submitit.Job[Any]]]:
             for run_id, spec in pending.items():
@@ -174,26 +180,44 @@ def run_sweep(
                               highlight=False)
                 yield run_id, job
 
-        def steps(active: Mapping[str, Any]) -> str:
+        def poll(active: Mapping[str, Any]) -> None:
+            """The running runs' steps beside the count; their share of their steps moves the ETA."""
             states = {run_id: read_state(run_dir(pending[run_id], root)) for run_id in active}
-            return " · ".join(f"{run_id} step {s.step}/{s.total_steps or '?'}" for run_id, s in states.items())
+            text = " · ".join(f"{run_id} step {s.step}/{s.total_steps or '?'}" for run_id, s in states.items())
+            bar.working(sum(min(1.0, s.step / s.total_steps) for s in states.values() if s.total_steps), text)
 
         def on_end(end: Ended[str]) -> None:
             spec, path = pending[end.key], run_dir(pending[end.key], root)
             if end.ok:
                 outcome.completed.append(end.key)
             else:
-                outcome.failed[end.key] = f"{end.error} (log: {path / 'job.log'})"
+                outcome.failed[end.key] = f"{failure_cause(path) or end.error} (log: {path / 'job.log'})"
             on_finished(spec, path)
             bar.advance(1)
 
         try:
-            follow(started(), max_parallel=max_parallel, on_poll=lambda active: bar.advance(0, steps(active)),
-                   on_end=on_end, cancel_slurm_on_interrupt=False)
+            follow(started(), max_parallel=max_parallel, on_poll=poll, on_end=on_end, cancel_slurm_on_interrupt=False)
         except KeyboardInterrupt:
             console.print("[yellow]interrupted: local runs stopped; rerun the same command to resume them[/]")
             raise
     return outcome
+
+
+def validate_runs(specs: list[RunSpec], root: Path) -> None:
+    """Every run passes its trainer's own checks before anything is written: the CPU engine's
+    (``predmask.rl.engine.prepare_config``: the schema sections, top_k within the vocabulary, the method's
+    parameters, ...) or the VeRL translation's, and its command composes. The first bad run raises one SweepError
+    line naming its cell and the trainer's message (the bad value and what is allowed)."""
+    from predmask.rl.engine import prepare_config
+
+    for spec in specs:
+        try:
+            if trainer_of(spec) == "cpu":
+                prepare_config(spec.config)
+            job_command(spec, run_dir(spec, root))
+        except ValueError as err:
+            message = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise SweepError(f"run {spec.run_id} ({spec.cell}): {message}; nothing submitted") from None
 
 
 def dry_run_records(specs: list[RunSpec], root: Path) -> list[dict[str, Any]]:

@@ -15,7 +15,10 @@ composed ``conf/train.yaml`` (``predmask.config.compose("train", overrides)`` co
   the rollout batch before its first update, as verl's ``compute_log_prob``; else on the rollout's log mu.
 - ``engine.validate(seed)``: avg@``val_n`` accuracy on both stand-in splits -> ``val-core/<split>/acc/mean@16``.
 
-``resolve_cpu_model`` maps a model entry to the checked CPU model that trains for it (``predmask.config.cpu_standin``).
+``resolve_cpu_model`` maps a model entry to the checked CPU model that trains for it (``predmask.config.cpu_standin``);
+``prepare_config`` turns a composed train config into the resolved, validated config of a run (the trainer's
+``config.yaml``; ``python -m sweeps`` prepares every run of a grid with it before anything is written), and
+``validate_config`` is its check of every section.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from omegaconf import DictConfig
 
 from predmask import metrics as M
 from predmask.config import cpu_standin, to_container
-from predmask.methods import MethodParams, get_method
+from predmask.methods import MethodParams, get_method, method_config
 from predmask.metrics import reduce_metrics
 from predmask.rl.algo import TrainLogprobs, grpo_advantages, mismatch_metrics, policy_update, support_logprobs
 from predmask.rl.base import load_base_model
@@ -44,6 +47,7 @@ from predmask.support import TopKSupport
 __all__ = [
     "Engine",
     "batch_metrics",
+    "prepare_config",
     "resolve_cpu_model",
     "validate_config",
 ]
@@ -54,6 +58,18 @@ def resolve_cpu_model(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
     resolved = cpu_standin(model_cfg)
     check_cpu_model_config(resolved)
     return resolved
+
+
+def prepare_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved config of a run: a cluster model mapped to its CPU stand-in, every parameter of the method and
+    what the precision emulates recorded (the catalogues' facts the run uses), every section validated (ValueError,
+    one line)."""
+    c = to_container(cfg)
+    c["model"] = resolve_cpu_model(c["model"])
+    c["method"] = method_config(c["method"])
+    c["precision"] = {**c["precision"], "emulates": precision_of(c["precision"]).emulates}
+    validate_config(c)
+    return c
 
 
 def validate_config(c: Mapping[str, Any]) -> None:

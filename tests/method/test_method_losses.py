@@ -167,7 +167,7 @@ def test_unknown_names_list_the_known_ones() -> None:
         pm.get_method("predmask_kl_typo")
     with pytest.raises(ValueError, match="allowed: token-mean"):
         pm.MethodParams(loss_agg_mode="mean")
-    with pytest.raises(ValueError, match="delta must be > 0"):
+    with pytest.raises(ValueError, match="delta must be a finite number > 0"):
         pm.MethodParams(delta=0)
 
 

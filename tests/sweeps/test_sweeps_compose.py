@@ -75,9 +75,11 @@ def test_every_option_of_every_group_composes(group: str) -> None:
     (["method=nope"], "unknown method 'nope'; valid: dppo_binary_kl"),
     (["+setting=qwen3_4b_bf16,bad"], "unknown setting 'bad'; valid: "),
     (["precision=fp4"], "unknown precision 'fp4'; valid: bf16"),
-    (["delta=0"], "delta must be > 0, got 0"),
-    (["delta=-0.1"], "delta must be > 0"),
-    (["top_k=0"], "top_k (K) must be >= 1, got 0"),
+    (["delta=0"], "delta must be a finite number > 0"),
+    (["delta=-0.1"], "delta must be a finite number > 0"),
+    (["delta=abc"], "delta must be a finite number > 0 (the trust-region threshold, e.g. delta=0.15), got 'abc'"),
+    (["top_k=abc"], "top_k must be an integer >= 1 (K of the rollout's top-K, e.g. top_k=20), got 'abc'"),
+    (["top_k=true"], "top_k must be an integer >= 1"),
 ])
 def test_bad_input_is_one_clear_line(overrides: list[str], message: str) -> None:
     with pytest.raises(SweepError) as err:

@@ -43,3 +43,16 @@ def test_a_running_run_without_its_writer_is_dead(tmp_path: Path) -> None:
     assert (read_state(path).step, read_state(path).total_steps) == (3, 6)
     table = _status(tmp_path).replace("│", " ")
     assert f" {spec.run_id} " in table and " dead " in table and " running " not in table
+    assert table.splitlines()[-1].startswith("smoke: 1 not completed (1 dead); next: rerun the sweep's own command")
+
+
+def test_status_names_what_to_run_next(tmp_path: Path) -> None:
+    assert _status(tmp_path).splitlines()[-1] == (
+        f"no runs under {tmp_path / 'runs'} yet; next: python -m sweeps smoke (a few minutes), then python -m "
+        "reports paper")
+    spec = expand("smoke", ["method=dppo_topk_kl"])[0]
+    path = run_dir(spec, tmp_path / "runs")
+    path.mkdir(parents=True)
+    write_planned_config(path, spec)
+    (path / "status.json").write_text(json.dumps({"status": "completed", "step": 6, "total_steps": 6}))
+    assert _status(tmp_path).splitlines()[-1] == "every run completed; next: python -m reports paper"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -192,7 +193,7 @@ def test_fsdp_engine_and_explicit_data_files(compose) -> None:
         (lambda c: c.update(method={"name": "nope"}), "unknown method 'nope'"),
         (lambda c: c.update(precision="fp4"), "unknown precision 'fp4'"),
         (lambda c: c.update(precision={"name": "fp32"}), "'fp32' does not run on the cluster; allowed: bf16, fp8_rollout"),
-        (lambda c: c["method"].update(delta=0.0), "delta must be > 0"),
+        (lambda c: c["method"].update(delta=0.0), "delta must be a finite number > 0"),
         (lambda c: c.update(top_k=0), "top_k must be an integer >= 1"),
         (lambda c: c["model"].pop("path"), "model.path"),
         (lambda c: c["cluster"].pop("data_dir"), "data.dir"),
@@ -200,6 +201,8 @@ def test_fsdp_engine_and_explicit_data_files(compose) -> None:
         (lambda c: c["cluster"].pop("nodes"), "cluster.nodes"),
         (lambda c: c["model"].update(engine="fsdp"), "engine=megatron"),
         (lambda c: c["model"].update(engine="deepspeed"), "unknown model.engine"),
+        (lambda c: c.update(trainer={"logger": ["console", "file", "mlflow"]}), "unknown trainer.logger 'mlflow'"),
+        (lambda c: c.update(trainer={"logger": ["console", "wandb"]}), "lacks 'file'"),
     ],
 )
 def test_bad_run_configs_fail_with_one_line(change, match) -> None:
@@ -217,6 +220,62 @@ def test_verl_command_is_the_launcher_with_every_override(tmp_path) -> None:
     assert f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={tmp_path}/run/metrics.jsonl" in argv
     assert argv[3:] == verl_overrides({**cfg, "run_dir": str(tmp_path / "run")},
                                       file_logger_path=f"{tmp_path}/run/metrics.jsonl")
+
+
+def test_trackers_reach_verl_with_the_run_directorys_places(compose, tmp_path) -> None:
+    """The run config's trainer.logger becomes verl's; the launcher points TensorBoard and W&B at the run directory
+    through the Ray workers' environment, with one W&B id per run directory (the same for every attempt)."""
+    from predmask.rl.trackers import WANDB_ID_FILE, wandb_run_id
+    from predmask.verl.launch import requested_loggers, tracker_argv
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    cfg = {**run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16"), "run_dir": str(run_dir),
+           "trainer": {"logger": ["console", "file", "tensorboard", "wandb"], "steps": 60}}
+    overrides = verl_overrides(cfg)
+    assert "trainer.logger=[console,file,tensorboard,wandb]" in overrides
+    attempts = []
+    for _ in range(2):
+        argv, env = tracker_argv(overrides, run_dir, {}, wandb_run_id(run_dir))
+        attempts.append(compose(argv).ray_kwargs.ray_init.runtime_env.env_vars)
+    composed = compose(argv)
+    assert list(composed.trainer.logger) == ["console", "file", "tensorboard", "wandb"]
+    run_id = (run_dir / WANDB_ID_FILE).read_text().strip()
+    for workers in attempts:
+        assert workers.TENSORBOARD_DIR == f"{run_dir}/tensorboard" and workers.WANDB_DIR == str(run_dir)
+        assert (workers.WANDB_RUN_ID, workers.WANDB_RESUME) == (run_id, "allow")
+    assert env == {"TENSORBOARD_DIR": f"{run_dir}/tensorboard", "WANDB_DIR": str(run_dir), "WANDB_RUN_ID": run_id,
+                   "WANDB_RESUME": "allow"}
+    # the launching environment's TENSORBOARD_DIR / WANDB_DIR win, as in verl
+    _, env = tracker_argv(overrides, run_dir, {"TENSORBOARD_DIR": "/tb/x", "WANDB_DIR": "/w"}, run_id)
+    assert (env["TENSORBOARD_DIR"], env["WANDB_DIR"]) == ("/tb/x", "/w")
+    # the default list: verl's console and file logger, no tracker variables
+    default = verl_overrides(run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16"))
+    assert requested_loggers(default) == ["console", "file"] and tracker_argv(default, run_dir, {}, None)[1] == {}
+    # a hand-written command line without trainer.logger gets verl's own default list (W&B included)
+    assert requested_loggers(["trainer.nnodes=1"]) == list(compose(["trainer.nnodes=1"]).trainer.logger)
+    assert requested_loggers(["trainer.logger=tensorboard"]) == ["tensorboard"]
+
+
+@pytest.mark.slow
+def test_every_launch_of_a_run_directory_hands_verl_the_same_wandb_run(tmp_path) -> None:
+    """The real launcher twice on one run directory (``--cfg job``: verl's Hydra app prints the job config and
+    stops): one ``wandb_id`` file, the same WANDB_RUN_ID in both attempts' Ray worker environment."""
+    require_verl("verl.trainer.main_ppo")
+    run_dir = tmp_path / "run"
+    cfg = {**run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16"), "trainer": {"logger": ["console", "file", "wandb"]}}
+    argv = verl_command(cfg, run_dir)
+    run_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERL_USE_EXTERNAL_MODULES")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    ids = []
+    for _ in range(2):
+        proc = subprocess.run([*argv[:3], "--cfg", "job", *argv[3:]], capture_output=True, text=True, timeout=300,
+                              env=env, cwd=tmp_path, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ids += [line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if "WANDB_RUN_ID:" in line]
+        assert "WANDB_RESUME: allow" in proc.stdout and f"WANDB_DIR: {run_dir}" in proc.stdout
+    assert ids == [(run_dir / "wandb_id").read_text().strip()] * 2
 
 
 CONF_MODELS = sorted((Path(__file__).resolve().parents[2] / "conf" / "model").glob("qwen3_*.yaml"))
