@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from analysis.store import IngestSummary, StoreError, connect, default_db_path, ingest_paths
+from analysis.store import IngestSummary, StoreError, connect, default_db_path, ingest_paths, paper_command
 
 # ------------------------------------------------------------------------------------------------------
 # Delegated subcommands: name -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`
@@ -29,7 +29,7 @@ from analysis.store import IngestSummary, StoreError, connect, default_db_path, 
 DELEGATED: dict[str, tuple[str, str]] = {
     "token_level": (
         "analysis.token_level.cli",
-        "the token-level study of the direction criteria (math.md §5)",
+        "the token-level study of the direction criteria (docs/math.md §5)",
     ),
     "drift": (
         "analysis.token_level.drift",
@@ -119,7 +119,7 @@ def cmd_ingest(argv: Sequence[str]) -> int:
         _err.print(f"error: {exc}")
         return 2
     try:
-        summary = ingest_paths(con, args.paths)
+        summary = ingest_paths(con, args.paths, show_progress=not args.quiet)
     finally:
         con.close()
     for w in summary.warnings:
@@ -129,12 +129,16 @@ def cmd_ingest(argv: Sequence[str]) -> int:
     print_summary(summary, db, _console(), quiet=args.quiet)
     if summary.unmatched:
         _err.print(
-            f"error: {len(summary.unmatched)} input(s) matched nothing: {', '.join(summary.unmatched)}"
+            f"error: {len(summary.unmatched)} input(s) matched nothing: {', '.join(summary.unmatched)}; give run "
+            "directories (runs/<sweep>/<run_id>) or folders holding them, which a sweep writes "
+            "(python -m sweeps smoke)",
+            markup=False,
         )
         return 1
     if summary.refused:
         _err.print(f"error: {len(summary.refused)} run director(ies) refused: {'; '.join(summary.refused)}")
         return 1
+    _console().print(f"next: {paper_command(args.db)}", markup=False)
     return 0
 
 

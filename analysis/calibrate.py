@@ -49,6 +49,7 @@ __all__ = [
     "SettingRegime",
     "check_targets",
     "main",
+    "next_step",
     "run_regime",
     "setting_regime",
 ]
@@ -57,6 +58,8 @@ __all__ = [
 DEFAULT_OUT = Path("results") / "calibrate"
 #: the ratio-direction method and the predictive mask whose runs the calibration compares
 METHODS: tuple[str, str] = ("dppo_topk_kl", "predmask_kl_agg")
+#: the calibration's progress lines, under the output root
+PROGRESS_LOG = "calibrate.log"
 #: the sweep whose settings are calibrated
 SWEEP = "main_comparison"
 #: the regime's target share of response tokens outside the trust region in the bf16 settings (lower, upper);
@@ -205,6 +208,22 @@ def render_markdown(rows: Sequence[SettingRegime], checks: Sequence[tuple[str, b
 
 
 # ----------------------------------------------------------------------------------------------- the command
+def next_step(checks: Sequence[tuple[str, bool, str]], overrides: Sequence[str]) -> str:
+    """What to do with the targets: run the main comparison with these overrides, or try others."""
+    import shlex
+
+    ovs = " ".join(shlex.quote(ov) for ov in overrides)
+    missed = [name for name, ok, _ in checks if not ok]
+    if missed:
+        return (f"next: {len(missed)} target(s) missed ({'; '.join(missed)}); try other overrides, e.g. "
+                f"python -m analysis calibrate trainer.lr=2e-4 (runs already trained are reused), and once every "
+                f"target is met run python -m sweeps {SWEEP} with them")
+    if not overrides:
+        return f"next: every target met by conf/train.yaml's defaults; python -m sweeps {SWEEP}"
+    return (f"next: every target met with {ovs}; python -m sweeps {SWEEP} {ovs} (or make them the defaults "
+            f"in conf/train.yaml)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m analysis calibrate",
@@ -275,7 +294,8 @@ def _read(run_dir: Path) -> list[dict[str, Any]]:
     status = read_status(run_dir)
     if status.get("status") != "completed":
         raise RuntimeError(f"run {run_dir.name} did not complete ({status.get('status', 'no status.json')}: "
-                           f"{status.get('error') or 'see its train.log'})")
+                           f"{status.get('error') or 'see its train.log'}); rerun the same command to train it "
+                           "(completed runs are reused)")
     return read_metrics(run_dir / METRICS_FILE)
 
 
@@ -293,8 +313,10 @@ def _train(planned: Sequence[_Planned], max_parallel: int, out: Path) -> list[st
     total_steps = sum(int(p.config["trainer"]["steps"]) for p in todo)
     executor = make_executor(out / "jobs", {"backend": "local"}, name="calibrate")
 
-    def steps_done() -> int:  # status.json is replaced atomically: never read half-written
-        return sum(int(read_status(p.run_dir).get("step", 0)) for p in todo)
+    def poll(_active: object) -> None:  # status.json is replaced atomically: never read half-written
+        states = [read_status(p.run_dir) for p in todo]
+        done = sum(1 for st in states if st.get("status") == "completed")
+        bar.advance_to(sum(int(st.get("step", 0)) for st in states), status=f"{done}/{len(todo)} runs done")
 
     def jobs():
         for p in todo:
@@ -303,9 +325,11 @@ def _train(planned: Sequence[_Planned], max_parallel: int, out: Path) -> list[st
             yield p.run_id, executor.submit(job)
 
     failed: list[str] = []
-    with progress(f"calibration: {len(todo)} runs", total=total_steps, unit="steps") as bar:
-        ends = follow(jobs(), max_parallel=max_parallel,
-                      on_poll=lambda _active: bar.advance_to(steps_done(), status=f"{len(todo)} runs"))
+    print(f"progress: {out / PROGRESS_LOG}", flush=True)
+    with progress(f"calibration: {len(todo)} runs", total=total_steps, unit="steps", stream=sys.stdout,
+                  log_file=out / PROGRESS_LOG) as bar:
+        ends = follow(jobs(), max_parallel=max_parallel, on_poll=poll)
+        poll(None)  # the final line counts what the runs wrote last
     by_id = {p.run_id: p for p in todo}
     for e in ends:
         if not e.ok:
@@ -334,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if failed:
         for msg in failed:
             print(f"error: {msg}", file=sys.stderr)
+        print(f"{len(failed)} of {len(planned)} runs failed: fix the cause in its log and rerun the same command "
+              "(completed runs are reused)", file=sys.stderr)
         return 1
     rows = []
     by_key = {(p.setting, p.method): p for p in planned}
@@ -355,6 +381,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "targets": [{"target": n, "met": ok, "measured": w} for n, ok, w in checks],
     }, indent=2) + "\n")
     print(text, end="")
-    print(f"written: {out / 'calibration.md'} and .json ({time.perf_counter() - t0:.0f} s); next: "
-          f"python -m sweeps main_comparison", flush=True)
+    print(f"written: {out / 'calibration.md'} and .json ({time.perf_counter() - t0:.0f} s)", flush=True)
+    print(next_step(checks, args.overrides), flush=True)
     return 0 if all(ok for _, ok, _ in checks) else 3

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["command", "python_command"]
+__all__ = ["DRIFT", "STUDY", "command", "python_command", "sweep_command", "with_db"]
+
+#: the commands (after ``python -m``) that produce the data of the token-level figures and tables
+STUDY = "analysis token_level --seeds 61"
+DRIFT = "analysis drift"
 
 
 def python_command() -> str:
@@ -26,3 +31,13 @@ def python_command() -> str:
 def command(args: str) -> str:
     """``<python> -m <args>``: a project command as a user should type it here (``command("reports paper")``)."""
     return f"{python_command()} -m {args}"
+
+
+def sweep_command(sweep: str) -> str:
+    """The command that runs a sweep of conf/sweep/ (its runs are ingested as they end)."""
+    return command(f"sweeps {sweep}")
+
+
+def with_db(cmd: str, db: str | os.PathLike[str] | None) -> str:
+    """``cmd`` reading or writing the database ``db`` (``--db`` only when one is given: None = the default one)."""
+    return cmd if db is None else f"{cmd} --db {shlex.quote(os.fspath(db))}"

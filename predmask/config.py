@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import os
 import re
 from collections.abc import Collection, Mapping, Sequence
 from importlib import resources
@@ -38,6 +39,7 @@ __all__ = [
     "group_options",
     "label",
     "option_choices",
+    "runs_root",
     "stable_id",
     "store_schemas",
     "sweep_params",
@@ -46,6 +48,11 @@ __all__ = [
 
 #: config keys that say where/how a run is launched, not what it computes: excluded from the run id
 LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "run_dir", "cache_dir", "hydra")
+
+
+def runs_root() -> Path:
+    """Root of all run directories: ``$PREDMASK_RUNS`` or ``runs/`` under the working directory."""
+    return Path(os.environ.get("PREDMASK_RUNS", "runs"))
 
 
 class ConfigError(ValueError):

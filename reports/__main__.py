@@ -101,7 +101,7 @@ def cmd_paper(args: argparse.Namespace) -> int:
     out.print(table)
     for name, why in paper.failures.items():
         err.print(f"error: {name} failed: {why} (rerun with --debug for the traceback)")
-    out.print(f"index: {paper.index}")
+    out.print(f"report page: {paper.index}")
     return 1 if paper.failures else 0
 
 

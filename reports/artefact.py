@@ -16,11 +16,16 @@ import duckdb
 import numpy as np
 
 from analysis.token_level import stats
+from predmask.cli import DRIFT, STUDY, command
 from reports import data
 
 Kind = Literal["figure", "table"]
 Source = Literal["runs", "study"]
 SOURCES: tuple[str, ...] = ("runs", "study")
+
+#: The commands that produce the data artefacts draw: every empty artefact, panel and message names one of these.
+STUDY_COMMAND = command(STUDY)
+DRIFT_COMMAND = command(DRIFT)
 
 
 @dataclass
@@ -106,6 +111,7 @@ class ArtefactResult:
     stats: Any = None  # the statistics behind a token-level artefact, as analysis returned them
     tables: dict[str, Any] = field(default_factory=dict)  # tables: rendered text / rows
     has_data: bool = False
+    command: str = ""  # the command that produces the data it draws (named when it has none)
 
     def panel(self, title_start: str, row: str | None = None) -> Panel:
         for p in self.panels:

@@ -1,4 +1,5 @@
-"""The report page reports/out/index.html: every figure, the tables, and where each figure's data came from."""
+"""The report page reports/out/index.html: a summary, then every figure and table in collapsible sections, and
+where each one's data came from."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from predmask.io import atomic_write_text
 from reports import data
 from reports.artefact import ArtefactResult
+from reports.summary import PageSummary
 from reports.tables import TextTable
 
 CSS = """
@@ -17,14 +19,26 @@ body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-s
        max-width: 1400px; padding: 0 1em; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
 h3 { font-size: 1.0em; }
-img { max-width: 100%; border: 1px solid #eee; }
+img { max-width: min(100%, 1100px); border: 1px solid #eee; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.5em 0; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; }
 .paper { background: #fff7e6; } .db { background: #e8f3fb; }
 .note { color: #555; font-size: 0.9em; } .empty { color: #a00; }
 details { margin: 0.5em 0; } nav a { margin-right: 1em; }
+summary { cursor: pointer; } summary h2 { display: inline; border: none; }
+section { border-bottom: 1px solid #ddd; margin-top: 1.5em; }
 """
+
+
+#: the sections open when the page loads (when they have data): the main comparison and the tables the summary's
+#: headlines come from; every other section is one click away
+OPEN_SECTIONS: tuple[str, ...] = (
+    "fig1_main_comparison",
+    "table1_hyperparameters",
+    "table2_main_results",
+    "token_level_summary",
+)
 
 
 def _esc(text: object) -> str:
@@ -101,10 +115,75 @@ def _provenance(result: ArtefactResult, steps: dict[str, tuple[int, int]]) -> st
     )
 
 
+def _summary_html(summary: PageSummary) -> str:
+    return (
+        "<section id='summary'><h2>Summary</h2>"
+        f"<p>{_esc(summary.where)} {_esc(summary.studies)}</p>"
+        + _table_html(summary.ran)
+        + f"<p class='note'>Training headline, {_esc(summary.training_label)}</p>"
+        + (
+            _table_html(summary.training)
+            if summary.training.rows
+            else "<p class='note empty'>No validation curves yet: Table 2 is empty.</p>"
+        )
+        + _table_html(summary.token_level, ["", "paper", "db"])
+        + "</section>"
+    )
+
+
+def _table1_html(r: ArtefactResult) -> str:
+    differing, full, method = r.tables["differing"], r.tables["training"], r.tables["method"]
+    shown = (
+        _table_html(differing)
+        if differing.rows
+        else f"<h3>{_esc(differing.title)}</h3><p class='note'>{_esc(differing.note)}</p>"
+    )
+    return (
+        shown
+        + f"<details><summary>the full table ({len(full.rows)} keys)</summary>{_table_html(full)}</details>"
+        + _table_html(method)
+    )
+
+
+def _section_html(r: ArtefactResult, steps: dict[str, tuple[int, int]]) -> str:
+    is_open = r.has_data and r.name in OPEN_SECTIONS
+    status = "" if r.has_data else " (no data yet)"
+    head = f"<summary><h2>{_esc(r.title)}</h2><span class='note'>{status}</span></summary>"
+    parts = [f"<details{' open' if is_open else ''}>{head}"]
+    if not r.has_data:
+        parts.append(
+            "<p class='note empty'>No data for this artefact in the database"
+            + (f": <code>{_esc(r.command)}</code> produces it" if r.command else "")
+            + ".</p>"
+        )
+    pngs = [f for f in r.files if f.suffix == ".png"]
+    others = [f for f in r.files if f.suffix != ".png"]
+    for f in pngs:
+        parts.append(f"<p><img src='{_esc(f.name)}' alt='{_esc(r.title)}'></p>")
+    if others:
+        parts.append(
+            "<p>Files: " + ", ".join(f"<a href='{_esc(f.name)}'>{_esc(f.name)}</a>" for f in others) + "</p>"
+        )
+    parts.append(f"<p>{_esc(r.caption)}</p>")
+    if r.name == "table1_hyperparameters" and "differing" in r.tables:
+        parts.append(_table1_html(r))
+    else:
+        for t in r.tables.values():
+            parts.append(_table_html(t, ["", "paper", "db"] if r.name == "token_level_summary" else None))
+    parts.append(_provenance(r, steps))
+    parts.append("</details>")
+    return f"<section id='{_esc(r.name)}'>" + "".join(parts) + "</section>"
+
+
 def render_index(
-    results: Sequence[ArtefactResult], out: Path, db: Path, con_steps: dict[str, tuple[int, int]]
+    results: Sequence[ArtefactResult],
+    out: Path,
+    db: Path,
+    con_steps: dict[str, tuple[int, int]],
+    summary: PageSummary,
 ) -> Path:
-    """Write out/index.html referencing every figure (PNG inline, PDF linked) and every table."""
+    """Write out/index.html: the summary, then every figure (PNG inline, PDF linked) and table, each section
+    collapsible (OPEN_SECTIONS open when they have data, the others closed)."""
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nav = " ".join(f"<a href='#{_esc(r.name)}'>{_esc(r.name)}</a>" for r in results)
     parts = [
@@ -113,33 +192,14 @@ def render_index(
         f"<style>{CSS}</style></head><body>",
         "<h1>predmask: the paper's figures and tables from the results database</h1>",
         (
-            f"<p class='note'>Database <code>{_esc(db)}</code>, generated {generated}. Every figure below is drawn "
-            "from this database only; the paper's own numbers appear only in the labelled column of the "
-            "token-level table. CPU runs use small stand-in models with emulated precision.</p>"
+            f"<p class='note'>Database <code>{_esc(db)}</code>, generated {generated}. Every figure and table "
+            "below is drawn from this database only; the paper's own numbers appear only in columns labelled as "
+            "the paper's. CPU runs use small stand-in models with emulated precision.</p>"
         ),
-        f"<nav>{nav}</nav>",
+        f"<nav><a href='#summary'>summary</a> {nav}</nav>",
+        _summary_html(summary),
     ]
-    for r in results:
-        parts.append(f"<h2 id='{_esc(r.name)}'>{_esc(r.title)}</h2>")
-        pngs = [f for f in r.files if f.suffix == ".png"]
-        others = [f for f in r.files if f.suffix != ".png"]
-        for f in pngs:
-            parts.append(f"<p><img src='{_esc(f.name)}' alt='{_esc(r.title)}'></p>")
-        if others:
-            parts.append(
-                "<p>Files: "
-                + ", ".join(f"<a href='{_esc(f.name)}'>{_esc(f.name)}</a>" for f in others)
-                + "</p>"
-            )
-        parts.append(f"<p>{_esc(r.caption)}</p>")
-        if not r.has_data:
-            parts.append("<p class='note empty'>No data for this artefact in the database.</p>")
-        for t in r.tables.values():
-            if r.name == "token_level_summary":
-                parts.append(_table_html(t, ["", "paper", "db"]))
-            else:
-                parts.append(_table_html(t))
-        parts.append(_provenance(r, con_steps))
+    parts += [_section_html(r, con_steps) for r in results]
     parts.append("</body></html>")
     index = out / "index.html"
     atomic_write_text(index, "\n".join(parts))

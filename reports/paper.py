@@ -6,14 +6,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis.store import StoreError, connect
+from analysis.store import StoreError, connect, missing_db_hint
 from reports import data, registry
 from reports.artefact import Artefact, ArtefactResult, ReportContext
 from reports.html import render_index, run_steps
+from reports.summary import page_summary
 
 
 class EmptyDatabase(StoreError):
-    """The database holds neither runs nor token-level studies: nothing to draw."""
+    """The database is missing or holds neither runs nor token-level studies: nothing to draw."""
 
 
 @dataclass
@@ -25,13 +26,17 @@ class PaperResult:
     failures: dict[str, str] = field(default_factory=dict)
 
 
+def check_exists(db: Path) -> None:
+    if not db.is_file():
+        raise EmptyDatabase(f"results database {db} does not exist: {missing_db_hint(db)}")
+
+
 def check_not_empty(con, db: Path) -> None:
     n_runs = data.count_rows(con, "runs")
     n_seeds = data.count_rows(con, "token_level_seeds")
     if n_runs == 0 and n_seeds == 0:
         raise EmptyDatabase(
-            f"results database {db} is empty (no runs, no token-level studies): "
-            "ingest runs first (python -m analysis ingest runs) or run python -m analysis token_level"
+            f"results database {db} is empty (no runs, no token-level studies): {missing_db_hint(db)}"
         )
 
 
@@ -48,6 +53,7 @@ def build_paper(
 ) -> PaperResult:
     """Draw every (or the `only`) artefact into `out` and write out/index.html. Raises StoreError (one line)
     for a missing, locked or empty database and ValueError for an unknown study or artefact name."""
+    check_exists(db)
     con = connect(db, read_only=True)
     try:
         check_not_empty(con, db)
@@ -72,7 +78,8 @@ def build_paper(
                     f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 )
         out.mkdir(parents=True, exist_ok=True)
-        paper.index = render_index(paper.results, out, db, run_steps(con, paper.results))
+        summary = page_summary(ctx, paper.results)
+        paper.index = render_index(paper.results, out, db, run_steps(con, paper.results), summary)
         return paper
     finally:
         con.close()
@@ -82,6 +89,7 @@ def availability(
     db: Path, sweeps: Sequence[str] | None = None, study_id: str | None = None
 ) -> list[tuple[Artefact, str, bool]]:
     """For `list`: each artefact, a short description of the data it would draw, and whether there is any."""
+    check_exists(db)
     con = connect(db, read_only=True)
     try:
         ctx = ReportContext(
@@ -94,10 +102,12 @@ def availability(
                 what = (
                     f"study {res.study.study_id} ({res.study.n_seeds} seeds)"
                     if res.study
-                    else "no token-level study"
+                    else res.selection_rule or "no token-level study"
                 )
             else:
                 what = f"{len(res.runs)} run(s); {res.selection_rule}"
+            if not res.has_data and res.command:
+                what += f"; filled by {res.command}"
             rows.append((art, what, res.has_data))
         return rows
     finally:

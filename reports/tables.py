@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from analysis.results import curves
 from analysis.token_level import stats
 from analysis.training import stats as training_stats
+from predmask import config
+from predmask.cli import sweep_command
 from predmask.io import atomic_write_text
 from predmask.methods import method_anchor
 from reports import data
-from reports.artefact import ArtefactResult, ReportContext, table
+from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext, table
 from reports.figures.training import MAIN
 from reports.labels import method_label, sweep_delta
 from reports.style import method_rank
@@ -158,31 +161,96 @@ def write_texts(ctx: ReportContext, texts: Mapping[str, str]) -> list:
     return paths
 
 
-def hyperparameter_tables(runs: Sequence[data.RunInfo]) -> tuple[TextTable, TextTable]:
-    """(training hyperparameters per setting, method parameters per method) from the runs' configs."""
-    keys = data.panel_keys(runs)
-    keys = [k for k in keys if k.model is not None]
+@cache
+def _declared_keys(group: str) -> dict[str, frozenset[str]] | None:
+    """option -> the dotted keys (``group.…``) its own file conf/<group>/<option>.yaml sets (an option packaged
+    ``_global_``, such as a setting, sets its keys under its group name); None when conf/ has no such group."""
+    options = config.group_options(group)
+    if not options:
+        return None
+    out: dict[str, frozenset[str]] = {}
+    for name in options:
+        entry = config.group_entry(group, name)
+        own = entry[group] if isinstance(entry.get(group), dict) else entry
+        out[name] = frozenset(_leaf_keys({k: v for k, v in own.items() if k != "defaults"}, group))
+    return out
+
+
+def _leaf_keys(cfg: Mapping[str, Any], prefix: str) -> set[str]:
+    out: set[str] = set()
+    for k, v in cfg.items():
+        key = f"{prefix}.{k}"
+        out |= _leaf_keys(v, key) if isinstance(v, Mapping) else {key}
+    return out
+
+
+def applies(run_config: Mapping[str, Any], key: str) -> bool:
+    """Whether a dotted config key applies to a run: a key under a config group's section (``precision.…``,
+    ``model.…``) applies only when the run's option of that group sets it in its own conf/ file; a key it carries
+    only from a group default, a schema or the engine does not. Keys outside config groups, and the keys of an
+    option conf/ no longer has, apply wherever the run carries them."""
+    section = key.split(".", 1)[0]
+    node = run_config.get(section)
+    if "." not in key or not isinstance(node, Mapping):
+        return True
+    declared = _declared_keys(section)
+    option = node.get("name")
+    if declared is None or option not in declared:
+        return True
+    return key in declared[option]
+
+
+APPLIES_RULE = (
+    "A key of a config group (model.*, precision.*, cluster.*, setting.*, task.*, base.*) applies to a setting only "
+    "when the setting's option of that group sets it in its own file, conf/<group>/<option>.yaml; a key the runs "
+    "carry only from a group default, a schema or the engine is left out here. Other keys apply wherever the runs "
+    "carry them."
+)
+
+
+def _column_title(key: data.PanelKey) -> str:
+    """A panel's two-line title on one line: "setting (second line)"."""
+    head, _, rest = key.title.partition("\n")
+    if not rest:
+        return head
+    return f"{head} {rest}" if rest.startswith("(") else f"{head} ({rest})"
+
+
+def hyperparameter_tables(runs: Sequence[data.RunInfo]) -> tuple[TextTable, TextTable, TextTable]:
+    """(every training hyperparameter per setting, only those that differ between settings where they apply,
+    method parameters per method) from the runs' configs."""
+    keys = [k for k in data.panel_keys(runs) if k.model is not None]
     columns = []
     for k in keys:
         members = data.runs_in_panel(runs, k)
         flat = [
             {key: v for key, v in flatten(r.config).items() if not key.startswith("method.")} for r in members
         ]
-        columns.append((k, flat))
-    row_keys = sorted({key for _, flats in columns for f in flats for key in f})
-    header = ["hyperparameter"] + [
-        k.title.replace("\n", " (") + (")" if "\n" in k.title else "") for k, _ in columns
-    ]
-    rows = [[key] + [_merge_values([f.get(key) for f in flats]) for _, flats in columns] for key in row_keys]
+        columns.append((k, members, flat))
+    row_keys = sorted({key for _, _, flats in columns for f in flats for key in f})
+    header = ["hyperparameter"] + [_column_title(k) for k, _, _ in columns]
+    rows = [[key] + [_merge_values([f.get(key) for f in flats]) for _, _, flats in columns] for key in row_keys]
     n_cpu = sum(r.is_cpu for r in runs)
+    source = (
+        f"From the composed configs of {len(runs)} run(s) ({n_cpu} on the CPU engine: small stand-in models, "
+        "emulated precision). Values that differ between runs of a setting are joined with ' / '."
+    )
     train = TextTable(
         title="Table 1: training hyperparameters per model-precision setting",
-        note=(
-            f"From the composed configs of {len(runs)} run(s) ({n_cpu} on the CPU engine: small stand-in models, "
-            "emulated precision). Values that differ between runs of a setting are joined with ' / '."
-        ),
+        note=source,
         header=header,
         rows=rows,
+    )
+    differing = TextTable(
+        title="Table 1: the hyperparameters that differ between settings",
+        note=(
+            f"{source} Only the keys whose values differ between the settings (or that apply to some settings "
+            f"only), each shown only for the settings it applies to (an empty cell: it does not apply). "
+            f"{APPLIES_RULE} The full table holds every key of every setting."
+            + ("" if len(columns) > 1 else " With one setting nothing differs: see the full table.")
+        ),
+        header=header,
+        rows=_differing_rows(row_keys, columns),
     )
     methods = sorted({r.method for r in runs if r.method}, key=lambda m: (method_rank(m), m))
     per_method = {
@@ -202,7 +270,23 @@ def hyperparameter_tables(runs: Sequence[data.RunInfo]) -> tuple[TextTable, Text
         header=["parameter"] + [method_label(m) for m in methods],
         rows=m_rows,
     )
-    return train, method_table
+    return train, differing, method_table
+
+
+def _differing_rows(
+    row_keys: Sequence[str], columns: Sequence[tuple[data.PanelKey, list[data.RunInfo], list[dict[str, str]]]]
+) -> list[list[str]]:
+    """Rows of the keys whose applicable values differ between settings; "" where a key does not apply."""
+    rows = []
+    for key in row_keys:
+        cells: list[str | None] = []
+        for _, members, flats in columns:
+            values = [f.get(key) for r, f in zip(members, flats) if key in f and applies(r.config, key)]
+            cells.append(_merge_values(values) if values else None)
+        shown = [c for c in cells if c is not None]
+        if len(columns) > 1 and (len(set(shown)) > 1 or (shown and len(shown) < len(cells))):
+            rows.append([key] + [c if c is not None else "" for c in cells])
+    return rows
 
 
 @table("table1_hyperparameters", "Table 1: hyperparameters from the runs' configs")
@@ -212,13 +296,17 @@ def table1_hyperparameters(ctx: ReportContext) -> ArtefactResult:
     result = ArtefactResult(
         name="table1_hyperparameters",
         title="Table 1: hyperparameters",
-        caption="Rendered from the composed configs stored with each run (runs.config); Markdown and LaTeX.",
+        caption=(
+            "Rendered from the composed configs stored with each run (runs.config); the files (Markdown and LaTeX) "
+            "hold the full table."
+        ),
         runs=runs,
         selection_rule=sel.rule,
         has_data=bool(runs),
+        command=sweep_command(MAIN),
     )
-    train, method_table = hyperparameter_tables(runs)
-    result.tables = {"training": train, "method": method_table}
+    train, differing, method_table = hyperparameter_tables(runs)
+    result.tables = {"differing": differing, "training": train, "method": method_table}
     if ctx.draw:
         md = train.markdown() + "\n" + method_table.markdown()
         tex = train.latex() + "\n" + method_table.latex()
@@ -307,17 +395,16 @@ def token_level_summary(ctx: ReportContext) -> ArtefactResult:
         caption="The paper's numbers and this database's, in separate, labelled columns; never mixed.",
         study=ctx.study,
         selection_rule=f"study {ctx.study.study_id}" if ctx.study else "no token-level study",
+        command=STUDY_COMMAND,
     )
     if ctx.study is None or ctx.summary is None:
-        note = (
-            "No token-level study in this database (python -m analysis token_level); only the paper's column."
-        )
+        note = f"No token-level study in this database ({STUDY_COMMAND}); only the paper's column."
         db_label = "this database"
     else:
         result.stats = ctx.summary
         result.has_data = ctx.summary.n_seeds > 0
         note = (
-            "Left column: the paper's published numbers (Qwen3 scale, 61 seeds, math.md §5). Right column: this "
+            "Left column: the paper's published numbers (Qwen3 scale, 61 seeds, docs/math.md §5). Right column: this "
             "database only. A small CPU model reproduces the mechanism, not the paper's numbers. Means of "
             "unsafe-keep rates are over the paired seeds (both criteria kept a disagreement token); pooled "
             "fractions are summed over all seeds from the per-seed counts."
@@ -387,7 +474,7 @@ def main_results_table(results: SettingResults, n_runs: int, n_cpu: int) -> Text
     references = {r.vs_final.reference for _, rs in results for r in rs.values() if r.vs_final is not None}
     rows = []
     for key, by_method in results:
-        setting = key.title.replace("\n", " (") + (")" if "\n" in key.title else "")
+        setting = _column_title(key)
         if not by_method:
             rows.append([setting, "no runs with validation", "0"] + ["—"] * 7)
         for method, r in by_method.items():
@@ -435,6 +522,36 @@ def main_results_table(results: SettingResults, n_runs: int, n_cpu: int) -> Text
     )
 
 
+def headline_table(results: SettingResults) -> TextTable:
+    """Table 2's headline, from the same results and cells: per setting, the method with the highest mean final
+    validation accuracy, and each predictive mask against the method it is paired with."""
+    rows = []
+    for key, by_method in results:
+        finals = {m: r.final.mean for m, r in by_method.items() if r.final.mean is not None}
+        if not finals:
+            continue
+        top = max(finals, key=lambda m: finals[m])
+        highest = f"{method_label(top)}: {_pct(by_method[top].final)}"
+        pairs = [(m, r) for m, r in by_method.items() if r.vs_final is not None]
+        for method, r in pairs or [(None, None)]:
+            versus = "—" if r is None else f"{method_label(method)} − {method_label(r.vs_final.reference)}"
+            rows.append(
+                [
+                    _column_title(key),
+                    highest,
+                    versus,
+                    "—" if r is None else _diff(r.vs_final, False),
+                    "—" if r is None else _diff(r.vs_auc, False),
+                ]
+            )
+    return TextTable(
+        title="Headline: Table 2 in brief",
+        note="The same numbers as Table 2 (accuracies in %, Δ in percentage points, per-seed pairs).",
+        header=["setting", "highest final val acc", "predictive mask − its pair", "Δ final (pp)", "Δ AUC (pp)"],
+        rows=rows,
+    )
+
+
 @table("table2_main_results", f"Table 2: main results at δ = {sweep_delta(MAIN):g}, over seeds")
 def table2_main_results(ctx: ReportContext) -> ArtefactResult:
     sel = data.select_runs(ctx.runs, sweep_delta(MAIN), ctx.sweeps, MAIN)
@@ -452,6 +569,7 @@ def table2_main_results(ctx: ReportContext) -> ArtefactResult:
         stats=results,
         tables={"main": text},
         has_data=any(by_method for _, by_method in results),
+        command=sweep_command(MAIN),
     )
     if ctx.draw:
         result.files = write_texts(

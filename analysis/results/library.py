@@ -28,6 +28,7 @@ from analysis.store import connect, default_db_path, table_exists
 from analysis.token_level import stats as token_stats
 from analysis.training import stats as training_stats
 from predmask import config
+from predmask.cli import command
 
 __all__ = ["BACKENDS", "LEVELS", "Results", "UnknownNameError", "open_results"]
 
@@ -257,7 +258,7 @@ def _study(con: duckdb.DuckDBPyConnection, study: str | None) -> str:
     if len(known) == 1:
         return known[0]
     if not known:
-        raise ValueError("this database has no token-level study (python -m analysis token_level)")
+        raise ValueError(f"this database has no token-level study (run {command('analysis token_level --seeds 61')})")
     raise ValueError(f"this database has {len(known)} token-level studies; name one: {', '.join(known)}")
 
 

@@ -12,7 +12,10 @@ verl file-logger lines ``{"step": N, "data": {name: value}}``, earlier attempts 
 silently (``ingest``): bad lines and values are skipped, a run without config.yaml is refused, each with one
 warning line and a count; killed and empty runs get the statuses ``dead`` and ``empty``.
 
-Parts: ``schema`` (tables), ``connection`` (open, default path), ``runs`` (the `runs` rows), ``metrics_files``
+A writer's path is checked before any work starts (``check_db_path``: not a folder, a DuckDB file if it exists,
+a writable place), without opening the file.
+
+Parts: ``schema`` (tables), ``connection`` (open, default path, path check, what to run next), ``runs`` (the `runs` rows), ``metrics_files``
 (parsing file-logger lines), ``attempts`` (a run's attempt files and their merge), ``ingest`` (run directories into
 `runs` and `metrics`), ``token_level`` (the token-level study's rows).
 """
@@ -23,9 +26,12 @@ from analysis.store.connection import (
     DB_WAIT_ENV,
     DEFAULT_DB_RELPATH,
     StoreError,
+    check_db_path,
     connect,
     default_db_path,
     ensure_schema,
+    missing_db_hint,
+    paper_command,
     table_exists,
 )
 from analysis.store.ingest import (
@@ -63,6 +69,7 @@ __all__ = [
     "TokenLevelWrite",
     "UpsertCounts",
     "attempt_files",
+    "check_db_path",
     "connect",
     "default_db_path",
     "ensure_schema",
@@ -71,6 +78,8 @@ __all__ = [
     "ingest_metrics_file",
     "ingest_paths",
     "ingest_run_dir",
+    "missing_db_hint",
+    "paper_command",
     "parse_metrics_file",
     "run_row_from_dir",
     "stored_seeds",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import random
 import re
+import shlex
+import tempfile
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -15,6 +17,8 @@ from typing import Any
 import duckdb
 
 from analysis.store.schema import SCHEMA_DDL
+from predmask.cli import STUDY, command, sweep_command, with_db
+from predmask.config import runs_root
 
 __all__ = [
     "DB_ENV",
@@ -23,10 +27,13 @@ __all__ = [
     "READ_WAIT_S",
     "WRITE_WAIT_S",
     "StoreError",
+    "check_db_path",
     "connect",
     "default_db_path",
     "ensure_schema",
     "fetch_one",
+    "missing_db_hint",
+    "paper_command",
     "table_columns",
     "table_exists",
     "utcnow",
@@ -41,6 +48,40 @@ WRITE_WAIT_S = 30.0
 READ_WAIT_S = 10.0
 _FIRST_SLEEP_S, _MAX_SLEEP_S = 0.05, 1.0
 _HOLDER_RE = re.compile(r"Conflicting lock is held in (.+?) \(PID (\d+)\)")
+#: bytes 8..11 of every DuckDB database file (after the header's checksum)
+_DUCKDB_MAGIC, _MAGIC_AT = b"DUCK", 8
+def _given(db: str | os.PathLike[str] | None) -> Path | None:
+    """``db`` when it is not the default database (commands then need ``--db``), else None."""
+    if db is None:
+        return None
+    return None if Path(db).resolve() == default_db_path().resolve() else Path(db)
+
+
+def paper_command(db: str | os.PathLike[str] | None = None, study_id: str | None = None) -> str:
+    """The command that draws the figures and tables from the database: the next step after storing results
+    (``--db`` only for a database other than the default one, ``--study`` only when given)."""
+    study = "" if study_id is None else f" --study {shlex.quote(study_id)}"
+    return with_db(command(f"reports paper{study}"), _given(db))
+
+
+def missing_db_hint(db: str | os.PathLike[str] | None = None, root: Path | None = None) -> str:
+    """What to run when the database ``db`` has nothing yet: ingest when run directories exist under the runs
+    root ``root`` ($PREDMASK_RUNS or runs/), else a sweep or the token-level study first; then the report."""
+    from analysis.store.ingest import find_run_dirs
+
+    root = runs_root() if root is None else root
+    given = _given(db)
+    run_dirs = find_run_dirs([root])[0] if root.is_dir() else []
+    report = paper_command(db)
+    if run_dirs:
+        ingest = with_db(command(f"analysis ingest {shlex.quote(str(root))}"), given)
+        many = "y" if len(run_dirs) == 1 else "ies"
+        return f"{root} holds {len(run_dirs)} run director{many} not in the database: {ingest}, then {report}"
+    return (
+        f"nothing has run yet: first {with_db(sweep_command('smoke'), given)} (a few minutes on CPU) or "
+        f"{with_db(sweep_command('main_comparison'), given)} (the main comparison), or the token-level study "
+        f"{with_db(command(STUDY), given)}; then {report}"
+    )
 
 
 class StoreError(RuntimeError):
@@ -51,6 +92,58 @@ def default_db_path() -> Path:
     """$PREDMASK_DB if set, else results/predmask.duckdb under the current directory."""
     env = os.environ.get(DB_ENV)
     return Path(env) if env else Path.cwd() / DEFAULT_DB_RELPATH
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_db_path(path: str | os.PathLike[str]) -> None:
+    """Raise StoreError (one line) unless a writer could use ``path`` as the results database: not a directory;
+    if it exists, a writable DuckDB file; else its nearest existing ancestor is a writable folder.
+
+    Takes no DuckDB lock and leaves nothing behind (writability is probed for real: an existing file opened for
+    writing and closed, else a temporary folder made and removed), so it can run before any work starts and beside
+    a process that holds the database.
+    """
+    db = Path(path)
+    if db.is_dir():
+        raise StoreError(
+            f"results database path {db} is a directory; give a file path such as {db / 'predmask.duckdb'}"
+        )
+    if db.exists():
+        if not db.is_file():
+            raise StoreError(f"results database path {db} is not a regular file; give a *.duckdb file path")
+        try:
+            with db.open("rb") as f:
+                head = f.read(_MAGIC_AT + len(_DUCKDB_MAGIC))
+        except OSError as exc:
+            raise StoreError(f"cannot read results database {db}: {exc.strerror or exc}") from None
+        if head[_MAGIC_AT:] != _DUCKDB_MAGIC:
+            raise StoreError(
+                f"{db} exists but is not a DuckDB database; move it away or choose another --db path"
+            )
+        try:  # opened for writing and closed at once: changes nothing, takes no DuckDB lock
+            with db.open("r+b"):
+                pass
+        except OSError as exc:
+            raise StoreError(
+                f"results database {db} is not writable ({exc.strerror or exc}); fix its permissions or choose "
+                "another --db path"
+            ) from None
+        return
+    parent = _nearest_existing(db.parent)
+    if not parent.is_dir():
+        raise StoreError(f"cannot create results database {db}: {parent} is a file, not a folder")
+    try:  # a real probe (permission bits say nothing to root, nor of read-only or virtual file systems)
+        os.rmdir(tempfile.mkdtemp(prefix=".predmask-probe-", dir=parent))
+    except OSError as exc:
+        raise StoreError(
+            f"cannot create results database {db}: folder {parent} is not writable ({exc.strerror or exc}); "
+            "choose another --db path"
+        ) from None
 
 
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
@@ -104,17 +197,19 @@ def connect(
 
     While another process holds the file (a reader blocks writers, a writer blocks everyone) it retries with a
     jittered backoff for up to ``wait_s`` seconds (default: $PREDMASK_DB_WAIT, else WRITE_WAIT_S for a writer and
-    READ_WAIT_S for a reader). Raises StoreError (one line) when a read-only database is missing, or when the lock
-    is still held after the wait (naming the holder's pid when DuckDB says it).
+    READ_WAIT_S for a reader). Raises StoreError (one line) when a read-only database is missing, when a writer's
+    path fails ``check_db_path``, or when the lock is still held after the wait (naming the holder's pid when
+    DuckDB says it).
     """
     db = Path(path) if path is not None else default_db_path()
     bound = _wait_bound(read_only, wait_s)
     if read_only:
+        if not db.exists():
+            raise StoreError(f"results database {db} does not exist: {missing_db_hint(db)}")
         if not db.is_file():
-            raise StoreError(
-                f"results database {db} does not exist: ingest runs first (python -m analysis ingest runs)"
-            )
+            check_db_path(db)  # names what the path is instead
     else:
+        check_db_path(db)
         db.parent.mkdir(parents=True, exist_ok=True)
     try:
         con = _open(db, read_only, bound)

@@ -14,6 +14,7 @@ import glob
 import math
 import os
 import re
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from analysis.store.exact_metrics import exact_step_metrics
 from analysis.store.metrics_files import parse_metrics_file
 from analysis.store.runs import EMPTY, RunRefusedError, run_row_from_dir, upsert_runs
 from predmask.io import DEAD
+from predmask.progress import progress
 
 __all__ = [
     "IngestSummary",
@@ -306,15 +308,25 @@ def find_run_dirs(
 
 
 def ingest_paths(
-    con: duckdb.DuckDBPyConnection, paths_or_globs: Iterable[str | os.PathLike[str]]
+    con: duckdb.DuckDBPyConnection,
+    paths_or_globs: Iterable[str | os.PathLike[str]],
+    *,
+    show_progress: bool = False,
 ) -> IngestSummary:
-    """Ingest every run directory (and standalone metrics file) the inputs name; see find_run_dirs."""
+    """Ingest every run directory (and standalone metrics file) the inputs name; see find_run_dirs.
+
+    ``show_progress``: follow the runs with ``predmask.progress`` (a bar in a terminal, else plain lines on stdout).
+    """
     if isinstance(paths_or_globs, (str, os.PathLike)):
         paths_or_globs = [paths_or_globs]
     run_dirs, files, unmatched = find_run_dirs(paths_or_globs)
     summary = IngestSummary(unmatched=unmatched)
-    for d in run_dirs:
-        summary.runs.append(ingest_run_dir(con, d))
-    for f in files:
-        summary.runs.append(ingest_metrics_file(con, f))
+    work = [(d, ingest_run_dir) for d in run_dirs] + [(f, ingest_metrics_file) for f in files]
+    if not show_progress or not work:
+        summary.runs += [ingest_one(con, path) for path, ingest_one in work]
+        return summary
+    with progress("ingest", len(work), unit="runs", stream=sys.stdout) as bar:
+        for path, ingest_one in work:
+            summary.runs.append(ingest_one(con, path))
+            bar.advance(status=summary.runs[-1].run_id)
     return summary

@@ -25,7 +25,7 @@ RUN_COLUMNS: dict[str, str] = {
     "updated_at": "TIMESTAMP",
 }
 
-# Per-seed summary of a token-level study (math.md §5). "ratio" and "predictive" (aggregated tail) are
+# Per-seed summary of a token-level study (docs/math.md §5). "ratio" and "predictive" (aggregated tail) are
 # compared on their disagreement set (n_disagree); the uniform and exact predictive criteria are each
 # compared with the ratio criterion on their own disagreement set (n_disagree_uniform, n_disagree_exact).
 # For criterion c: n_keep_c = disagreement tokens c keeps, n_unsafe_c = those with dD_c > 0,

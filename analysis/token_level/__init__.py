@@ -1,4 +1,4 @@
-"""The token-level study of the direction criteria (math.md §5): `python -m analysis token_level`.
+"""The token-level study of the direction criteria (docs/math.md §5): `python -m analysis token_level`.
 
 Parts, one module each: ``cli`` (the command line), ``config`` (compose, study id, validation), ``study`` (one
 seed's masked steps and per-token quantities), ``cpu`` (the CPU engine backend and the choice of backend), ``hf``

@@ -1,4 +1,4 @@
-"""`python -m analysis token_level`: the token-level study of the direction criteria (math.md §5, paper §4.2).
+"""`python -m analysis token_level`: the token-level study of the direction criteria (docs/math.md §5, paper §4.2).
 
 Per seed: a fresh rollout (top-K support, rewards, GRPO advantages), the training policy moved off the rollout
 distribution by emulated precision mismatch and policy staleness, and ONE optimiser step per mask (ratio DPPO,
@@ -40,6 +40,8 @@ __all__ = [
 
 ERR = Console(stderr=True, highlight=False, soft_wrap=True)
 _log = logging.getLogger("analysis.token_level")
+#: the study's progress lines, beside its seed files
+PROGRESS_LOG = "study.log"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m analysis token_level",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "The token-level study of the direction criteria (math.md §5): per seed, a fresh rollout, pi_pre moved "
+            "The token-level study of the direction criteria (docs/math.md §5): per seed, a fresh rollout, pi_pre moved "
             "off mu by emulated precision mismatch and staleness, one optimiser step per mask (ratio DPPO; "
             "predictive with aggregated, uniform and exact tails; unmasked reference), and the realised ΔD of every "
             "token outside the trust region. Results go to the DuckDB tables token_level_{studies,seeds,tokens}; "
@@ -183,7 +185,7 @@ def _run_inline(cfg: dict[str, Any], study_dir: Path, pending: list[int], bar: A
     from analysis.token_level.fanout import WorkerSpec, run_worker
 
     spec = WorkerSpec(cfg, str(study_dir), tuple(pending), threads=cfg["launcher"]["threads"])
-    run_worker(spec, on_seed=lambda seed: bar.advance(1, status=f"seed {seed}"))
+    run_worker(spec, on_seed=lambda seed: bar.advance(1, status=f"seed {seed} done"))
 
 
 def _run_workers(
@@ -252,7 +254,7 @@ def prepare_study(cfg: dict[str, Any], study_dir: Path) -> dict[str, Any] | None
 def _run(
     args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: list[int], console: Console
 ) -> int:
-    from analysis.store import StoreError, connect
+    from analysis.store import StoreError, check_db_path, connect, paper_command
     from analysis.token_level.fanout import SeedFiles
     from analysis.token_level.report import load_study, print_report
     from predmask.progress import progress
@@ -260,6 +262,7 @@ def _run(
     db = db_path(args.db)
     study_dir = out_root(args.out) / study_id
     try:
+        check_db_path(db)  # before any seed runs: a bad path costs nothing
         stored = stored_in(db, study_id)
     except StoreError as err:
         ERR.print(f"error: {err}")
@@ -282,8 +285,10 @@ def _run(
         workers = 1 if args.inline else worker_count(args, cfg, len(pending))
         if not args.inline:
             where = cfg["cluster"].get("name", "local")
-            console.print(f"{workers} worker(s) on {where}; logs in {study_dir / 'jobs'}")
-        with progress("seeds", len(pending), log=_log, unit="seeds") as bar:
+            console.print(f"{workers} worker(s) on {where}; logs in {study_dir / 'jobs'}", markup=False)
+        console.print(f"progress: {study_dir / PROGRESS_LOG}", markup=False)
+        with progress(f"token-level study {study_id}", len(pending), log=_log, unit="seeds", stream=sys.stdout,
+                      log_file=study_dir / PROGRESS_LOG) as bar:
             try:
                 if args.inline:
                     _run_inline(cfg, study_dir, pending, bar)
@@ -319,4 +324,5 @@ def _run(
             f"error: {missing} of {len(seeds)} seeds are not stored; rerun the same command to run them"
         )
         return 1
+    console.print(f"next: {paper_command(args.db, study_id)}", markup=False)
     return 0

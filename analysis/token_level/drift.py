@@ -362,7 +362,7 @@ def _run(
 ) -> int:
     import logging
 
-    from analysis.store import StoreError, connect
+    from analysis.store import StoreError, check_db_path, connect, paper_command
     from analysis.store.token_level import upsert_grid
     from analysis.token_level.cli import ERR, db_path, ingest, out_root, stored_in, worker_count
     from analysis.token_level.fanout import SeedFiles, run_specs, submit_shares
@@ -372,6 +372,7 @@ def _run(
     db, out = db_path(args.db), out_root(args.out)
     seeds = list(range(grid["seeds"]))
     try:
+        check_db_path(db)  # before any seed runs: a bad path costs nothing
         pending = _pending(db, out, cells, seeds)
     except StoreError as err:
         ERR.print(escape(f"error: {err}"))
@@ -391,7 +392,11 @@ def _run(
         def finished() -> int:
             return sum(len(files.finished(p)) for files, p in todo)
 
-        with progress("cell seeds", n_pending, log=logging.getLogger("analysis.drift"), unit="seeds") as bar:
+        log = logging.getLogger("analysis.drift")
+        log_file = out / "jobs" / grid_id / "drift.log"
+        console.print(f"progress: {log_file}", markup=False)
+        with progress(f"drift grid {grid_id}: cell seeds", n_pending, log=log, unit="seeds", stream=sys.stdout,
+                      log_file=log_file) as bar:
             try:
                 if args.inline:
                     for spec in shares[0]:
@@ -430,6 +435,7 @@ def _run(
     if missing:
         ERR.print(f"error: {missing} cell seed(s) are not stored; rerun the same command to run them")
         return 1
+    console.print(f"next: {paper_command(args.db)} (fig9_drift_sensitivity draws the grid)", markup=False)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""The token-level study's tables: this run beside the paper's numbers (math.md §5), and the checks beyond it.
+"""The token-level study's tables: this run beside the paper's numbers (docs/math.md §5), and the checks beyond it.
 
 Reads one study's seeds from the results database (read-only) and renders rich tables; every number comes from
 ``analysis.token_level.stats`` (the same functions the figures and tables of ``reports`` call). The paper's column
@@ -75,7 +75,7 @@ def _run_label(config: Mapping[str, Any]) -> str:
 
 
 def paper_table(data: StudyData) -> Table:
-    """math.md §5: outside / disagreement sizes, unsafe-keep rates, seeds where predictive is lower, corrective."""
+    """docs/math.md §5: outside / disagreement sizes, unsafe-keep rates, seeds where predictive is lower, corrective."""
     summary = study_summary(data.seeds)
     t = Table(
         title=f"Token-level study {data.study_id}: the paper vs this run",

@@ -1,4 +1,4 @@
-"""Every statistic of the token-level study (math.md §5), and the paper's numbers beside which they are printed.
+"""Every statistic of the token-level study (docs/math.md §5), and the paper's numbers beside which they are printed.
 
 Two inputs. A worker turns one seed's token rows (one row per studied token, ``D_pre > delta``; the columns of
 ``analysis.store.TOKEN_COLUMNS``) into that seed's row of counts and rates (``seed_summary``). Everything printed
@@ -75,7 +75,7 @@ PREDICTIVE: dict[str, tuple[str, str]] = {
     "predictive_exact": ("ddot_exact", "_exact"),
 }
 
-#: The paper's figures for this study (math.md §5; Qwen3 scale, 61 seeds): the one copy of them.
+#: The paper's figures for this study (docs/math.md §5; Qwen3 scale, 61 seeds): the one copy of them.
 PAPER_TOKEN_LEVEL: dict[str, float] = {
     "seeds": 61,
     "outside_per_seed": 1435,

@@ -1,4 +1,4 @@
-"""One seed of the token-level study (math.md §5): staleness, one masked optimiser step per mask, ΔD per token.
+"""One seed of the token-level study (docs/math.md §5): staleness, one masked optimiser step per mask, ΔD per token.
 
 ``study_batch(model, batch, settings)`` takes the training policy (the base model, on any device) and a scored
 rollout batch with its top-K support, and returns one row per token outside the trust region (``D_pre > delta``):
@@ -397,7 +397,7 @@ def _restore(
 def token_quantities(
     batch: RolloutBatch, support: TopKSupport, lp: TrainLogprobs, adv_tok: Tensor, s: StudySettings
 ) -> dict[str, Tensor]:
-    """Per-token [B, R] D_pre, r, A, Ddot per tail and the keep decisions of math.md §5 item 2."""
+    """Per-token [B, R] D_pre, r, A, Ddot per tail and the keep decisions of docs/math.md §5 item 2."""
     mu, pi, valid = support.mu_logprobs, lp.pi, support.valid
     out: dict[str, Tensor] = {"d_pre": topk_divergence(mu, pi, valid, divergence="kl")}
     out["pi"], out["pi_tail_sq"], out["log_prob"] = lp.pi, lp.pi_tail_sq, lp.log_prob

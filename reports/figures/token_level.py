@@ -10,11 +10,19 @@ from matplotlib.patches import Patch
 from analysis.store.token_level import grid_cells
 from analysis.token_level import stats
 from reports import data, labels
-from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
+from reports.artefact import (
+    DRIFT_COMMAND,
+    STUDY_COMMAND,
+    ArtefactResult,
+    Panel,
+    ReportContext,
+    Series,
+    figure,
+)
 from reports.figures.draw import empty_panel, legend_below, new_figure, save_figure, suptitle
 from reports.style import CRITERION_STYLE, GREY, OKABE_ITO
 
-NO_STUDY = "no token-level study in the database\n(python -m analysis token_level)"
+NO_STUDY = f"no token-level study in the database\n({STUDY_COMMAND})"
 
 
 def _study_title(ctx: ReportContext) -> str:
@@ -37,6 +45,7 @@ def _mean_label(m: stats.MeanSE) -> str:
 def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
     result = ArtefactResult(
         name="fig3_unsafe_keep",
+        command=STUDY_COMMAND,
         title="Figure 3: unsafe-keep rate on the disagreement set",
         caption=(
             "Per seed, among disagreement tokens (outside the trust region, where the ratio and predictive "
@@ -135,6 +144,7 @@ def _draw_fig3(ctx: ReportContext, result: ArtefactResult) -> list:
 def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
     result = ArtefactResult(
         name="fig4_corrective",
+        command=STUDY_COMMAND,
         title="Figure 4: corrective fraction of kept disagreement tokens, pooled over seeds",
         caption=(
             "Pooled over all seeds: among disagreement tokens a criterion keeps, the fraction whose divergence "
@@ -212,7 +222,7 @@ def _draw_fig4(ctx: ReportContext, result: ArtefactResult) -> list:
 
 # ------------------------------------------------------------------------------------- fig9: drift grid
 
-NO_GRID = "no drift grid in the database\n(python -m analysis drift)"
+NO_GRID = f"no drift grid in the database\n({DRIFT_COMMAND})"
 PRECISION_MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v")
 #: fig9's panels: title -> the drift point's statistic of each series ("" when the panel has one per precision)
 FIG9_PANELS: dict[str, dict[str, str]] = {
@@ -252,9 +262,10 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
     lo, hi = stats.paper_share_outside()
     result = ArtefactResult(
         name="fig9_drift_sensitivity",
+        command=DRIFT_COMMAND,
         title="Figure 9 (beyond the paper): token-level statistics against the share of tokens outside the trust region",
         caption=(
-            "Each point is one cell of the drift grid (python -m analysis drift: lr × staleness, one marker and "
+            f"Each point is one cell of the drift grid ({DRIFT_COMMAND}: lr × staleness, one marker and "
             "line per precision), a token-level study of its own; x is its measured share of response tokens "
             "outside the trust region (D_pre > δ), pooled over its seeds, log scale. Disagreement share: "
             "disagreement tokens (aggregated-tail predictive vs ratio) / outside tokens, pooled; unsafe-keep: mean "

@@ -11,6 +11,7 @@ from matplotlib.ticker import MaxNLocator
 from analysis.results import curves
 from analysis.training import stats as training_stats
 from predmask import metrics
+from predmask.cli import sweep_command
 from predmask.rl.task import EVAL_SPLITS
 from reports import data
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
@@ -139,8 +140,13 @@ def _per_setting_figure(
     keys = data.panel_keys(sel.runs)
     series = _row_series(ctx, sel.runs, rows)
     note = _method_note(ctx, rows)
+    command = sweep_command(default_sweep)
     result = ArtefactResult(
-        name=name, title=title, caption=f"{caption} {note[0].upper()}{note[1:]}.", selection_rule=sel.rule
+        name=name,
+        title=title,
+        caption=f"{caption} {note[0].upper()}{note[1:]}.",
+        selection_rule=sel.rule,
+        command=command,
     )
     used: set[str] = set()
     for row in rows:
@@ -154,9 +160,9 @@ def _per_setting_figure(
             panel.series, left_out = _panel_lines(groups, _smoothing(ctx, row))
             used.update(r.run_id for r in members)
             if key.model is None:
-                panel.note = "no runs for this setting"
+                panel.note = f"no runs for this setting\n({command})"
             elif not panel.series:
-                panel.note = f"no {row.label} logged by the {len(in_panel)} run(s) of this setting"
+                panel.note = f"no {row.label} logged by the {len(in_panel)} run(s) of this setting\n({command})"
             elif left_out:
                 panel.note = f"{left_out} logged point(s) on steps that not every seed logged are left out"
             result.panels.append(panel)

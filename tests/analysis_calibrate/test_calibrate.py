@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from analysis.calibrate import RunRegime, SettingRegime, check_targets, run_regime, setting_regime
+from analysis.calibrate import RunRegime, SettingRegime, check_targets, next_step, run_regime, setting_regime
 from predmask import metrics as M
 from predmask.rl.task import EVAL_SPLITS
 
@@ -91,6 +92,7 @@ TINY = [
 
 def _calibrate(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "PREDMASK_CACHE"}  # the default, relative to the cwd
+    env["PREDMASK_PROGRESS_INTERVAL_S"] = "0"  # a progress line whenever the runs' step count moves
     return subprocess.run([sys.executable, "-m", "analysis", "calibrate", *args], cwd=tmp_path, env=env,
                           check=False, capture_output=True, text=True, timeout=600)
 
@@ -114,11 +116,34 @@ def test_calibrate_end_to_end_then_resumes_without_training(tmp_path: Path) -> N
     out_tok = sum(r["data"][M.MASK_OUTSIDE_FRAC] * r["data"][M.MASK_TOKENS] for r in ref if r["step"] > 0)
     assert row["reference"]["outside_share"] == pytest.approx(out_tok / tok)
     assert "| target | met | measured |" in first.stdout and "calibration.md" in first.stdout
+    # piped: plain progress lines of the runs' steps, the last one complete; the last line names the next command
+    shape = re.compile(
+        r"^calibration: 2 runs: (\d+)/8 steps \(\d+%\) (\d)/2 runs done \[elapsed [0-9hms]+(, eta [0-9hms]+)?\]$"
+    )
+    progress = [m.groups()[:2] for m in map(shape.match, first.stdout.splitlines()) if m]
+    assert progress and progress[-1] == ("8", "2"), first.stdout
+    assert [int(n) for n, _ in progress] == sorted(int(n) for n, _ in progress)
+    logged = [m.groups()[:2] for m in map(shape.match, (out / "calibrate.log").read_text().splitlines()) if m]
+    assert logged == progress  # the calibration's log file holds the same lines
+    last = first.stdout.splitlines()[-1]
+    assert last.startswith("next: ") and "python -m sweeps main_comparison" in last, last
     stamps = {p: (p / "metrics.jsonl").stat().st_mtime_ns for p in run_dirs}
     again = _calibrate(tmp_path, "--settings", "qwen3_4b_bf16", "--out", str(out), *TINY)
     assert again.returncode == first.returncode
     assert {p: (p / "metrics.jsonl").stat().st_mtime_ns for p in run_dirs} == stamps  # read, not retrained
     assert json.loads((out / "calibration.json").read_text())["rows"] == table["rows"]
+
+
+def test_the_last_line_says_what_to_do_with_the_targets() -> None:
+    met = [("bf16 share outside", True, "a 0.1%"), ("every run learns", True, "a +0.1")]
+    assert next_step(met, []) == "next: every target met by conf/train.yaml's defaults; python -m sweeps main_comparison"
+    assert next_step(met, ["trainer.lr=2e-4", "x=a b"]) == (
+        "next: every target met with trainer.lr=2e-4 'x=a b'; python -m sweeps main_comparison trainer.lr=2e-4 "
+        "'x=a b' (or make them the defaults in conf/train.yaml)"
+    )
+    missed = next_step([met[0], ("every run learns", False, "a -0.1")], ["trainer.lr=2e-4"])
+    assert missed.startswith("next: 1 target(s) missed (every run learns); try other overrides, e.g. python -m ")
+    assert "python -m analysis calibrate" in missed and "python -m sweeps main_comparison" in missed
 
 
 @pytest.mark.parametrize(("args", "message"), [

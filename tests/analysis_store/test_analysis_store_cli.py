@@ -22,9 +22,9 @@ def test_ingest_prints_summary_and_is_idempotent(tmp_path, helpers, capsys):
     db = tmp_path / "cli.duckdb"
     assert cli.main(["ingest", str(tmp_path / "runs"), "--db", str(db)]) == 0
     out, err = capsys.readouterr()
-    assert (
-        "1 run(s); 1 metric rows added, 0 changed; 1 line(s) skipped, 1 non-numeric value(s) skipped" in out
-    )
+    assert "1 run(s) ingested, 0 refused; 1 metric rows added, 0 changed; 1 corrupt line(s)" in out
+    assert "0 non-finite and 1 non-numeric value(s) not stored" in out
+    assert out.splitlines()[-1] == f"next: python -m reports paper --db {db}"
     assert "metrics.jsonl:2" in err
     assert cli.main(["ingest", str(tmp_path / "runs" / "*" / "*"), "--db", str(db), "-q"]) == 0
     out, _ = capsys.readouterr()
@@ -35,7 +35,8 @@ def test_ingest_prints_summary_and_is_idempotent(tmp_path, helpers, capsys):
 
 def test_unmatched_input_exits_non_zero(tmp_path, capsys):
     assert cli.main(["ingest", str(tmp_path / "missing"), "--db", str(tmp_path / "x.duckdb")]) == 1
-    assert "matched nothing" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "matched nothing" in err and "(python -m sweeps smoke)" in err
 
 
 def test_unknown_command_and_usage(capsys):

@@ -102,7 +102,7 @@ def test_one_seed_has_no_band_and_attempts_merge(ctx_factory):
 def test_fig1_missing_setting_is_an_empty_labelled_panel(ctx_factory):
     res = figures.fig1_main_comparison(ctx_factory())
     p8 = res.panel(QWEN8)
-    assert p8.series == [] and p8.note == "no runs for this setting"
+    assert p8.series == [] and p8.note == "no runs for this setting\n(python -m sweeps main_comparison)"
     assert "cpu_m" in p8.title and "no runs" in p8.title
 
 
@@ -132,6 +132,9 @@ def test_fig2_uses_the_tight_threshold_runs(ctx_factory):
     assert {r.run_id for r in res.runs} == {"t_dppo_s"}
     x, y = _xy(res.panel(QWEN4).get("DPPO-TopK-KL (1 seed)"))
     assert x == [1, 2, 3, 4] and y == pytest.approx([0.1] * 4)
+    # the settings tight_threshold did not run name the command that fills them
+    for setting in (QWEN8, ROLLOUT, E2E):
+        assert res.panel(setting).note == "no runs for this setting\n(python -m sweeps tight_threshold)"
 
 
 def test_fig5_fig7_fig8_plot_the_logged_values(ctx_factory):

@@ -108,7 +108,8 @@ def test_cli_paper_one_artefact_and_list(report_db, tmp_path, capsys):
     )
     assert (tmp_path / "o" / "fig4_corrective.png").read_bytes()[:8] == PNG_MAGIC
     assert "fig4_corrective.png" in (tmp_path / "o" / "index.html").read_text()
-    capsys.readouterr()
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"report page: {tmp_path / 'o' / 'index.html'}"  # the last line names the page, nothing after
     assert cli.main(["list", "--db", str(report_db)]) == 0
     out = capsys.readouterr().out
     for art in registry.artefacts():

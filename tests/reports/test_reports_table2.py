@@ -79,6 +79,7 @@ def test_labels_and_empty_setting(table2):
     rows = _rows(table2)
     empty = next(v for (setting, _), v in rows.items() if setting.startswith("Qwen3-8B-Base"))
     assert empty["method"] == "no runs with validation" and empty["seeds"] == "0"
+    assert empty["setting"] == "Qwen3-8B-Base · BF16 (CPU stand-in cpu_m: no runs)"  # one pair of parentheses
     note = table2.tables["main"].note
     assert "CPU engine: small stand-in models, emulated precision" in note
     assert "mean ± 95% t-interval over n seeds" in note and "docs/results.md" in note

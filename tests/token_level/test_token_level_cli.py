@@ -33,13 +33,13 @@ def _files(root: Path) -> list[Path]:
     ("argv", "needle"),
     [
         (["--seeds", "0"], "--seeds must be >= 1, got 0"),
-        (["--seeds", "2", "delta=-0.1"], "delta must be > 0, got -0.1"),
+        (["--seeds", "2", "delta=-0.1"], "delta must be a finite number > 0 (the trust-region threshold on D; delta=inf would never bind, i.e. no trust region at all), got -0.1"),
         (["--seeds", "2", "staleness=-1"], "staleness must be an integer >= 0, got -1"),
         (["--seeds", "2", "betas=[0.9,1.5]"], "betas must be two numbers in [0, 1), got [0.9, 1.5]"),
         (["--seeds", "2", "update_path=sideways"], "update_path must be one of auto, split, direct, got 'sideways'"),
-        (["--seeds", "2", "top_k=five"], "top_k=five: Value 'five' of type 'str' could not be converted to Integer"),
-        (["--seeds", "2", "grad_clip=off"], "grad_clip=off: Value 'off' of type 'str' could not be converted to Float"),
-        (["--seeds", "2", "launcher.threads=2.5"], "'2.5' of type 'float' could not be converted to Integer"),
+        (["--seeds", "2", "top_k=five"], "bad value for top_k: 'five' is not an integer (top_k takes an integer)"),
+        (["--seeds", "2", "grad_clip=off"], "bad value for grad_clip: 'off' is not a float (grad_clip takes a float)"),
+        (["--seeds", "2", "launcher.threads=2.5"], "bad value for launcher.threads: '2.5' is not an integer"),
         (
             ["--seeds", "2", "checkpoint=/nonexistent/policy.pt"],
             "checkpoint /nonexistent/policy.pt does not exist",
@@ -48,7 +48,7 @@ def _files(root: Path) -> list[Path]:
         (["--seeds", "2", "precision=fp4"], "unknown precision 'fp4'; valid:"),
         (["--seeds", "2", "sequences=10"], "sequences must be a positive multiple of group_size"),
         (["--seeds", "2", "--cluster", "nowhere"], "unknown cluster 'nowhere'; valid:"),
-        (["--seeds", "2", "no_such_key=1"], "cannot compose token_level with no_such_key=1"),
+        (["--seeds", "2", "no_such_key=1"], "unknown config key 'no_such_key' (conf/token_level.yaml and its groups)"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
@@ -225,3 +225,77 @@ def test_a_failing_seed_costs_only_itself(
     assert "1 seed(s) failed (1); seed 1: FloatingPointError: injected failure" in err
     assert "1 of 3 seeds are not stored" in err
     assert _stored(db)[0] == [0, 2]
+
+
+def _not_a_database(root: Path) -> Path:
+    path = root / "notes.duckdb"
+    path.write_text("not a database\n")
+    return path
+
+
+def _under_a_file(root: Path) -> Path:
+    (root / "plain").write_text("x")
+    return root / "plain" / "db.duckdb"
+
+
+@pytest.mark.parametrize(
+    ("make_db", "needle"),
+    [
+        (lambda root: root, "is a directory; give a file path such as"),
+        (_not_a_database, "exists but is not a DuckDB database"),
+        (_under_a_file, "is a file, not a folder"),
+    ],
+    ids=["directory", "not-duckdb", "parent-is-a-file"],
+)
+def test_a_bad_database_path_is_refused_before_any_seed(
+    make_db,
+    needle: str,
+    checkpoint: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The database path is checked before the study prepares anything: no seed file, no config.json, no cache."""
+    monkeypatch.chdir(tmp_path)
+    db = make_db(tmp_path)
+    before = _files(tmp_path)
+    rc = main(["--seeds", "2", "--inline", "--db", str(db), "--out", str(tmp_path / "out"), *_overrides(checkpoint)])
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and needle in err and str(db) in err, err
+    assert "to run" not in captured.out  # refused before the study's plan was printed
+    assert _files(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_a_piped_study_prints_a_progress_line_per_seed_and_names_the_next_command(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """A real `python -m analysis token_level` whose output is a pipe: plain progress lines (one per finished seed
+    with the progress interval at 0, then the final one) on stdout and in the study's log file, the table, and the
+    command that draws the figures."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    db, out = tmp_path / "db.duckdb", tmp_path / "out"
+    env = {**os.environ, "PREDMASK_PROGRESS_INTERVAL_S": "0", "COLUMNS": "200"}
+    argv = ["--seeds", "2", "--inline", "--db", str(db), "--out", str(out), *_overrides(checkpoint)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "analysis", "token_level", *argv],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    study_id = study_id_of(compose_study(_overrides(checkpoint)))
+    shape = re.compile(
+        rf"^token-level study {study_id}: (\d)/2 seeds \(\d+%\) seed (\d) done \[elapsed [0-9hms]+(, eta [0-9hms]+)?\]$"
+    )
+    lines = proc.stdout.splitlines()
+    seen = [(m.group(1), m.group(2)) for m in map(shape.match, lines) if m]
+    assert seen == [("1", "0"), ("2", "1"), ("2", "1")], proc.stdout  # each seed, then the final line
+    log = out / study_id / "study.log"  # the study's log file holds the same lines
+    assert f"progress: {log}" in lines
+    assert log.read_text().splitlines() == [line for line in lines if shape.match(line)]
+    assert lines[-1] == f"next: python -m reports paper --study {study_id} --db {db}"
+    assert _stored(db)[0] == [0, 1]

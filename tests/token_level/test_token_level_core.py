@@ -1,7 +1,7 @@
 """The study's bookkeeping: D_pre, r, A, Ddot, keep decisions and ΔD per mask against a direct recomputation.
 
 The recomputation here shares no code with the study or with predmask: its own teacher-forced forward, the coarse
-distributions and the top-K KL from the full softmax, Ddot written out from math.md §3.1, the group-normalised
+distributions and the top-K KL from the full softmax, Ddot written out from docs/math.md §3.1, the group-normalised
 advantages, the masked DPPO loss, and each mask's AdamW step on its own copy of the model.
 """
 

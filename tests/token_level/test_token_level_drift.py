@@ -115,6 +115,7 @@ def test_a_tiny_grid_runs_into_duckdb_links_cells_to_studies_and_resumes(
     assert drift.main([*where, *_tiny_grid(checkpoint, 1)]) == 0
     text = capsys.readouterr().out
     assert "0 of 2 cell seeds done; 2 to run" in text and "benchmark: elapsed" in text
+    assert text.splitlines()[-1] == f"next: python -m reports paper --db {db} (fig9_drift_sensitivity draws the grid)"
 
     grid_ovs, study_ovs = drift._split_overrides(_tiny_grid(checkpoint, 1))
     cells = drift.expand(drift.compose_grid(grid_ovs), study_ovs)
@@ -320,3 +321,19 @@ def test_fig9_without_a_grid_says_so(tmp_path: Path) -> None:
     finally:
         con.close()
     assert not result.has_data and all("no drift grid" in p.note for p in result.panels)
+
+
+def test_a_bad_database_path_is_refused_before_any_cell_runs(
+    checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The database path is checked before any cell is prepared: one line, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plain").write_text("x")
+    db = tmp_path / "plain" / "db.duckdb"
+    rc = drift.main(["--inline", "--db", str(db), "--out", str(tmp_path / "out"), *_tiny_grid(checkpoint, 1)])
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert rc == 2
+    assert err == f"error: cannot create results database {db}: {tmp_path / 'plain'} is a file, not a folder"
+    assert "to run" not in captured.out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]

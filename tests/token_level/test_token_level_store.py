@@ -38,7 +38,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return path, study_id
 
 
-# The same definitions as math.md §5, written in SQL against the token rows.
+# The same definitions as docs/math.md §5, written in SQL against the token rows.
 _SQL = """
 SELECT seed,
   count(*) AS n_outside,

@@ -1,0 +1,138 @@
+"""The summary at the top of the report page: what ran and where, runs and seeds per sweep, the headline results.
+
+The headline numbers are Table 2's (``tables.headline_table`` of the results ``table2_main_results`` computed) and
+the token-level summary's (``tables.summary_rows``), each labelled as this database's or the paper's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from analysis.token_level import stats
+from predmask import config
+from predmask.cli import sweep_command
+from reports import data, labels, tables
+from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext
+
+#: the token-level summary's rows that the page's headline repeats (their quantity names in tables.SUMMARY_ROWS)
+TOKEN_HEADLINE: tuple[str, ...] = (
+    "unsafe-keep rate, predictive aggregated (mean ± SE over paired seeds)",
+    "unsafe-keep rate, ratio (mean ± SE over paired seeds)",
+    "seeds where predictive is lower",
+    "corrective fraction, predictive aggregated (pooled)",
+    "corrective fraction, ratio (pooled)",
+)
+NO_SWEEP = "(no sweep)"
+
+
+@dataclass(frozen=True)
+class PageSummary:
+    """The page's summary, as text: per-sweep runs, where they ran, the studies, and the two headlines."""
+
+    ran: tables.TextTable
+    where: str
+    studies: str
+    training: tables.TextTable
+    training_label: str
+    token_level: tables.TextTable
+
+
+def _where(runs: Sequence[data.RunInfo]) -> str:
+    backends = sorted({r.describe_backend() for r in runs})
+    return ", ".join(backends) if backends else "—"
+
+
+def _seeds(runs: Sequence[data.RunInfo]) -> str:
+    seeds = sorted({r.seed for r in runs if r.seed is not None})
+    return f"{len(seeds)} ({', '.join(str(s) for s in seeds)})" if seeds else "—"
+
+
+def sweeps_table(runs: Sequence[data.RunInfo]) -> tables.TextTable:
+    """One row per sweep of conf/sweep (those without runs too, naming the command that runs them) and per other
+    sweep the database holds."""
+    by_sweep: dict[str, list[data.RunInfo]] = {s: [] for s in config.group_options("sweep")}
+    for r in runs:
+        by_sweep.setdefault(r.sweep or NO_SWEEP, []).append(r)
+    rows = []
+    for sweep, members in by_sweep.items():
+        if not members:
+            rows.append([sweep, "0", "—", "—", "—", "—", f"not run yet: {sweep_command(sweep)}"])
+            continue
+        settings = sorted({labels.setting_label(*r.setting) for r in members})
+        rows.append(
+            [
+                sweep,
+                str(len(members)),
+                _seeds(members),
+                str(len({r.method for r in members if r.method})),
+                "; ".join(settings),
+                _where(members),
+                "; ".join(sorted({r.describe_scale() for r in members})),
+            ]
+        )
+    return tables.TextTable(
+        title="What ran",
+        note="Runs per sweep in this database, with the seeds they used, where they ran and at what scale.",
+        header=["sweep", "runs", "seeds", "methods", "settings", "where", "scale"],
+        rows=rows,
+    )
+
+
+def _where_line(runs: Sequence[data.RunInfo]) -> str:
+    if not runs:
+        return (
+            f"No training runs in this database: {sweep_command('smoke')} (a few minutes) or "
+            f"{sweep_command('main_comparison')} runs them."
+        )
+    n_cpu = sum(r.is_cpu for r in runs)
+    parts = []
+    if n_cpu:
+        parts.append(f"{n_cpu} on the CPU engine (small stand-in models, emulated precision: not the paper's scale)")
+    if len(runs) - n_cpu:
+        parts.append(f"{len(runs) - n_cpu} on the cluster (VeRL, the paper's models, real precision)")
+    return f"{len(runs)} training run(s): " + "; ".join(parts) + "."
+
+
+def _studies_line(ctx: ReportContext) -> str:
+    if ctx.study is None:
+        return f"No token-level study in this database ({STUDY_COMMAND} runs the paper's 61 seeds)."
+    return (
+        f"{len(ctx.studies)} token-level stud{'y' if len(ctx.studies) == 1 else 'ies'}; the page draws "
+        f"{ctx.study.study_id}: {ctx.study.n_seeds} seeds, {ctx.study.describe()}."
+    )
+
+
+def _training_label(runs: Sequence[data.RunInfo]) -> str:
+    if not runs:
+        return f"ours: no runs with validation yet ({sweep_command('main_comparison')})"
+    cpu = all(r.is_cpu for r in runs)
+    where = "small-scale, CPU engine stand-in models, emulated precision" if cpu else "cluster runs"
+    return (
+        f"ours ({where}; {len(runs)} run(s)). The paper's training results are its figures: this toolkit holds "
+        "no numbers of them to set beside these."
+    )
+
+
+def page_summary(ctx: ReportContext, results: Sequence[ArtefactResult]) -> PageSummary:
+    """The summary of the page from the context and the artefacts drawn (Table 2 is computed, data only, when it
+    was not among them)."""
+    table2 = next((r for r in results if r.name == "table2_main_results"), None)
+    if table2 is None:
+        table2 = tables.table2_main_results(replace(ctx, draw=False))
+    headline_rows = {row[0]: row for row in tables.summary_rows(ctx.summary)}
+    db_label = "ours: " + (ctx.study.describe() if ctx.study else f"no study yet ({STUDY_COMMAND})")
+    token_level = tables.TextTable(
+        title="Headline: the token-level study",
+        note="The same numbers as the token-level table below; the paper's column is the paper's, never ours.",
+        header=["quantity", stats.PAPER_LABEL, db_label],
+        rows=[headline_rows[q] for q in TOKEN_HEADLINE],
+    )
+    return PageSummary(
+        ran=sweeps_table(ctx.runs),
+        where=_where_line(ctx.runs),
+        studies=_studies_line(ctx),
+        training=tables.headline_table(table2.stats or []),
+        training_label=_training_label(table2.runs),
+        token_level=token_level,
+    )
