@@ -46,8 +46,9 @@ __all__ = [
     "to_container",
 ]
 
-#: config keys that say where/how a run is launched, not what it computes: excluded from the run id
-LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "run_dir", "cache_dir", "hydra")
+#: config keys that say where/how a run is launched or watched, not what it computes: excluded from the run id
+#: (a dotted key names a nested one: the trackers a run logs to are not part of it)
+LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "run_dir", "cache_dir", "hydra", "trainer.logger")
 
 
 def runs_root() -> Path:
@@ -232,10 +233,20 @@ def _without_display_keys(value: Any) -> Any:
     return value
 
 
+def _without_keys(config: Mapping[str, Any], exclude: Collection[str]) -> dict[str, Any]:
+    """``config`` without the ``exclude`` keys; a dotted key (``trainer.logger``) names a nested one."""
+    out = {k: v for k, v in config.items() if k not in exclude}
+    for key in (k for k in exclude if "." in k):
+        head, rest = key.split(".", 1)
+        if isinstance(out.get(head), Mapping):
+            out[head] = _without_keys(out[head], [rest])
+    return out
+
+
 def stable_id(config: Mapping[str, Any], exclude: Collection[str] = LAUNCHER_KEYS) -> str:
     """12-hex sha256 of the resolved ``config`` without the ``exclude`` keys and without ``label`` keys at any
     depth (display text): the same computation, the same id."""
-    core = _without_display_keys({k: v for k, v in config.items() if k not in exclude})
+    core = _without_display_keys(_without_keys(config, exclude))
     blob = json.dumps(core, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from predmask.rl.trackers import DEFAULT_LOGGERS, check_loggers
+
 __all__ = ["BaseConfig", "RolloutConfig", "TrainerConfig", "check_known_keys"]
 
 
@@ -29,8 +31,11 @@ class RolloutConfig:
     response_length: int = 16
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"rollout.n must be >= 1, got {self.n}")
+        if self.n < 2:
+            raise ValueError(
+                f"rollout.n must be >= 2: GRPO's advantage is a reward minus the mean of its group of n responses, "
+                f"so n=1 makes every advantage 0 and the run learns nothing; got {self.n}"
+            )
         if not self.temperature > 0:
             raise ValueError(f"rollout.temperature must be > 0, got {self.temperature}")
         if self.top_p != 1.0:
@@ -60,8 +65,10 @@ class TrainerConfig:
     threads: int = 1
     progress: str | bool = "auto"
     log_every: int = 10
+    logger: tuple[str, ...] = DEFAULT_LOGGERS
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "logger", check_loggers(self.logger))
         if self.steps < 1:
             raise ValueError(f"trainer.steps must be >= 1, got {self.steps}")
         if self.train_batch_size < 1 or self.ppo_mini_batch_size < 1:

@@ -14,7 +14,10 @@ and writes the run directory (the contract of every CPU or VeRL run):
 - ``status.json``  ``{"status", "step", "total_steps", "updated", "error"}``, replaced atomically;
 - ``checkpoints/step_XXXXXX.pt`` model, optimiser, RNG states and data position every ``trainer.save_every``
                    steps and at the end (the last ``trainer.keep_checkpoints`` are kept);
-- ``train.log``    the human log (appended across restarts).
+- ``train.log``    the human log (appended across restarts);
+- ``tensorboard/``, ``wandb/``, ``wandb_id`` only with ``trainer.logger`` naming ``tensorboard`` / ``wandb``
+                   (verl's tracker names; :mod:`predmask.rl.trackers`: where they write, the W&B id a resumed run
+                   keeps). ``console`` in the list prints the step lines; ``file`` (``metrics.jsonl``) is required.
 
 The trainer holds the run directory's writer lock (``.run.lock``, ``predmask.io.hold_run_lock``) for its whole
 life: a second trainer on the same ``run_dir`` exits with one line naming the first one's pid and writes nothing, and
@@ -46,13 +49,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from predmask import metrics as M
-from predmask.config import store_schemas, to_container
+from predmask.config import store_schemas
 from predmask.io import RunDirBusyError, atomic_write, atomic_write_text, hold_run_lock
-from predmask.methods import method_config
 from predmask.progress import progress as show_progress
-from predmask.rl.engine import Engine, resolve_cpu_model, validate_config
-from predmask.rl.precision import precision_of
+from predmask.rl.engine import Engine, prepare_config
 from predmask.rl.task import STANDIN_LABEL, Problem, TaskConfig, iter_train_prompts
+from predmask.rl.trackers import Trackers, require_installed
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -77,7 +79,7 @@ STATUS_FILE = "status.json"
 LOG_FILE = "train.log"
 CHECKPOINT_DIR = "checkpoints"
 #: config keys that may change between a run and its resumption
-_RESUMABLE_KEYS = ({"trainer", "steps"}, {"trainer", "progress"}, {"trainer", "log_every"})
+_RESUMABLE_KEYS = ({"trainer", "steps"}, {"trainer", "progress"}, {"trainer", "log_every"}, {"trainer", "logger"})
 
 log = logging.getLogger("predmask.rl.train")
 
@@ -227,17 +229,6 @@ def _diff_keys(a: Any, b: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, 
     return [] if a == b else [prefix]
 
 
-def _prepare_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    """Resolve the config, map a cluster model to its CPU stand-in, record the method's parameters and what the
-    precision emulates (the catalogues' facts this run uses), and validate every section (ValueError)."""
-    c = to_container(cfg)
-    c["model"] = resolve_cpu_model(c["model"])
-    c["method"] = method_config(c["method"])
-    c["precision"] = {**c["precision"], "emulates": precision_of(c["precision"]).emulates}
-    validate_config(c)
-    return c
-
-
 def _check_or_write_config(run_dir: Path, c: dict[str, Any]) -> None:
     path = run_dir / CONFIG_FILE
     if path.exists():
@@ -299,7 +290,8 @@ def _problem_stream(task: TaskConfig, start: int) -> Iterator[Problem]:
 
 def run(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """Train one run to ``trainer.steps`` (resuming if its run_dir has a checkpoint); returns a summary dict."""
-    c = _prepare_config(cfg)
+    c = prepare_config(cfg)
+    require_installed(c["trainer"].get("logger", ()))  # a tracker the run asks for is importable here
     run_dir = Path(c["run_dir"])
     with hold_run_lock(run_dir):  # before anything is written: a second trainer on run_dir refuses, touching nothing
         return _run_locked(c, run_dir)
@@ -359,19 +351,29 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
     if cut.quarantined:
         log.warning("%d unparseable line(s) of %s moved to %s; every valid line before the checkpoint is kept",
                     cut.quarantined, METRICS_FILE, CORRUPT_METRICS_FILE)
+    if start_step >= t.steps:
+        log.info("already at step %d of %d: nothing to do", start_step, t.steps)
+        return {"step": start_step, "resumed": ckpt is not None}
+    console = "console" in t.logger
     writer = _MetricsWriter(metrics_path)
+    trackers = Trackers.open(t.logger, run_dir, c, history=read_metrics(metrics_path))  # replays what they lack
+    if trackers.names:
+        log.info("trackers: %s", ", ".join(trackers.names))
+
+    def record(data: dict[str, Any], step: int) -> None:
+        writer.log(data, step=step)  # synced first: no tracker can cost a metrics.jsonl line
+        trackers.log(data, step=step)
+
     last_val: dict[str, float] = {}
+    failed = True
     try:
         if start_step == 0 and t.val_before_train:
             t0 = time.perf_counter()
             val = engine.validate(seed * 7_919)
             val[M.TIMING_TESTING] = time.perf_counter() - t0
-            writer.log({**val, M.GLOBAL_STEP: 0}, step=0)
+            record({**val, M.GLOBAL_STEP: 0}, step=0)
             last_val = val
-            log.info(_step_summary(0, val))
-        if start_step >= t.steps:
-            log.info("already at step %d of %d: nothing to do", start_step, t.steps)
-            return {"step": start_step, "resumed": ckpt is not None, **last_val}
+            log.info(_step_summary(0, val), extra={"console": console})
         stream = _problem_stream(engine.task, data_pos)
 
         title = f"GRPO {engine.method_name} {engine.model_cfg['name']} {engine.precision.name}"
@@ -391,17 +393,19 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
                 data[M.TIMING_STEP] = time.perf_counter() - t0
                 data[M.PERF_THROUGHPUT] = data[M.PERF_TOTAL_NUM_TOKENS] / max(data[M.TIMING_STEP], 1e-9)
                 data[M.GLOBAL_STEP] = step
-                writer.log(data, step=step)
+                record(data, step=step)
                 loud = step % max(1, t.log_every) == 0 or any(k.startswith(M.VAL_CORE_PREFIX) for k in data)
-                log.info(_step_summary(step, data), extra={"console": loud and not progress})
+                log.info(_step_summary(step, data), extra={"console": console and loud and not progress})
                 if (t.save_every and step % t.save_every == 0) or step == t.steps:
                     _save_checkpoint(run_dir, step, engine, data_pos, t.keep_checkpoints)
                 write_status(run_dir, "running", step, t.steps)
                 val_txt = " ".join(f"{v:.2f}" for k, v in last_val.items() if k.startswith(M.VAL_CORE_PREFIX)) or "-"
                 bar.advance(status=f"score {data.get(M.SCORE_MEAN, float('nan')):.3f} val {val_txt}")
+        failed = False
         return {"step": t.steps, "resumed": ckpt is not None, **last_val}
     finally:
         writer.close()
+        trackers.close(failed=failed)
 
 
 def main() -> None:

@@ -19,6 +19,13 @@ verl's argv: verl never sees them. Their values, with this launch's session (it 
 files), go as JSON into ``PREDMASK_VERL_SETTINGS`` of this process and, through the same ``runtime_env``, of every
 Ray worker.
 
+verl's trackers (``trainer.logger``; verl's default list when the command line has none) write into the run
+directory, as the CPU engine's do (:mod:`predmask.rl.trackers`): with ``tensorboard`` every worker gets
+``TENSORBOARD_DIR=<run_dir>/tensorboard``, with ``wandb`` ``WANDB_DIR=<run_dir>``, ``WANDB_RUN_ID`` from
+``<run_dir>/wandb_id`` (made by the first attempt, under the run lock) and ``WANDB_RESUME=allow``, so every attempt
+of a run continues one W&B run (verl alone starts a new one per attempt). ``TENSORBOARD_DIR`` / ``WANDB_DIR`` set
+here win, as in verl; ``WANDB_MODE`` and ``WANDB_ENTITY`` set here are forwarded.
+
 It also adds ``trainer.use_v1=false`` unless given (the plugin rides verl's DataProto trainer) and refuses
 ``trainer.use_v1=true``. Any Hydra flag (``--cfg job``, ``--help``) passes through to verl.
 """
@@ -33,15 +40,25 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from predmask.io import RunDirBusyError, hold_run_lock
+from predmask.rl.trackers import TENSORBOARD_ENV, WANDB_DIR_ENV, tensorboard_dir, wandb_dir, wandb_run_id
 from predmask.verl.overrides import HYDRA_SUBDIR, PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
 from predmask.verl.settings import SETTINGS_ENV, PluginSettings, split_argv
 
-__all__ = ["FORWARDED_ENV", "keep_previous_attempt", "launch_argv", "main", "plugin_modules_value", "run_dir_of"]
+__all__ = [
+    "FORWARDED_ENV",
+    "keep_previous_attempt",
+    "launch_argv",
+    "main",
+    "plugin_modules_value",
+    "requested_loggers",
+    "run_dir_of",
+    "tracker_argv",
+]
 
 _KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
 TRAINER_MODULE = "verl.trainer.main_ppo"
 #: variables of this process's environment handed to every Ray worker (verl reads them in the trainer actor)
-FORWARDED_ENV: tuple[str, ...] = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT")
+FORWARDED_ENV: tuple[str, ...] = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", "WANDB_MODE", "WANDB_ENTITY")
 
 
 def _modules(value: str | None) -> list[str]:
@@ -93,11 +110,48 @@ def launch_argv(overrides: Sequence[str], environ: Mapping[str, str],
     for var in FORWARDED_ENV:
         value = environ.get(var)
         if value:
-            key = f"{RUNTIME_ENV.lstrip('+')}.{var}"
-            argv = [a for a in argv if _override_keys([a]).get(key) is None]
-            argv.append(f"{RUNTIME_ENV}.{var}={hydra_value(value)}")
+            argv = _with_worker_env(argv, var, value)
     argv.append(f"{RUNTIME_ENV}.{SETTINGS_ENV}={hydra_value(settings.to_json())}")
     return argv, {PLUGIN_ENV: modules, SETTINGS_ENV: settings.to_json()}
+
+
+def _with_worker_env(argv: Sequence[str], var: str, value: str) -> list[str]:
+    """``argv`` with the Ray workers' variable ``var`` set to ``value`` (an override of the same variable replaced)."""
+    key = f"{RUNTIME_ENV.lstrip('+')}.{var}"
+    return [*(a for a in argv if _override_keys([a]).get(key) is None), f"{RUNTIME_ENV}.{var}={hydra_value(value)}"]
+
+
+def requested_loggers(argv: Sequence[str]) -> list[str]:
+    """The trackers a verl command line asks for: its ``trainer.logger`` (a list or one name), else verl's default."""
+    value = _override_keys(argv).get("trainer.logger")
+    if value is None:
+        import verl
+        from omegaconf import OmegaConf
+
+        default = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "ppo_trainer.yaml")
+        return [str(name) for name in default.trainer.logger]
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_override(f"trainer.logger={value}").value()
+    return [str(name) for name in parsed] if isinstance(parsed, list) else [str(parsed)]
+
+
+def tracker_argv(argv: Sequence[str], run_dir: Path, environ: Mapping[str, str],
+                 wandb_id: str | None) -> tuple[list[str], dict[str, str]]:
+    """``argv`` with the trackers' variables for every Ray worker (the module docstring), and the same variables
+    for this process; ``wandb_id`` is the run's W&B id (None: the command line asks for no W&B)."""
+    loggers = requested_loggers(argv)
+    env: dict[str, str] = {}
+    if "tensorboard" in loggers:
+        env[TENSORBOARD_ENV] = str(tensorboard_dir(run_dir, environ))
+    if "wandb" in loggers:
+        if wandb_id is None:
+            raise ValueError("trainer.logger asks for wandb: the launcher needs the run's W&B id")
+        env.update({WANDB_DIR_ENV: str(wandb_dir(run_dir, environ)), "WANDB_RUN_ID": wandb_id, "WANDB_RESUME": "allow"})
+    out = list(argv)
+    for var, value in env.items():
+        out = _with_worker_env(out, var, value)
+    return out, env
 
 
 def keep_previous_attempt(metrics_file: Path) -> Path | None:
@@ -142,8 +196,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         _launch(verl_argv, env)
         return
     try:
-        with hold_run_lock(run_dir):
-            _launch(verl_argv, env)
+        with hold_run_lock(run_dir):  # one attempt at a time makes (or reads) the run's W&B id
+            wandb_id = wandb_run_id(run_dir) if "wandb" in requested_loggers(verl_argv) else None
+            verl_argv, tracker_env = tracker_argv(verl_argv, run_dir, os.environ, wandb_id)
+            _launch(verl_argv, {**env, **tracker_env})
     except RunDirBusyError as exc:
         raise SystemExit(f"predmask.verl.launch: {exc}") from None
 

@@ -20,6 +20,8 @@ Keys read from ``run_cfg`` (a mapping or an OmegaConf DictConfig, shaped like th
 - ``cluster``: ``nodes`` and ``gpus_per_node``; ``data_dir``?
 - ``data``?: ``train_files`` and ``val_files`` (a path or a list), or ``dir``; else ``cluster.data_dir``. A
   directory means the files of ``python -m sweeps.data prepare`` (:data:`DATA_FILES`).
+- ``trainer``?: ``logger`` [console, file]: verl's ``trainer.logger``, the same list as the CPU engine's
+  (:mod:`predmask.rl.trackers`; the launcher points TensorBoard and W&B at the run directory)
 - ``seed`` [0], ``val_n`` [16], ``run_id``?, ``sweep``? (verl's project name, [predmask]), ``run_dir``?
   (checkpoints under ``<run_dir>/checkpoints``, Hydra's output under ``<run_dir>/hydra``), ``verl`` [{}]
 
@@ -43,6 +45,7 @@ from typing import Any
 from predmask.methods import METHODS, MethodParams, get_method
 from predmask.metrics import LOSS_STATS_DIR
 from predmask.precisions import CLUSTER_PRECISIONS, Precision, get_precision
+from predmask.rl.trackers import DEFAULT_LOGGERS, check_loggers
 from predmask.verl.settings import PREFIX
 
 __all__ = [
@@ -312,7 +315,7 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     o["trainer.use_v1"] = False  # the top-K plumbing rides verl's DataProto path (the v1 trainer needs TransferQueue)
     o["trainer.nnodes"] = nnodes
     o["trainer.n_gpus_per_node"] = gpus
-    o["trainer.logger"] = ["console", "file"]
+    o["trainer.logger"] = list(check_loggers(_plain(_get(_get(run_cfg, "trainer"), "logger")) or DEFAULT_LOGGERS))
     o["trainer.project_name"] = str(_get(run_cfg, "sweep", "predmask") or "predmask")
     o["trainer.experiment_name"] = str(run_id or name)
     o["trainer.val_before_train"] = True

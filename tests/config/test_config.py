@@ -197,7 +197,17 @@ def test_stable_id_is_the_sha256_of_the_sorted_compact_json_minus_launcher_keys(
     assert stable_id({**config, "seed": 2}) != expected
     assert stable_id({**config, "method": {"name": "m", "delta": 0.05}}) != expected
     assert stable_id(config, exclude=("launcher", "paths")) != expected
-    assert set(LAUNCHER_KEYS) == {"cluster", "run_dir", "cache_dir", "hydra"}
+    assert set(LAUNCHER_KEYS) == {"cluster", "run_dir", "cache_dir", "hydra", "trainer.logger"}
+
+
+def test_a_dotted_launcher_key_leaves_its_section_otherwise_in_the_id() -> None:
+    """The trackers a run logs to (trainer.logger) are not part of it; the rest of trainer is."""
+    config = {"seed": 1, "trainer": {"lr": 1e-4, "logger": ["console", "file"]}}
+    plain = hashlib.sha256(b'{"seed":1,"trainer":{"lr":0.0001}}').hexdigest()[:12]
+    assert stable_id(config) == plain
+    assert stable_id({**config, "trainer": {"lr": 1e-4, "logger": ["file", "tensorboard"]}}) == plain
+    assert stable_id({**config, "trainer": {"lr": 2e-4, "logger": ["file"]}}) != plain
+    assert stable_id({"seed": 1, "trainer": "not a section"}) != plain  # nothing to strip: left as it is
 
 
 def test_labels_at_any_depth_are_not_part_of_the_id() -> None:

@@ -221,14 +221,32 @@ def test_cli_bad_input_is_one_line(cache_dir: Path, tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "error: trainer.train_batch_size (3) must be a multiple of trainer.ppo_mini_batch_size (2)" in out
     assert "Traceback" not in out
-    # rejected before anything is written (Hydra itself creates hydra.run.dir = run_dir, left empty)
-    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").iterdir())
+    assert not (tmp_path / "r").exists()  # rejected before anything is written, run_dir included
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ("trainer.steps=0", "error: trainer.steps must be >= 1, got 0"),
+    ("top_k=1000", "error: top_k"),
+    ("rollout.n=1", "error: rollout.n must be >= 2: GRPO's advantage is a reward minus the mean of its group"),
+])
+def test_a_bad_config_exits_2_in_one_line_and_creates_no_run_dir(cache_dir: Path, tmp_path: Path, bad: str,
+                                                                  message: str) -> None:
+    """A real CLI process; the run directory does not exist afterwards, nor anything in the working directory."""
+    work = tmp_path / "cwd"
+    work.mkdir()
+    proc = _cli(_overrides(cache_dir, tmp_path / "r", bad), cwd=work)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(message), out
+    assert "Traceback" not in out
+    assert not (tmp_path / "r").exists() and not any(work.iterdir())
 
 
 def test_cluster_model_maps_to_its_cpu_standin_and_unknown_names_fail() -> None:
-    from predmask.rl.train import _prepare_config
+    from predmask.rl.engine import prepare_config
 
-    c = _prepare_config(compose("train", ["+setting=qwen3_30b_a3b_fp8_rollout"]))
+    c = prepare_config(compose("train", ["+setting=qwen3_30b_a3b_fp8_rollout"]))
     assert c["model"]["name"] == "cpu_moe" and c["model"]["resolved_from"] == "qwen3_30b_a3b_base"
     assert c["precision"]["name"] == "fp8_rollout"
     with pytest.raises(ConfigError, match="nonexistent_method"):
@@ -236,4 +254,4 @@ def test_cluster_model_maps_to_its_cpu_standin_and_unknown_names_fail() -> None:
     bad = to_container(compose("train", []))
     bad["model"]["backend"] = "hf"
     with pytest.raises(ValueError, match="not a CPU model"):
-        _prepare_config(bad)
+        prepare_config(bad)
