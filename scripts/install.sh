@@ -1,15 +1,87 @@
 #!/usr/bin/env bash
-# Install predmask and what its tests need into the current Python, without ever pulling a CUDA torch.
-#   bash scripts/install.sh            # default: the CPU path + dev tools
-#   EXTRAS=dev,verl bash scripts/install.sh
+# Install predmask into the project's own virtual environment .venv, without ever pulling a CUDA torch.
+#   bash scripts/install.sh                      # creates (or reuses) .venv, installs the CPU path + dev tools
+#   EXTRAS=dev,verl bash scripts/install.sh      # adds the VeRL working set
+#   PYTHON=/usr/bin/python3 bash scripts/install.sh   # the interpreter .venv is made from (default: python3)
+# Nothing needs activating afterwards: every command runs as .venv/bin/python -m ...
+# A second run with the same extras and the same pyproject.toml only checks and returns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT="$(pwd -P)"
 EXTRAS="${EXTRAS:-dev}"
 PY="${PYTHON:-python3}"
-# torch first, pinned to the CPU wheel this project's machines carry on disk; the project's own range
-# (torch>=2.4) is then already satisfied and pip resolves nothing bigger.
-if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.") else 1)' 2>/dev/null; then
-  "$PY" -m pip install --quiet "torch==2.13.0"
+VENV=.venv
+VPY="$VENV/bin/python"
+STAMP="$VENV/.predmask-installed"
+TORCH="torch==2.13.0+cpu"
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+
+die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
+
+[[ "$EXTRAS" =~ ^[A-Za-z0-9_-]+(,[A-Za-z0-9_-]+)*$ ]] \
+  || die "EXTRAS must be comma-separated extra names such as dev,verl, got '$EXTRAS'"
+
+# --- the virtual environment: reuse a working one, else make it from $PY ---
+if [ -e "$VENV" ]; then
+  "$VPY" -c 'import sys; sys.exit(0 if sys.prefix != sys.base_prefix else 1)' 2>/dev/null \
+    || die "$ROOT/$VENV exists but $VPY is not a working virtual environment; remove it (rm -rf $VENV) and rerun"
+  if [ -n "${PYTHON:-}" ]; then
+    want="$("$PY" -c 'import sys; print(sys.base_prefix, sys.version.split()[0])' 2>/dev/null)" \
+      || die "PYTHON=$PYTHON does not run"
+    have="$("$VPY" -c 'import sys; print(sys.base_prefix, sys.version.split()[0])')"
+    [ "$want" = "$have" ] \
+      || die "$VENV was made from Python '$have', not PYTHON=$PYTHON ('$want'); remove it (rm -rf $VENV) to rebuild it"
+  fi
+else
+  command -v "$PY" >/dev/null 2>&1 \
+    || die "no Python interpreter '$PY' on PATH; install Python 3.10-3.13 or set PYTHON=/path/to/python3"
+  version="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" \
+    || die "'$PY' does not run as a Python interpreter; set PYTHON=/path/to/python3"
+  case "$version" in
+    3.10|3.11|3.12|3.13) ;;
+    *) die "'$PY' is Python $version; predmask needs Python 3.10-3.13 (set PYTHON=/path/to/python3.X)" ;;
+  esac
+  "$PY" -c 'import venv, ensurepip' 2>/dev/null \
+    || die "'$PY' (Python $version) has no venv/ensurepip to make $VENV; on Debian/Ubuntu: apt install python3-venv (or python$version-venv)"
+  echo "install.sh: creating $ROOT/$VENV from $(command -v "$PY") (Python $version)"
+  "$PY" -m venv "$VENV" || { rm -rf "$VENV"; die "'$PY' -m venv $VENV failed (output above); nothing was kept"; }
 fi
-"$PY" -m pip install --quiet -e ".[${EXTRAS}]"
-"$PY" -c 'import predmask, torch; print(f"predmask {predmask.__version__} installed (torch {torch.__version__})")'
+
+# --- the packages: torch's CPU wheel first, then this project; skipped when nothing changed ---
+# The stamp holds pyproject.toml's checksum and this checkout's path (line 1) and the extras installed (line 2).
+stamp_key="pyproject=$(cksum < pyproject.toml) root=$ROOT"
+have_extras=""
+if [ -f "$STAMP" ] && [ "$(sed -n 1p "$STAMP")" = "$stamp_key" ]; then
+  have_extras="$(sed -n 2p "$STAMP")"
+fi
+all_there=1
+new_extras="$have_extras"
+for extra in ${EXTRAS//,/ }; do
+  case ",$have_extras," in *",$extra,"*) ;; *) all_there=0; new_extras="${new_extras:+$new_extras,}$extra" ;; esac
+done
+installed() {  # the installed predmask and torch versions from their metadata (no import: quick), or fail
+  "$VPY" -c 'from importlib.metadata import version as v; print("predmask", v("predmask") + ", torch", v("torch"))' \
+    2>/dev/null
+}
+if [ "$all_there" = 1 ] && versions="$(installed)"; then
+  echo "install.sh: $ROOT/$VENV is up to date ($versions; extras $have_extras)"
+else
+  rm -f "$STAMP"
+  # torch pinned to its CPU build: from pip's configured sources when they carry it (this project's machines
+  # keep the wheel on disk), else from PyTorch's CPU index; never PyPI's CUDA build. The project's own range
+  # (torch>=2.4) is then already satisfied and pip resolves nothing bigger.
+  if ! "$VPY" -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version("torch").startswith("2.") else 1)' \
+    2>/dev/null; then
+    echo "install.sh: installing $TORCH into $VENV"
+    "$VPY" -m pip install --quiet "$TORCH" 2>/dev/null \
+      || "$VPY" -m pip install --quiet "$TORCH" --extra-index-url "$TORCH_CPU_INDEX" \
+      || die "pip could not install $TORCH from its configured sources nor $TORCH_CPU_INDEX (output above)"
+  fi
+  echo "install.sh: installing predmask[$EXTRAS] (editable) into $VENV"
+  "$VPY" -m pip install --quiet -e ".[${EXTRAS}]" || die "pip could not install -e .[$EXTRAS] (output above)"
+  "$VPY" -c 'import predmask, torch, sys
+print(f"install.sh: predmask {predmask.__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})"
+      f" in {sys.prefix}")' || die "predmask does not import from $VENV after the install (output above)"
+  printf '%s\n%s\n' "$stamp_key" "$new_extras" > "$STAMP"
+fi
+echo "install.sh: next: .venv/bin/python -m sweeps main_comparison  (no activation needed; or: source .venv/bin/activate)"

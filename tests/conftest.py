@@ -1,11 +1,14 @@
-"""Fixtures shared by every test folder: the emulated Slurm cluster (scripts/slurm-emulated.sh).
+"""Fixtures and hooks shared by every test folder: the emulated Slurm cluster (scripts/slurm-emulated.sh).
 
-When the cluster is not reachable through ``sinfo`` the ``slurm`` tests are skipped with the reason, except
-under ``CI=true``, where they fail: CI must start the cluster before the tests.
+A test marked ``slurm`` (or using the ``slurm_cluster`` fixture) needs the cluster. When ``sinfo`` cannot reach it
+those tests are skipped, except under ``CI=true``, where they fail: CI must start the cluster before the tests.
+As an ordinary user the reason is the one line of ``NEEDS_ROOT`` (the cluster's daemons need root), printed once
+after collection and given as every such test's skip reason.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -18,12 +21,49 @@ import pytest
 PARTITION, NUM_NODES = "h20", 4
 STATE_DIR = Path(os.environ.get("PREDMASK_SLURM_DIR", "/tmp/predmask-slurm"))
 USABLE_STATES = {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing"}
+NEEDS_ROOT = (
+    "SLURM TESTS SKIPPED: the emulated Slurm cluster is not running and needs root to start munge and slurmd; "
+    "to run them: sudo bash scripts/test.sh, or sudo bash scripts/slurm-emulated.sh start "
+    f"&& export SLURM_CONF={STATE_DIR / 'slurm.conf'}"
+)
+
+
+def _under_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
 
 
 def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
+    if _under_ci():
         pytest.fail(f"CI=true but the Slurm tests cannot run: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def _needs_cluster(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slurm") is not None or "slurm_cluster" in getattr(item, "fixturenames", ())
+
+
+@functools.cache
+def _cluster_reason() -> str | None:
+    """Why the Slurm tests cannot run (NEEDS_ROOT for an ordinary user), or None; asked once per session."""
+    problem = _cluster_problem()
+    if problem and os.geteuid() != 0:
+        return NEEDS_ROOT
+    return problem
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Say once, before the tests run, that the selected Slurm tests will skip and why."""
+    if not any(_needs_cluster(item) for item in session.items) or _cluster_reason() is None:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    line = _cluster_reason() if not _under_ci() else f"CI=true: the Slurm tests will fail: {_cluster_reason()}"
+    if reporter is not None:
+        reporter.write_line(line, yellow=True, bold=True)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("slurm") is not None and _cluster_reason() is not None:
+        _unavailable(_cluster_reason())  # type: ignore[arg-type]
 
 
 def _cluster_problem() -> str | None:
@@ -64,7 +104,7 @@ def _cluster_problem() -> str | None:
 @pytest.fixture(scope="session")
 def slurm_cluster() -> dict[str, Any]:
     """The running emulated cluster (skip, or fail under CI=true, when it is not up or ray is missing)."""
-    problem = _cluster_problem()
+    problem = _cluster_reason()
     if problem:
         _unavailable(problem)
     try:
