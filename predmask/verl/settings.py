@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from predmask.methods import ANCHORS
+from predmask.methods import ANCHORS, MethodParams
 
 __all__ = [
     "PREFIX",
@@ -60,12 +60,17 @@ class PluginSettings:
     def __post_init__(self) -> None:
         for key in ("delta", "ratio_cap"):
             value = getattr(self, key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
-                raise ValueError(f"predmask.{key} must be a number > 0, got {value!r}")
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ValueError(f"predmask.{key} must be a number, got {value!r}")
+        given = {k: getattr(self, k) for k in ("delta", "ratio_cap") if getattr(self, k) is not None}
+        try:
+            MethodParams(**given)  # the one owner of their ranges; its messages start with the key
+        except ValueError as err:
+            raise ValueError(f"predmask.{err}") from None
         if self.anchor is not None and self.anchor not in ANCHORS:
             raise ValueError(f"predmask.anchor must be one of {', '.join(ANCHORS)}, got {self.anchor!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"predmask.top_k must be an integer >= 1, got {self.top_k!r}")
+            raise ValueError(f"predmask.top_k must be an integer >= 0 (0: no top-K records), got {self.top_k!r}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> PluginSettings:

@@ -26,11 +26,12 @@ def test_split_argv_takes_predmask_keys_off_and_parses_their_values() -> None:
     ("item", "match"),
     [
         ("predmask.clip_ratio=0.2", "unknown key predmask.clip_ratio; allowed: predmask.delta"),
-        ("predmask.delta=0", "predmask.delta must be a number > 0"),
-        ("predmask.delta=abc", "predmask.delta must be a number > 0"),
+        ("predmask.delta=0", "predmask.delta must be a finite number > 0"),
+        ("predmask.delta=inf", "predmask.delta must be a finite number > 0"),
+        ("predmask.delta=abc", "predmask.delta must be a number, got 'abc'"),
         ("predmask.anchor=pi", "predmask.anchor must be one of old, rollout"),
-        ("predmask.top_k=-1", "predmask.top_k must be an integer >= 1"),
-        ("predmask.top_k=2.5", "predmask.top_k must be an integer >= 1"),
+        ("predmask.top_k=-1", "predmask.top_k must be an integer >= 0"),
+        ("predmask.top_k=2.5", "predmask.top_k must be an integer >= 0"),
     ],
 )
 def test_bad_predmask_keys_fail_with_one_line(item: str, match: str) -> None:
