@@ -67,6 +67,11 @@ REFERENCE_DIRECTION = "ratio"
 _LOG_RATIO_CLAMP = 20.0
 
 
+def _delta_error(delta: float) -> str:
+    return (f"delta must be a finite number > 0 (the trust-region threshold on D; delta=inf would never bind, i.e. "
+            f"no trust region at all), got {delta}")
+
+
 @dataclass(frozen=True)
 class MethodParams:
     """Hyperparameters of every method, with their defaults (the one place of them); each loss kind reads its own.
@@ -91,9 +96,8 @@ class MethodParams:
     vocab_size: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < self.delta < math.inf:
-            raise ValueError(f"delta must be a finite number > 0 (the trust-region threshold on D; delta=inf would "
-                             f"never bind, i.e. no trust region at all), got {self.delta}")
+        if not self.delta > 0:  # inf (no trust region) only for internal reference steps: see from_mapping
+            raise ValueError(_delta_error(self.delta))
         if not (0 < self.eps_low < 1):
             raise ValueError(f"eps_low must lie in (0, 1), got {self.eps_low}")
         if not self.eps_high > 0:
@@ -107,9 +111,14 @@ class MethodParams:
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> MethodParams:
-        """Build from a config mapping, ignoring keys that are not parameters (e.g. ``name``)."""
+        """Build from a config mapping (a run's, a study's, a command line's), ignoring keys that are not parameters
+        (e.g. ``name``). A configured delta must be finite: delta=inf is no trust region at all, which is never what
+        a run or a study of the trust region means (the token-level study's unmasked reference step sets it itself)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        params = cls(**{k: v for k, v in values.items() if k in known})
+        if math.isinf(params.delta):
+            raise ValueError(_delta_error(params.delta))
+        return params
 
 
 @dataclass(frozen=True)

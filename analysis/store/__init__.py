@@ -20,7 +20,7 @@ Parts: ``schema`` (tables), ``connection`` (open, default path, path check, what
 `runs` and `metrics`), ``token_level`` (the token-level study's rows).
 """
 
-from analysis.store.attempts import attempt_files
+from analysis.store.attempts import attempt_files, find_run_dirs
 from analysis.store.connection import (
     DB_ENV,
     DB_WAIT_ENV,
@@ -37,7 +37,6 @@ from analysis.store.connection import (
 from analysis.store.ingest import (
     IngestSummary,
     RunIngest,
-    find_run_dirs,
     ingest_metrics_file,
     ingest_paths,
     ingest_run_dir,

@@ -1,4 +1,5 @@
-"""A run's metrics attempts: which files a run directory holds, oldest first, and their merge by step.
+"""Run directories and their metrics attempts: which inputs are run directories, which files one holds (oldest
+first), and their merge by step.
 
 verl opens its file with "wb", so a restarted run would overwrite it; the launcher keeps earlier attempts as
 ``metrics.attempt-<n>.jsonl``. Attempt order: ``metrics.attempt-1.jsonl`` < ``metrics.attempt-2.jsonl`` < ... <
@@ -7,13 +8,15 @@ verl opens its file with "wb", so a restarted run would overwrite it; the launch
 
 from __future__ import annotations
 
+import glob
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from analysis.store.metrics_files import ParsedFile
 
-__all__ = ["CURRENT", "attempt_files", "is_attempt_file", "is_run_dir", "merge_attempts"]
+__all__ = ["CURRENT", "attempt_files", "find_run_dirs", "is_attempt_file", "is_run_dir", "merge_attempts"]
 
 _ATTEMPT_RE = re.compile(r"^metrics\.attempt-(\d+)\.jsonl$")
 CURRENT = "metrics.jsonl"
@@ -52,3 +55,47 @@ def merge_attempts(parsed: Sequence[ParsedFile]) -> dict[tuple[int, str], float]
         for step, name, value in pf.rows:
             merged[(step, name)] = value
     return merged
+
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def find_run_dirs(
+    paths_or_globs: Iterable[str | os.PathLike[str]],
+) -> tuple[list[Path], list[Path], list[str]]:
+    """Resolve inputs to (run directories, standalone .jsonl files, inputs that matched nothing).
+
+    A run directory is one holding config.yaml, status.json or metrics*.jsonl; a metrics*.jsonl path means
+    its run directory; another .jsonl file is a standalone file-logger file; any other directory is
+    searched for run directories below it.
+    """
+    run_dirs: dict[Path, None] = {}
+    files: dict[Path, None] = {}
+    unmatched: list[str] = []
+    for item in paths_or_globs:
+        text = os.fspath(item)
+        matches = sorted(glob.glob(text, recursive=True)) if _GLOB_CHARS.search(text) else [text]
+        found = False
+        for m in matches:
+            p = Path(m)
+            if p.is_file():
+                if is_attempt_file(p.name):
+                    run_dirs[p.parent.resolve()] = None
+                    found = True
+                elif p.suffix == ".jsonl":
+                    files[p.resolve()] = None
+                    found = True
+            elif is_run_dir(p):
+                run_dirs[p.resolve()] = None
+                found = True
+            elif p.is_dir():
+                for root, dirs, _ in os.walk(p):
+                    dirs.sort()
+                    here = Path(root)
+                    if is_run_dir(here):
+                        run_dirs[here.resolve()] = None
+                        found = True
+                        dirs.clear()  # a run's own folders (checkpoints/) hold no runs
+        if not found:
+            unmatched.append(text)
+    return list(run_dirs), list(files), unmatched

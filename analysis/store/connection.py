@@ -16,6 +16,7 @@ from typing import Any
 
 import duckdb
 
+from analysis.store.attempts import find_run_dirs
 from analysis.store.schema import SCHEMA_DDL
 from predmask.cli import STUDY, command, sweep_command, with_db
 from predmask.config import runs_root
@@ -67,8 +68,6 @@ def paper_command(db: str | os.PathLike[str] | None = None, study_id: str | None
 def missing_db_hint(db: str | os.PathLike[str] | None = None, root: Path | None = None) -> str:
     """What to run when the database ``db`` has nothing yet: ingest when run directories exist under the runs
     root ``root`` ($PREDMASK_RUNS or runs/), else a sweep or the token-level study first; then the report."""
-    from analysis.store.ingest import find_run_dirs
-
     root = runs_root() if root is None else root
     given = _given(db)
     run_dirs = find_run_dirs([root])[0] if root.is_dir() else []

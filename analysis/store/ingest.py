@@ -10,10 +10,8 @@ policy-loss metrics are replaced, step by step, by the exact values of its loss 
 
 from __future__ import annotations
 
-import glob
 import math
 import os
-import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +21,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.attempts import attempt_files, is_attempt_file, is_run_dir, merge_attempts
+from analysis.store.attempts import attempt_files, find_run_dirs, merge_attempts
 from analysis.store.connection import StoreError, fetch_one
 from analysis.store.exact_metrics import exact_step_metrics
 from analysis.store.metrics_files import parse_metrics_file
@@ -34,7 +32,6 @@ from predmask.progress import progress
 __all__ = [
     "IngestSummary",
     "RunIngest",
-    "find_run_dirs",
     "ingest_metrics_file",
     "ingest_paths",
     "ingest_run_dir",
@@ -261,50 +258,6 @@ def ingest_metrics_file(con: duckdb.DuckDBPyConnection, path: str | os.PathLike[
     p = Path(path)
     row = {"run_id": p.stem, "run_dir": str(p.parent.resolve()), "sweep": p.parent.name}
     return _ingest(con, row, p.parent, [p])
-
-
-_GLOB_CHARS = re.compile(r"[*?\[]")
-
-
-def find_run_dirs(
-    paths_or_globs: Iterable[str | os.PathLike[str]],
-) -> tuple[list[Path], list[Path], list[str]]:
-    """Resolve inputs to (run directories, standalone .jsonl files, inputs that matched nothing).
-
-    A run directory is one holding config.yaml, status.json or metrics*.jsonl; a metrics*.jsonl path means
-    its run directory; another .jsonl file is a standalone file-logger file; any other directory is
-    searched for run directories below it.
-    """
-    run_dirs: dict[Path, None] = {}
-    files: dict[Path, None] = {}
-    unmatched: list[str] = []
-    for item in paths_or_globs:
-        text = os.fspath(item)
-        matches = sorted(glob.glob(text, recursive=True)) if _GLOB_CHARS.search(text) else [text]
-        found = False
-        for m in matches:
-            p = Path(m)
-            if p.is_file():
-                if is_attempt_file(p.name):
-                    run_dirs[p.parent.resolve()] = None
-                    found = True
-                elif p.suffix == ".jsonl":
-                    files[p.resolve()] = None
-                    found = True
-            elif is_run_dir(p):
-                run_dirs[p.resolve()] = None
-                found = True
-            elif p.is_dir():
-                for root, dirs, _ in os.walk(p):
-                    dirs.sort()
-                    here = Path(root)
-                    if is_run_dir(here):
-                        run_dirs[here.resolve()] = None
-                        found = True
-                        dirs.clear()  # a run's own folders (checkpoints/) hold no runs
-        if not found:
-            unmatched.append(text)
-    return list(run_dirs), list(files), unmatched
 
 
 def ingest_paths(

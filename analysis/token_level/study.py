@@ -137,12 +137,12 @@ class StudySettings(StepSettings):
 
     @property
     def method_params(self) -> MethodParams:
-        return MethodParams(
-            delta=self.delta,
-            ratio_cap=self.ratio_cap,
-            loss_agg_mode=self.loss_agg_mode,
-            vocab_size=self.vocab_size,
-        )
+        return MethodParams.from_mapping({
+            "delta": self.delta,
+            "ratio_cap": self.ratio_cap,
+            "loss_agg_mode": self.loss_agg_mode,
+            "vocab_size": self.vocab_size,
+        })
 
     def masks(self) -> dict[str, tuple[str, dict[str, Any]]]:
         """mask name -> (method, loss overrides) of every studied step."""

@@ -64,7 +64,7 @@ class PluginSettings:
                 raise ValueError(f"predmask.{key} must be a number, got {value!r}")
         given = {k: getattr(self, k) for k in ("delta", "ratio_cap") if getattr(self, k) is not None}
         try:
-            MethodParams(**given)  # the one owner of their ranges; its messages start with the key
+            MethodParams.from_mapping(given)  # the one owner of their ranges; its messages start with the key
         except ValueError as err:
             raise ValueError(f"predmask.{err}") from None
         if self.anchor is not None and self.anchor not in ANCHORS:

@@ -7,7 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = "from predmask.cli import command; print(command('reports paper'))"
+#: predmask/cli.py loaded from its file: it needs only the standard library, so the linked interpreter below need
+#: not find the project's environment (a link to a venv's python outside the venv does not)
+CLI = Path(__file__).resolve().parents[2] / "predmask" / "cli.py"
+SCRIPT = ("import importlib.util, sys\n"
+          f"spec = importlib.util.spec_from_file_location('cli', {str(CLI)!r})\n"
+          "cli = importlib.util.module_from_spec(spec); spec.loader.exec_module(cli)\n"
+          "print(cli.command('reports paper'))")
 
 
 def _printed(interpreter: Path, cwd: Path, path_dirs: list[Path]) -> str:

@@ -150,7 +150,8 @@ def test_cluster_run_without_model_or_data_is_refused_before_submission(tmp_path
                                                                         message: str) -> None:
     out = _sweeps(tmp_path, "smoke", "cluster=h20_4x8", "method=dppo_topk_kl", override, timeout=300)
     assert out.returncode == 2
-    assert out.stderr.strip().startswith(message) and len(out.stderr.strip().splitlines()) == 1
+    line = out.stderr.strip()
+    assert line.startswith("error: run ") and message.removeprefix("error: ") in line and len(line.splitlines()) == 1
     assert not (tmp_path / "runs").exists() and not (tmp_path / "db.duckdb").exists()
 
 
