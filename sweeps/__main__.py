@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from predmask.cli import command, sweep_command, with_db
 from sweeps.compose import RunSpec, SweepError, describe, expand, sweep_names
 from sweeps.runs import SweepLock, read_state, runs_root, sweep_dir
 
@@ -127,11 +128,11 @@ class Ingester:
 
 def _submit_command(args: argparse.Namespace) -> str:
     """The command that submits what a dry run shows: the same invocation without --dry-run and --format."""
-    argv = ["python", "-m", "sweeps", args.sweep, *args.overrides]
+    argv = [args.sweep, *args.overrides]
     for flag, value in (("--db", args.db), ("--runs-root", args.runs_root), ("--max-parallel", args.max_parallel)):
         if value is not None:
             argv += [flag, str(value)]
-    return shlex.join(argv)
+    return sweep_command(shlex.join(argv))
 
 
 def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> int:
@@ -178,8 +179,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     parallel = max_parallel(specs, args.max_parallel)
     console.print(f"sweep [bold]{args.sweep}[/]: {describe(specs)} on {backend} "
                   f"({specs[0].config['cluster']['name']}), runs in {sweep_dir(args.sweep, root)}, database {db}")
-    hint = f"python -m analysis ingest {shlex.quote(str(sweep_dir(args.sweep, root)))}" + \
-        ("" if args.db is None else f" --db {shlex.quote(str(db))}")
+    hint = with_db(command(f"analysis ingest {shlex.quote(str(sweep_dir(args.sweep, root)))}"), args.db and db)
     ingest = Ingester(db, backend, hint)
     started = time.perf_counter()
     with SweepLock(sweep_dir(args.sweep, root)):
@@ -203,8 +203,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if deferred:
         console.print(f"catch up with: {hint}", highlight=False)
     elif not outcome.failed:
-        console.print(f"next: python -m reports paper{'' if args.db is None else f' --db {shlex.quote(str(db))}'}",
-                      highlight=False)
+        console.print(f"next: {with_db(command('reports paper'), args.db and db)}", highlight=False)
     return 1 if outcome.failed or deferred else 0
 
 
@@ -241,20 +240,20 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
 def status_next(counts: dict[str, Counter[str]], root: Path) -> list[str]:
     """What to run after ``status``, from the number of runs in each state per sweep."""
     if not any(counts.values()):
-        return [f"no runs under {root} yet; next: python -m sweeps smoke (a few minutes), then python -m reports paper"]
+        return [f"no runs under {root} yet; next: {sweep_command('smoke')} (a few minutes), then {command('reports paper')}"]
     lines = []
     for name, by_status in sorted(counts.items()):
         unfinished = sum(n for status, n in by_status.items() if status not in ("completed", "running"))
         if by_status["running"]:
-            lines.append(f"{name}: {by_status['running']} running; python -m sweeps status {name} shows their steps")
+            lines.append(f"{name}: {by_status['running']} running; {sweep_command(f'status {name}')} shows their steps")
         if unfinished:
             which = ", ".join(f"{n} {status}" for status, n in sorted(by_status.items())
                               if status not in ("completed", "running"))
             lines.append(f"{name}: {unfinished} not completed ({which}); next: rerun the sweep's own command "
-                         f"(python -m sweeps {name} with the same overrides) to resume them; a failed run's cause "
+                         f"({sweep_command(name)} with the same overrides) to resume them; a failed run's cause "
                          "is in its job.log")
     if not lines:
-        lines.append("every run completed; next: python -m reports paper")
+        lines.append(f"every run completed; next: {command('reports paper')}")
     return lines
 
 

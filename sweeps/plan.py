@@ -3,11 +3,13 @@ paths they read (and whether each exists), and the check that refuses to submit 
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from predmask.cli import command
 from sweeps.compose import RunSpec, SweepError, describe
 from sweeps.launch.executor import job_shape
 from sweeps.submit import backend_of, job_cluster, trainer_of
@@ -37,7 +39,8 @@ def input_paths(spec: RunSpec) -> list[InputPath]:
     from predmask.verl.overrides import data_files  # the one owner of where a VeRL run reads its data
 
     train, val = data_files(spec.config)
-    paths = [InputPath("data", f, f"python -m sweeps.data prepare --out {Path(f).parent}") for f in [*train, *val]]
+    paths = [InputPath("data", f, command(f"sweeps.data prepare --out {shlex.quote(str(Path(f).parent))}"))
+             for f in [*train, *val]]
     model = str(spec.config["model"].get("path") or "")
     if model:
         paths.append(InputPath("model", model, "download the model to this path, or set model.path=DIR"))
