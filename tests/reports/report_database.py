@@ -238,3 +238,17 @@ def build_db(root: Path, with_study: bool = True) -> Path:
     finally:
         con.close()
     return db
+
+
+def build_study_only_db(db: Path) -> Path:
+    """A database holding one token-level study of one seed and no training runs (empty training sections)."""
+    con = connect(db)
+    upsert_token_level(
+        con,
+        "only",
+        {"model": {"name": "cpu_s"}},
+        pa.table({"seed": [0], "unsafe_keep_ratio": [0.5], "unsafe_keep_predictive": [0.25]}),
+        None,
+    )
+    con.close()
+    return db

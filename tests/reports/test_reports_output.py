@@ -6,10 +6,10 @@ import re
 import subprocess
 import sys
 
-import pyarrow as pa
+from report_database import build_study_only_db
 
 import reports.__main__ as cli
-from analysis.store import connect, upsert_token_level
+from analysis.store import connect
 from reports import registry
 from reports.paper import build_paper
 
@@ -145,16 +145,7 @@ def test_empty_and_missing_database_give_one_clear_line(tmp_path):
 
 
 def test_study_without_runs_draws_empty_training_panels(tmp_path):
-    db = tmp_path / "study_only.duckdb"
-    con = connect(db)
-    upsert_token_level(
-        con,
-        "only",
-        {"model": {"name": "cpu_s"}},
-        pa.table({"seed": [0], "unsafe_keep_ratio": [0.5], "unsafe_keep_predictive": [0.25]}),
-        None,
-    )
-    con.close()
+    db = build_study_only_db(tmp_path / "study_only.duckdb")
     paper = build_paper(db, tmp_path / "o", only=["fig1_main_comparison", "fig3_unsafe_keep"])
     fig1, fig3 = paper.results
     assert not fig1.has_data and all(p.series == [] for p in fig1.panels) and len(fig1.panels) == 4

@@ -8,13 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 import yaml
 from browser import PageReport, find_chromium, open_page
-from report_database import SEEDS, UNI_OFFSET, dppo_val
+from report_database import SEEDS, UNI_OFFSET, build_study_only_db, dppo_val
 
-from analysis.store import connect, upsert_token_level
+from analysis.store import connect
 from predmask import config
 from reports import data, registry, tables
 from reports.paper import build_paper
@@ -73,16 +72,7 @@ def test_the_page_renders_every_image_loads_no_console_errors(paper):
 @needs_chromium
 def test_a_page_with_empty_sections_renders(tmp_path):
     """A database with a token-level study and no runs: the training sections are empty and name their sweep."""
-    db = tmp_path / "study_only.duckdb"
-    con = connect(db)
-    upsert_token_level(
-        con,
-        "only",
-        {"model": {"name": "cpu_s"}},
-        pa.table({"seed": [0], "unsafe_keep_ratio": [0.5], "unsafe_keep_predictive": [0.25]}),
-        None,
-    )
-    con.close()
+    db = build_study_only_db(tmp_path / "study_only.duckdb")
     paper = build_paper(
         db, tmp_path / "o", only=["fig2_tight_threshold", "fig3_unsafe_keep", "table1_hyperparameters"]
     )

@@ -16,17 +16,15 @@ import importlib
 import json
 import logging
 import os
-import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from test_rl_train import TINY, _cli, _overrides, cache_dir  # noqa: F401 - cache_dir: the tiny base-model fixture
+from test_rl_train import TINY, _cli, _kill_at_step, _overrides, cache_dir  # noqa: F401 - cache_dir: the tiny base-model fixture
 
 from predmask.config import compose
 from predmask.rl.schema import TrainerConfig
@@ -269,15 +267,7 @@ def test_a_killed_and_resumed_run_keeps_one_wandb_run_and_tensorboard_shows_each
     run_dir = tmp_path / "run"
     args = _overrides(cache_dir, run_dir, "trainer.steps=12", "trainer.save_every=4", "trainer.val_every=5", BOTH)
     victim = _cli(args, cwd=tmp_path)
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        recs = read_metrics(run_dir / "metrics.jsonl")
-        if recs and recs[-1]["step"] >= 6:
-            break
-        time.sleep(0.005)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate(timeout=60)
-    assert victim.returncode == -signal.SIGKILL
+    _kill_at_step(victim, run_dir / "metrics.jsonl", 6)
     killed_at = read_metrics(run_dir / "metrics.jsonl")[-1]["step"]
     assert killed_at < 12, "the run finished before it was killed"
     first_id = (run_dir / WANDB_ID_FILE).read_text()

@@ -140,6 +140,19 @@ def _cli(args: list[str], cwd: Path, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+def _kill_at_step(proc: subprocess.Popen, metrics: Path, step: int) -> None:
+    """SIGKILL the trainer ``proc`` once ``metrics`` holds ``step`` (or after 240 s), and wait for it to die."""
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        recs = read_metrics(metrics)
+        if recs and recs[-1]["step"] >= step:
+            break
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
 @pytest.mark.slow
 def test_resume_after_sigkill_equals_an_uninterrupted_run(cache_dir: Path, tmp_path: Path) -> None:
     """Real subprocesses: one uninterrupted run; one killed with SIGKILL mid-way, then started again."""
@@ -150,15 +163,7 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(cache_dir: Path, tmp_p
     assert full.returncode == 0, out
 
     victim = _cli(_overrides(cache_dir, killed_dir, *extra), cwd=tmp_path)
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        recs = read_metrics(killed_dir / "metrics.jsonl")
-        if recs and recs[-1]["step"] >= 6:
-            break
-        time.sleep(0.005)
-    victim.send_signal(signal.SIGKILL)
-    victim.communicate(timeout=60)
-    assert victim.returncode == -signal.SIGKILL
+    _kill_at_step(victim, killed_dir / "metrics.jsonl", 6)
     status = json.loads((killed_dir / "status.json").read_text())
     before = read_metrics(killed_dir / "metrics.jsonl")
     assert status["status"] == "running" and before[-1]["step"] < 16, "the run finished before it was killed"
