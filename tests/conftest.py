@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,15 @@ def slurm_cluster() -> dict[str, Any]:
         "nodes": NUM_NODES,
         "gpus_per_node": 8,
     }
+
+
+@pytest.fixture
+def float64_default() -> Iterator[None]:
+    """torch's default dtype float64 for the test (closed-form checks), restored afterwards so no other test
+    inherits it; use with ``pytestmark = pytest.mark.usefixtures("float64_default")``."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)

@@ -80,9 +80,10 @@ def support_logprobs(
     return TrainLogprobs(pi=pi, pi_tail_sq=tail_sq, log_prob=s.sampled_logprob(pi))
 
 
-def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, norm_by_std: bool = True) -> Tensor:
-    """GRPO outcome advantages [B] (float32): ``(r - mean_group) / (std_group + eps)``; rows ``g*n .. g*n+n-1``
-    form group g (``n = group_size``), so ``B`` must be a multiple of ``n``.
+def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, norm_by_std: bool = True,
+                    dtype: torch.dtype = torch.float32) -> Tensor:
+    """GRPO outcome advantages [B] (in ``dtype``, float32 as verl): ``(r - mean_group) / (std_group + eps)``; rows
+    ``g*n .. g*n+n-1`` form group g (``n = group_size``), so ``B`` must be a multiple of ``n``.
 
     ``std`` is the unbiased sample std (as verl's GRPO). A group of one has no baseline but itself: its advantage
     is 0, not NaN (the unbiased std of one value is undefined). A group whose rewards are all equal gets 0 too.
@@ -90,9 +91,9 @@ def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, norm_by
     """
     if group_size < 1 or rewards.ndim != 1 or rewards.shape[0] % group_size:
         raise ValueError(f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of {group_size}")
-    g = rewards.float().view(-1, group_size)
+    g = rewards.to(dtype).view(-1, group_size)
     if group_size == 1:
-        return torch.zeros_like(rewards, dtype=torch.float32)
+        return torch.zeros_like(rewards, dtype=dtype)
     centred = g - g.mean(-1, keepdim=True)
     if norm_by_std:
         centred = centred / (g.std(-1, keepdim=True) + eps)

@@ -25,13 +25,7 @@ EXAMPLES = settings(max_examples=150, deadline=None)
 JVP_EXAMPLES = settings(max_examples=100, deadline=None)
 
 
-@pytest.fixture(autouse=True)
-def _float64_default():
-    """These checks run in float64; restore the default afterwards so no other test inherits it."""
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(before)
+pytestmark = pytest.mark.usefixtures("float64_default")  # tests/conftest.py: float64, then restored
 
 
 # ----------------------------------------------------------------------------------------------- the reference

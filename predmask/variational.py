@@ -1,0 +1,261 @@
+"""The weights of variational-reasoning traces and the weighted SFT loss (math.md §8), pure torch, in log space.
+
+A trace ``z`` sampled from the posterior ``q_φ(z | x, y′)`` gets the log weight
+
+    log w = (log π_θ0(z | x) − log q_φ(z | x, y′)) / |z|  +  log P̂(correct | x, z)
+
+(:func:`trace_log_ratio` + :func:`log_correct_estimate`, added by :func:`trace_log_weights`), and the weights
+are normalised over the K traces of a question by a softmax in log space (:func:`normalise_weights`). The
+estimators of ``P̂`` live in the registry ``ESTIMATORS`` (``acc``, ``gml``, ``likelihood``); adding one is one
+registered function. :func:`weighted_sft_loss` is the constant-normaliser SFT loss every variational stage uses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from predmask.registry import Registry
+
+__all__ = [
+    "ESTIMATORS",
+    "Estimator",
+    "best_trace",
+    "check_counts",
+    "get_estimator",
+    "log_correct_estimate",
+    "normalise_weights",
+    "register_estimator",
+    "sequence_logprob",
+    "trace_log_ratio",
+    "trace_log_weights",
+    "weighted_sft_loss",
+]
+
+#: summed log-probs up to this far above 0 are rounding (log_softmax in float32) and read as 0
+_LOGP_ROUNDING = 1e-4
+#: ``fn(answer_logp, answer_tokens, correct)``: log P̂(correct | x, z) per trace [N]; unused inputs are None
+EstimatorFn = Callable[[Tensor | None, Tensor | None, Tensor | None], Tensor]
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registered estimator of log P(correct | x, z): ``inputs`` names the keyword arguments of
+    :func:`log_correct_estimate` it needs, ``fn`` computes it from them (math.md §8)."""
+
+    name: str
+    label: str
+    inputs: tuple[str, ...]
+    fn: EstimatorFn
+
+
+ESTIMATORS: Registry[Estimator] = Registry("estimator")
+#: the registered estimator of a name (one-line ValueError listing the allowed names)
+get_estimator = ESTIMATORS.lookup
+
+
+def register_estimator(name: str, *, label: str, inputs: tuple[str, ...]) -> Callable[[EstimatorFn], EstimatorFn]:
+    """Decorator: register ``fn`` as the estimator ``name`` needing the keyword inputs ``inputs``."""
+
+    def decorator(fn: EstimatorFn) -> EstimatorFn:
+        ESTIMATORS.add(name, Estimator(name, label, inputs, fn))
+        return fn
+
+    return decorator
+
+
+def _check_count(what: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} = {value!r} is not allowed; allowed: an integer >= 1")
+    return value
+
+
+def check_counts(k: object, m: object) -> tuple[int, int]:
+    """Check the number of traces per question ``k`` and of answers per trace ``m``: both integers >= 1."""
+    return _check_count("traces per question K", k), _check_count("answers per trace M", m)
+
+
+def _float(t: Tensor) -> Tensor:
+    return t if t.is_floating_point() else t.to(torch.float64)
+
+
+def _check_no_nan(name: str, t: Tensor) -> None:
+    bad = torch.isnan(t) | (t == float("inf"))
+    if bool(bad.any()):
+        raise ValueError(f"{name} has {int(bad.sum())} NaN or +inf values; allowed: finite values or -inf")
+
+
+def _check_lengths(name: str, tokens: Tensor, n: int, minimum: int) -> Tensor:
+    if tokens.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},), got {tuple(tokens.shape)}")
+    if tokens.is_floating_point() and bool((tokens != tokens.round()).any()):
+        raise ValueError(f"{name} must hold whole token counts; allowed: integers >= {minimum}")
+    if bool((tokens < minimum).any()):
+        raise ValueError(f"{name} has a count {int(tokens.min())}; allowed: integers >= {minimum}")
+    return tokens
+
+
+def sequence_logprob(token_logp: Tensor, mask: Tensor) -> Tensor:
+    """Σ_t log p_bt over the positions where ``mask`` is true, per row: [B, T] -> [B] (0 for an empty row).
+
+    Masked-out positions are ignored whatever they hold (padding may be NaN or -inf)."""
+    if token_logp.shape != mask.shape or token_logp.ndim != 2:
+        raise ValueError(
+            f"token_logp and mask must be [B, T] of one shape, got {tuple(token_logp.shape)} and {tuple(mask.shape)}"
+        )
+    keep = mask.to(torch.bool)
+    return torch.where(keep, token_logp, torch.zeros((), dtype=token_logp.dtype)).sum(-1)
+
+
+def trace_log_ratio(log_prior: Tensor, log_posterior: Tensor, trace_tokens: Tensor) -> Tensor:
+    """Per-token (geometric-mean) log ratio (log π_θ0(z|x) − log q_φ(z|x,y′)) / |z| per trace, 0 where |z| = 0.
+
+    ``log_prior`` and ``log_posterior`` are the summed trace log-probs [N]; ``trace_tokens`` the lengths |z| >= 0."""
+    log_prior, log_posterior = _float(log_prior), _float(log_posterior)
+    if log_prior.ndim != 1 or log_prior.shape != log_posterior.shape:
+        raise ValueError(
+            f"log_prior and log_posterior must be [N] of one shape, got {tuple(log_prior.shape)} and "
+            f"{tuple(log_posterior.shape)}"
+        )
+    _check_lengths("trace_tokens", trace_tokens, log_prior.shape[0], 0)
+    for name, t in (("log_prior", log_prior), ("log_posterior", log_posterior)):
+        bad = ~torch.isfinite(t)
+        if bool(bad.any()):
+            raise ValueError(f"{name} has {int(bad.sum())} non-finite values; allowed: finite log-probs")
+    empty = trace_tokens == 0
+    length = torch.where(empty, torch.ones_like(trace_tokens), trace_tokens).to(log_prior.dtype)
+    ratio = (log_prior - log_posterior) / length
+    return torch.where(empty, torch.zeros((), dtype=ratio.dtype), ratio)
+
+
+@register_estimator("acc", label="accuracy of M sampled answers", inputs=("correct",))
+def _log_accuracy(answer_logp: Tensor | None, answer_tokens: Tensor | None, correct: Tensor | None) -> Tensor:
+    assert correct is not None
+    if correct.ndim != 2:
+        raise ValueError(f"correct must be [N, M], got shape {tuple(correct.shape)}")
+    _check_count("answers per trace M", int(correct.shape[1]))
+    if correct.dtype != torch.bool and bool(((correct != 0) & (correct != 1)).any()):
+        raise ValueError("correct must hold 0/1 or bool values; allowed: 0, 1, False, True")
+    hits = correct.to(torch.float64).sum(-1)
+    return torch.log(hits) - math.log(correct.shape[1])  # log 0 = -inf: no correct answer
+
+
+@register_estimator("gml", label="geometric mean of the answer's token probabilities",
+                    inputs=("answer_logp", "answer_tokens"))
+def _log_geometric_mean(answer_logp: Tensor | None, answer_tokens: Tensor | None, correct: Tensor | None) -> Tensor:
+    assert answer_logp is not None and answer_tokens is not None
+    lengths = _check_lengths("answer_tokens", answer_tokens, answer_logp.shape[0], 1)
+    return answer_logp / lengths.to(answer_logp.dtype)
+
+
+@register_estimator("likelihood", label="likelihood of the answer", inputs=("answer_logp",))
+def _log_likelihood(answer_logp: Tensor | None, answer_tokens: Tensor | None, correct: Tensor | None) -> Tensor:
+    assert answer_logp is not None
+    return answer_logp
+
+
+def log_correct_estimate(
+    name: str,
+    *,
+    answer_logp: Tensor | None = None,
+    answer_tokens: Tensor | None = None,
+    correct: Tensor | None = None,
+) -> Tensor:
+    """log P̂(correct | x, z) per trace [N] by the estimator ``name`` (-inf allowed: ``acc`` with no correct answer).
+
+    ``answer_logp`` [N]: Σ log π_θ0(y′ | x, z) over the answer's tokens; ``answer_tokens`` [N]: |y′| >= 1;
+    ``correct`` [N, M]: whether each of M answers sampled from π_θ0(· | x, z) is correct."""
+    estimator = get_estimator(name)
+    given = {"answer_logp": answer_logp, "answer_tokens": answer_tokens, "correct": correct}
+    missing = [key for key in estimator.inputs if given[key] is None]
+    if missing:
+        raise ValueError(f"estimator {name!r} needs {', '.join(missing)}; allowed: pass {', '.join(estimator.inputs)}")
+    if answer_logp is not None:
+        answer_logp = _float(answer_logp)
+        if answer_logp.ndim != 1:
+            raise ValueError(f"answer_logp must be [N], got shape {tuple(answer_logp.shape)}")
+        bad = torch.isnan(answer_logp) | (answer_logp > _LOGP_ROUNDING)
+        if bool(bad.any()):
+            raise ValueError(f"answer_logp has {int(bad.sum())} NaN or positive values; allowed: log-probs <= 0")
+        answer_logp = answer_logp.clamp(max=0.0)  # rounding just above 0
+    return estimator.fn(answer_logp, answer_tokens, correct)
+
+
+def trace_log_weights(log_ratio: Tensor, log_correct: Tensor) -> Tensor:
+    """The unnormalised log weight of each trace: log ratio + log P̂(correct) [N] (-inf where P̂ = 0)."""
+    if log_ratio.ndim != 1 or log_ratio.shape != log_correct.shape:
+        raise ValueError(
+            f"log_ratio and log_correct must be [N] of one shape, got {tuple(log_ratio.shape)} and "
+            f"{tuple(log_correct.shape)}"
+        )
+    if not bool(torch.isfinite(log_ratio).all()):
+        raise ValueError("log_ratio has non-finite values; allowed: finite values")
+    _check_no_nan("log_correct", log_correct)
+    return _float(log_ratio) + _float(log_correct)
+
+
+def _group_index(group: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """(sorted distinct group ids [G], each row's position among them [N])."""
+    if group.shape != (n,) or group.is_floating_point() or group.dtype == torch.bool:
+        raise ValueError(f"group must be an integer tensor of shape ({n},), got {group.dtype} {tuple(group.shape)}")
+    return torch.unique(group, sorted=True, return_inverse=True)
+
+
+def normalise_weights(log_weights: Tensor, group: Tensor) -> Tensor:
+    """Softmax of ``log_weights`` within each group (the K traces of a question), in log space: [N] -> [N].
+
+    Each group's weights sum to 1; a group whose log weights are all -inf gets zeros. Finite for any finite or -inf
+    input (the group's maximum is subtracted before exponentiating)."""
+    if log_weights.ndim != 1:
+        raise ValueError(f"log_weights must be [N], got shape {tuple(log_weights.shape)}")
+    _check_no_nan("log_weights", log_weights)
+    log_weights = _float(log_weights)
+    ids, inverse = _group_index(group, log_weights.shape[0])
+    top = torch.full((ids.shape[0],), float("-inf"), dtype=log_weights.dtype, device=log_weights.device)
+    top = top.scatter_reduce(0, inverse, log_weights, reduce="amax")
+    alive = torch.isfinite(top)
+    shift = torch.where(alive, top, torch.zeros((), dtype=top.dtype))[inverse]
+    unnorm = torch.exp(log_weights - shift)  # exp(-inf) = 0; the group's largest is exp(0) = 1
+    total = torch.zeros_like(top).index_add(0, inverse, unnorm)
+    total = torch.where(alive, total, torch.ones((), dtype=total.dtype))
+    return unnorm / total[inverse]
+
+
+def best_trace(weights: Tensor, group: Tensor) -> Tensor:
+    """The row index of the highest-weight trace of each group, groups in ascending id order: [N] -> [G] (long).
+
+    Ties go to the lowest row index. A group whose weights are all zero still gets its first row: callers that must
+    skip such questions check ``weights[best] > 0``."""
+    if weights.ndim != 1:
+        raise ValueError(f"weights must be [N], got shape {tuple(weights.shape)}")
+    if bool(torch.isnan(weights).any()):
+        raise ValueError("weights has NaN values; allowed: finite weights")
+    ids, inverse = _group_index(group, weights.shape[0])
+    n = weights.shape[0]
+    rows = torch.arange(n, device=weights.device)
+    top = torch.full((ids.shape[0],), float("-inf"), dtype=_float(weights).dtype, device=weights.device)
+    top = top.scatter_reduce(0, inverse, _float(weights), reduce="amax")
+    is_top = _float(weights) == top[inverse]
+    candidate = torch.where(is_top, rows, torch.full_like(rows, n))
+    best = torch.full((ids.shape[0],), n, dtype=torch.long, device=weights.device)
+    return best.scatter_reduce(0, inverse, candidate, reduce="amin")
+
+
+def weighted_sft_loss(token_logp: Tensor, mask: Tensor, weights: Tensor, normaliser: float) -> Tensor:
+    """The constant-normaliser weighted SFT loss −Σ_b w_b Σ_t m_bt log p_bt / normaliser (a scalar).
+
+    ``normaliser`` is a fixed token count (sft.normaliser × sft.questions_per_step), not the batch's own token
+    count, so a sequence's gradient does not depend on what else is in the batch (math.md §8)."""
+    if isinstance(normaliser, bool) or not isinstance(normaliser, (int, float)) or not normaliser > 0 \
+            or not math.isfinite(normaliser):
+        raise ValueError(f"normaliser = {normaliser!r} is not allowed; allowed: a finite number > 0")
+    sums = sequence_logprob(token_logp, mask)
+    if weights.shape != sums.shape:
+        raise ValueError(f"weights must have shape {tuple(sums.shape)}, got {tuple(weights.shape)}")
+    if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
+        raise ValueError("weights must be finite and >= 0; allowed: finite non-negative weights")
+    return -(weights.to(sums.dtype) * sums).sum() / normaliser
