@@ -1,8 +1,9 @@
 """The one config layer: the installed conf/ tree, Hydra compose with structured schemas, stable ids, option entries.
 
-- ``compose(config_name, overrides)`` composes a primary config of conf/ (``train``, ``token_level``) with Hydra's
-  compose API after storing the structured-config schemas in Hydra's ConfigStore: the engine's dataclasses (task,
-  base, rollout, trainer sections) always, and a caller's own (the study passes ``schemas={"token_level_schema": ...}``).
+- ``compose(config_name, overrides)`` composes a primary config of conf/ (``train``, ``token_level``,
+  ``variational``) with Hydra's compose API after storing the structured-config schemas in Hydra's ConfigStore: the
+  engine's dataclasses (task, base, rollout, trainer sections, and the variational family's sections of
+  ``predmask.rl.vr_schema``) always, and a caller's own (the study passes ``schemas={"token_level_schema": ...}``).
   The YAML files name their schema in their defaults list and only select values; unknown keys and wrong types
   fail at compose time with one line (``ConfigError``).
 - ``stable_id(config)`` is the identity of a run or a study: a hash of the resolved config minus launcher keys and
@@ -69,11 +70,13 @@ def _engine_schemas() -> dict[tuple[str | None, str], Any]:
     """(group, name) -> node of the engine's schemas, as named in the defaults lists of conf/."""
     from predmask.rl.schema import BaseConfig, RolloutConfig, TrainerConfig
     from predmask.rl.task import TaskConfig
+    from predmask.rl.vr_schema import section_schemas
 
     return {
         ("task", "schema"): TaskConfig,
         ("base", "schema"): BaseConfig,
         (None, "train_schema"): {"rollout": RolloutConfig, "trainer": TrainerConfig},
+        (None, "variational_schema"): section_schemas(),
     }
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "get_method",
     "method_anchor",
     "method_config",
+    "method_params",
     "policy_loss",
     "register_direction",
     "register_loss_kind",
@@ -224,9 +225,16 @@ class Method:
     direction: str | None = None
     tail: str | None = None
     description: str = ""
+    #: this method's own parameter values where they differ from MethodParams' defaults (a conf/method file
+    #: repeats none of them; ``method_config`` records them in every run's config)
+    defaults: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         LOSS_KINDS.lookup(self.kind)
+        unread = sorted(k for k, _ in self.defaults if k not in self.params)
+        if unread:
+            raise ValueError(f"method {self.name!r}: defaults {unread} are not parameters its {self.kind!r} loss "
+                             f"reads ({', '.join(self.params)})")
         if self.needs_support:
             missing = [f for f in ("divergence", "support", "direction") if getattr(self, f) is None]
             if missing:
@@ -280,7 +288,7 @@ def method_config(section: dict[str, Any]) -> dict[str, Any]:
     elsewhere it is kept only when it differs from the method's default, so a default run's config (and its id)
     does not carry it. :func:`method_anchor` reads it back either way."""
     m = get_method(str(section.get("name")))
-    params = MethodParams.from_mapping(dict(section))
+    params = method_params(section)
     out = {**section, **{p: getattr(params, p) for p in m.params}}
     if "anchor" in m.params:
         out["anchor"] = m.anchor(params)
@@ -289,10 +297,17 @@ def method_config(section: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def method_params(section: Mapping[str, Any]) -> MethodParams:
+    """The parameters of a run's ``method`` section: its values, else the method's own defaults, else
+    MethodParams' (keys that are not parameters, such as ``name``, are ignored)."""
+    m = get_method(str(section.get("name")))
+    return MethodParams.from_mapping({**dict(m.defaults), **section})
+
+
 def method_anchor(section: Mapping[str, Any]) -> str:
     """The anchor of a run's ``method`` config section (recorded, else the method's default): ``old`` | ``rollout``."""
     m = get_method(str(section.get("name")))
-    return m.anchor(MethodParams.from_mapping(dict(section)))
+    return m.anchor(method_params(section))
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
@@ -477,6 +492,8 @@ SUPPORTS.add("binary", binary_support_valid)
 
 # ----------------------------------------------------------------------------------------------- methods
 register_method(Method("grpo_clip_higher", "clip", description="GRPO with PPO clip-higher"))
+register_method(Method("grpo", "clip", description="GRPO with the symmetric PPO clip 0.2 / 0.2, anchored on pi_old",
+                       defaults=(("eps_low", 0.2), ("eps_high", 0.2), ("anchor", "old"))))
 register_method(Method("dppo_topk_kl", "divergence", "kl", "topk", "ratio",
                        description="DPPO: top-K KL proximity, ratio direction"))
 register_method(Method("dppo_binary_kl", "divergence", "kl", "binary", "ratio",

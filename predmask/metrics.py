@@ -64,15 +64,26 @@ __all__ = [
     "TIMING_UPDATE_ACTOR",
     "TOPK_TAIL_MASS_MAX",
     "TOPK_TAIL_MASS_MEAN",
+    "TRAIN_LOSS",
     "VAL_ACC",
     "VAL_ACC_RE",
     "VAL_CORE_PREFIX",
+    "VAL_PASS",
+    "VAL_PASS_RE",
     "VAL_RESPONSE_LENGTH",
+    "VR_ANSWER_ACC",
+    "VR_LOG_RATIO_MEAN",
+    "VR_DECOY_CORRECT",
+    "VR_DECOY_HIT",
+    "VR_POSTERIOR_CORRECT",
+    "VR_RFT_KEPT",
+    "VR_TRACE_TOKENS_MEAN",
     "Metric",
     "merge_micro_batches",
     "metric",
     "reduce_metrics",
     "val_acc",
+    "val_pass",
     "val_response_length",
     "wall_clock",
 ]
@@ -138,6 +149,19 @@ VAL_ACC = "val-core/{source}/acc/mean@{n}"
 VAL_RESPONSE_LENGTH = "val-aux/{source}/response_length/mean"
 #: a concrete VAL_ACC name; groups ``source`` (may contain "/") and ``n``
 VAL_ACC_RE = re.compile(r"^val-core/(?P<source>.+)/acc/mean@(?P<n>\d+)$")
+#: pass@k of a data source: the unbiased estimate from the validation samples (predmask.evaluation.pass_at_k)
+VAL_PASS = "val-core/{source}/pass@{k}"
+VAL_PASS_RE = re.compile(r"^val-core/(?P<source>.+)/pass@(?P<k>\d+)$")
+#: supervised stages (the variational-reasoning family, predmask.rl.variational): the weighted SFT loss of a step
+TRAIN_LOSS = "train/loss"
+#: variational-reasoning stage metrics (predmask.rl.variational)
+VR_POSTERIOR_CORRECT = "vr/posterior_correct/mean"
+VR_DECOY_HIT = "vr/posterior_decoy_hit/mean"
+VR_DECOY_CORRECT = "vr/posterior_decoy_correct/mean"
+VR_TRACE_TOKENS_MEAN = "vr/trace_tokens/mean"
+VR_ANSWER_ACC = "vr/answer_acc/mean"
+VR_LOG_RATIO_MEAN = "vr/log_ratio/mean"
+VR_RFT_KEPT = "vr/rft_kept/mean"
 
 _CATALOGUE: tuple[Metric, ...] = (
     # per micro-batch, from predmask.policy_loss (math.md §4) and the update around it
@@ -196,6 +220,19 @@ _CATALOGUE: tuple[Metric, ...] = (
     Metric(VAL_ACC, "mean", "validation accuracy avg@n on a data source (the CPU engine's: aime24_standin, "
                             "aime25_standin)"),
     Metric(VAL_RESPONSE_LENGTH, "mean", "mean validation response length on a data source"),
+    Metric(VAL_PASS, "mean", "validation pass@k on a data source: mean over problems of the unbiased estimate "
+                             "1 - C(n-c, k) / C(n, k) from n samples with c correct (k = 1..n)"),
+    # the variational-reasoning family (predmask.rl.variational; stand-in scale)
+    Metric(TRAIN_LOSS, "mean", "the supervised (weighted) SFT loss of a step: -sum_b w_b sum_t log p / normaliser"),
+    Metric(VR_POSTERIOR_CORRECT, "mean", "share of q_phi's traces whose own answer equals the hinted (correct) answer"),
+    Metric(VR_DECOY_HIT, "mean", "share of q_phi's traces sampled with a decoy hint (the answer +-3) whose own answer "
+           "is the decoy: whether q_phi follows its hint (near 0: it ignores it)"),
+    Metric(VR_DECOY_CORRECT, "mean", "share of q_phi's traces sampled with a decoy hint whose own answer is the "
+           "correct one"),
+    Metric(VR_TRACE_TOKENS_MEAN, "mean", "mean trace length |z| in tokens (the steps before the box)"),
+    Metric(VR_ANSWER_ACC, "mean", "mean correctness of the M answers pi_theta0 samples after a trace (acc estimator)"),
+    Metric(VR_LOG_RATIO_MEAN, "mean", "mean per-token log ratio (log pi_theta0(z|x) - log q_phi(z|x,y')) / |z|"),
+    Metric(VR_RFT_KEPT, "mean", "share of pi_theta0's samples that RFT keeps (correct ones)"),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _CATALOGUE}
@@ -219,7 +256,7 @@ _PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 def _family_re(template: str) -> re.Pattern[str]:
     parts = _PLACEHOLDER.split(template)  # literal, name, literal, name, ..., literal
-    body = "".join(re.escape(p) if i % 2 == 0 else (r"\d+" if p == "n" else ".+") for i, p in enumerate(parts))
+    body = "".join(re.escape(p) if i % 2 == 0 else (r"\d+" if p in ("n", "k") else ".+") for i, p in enumerate(parts))
     return re.compile(f"^{body}$")
 
 
@@ -242,6 +279,11 @@ def metric(name: str) -> Metric:
 def val_acc(source: str, n: int) -> str:
     """The validation accuracy name of a data source at avg@n, e.g. ``val-core/aime24_standin/acc/mean@16``."""
     return VAL_ACC.format(source=source, n=n)
+
+
+def val_pass(source: str, k: int) -> str:
+    """The validation pass@k name of a data source, e.g. ``val-core/aime24_standin/pass@4``."""
+    return VAL_PASS.format(source=source, k=k)
 
 
 def val_response_length(source: str) -> str:

@@ -13,7 +13,8 @@ composed ``conf/train.yaml`` (``predmask.config.compose("train", overrides)`` co
   weight sync) -> verl-named metrics. With the anchor ``old`` (``MethodParams.anchor``; grpo_clip_higher's
   default) the ratio is anchored on pi_old: one no-grad forward of the training policy (training precision) over
   the rollout batch before its first update, as verl's ``compute_log_prob``; else on the rollout's log mu.
-- ``engine.validate(seed)``: avg@``val_n`` accuracy on both stand-in splits -> ``val-core/<split>/acc/mean@16``.
+- ``engine.validate(seed)``: avg@``val_n`` accuracy on both stand-in splits -> ``val-core/<split>/acc/mean@16``,
+  and pass@k for k = 1..val_n -> ``val-core/<split>/pass@<k>``.
 
 ``resolve_cpu_model`` maps a model entry to the checked CPU model that trains for it (``predmask.config.cpu_standin``);
 ``prepare_config`` turns a composed train config into the resolved, validated config of a run (the trainer's
@@ -32,7 +33,8 @@ from omegaconf import DictConfig
 
 from predmask import metrics as M
 from predmask.config import cpu_standin, to_container
-from predmask.methods import MethodParams, get_method, method_config
+from predmask.evaluation import pass_at_k_curve
+from predmask.methods import get_method, method_config, method_params
 from predmask.metrics import reduce_metrics
 from predmask.rl.algo import TrainLogprobs, grpo_advantages, mismatch_metrics, policy_update, support_logprobs
 from predmask.rl.base import load_base_model
@@ -50,6 +52,7 @@ __all__ = [
     "prepare_config",
     "resolve_cpu_model",
     "validate_config",
+    "validation_metrics",
 ]
 
 
@@ -79,7 +82,7 @@ def validate_config(c: Mapping[str, Any]) -> None:
             raise ValueError(f"config has no {key!r}; compose conf/train.yaml (python -m predmask.rl.train)")
     check_cpu_model_config(c["model"])
     get_method(str(c["method"].get("name")))
-    MethodParams.from_mapping(dict(c["method"]))
+    method_params(dict(c["method"]))
     precision_of(c["precision"])
     task = TaskConfig.from_mapping(c.get("task", {}))
     BaseConfig.from_mapping(c.get("base", {}))
@@ -109,7 +112,7 @@ class Engine:
             raise ValueError(f"top_k must lie in [1, {self.tokenizer.vocab_size}], got {self.top_k}")
         self.method_name = str(c["method"]["name"])
         self.method = get_method(self.method_name)
-        self.params = MethodParams.from_mapping({**c["method"], "vocab_size": self.tokenizer.vocab_size})
+        self.params = method_params({**c["method"], "vocab_size": self.tokenizer.vocab_size})
         self.model, self.base_info = load_base_model(
             self.model_cfg, self.task, self.base_cfg, cache_dir=c.get("cache_dir", "results/cache"), progress=progress,
         )
@@ -195,15 +198,24 @@ class Engine:
         return out
 
     def validate(self, seed: int) -> dict[str, float]:
-        """avg@val_n accuracy on both stand-in splits, sampling seeded by ``seed`` (independent of training)."""
+        """avg@val_n accuracy and pass@k (k = 1..val_n, ``predmask.evaluation.pass_at_k_curve``) on both stand-in
+        splits, sampling seeded by ``seed`` (independent of training)."""
         out: dict[str, float] = {}
         n = self.trainer_cfg.val_n
         for i, (split, problems) in enumerate(self.eval_problems.items()):
             gen = torch.Generator().manual_seed(seed * 1_000_003 + 7 + i)
-            b = self.sample(problems, n=n, generator=gen)
-            out[M.val_acc(split, n)] = float(b.rewards.mean())
-            out[M.val_response_length(split)] = float(b.response_lengths.float().mean())
+            out.update(validation_metrics(split, self.sample(problems, n=n, generator=gen), n))
         return out
+
+
+def validation_metrics(split: str, batch: RolloutBatch, n: int) -> dict[str, float]:
+    """The validation metrics of ``n`` scored samples per problem of one split (rows ``i*n .. i*n+n-1`` = problem
+    ``i``): avg@n accuracy, pass@k for k = 1..n and the mean response length."""
+    correct = batch.rewards.view(-1, n) > 0.5
+    out = {M.val_acc(split, n): float(batch.rewards.mean())}
+    out.update({M.val_pass(split, int(k)): float(v) for k, v in pass_at_k_curve(correct).items()})
+    out[M.val_response_length(split)] = float(batch.response_lengths.float().mean())
+    return out
 
 
 def batch_metrics(batch: RolloutBatch, advantages: torch.Tensor, max_response_length: int) -> dict[str, float]:

@@ -63,12 +63,14 @@ __all__ = [
     "LOG_FILE",
     "METRICS_FILE",
     "STATUS_FILE",
+    "MetricsWriter",
     "Truncation",
     "latest_checkpoint",
     "main",
     "read_metrics",
     "read_status",
     "run",
+    "setup_logging",
     "truncate_metrics",
     "write_status",
 ]
@@ -164,7 +166,7 @@ def truncate_metrics(path: Path, max_step: int) -> Truncation:
     return result
 
 
-class _MetricsWriter:
+class MetricsWriter:
     """verl's file logger: one JSON line per step, flushed and synced before the step counts as done."""
 
     def __init__(self, path: Path) -> None:
@@ -248,17 +250,19 @@ class _ConsoleFilter(logging.Filter):
         return bool(getattr(record, "console", True))
 
 
-def _setup_logging(run_dir: Path) -> list[logging.Handler]:
-    """``train.log`` gets every line; the console (stdout) the same minus the quiet step lines."""
+def setup_logging(run_dir: Path, logger: logging.Logger | None = None) -> list[logging.Handler]:
+    """``train.log`` gets every line of ``logger`` (default: the trainer's); the console (stdout) the same minus the
+    quiet step lines. The caller removes and closes the returned handlers."""
+    target = log if logger is None else logger
     file_handler = logging.FileHandler(run_dir / LOG_FILE, mode="a")
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(logging.Formatter("[predmask.rl] %(message)s"))
     console.addFilter(_ConsoleFilter())
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    target.setLevel(logging.INFO)
+    target.propagate = False
     for h in (file_handler, console):
-        log.addHandler(h)
+        target.addHandler(h)
     return [file_handler, console]
 
 
@@ -278,7 +282,7 @@ def _step_summary(step: int, data: Mapping[str, Any]) -> str:
         if key in data:
             parts.append(f"{short}={data[key]:.4g}")
     for key, value in data.items():
-        if key.startswith(M.VAL_CORE_PREFIX):
+        if M.VAL_ACC_RE.match(key):
             parts.append(f"{key.split('/')[1]}={value:.3f}")
     return " ".join(parts)
 
@@ -299,7 +303,7 @@ def run(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
 
 def _run_locked(c: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     _check_or_write_config(run_dir, c)
-    handlers = _setup_logging(run_dir)
+    handlers = setup_logging(run_dir)
     total = int(c["trainer"]["steps"])
     step = 0
     try:
@@ -355,7 +359,7 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
         log.info("already at step %d of %d: nothing to do", start_step, t.steps)
         return {"step": start_step, "resumed": ckpt is not None}
     console = "console" in t.logger
-    writer = _MetricsWriter(metrics_path)
+    writer = MetricsWriter(metrics_path)
     trackers = Trackers.open(t.logger, run_dir, c, history=read_metrics(metrics_path))  # replays what they lack
     if trackers.names:
         log.info("trackers: %s", ", ".join(trackers.names))
@@ -399,7 +403,7 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
                 if (t.save_every and step % t.save_every == 0) or step == t.steps:
                     _save_checkpoint(run_dir, step, engine, data_pos, t.keep_checkpoints)
                 write_status(run_dir, "running", step, t.steps)
-                val_txt = " ".join(f"{v:.2f}" for k, v in last_val.items() if k.startswith(M.VAL_CORE_PREFIX)) or "-"
+                val_txt = " ".join(f"{v:.2f}" for k, v in last_val.items() if M.VAL_ACC_RE.match(k)) or "-"
                 bar.advance(status=f"score {data.get(M.SCORE_MEAN, float('nan')):.3f} val {val_txt}")
         failed = False
         return {"step": t.steps, "resumed": ckpt is not None, **last_val}

@@ -181,7 +181,8 @@ def _method_params(run_cfg: Any) -> tuple[str, MethodParams]:
         values.update({k: v for k, v in (_plain(method_cfg) or {}).items() if k != "name"})
     if values.get("delta") is None and _get(run_cfg, "delta") is not None:
         values["delta"] = _get(run_cfg, "delta")
-    return name, MethodParams.from_mapping({k: v for k, v in values.items() if v is not None})
+    given = {k: v for k, v in values.items() if v is not None}
+    return name, MethodParams.from_mapping({**dict(METHODS[name].defaults), **given})  # the method's own defaults
 
 
 def _precision(run_cfg: Any) -> Precision:

@@ -175,6 +175,17 @@ def test_anchor_rollout_gives_grpo_the_top_k() -> None:
     assert not any(o.startswith(("predmask.delta", "predmask.ratio_cap")) for o in overrides)
 
 
+def test_grpo_takes_its_own_clip_range_even_from_a_bare_method_section() -> None:
+    """grpo's eps 0.2 / 0.2 are the method's own defaults (predmask.methods), not MethodParams' clip-higher 0.28:
+    a run config naming only the method gets them, and grpo_clip_higher keeps its 0.28."""
+    for name, high in (("grpo", 0.2), ("grpo_clip_higher", 0.28)):
+        cfg = run_cfg(name, "qwen3_4b_base", "bf16")
+        cfg["method"] = {"name": name}
+        overrides = verl_overrides(cfg)
+        assert f"actor_rollout_ref.actor.clip_ratio_high={high}" in overrides, (name, overrides)
+        assert "actor_rollout_ref.actor.clip_ratio_low=0.2" in overrides
+
+
 def test_fsdp_engine_and_explicit_data_files(compose) -> None:
     cfg = run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16")
     cfg["model"].update(engine="fsdp", parallel={"tensor": 1},

@@ -1,0 +1,731 @@
+"""`python -m predmask.rl.variational RUN_DIR`: one stage of the variational-reasoning family on the CPU engine.
+
+Stand-in scale throughout: the prompt x is an arithmetic problem of ``predmask.rl.task``, the trace z its worked
+steps (the tokens before ``\\boxed{``), the answer y the ``\\boxed{<n>}`` and <eos>; pi_theta0 = the engine's cached
+base model (``predmask.rl.base.load_base_model``), not a real reasoning model. The "original data" are the first
+``data.questions`` problems of the task's train stream, each with one worked solution written with arithmetic slips
+at rate ``data.noise`` (rng seeded by ``data.seed`` only). q_phi is the base model fine-tuned on hint prompts
+(``hint.template``: the original solution's own final answer in a marked segment, then the question); traces are
+sampled from q_phi with the hint = the correct answer.
+
+RUN_DIR/config.yaml (written by the sweep) says the stage (``stage``) and, in ``inputs``, the run ids of the
+upstream stages (sibling run directories: ``RUN_DIR.parent / <run id>``):
+
+- ``prior``     (no input)              ``model.pt`` = pi_theta0 + its evaluation (step 0)
+- ``posterior`` (no input)              ``model.pt`` = q_phi: SFT of the base model on hint prompts
+- ``traces``    (posterior)             ``traces.parquet``: K traces per question from q_phi (TRACES_COLUMNS)
+- ``weights``   (prior, traces)         ``weights.parquet``: every trace's log-probs, answers and weights
+                                        (WEIGHTS_COLUMNS; the estimators of ``predmask.variational``)
+- ``final``     sft / rft: no input; vr_*: traces, weights. ``model.pt`` + its evaluation at the last step.
+
+Every stage writes ``status.json`` (``predmask.rl.train.write_status``), ``metrics.jsonl`` (verl file-logger lines),
+``train.log`` and its output (atomically), holding ``.run.lock`` for its whole life. Supervised stages checkpoint
+every ``sft.save_every`` steps to ``checkpoints/`` and resume after any death (metrics truncated to the checkpoint);
+sampling stages are deterministic in ``seed`` and recompute on a rerun. A completed stage started again does
+nothing. Bad config or a missing upstream output: one line, exit 2, nothing written in RUN_DIR.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import yaml
+from torch import Tensor, nn
+
+from predmask import metrics as M
+from predmask import variational as V
+from predmask.io import RunDirBusyError, atomic_write, hold_run_lock
+from predmask.progress import progress as show_progress
+from predmask.rl.algo import response_logits
+from predmask.rl.base import load_base_model, sft_batch, single_thread, task_response_budget
+from predmask.rl.engine import resolve_cpu_model, validation_metrics
+from predmask.rl.model import build_policy
+from predmask.rl.rollout import encode_prompts, generate, rollout_problems
+from predmask.rl.schema import BaseConfig
+from predmask.rl.task import (
+    EVAL_SPLITS,
+    STANDIN_LABEL,
+    Problem,
+    TaskConfig,
+    format_solution,
+    make_split,
+    noisy_steps,
+    reward,
+)
+from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.rl.train import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    METRICS_FILE,
+    MetricsWriter,
+    latest_checkpoint,
+    read_metrics,
+    read_status,
+    setup_logging,
+    truncate_metrics,
+    write_status,
+)
+from predmask.rl.vr_schema import VRConfig
+
+__all__ = [
+    "DECOY_OFFSET",
+    "MODEL_FILE",
+    "PRIOR_LABEL",
+    "STAGE_OUTPUTS",
+    "TRACES_COLUMNS",
+    "TRACES_FILE",
+    "WEIGHTS_COLUMNS",
+    "WEIGHTS_FILE",
+    "Question",
+    "hint_prompt",
+    "main",
+    "needed_inputs",
+    "original_data",
+    "prepare_stage",
+    "run_stage",
+    "split_trace",
+]
+
+MODEL_FILE = "model.pt"
+TRACES_FILE = "traces.parquet"
+WEIGHTS_FILE = "weights.parquet"
+#: the output file of each stage
+STAGE_OUTPUTS: dict[str, str] = {"prior": MODEL_FILE, "posterior": MODEL_FILE, "traces": TRACES_FILE,
+                                 "weights": WEIGHTS_FILE, "final": MODEL_FILE}
+#: how every output names pi_theta0
+PRIOR_LABEL = "pi_theta0 = cached base model (predmask.rl.base; CPU stand-in, not a real reasoning model)"
+TRACES_COLUMNS: tuple[str, ...] = ("question", "trace", "prompt", "hint", "trace_text", "answer_text",
+                                   "posterior_correct", "trace_tokens", "log_posterior")
+WEIGHTS_COLUMNS: tuple[str, ...] = ("question", "trace", "trace_tokens", "answer_tokens", "log_prior",
+                                    "log_posterior", "log_ratio", "answer_logp", "acc", "posterior_correct",
+                                    "weight_acc", "weight_gml", "weight_likelihood")
+#: fixed sampling seed of every evaluation (paired across runs and seeds)
+EVAL_SEED = 20_261_201
+#: sequences per teacher-forced or sampled chunk
+_CHUNK = 1024
+
+log = logging.getLogger("predmask.rl.variational")
+
+
+class StageInputError(ValueError):
+    """A stage's upstream output is missing (one line: the stage, the path, how to produce it)."""
+
+
+# ----------------------------------------------------------------------------------------------- data
+@dataclass(frozen=True)
+class Question:
+    """One question of the original data: its index, problem and the noisy worked solution written for it."""
+
+    index: int
+    problem: Problem
+    steps: tuple[int, ...]
+
+    @property
+    def solution(self) -> str:
+        return format_solution(self.steps)
+
+    @property
+    def original_answer(self) -> int:
+        """The original solution's own final answer (wrong when a slip happened): q_phi's hint in training."""
+        return self.steps[-1]
+
+
+def original_data(task: TaskConfig, questions: int, noise: float, seed: int) -> list[Question]:
+    """The first ``questions`` train problems, each with one solution with slips at rate ``noise`` (rng: ``seed``)."""
+    rng = random.Random(seed)
+    return [Question(i, p, noisy_steps(p, rng, noise, task.max_number))
+            for i, p in enumerate(make_split(task, "train", questions))]
+
+
+def hint_prompt(template: str, question_prompt: str, hint: int) -> str:
+    """q_phi's prompt: ``template`` with the question and the hinted answer."""
+    return template.format(prompt=question_prompt, hint=hint)
+
+
+def answer_text(answer: int) -> str:
+    """The answer segment y of a response (without <eos>, which the tokenizer appends)."""
+    return f"\\boxed{{{answer}}}"
+
+
+def join_response(trace_text: str, answer: int) -> str:
+    """A response text: the trace z, then the boxed answer."""
+    return f"{trace_text} {answer_text(answer)}" if trace_text else answer_text(answer)
+
+
+def split_trace(tokenizer: ArithmeticTokenizer, ids: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(trace z, answer part) of a sampled response: z = the tokens before the first ``\\boxed{`` (all tokens
+    before <eos> when there is none); the answer part is the rest up to <eos> (empty without a box)."""
+    row = [int(i) for i in ids]
+    if tokenizer.eos_id in row:
+        row = row[: row.index(tokenizer.eos_id)]
+    row = [i for i in row if i not in (tokenizer.pad_id, tokenizer.bos_id)]  # specials the text cannot hold
+    box = tokenizer.token_id("\\boxed{")
+    cut = row.index(box) if box in row else len(row)
+    return row[:cut], row[cut:]
+
+
+# ----------------------------------------------------------------------------------------------- log-probs
+@torch.no_grad()
+def segment_logprobs(model: nn.Module, tokenizer: ArithmeticTokenizer, prompts: Sequence[str],
+                     firsts: Sequence[str], seconds: Sequence[str]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Teacher-forced log-probs (temperature 1) of the response ``first second <eos>`` after each prompt:
+    (Σ log p over the first segment [N], Σ over the second segment incl. <eos> [N], their token counts [N], [N])."""
+    model.eval()
+    out: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+    for s in range(0, len(prompts), _CHUNK):
+        p, f, t = prompts[s:s + _CHUNK], firsts[s:s + _CHUNK], seconds[s:s + _CHUNK]
+        batch = sft_batch(tokenizer, p, [f"{a} {b}".strip() for a, b in zip(f, t)])
+        token_logp = _token_logprobs(model, batch)
+        n_first = torch.tensor([len(tokenizer.encode(a)) for a in f], dtype=torch.long)
+        total = batch.response_mask.sum(-1)
+        pos = torch.arange(token_logp.shape[1]).unsqueeze(0)
+        first_mask = pos < n_first.unsqueeze(1)
+        second_mask = batch.response_mask & ~first_mask
+        out.append((V.sequence_logprob(token_logp, first_mask), V.sequence_logprob(token_logp, second_mask),
+                    n_first, total - n_first))
+    model.train()
+    return tuple(torch.cat([o[i] for o in out]) for i in range(4))  # type: ignore[return-value]
+
+
+def _token_logprobs(model: nn.Module, batch: Any) -> Tensor:
+    """log p of every response token [B, R] (teacher forcing, with the graph when grad is on)."""
+    logits = response_logits(model, batch)
+    return torch.log_softmax(logits, -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+
+
+# ----------------------------------------------------------------------------------------------- the stage context
+@dataclass
+class Stage:
+    """Everything one stage run needs, checked before anything is written."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    vr: VRConfig
+    model_cfg: dict[str, Any]
+    task: TaskConfig
+    base: BaseConfig
+    tokenizer: ArithmeticTokenizer
+    cache_dir: str
+    inputs: dict[str, Path]
+
+    @property
+    def output(self) -> Path:
+        return self.run_dir / STAGE_OUTPUTS[self.vr.stage]
+
+    @property
+    def questions(self) -> list[Question]:
+        d = self.vr.data
+        return original_data(self.task, d.questions, d.noise, d.seed)
+
+    @property
+    def response_budget(self) -> int:
+        return task_response_budget(self.task)
+
+
+def needed_inputs(vr: VRConfig) -> tuple[str, ...]:
+    """The upstream stages whose outputs a stage reads."""
+    if vr.stage == "traces":
+        return ("posterior",)
+    if vr.stage == "weights":
+        return ("prior", "traces")
+    if vr.stage == "final" and vr.method.name.startswith("vr_"):
+        return ("traces", "weights")
+    return ()
+
+
+def _load_config(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist; the sweep writes a stage's config.yaml before it runs "
+                         f"(python -m sweeps variational_reasoning)")
+    loaded = yaml.safe_load(path.read_text())
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path} is not a config mapping")  # noqa: TRY004 - bad input: exit 2
+    return loaded
+
+
+def prepare_stage(run_dir: str | Path) -> Stage:
+    """Read and check RUN_DIR/config.yaml and the upstream outputs it needs (ValueError, one line; writes nothing)."""
+    run_dir = Path(run_dir)
+    c = _load_config(run_dir)
+    vr = VRConfig.from_mapping(c)
+    if vr.stage in ("traces", "weights"):
+        V.check_counts(vr.traces.k, vr.weights.m)
+    if vr.method.estimator is not None:
+        V.get_estimator(vr.method.estimator)
+    model_cfg = resolve_cpu_model(c.get("model") or {})
+    task = TaskConfig.from_mapping(c.get("task") or {})
+    base = BaseConfig.from_mapping(c.get("base") or {})
+    tokenizer = ArithmeticTokenizer(task.max_number)
+    example = make_split(task, "train", 1)[0]
+    try:
+        tokenizer.encode(hint_prompt(vr.hint.template, example.prompt, example.answer))
+    except ValueError as err:
+        raise ValueError(f"hint.template = {vr.hint.template!r} does not tokenise: {err}") from None
+    inputs: dict[str, Path] = {}
+    for stage in needed_inputs(vr):
+        run_id = vr.inputs.get(stage)
+        if not run_id:
+            raise StageInputError(f"stage {vr.stage} ({vr.method.name}) needs inputs.{stage} (the run id of its "
+                                  f"{stage} stage) in {run_dir / CONFIG_FILE}; the sweep sets it")
+        path = run_dir.parent / run_id / STAGE_OUTPUTS[stage]
+        if not path.is_file():
+            raise StageInputError(f"stage {vr.stage} needs the {stage} output {path}, which is missing; produce it "
+                                  f"with python -m predmask.rl.variational {path.parent}")
+        inputs[stage] = path
+    return Stage(run_dir, c, vr, model_cfg, task, base, tokenizer, str(c.get("cache_dir") or "results/cache"),
+                 inputs)
+
+
+# ----------------------------------------------------------------------------------------------- models
+def _base_model(st: Stage) -> tuple[nn.Module, dict[str, Any]]:
+    """The cached base model (pi_theta0, and every fine-tuned stage's start); built on first use, with progress."""
+    log.info("loading the base model from %s (pretrained on first use, about a minute)", st.cache_dir)
+    model, info = load_base_model(st.model_cfg, st.task, st.base, cache_dir=st.cache_dir, progress=True)
+    log.info("base model %s (%s)", info.get("cache_path"), "built now" if info.get("built") else "from cache")
+    return model, info
+
+
+def load_model(st: Stage, path: Path) -> tuple[nn.Module, dict[str, Any]]:
+    """A stage's ``model.pt`` as a policy of the run's model config, and its info."""
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    model = build_policy(st.model_cfg, st.tokenizer.vocab_size, st.base.seed)
+    model.load_state_dict(blob["state_dict"])
+    return model, dict(blob.get("info") or {})
+
+
+def _save_model(path: Path, model: nn.Module, info: Mapping[str, Any]) -> None:
+    blob = {"state_dict": model.state_dict(), "info": dict(info)}
+    atomic_write(path, lambda tmp: torch.save(blob, tmp))
+
+
+@torch.no_grad()
+def evaluate(st: Stage, model: nn.Module) -> dict[str, float]:
+    """avg@n, pass@1..n and response length on both stand-in eval splits at eval.temperature (fixed seed)."""
+    model.eval()
+    out: dict[str, float] = {}
+    for i, split in enumerate(EVAL_SPLITS):
+        gen = torch.Generator().manual_seed(EVAL_SEED + i)
+        batch = rollout_problems(model, st.tokenizer, make_split(st.task, split), n=st.vr.eval.n,
+                                 max_new_tokens=st.response_budget, temperature=st.vr.eval.temperature,
+                                 generator=gen)
+        out.update(validation_metrics(split, batch, st.vr.eval.n))
+    model.train()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- SFT
+@dataclass(frozen=True)
+class Row:
+    """One supervised example: its question, prompt, response (without <eos>) and loss weight."""
+
+    question: int
+    prompt: str
+    response: str
+    weight: float
+
+
+def step_plan(n_questions: int, per_step: int, epochs: int, seed: int) -> list[list[int]]:
+    """The question indices of every step: one shuffled pass per epoch (rng from ``seed`` and the epoch), cut into
+    batches of ``per_step`` questions (the last one of an epoch may be smaller)."""
+    plan: list[list[int]] = []
+    for epoch in range(epochs):
+        order = list(range(n_questions))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        plan += [order[s:s + per_step] for s in range(0, n_questions, per_step)]
+    return plan
+
+
+def _lr(step: int, lr: float, warmup: int) -> float:
+    """Linear warmup over ``warmup`` steps (step 1 = lr / warmup), constant after."""
+    return lr * min(1.0, step / warmup) if warmup > 0 else lr
+
+
+def _save_sft_checkpoint(run_dir: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer,
+                         plan: list[list[int]]) -> None:
+    path = run_dir / CHECKPOINT_DIR / f"step_{step:06d}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(), "plan": plan,
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+    atomic_write(path, lambda tmp: torch.save(blob, tmp))
+    for old in sorted(path.parent.glob("step_*.pt"))[:-2]:
+        old.unlink(missing_ok=True)
+
+
+def train_sft(st: Stage, model: nn.Module, rows: Sequence[Row], n_questions: int, epochs: int,
+              final_metrics: Any = None) -> dict[str, Any]:
+    """Weighted SFT of ``model`` on ``rows`` (``predmask.variational.weighted_sft_loss``, normaliser
+    sft.normaliser x sft.questions_per_step), resuming from the run's newest checkpoint. ``final_metrics(model)``
+    adds its metrics to the last step's line. Returns ``{"step", "resumed", **last metrics}``."""
+    s = st.vr.sft
+    by_question: dict[int, list[Row]] = {}
+    for r in rows:
+        by_question.setdefault(r.question, []).append(r)
+    plan = step_plan(n_questions, s.questions_per_step, epochs, st.vr.seed)
+    total = len(plan)
+    normaliser = float(s.normaliser * s.questions_per_step)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
+    metrics_path = st.run_dir / METRICS_FILE
+    ckpt = latest_checkpoint(st.run_dir)
+    start = 0
+    if ckpt is not None:
+        blob = torch.load(ckpt, map_location="cpu", weights_only=False)
+        model.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["optimizer"])
+        torch.set_rng_state(blob["rng"]["torch"])
+        random.setstate(blob["rng"]["python"])
+        if blob["plan"] != plan:
+            raise ValueError(f"checkpoint {ckpt} was written with another data order; use a fresh run directory")
+        start = int(blob["step"])
+        log.info("resuming from %s (step %d of %d)", ckpt, start, total)
+    cut = truncate_metrics(metrics_path, start if ckpt is not None else -1)
+    if cut.dropped:
+        log.info("dropped %d metrics lines past step %d", cut.dropped, start)
+    writer = MetricsWriter(metrics_path)
+    data: dict[str, Any] = {}
+    try:
+        model.train()
+        title = f"{st.vr.stage} {st.vr.method.name} SFT"
+        with show_progress(title, total=total, completed=start, unit="steps", bar=None) as bar:
+            for step in range(start + 1, total + 1):
+                t0 = time.perf_counter()
+                lr = _lr(step, s.lr, s.warmup)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                batch_rows = [r for q in plan[step - 1] for r in by_question.get(q, [])]
+                data = {M.TRAIN_LOSS: 0.0, M.ACTOR_LR: lr, M.ACTOR_GRAD_NORM: 0.0}
+                if batch_rows:
+                    batch = sft_batch(st.tokenizer, [r.prompt for r in batch_rows], [r.response for r in batch_rows])
+                    weights = torch.tensor([r.weight for r in batch_rows], dtype=torch.float32)
+                    loss = V.weighted_sft_loss(_token_logprobs(model, batch), batch.response_mask, weights,
+                                               normaliser)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
+                    opt.step()
+                    data.update({M.TRAIN_LOSS: float(loss.detach()), M.ACTOR_GRAD_NORM: float(grad_norm)})
+                if step == total and final_metrics is not None:
+                    data.update(final_metrics(model))
+                data[M.GLOBAL_STEP] = step
+                data[M.TIMING_STEP] = time.perf_counter() - t0
+                writer.log(data, step)
+                log.info("step %d loss=%.4f lr=%.3g", step, data[M.TRAIN_LOSS], lr, extra={"console": False})
+                if (s.save_every and step % s.save_every == 0) or step == total:
+                    _save_sft_checkpoint(st.run_dir, step, model, opt, plan)
+                write_status(st.run_dir, "running", step, total)
+                bar.advance(status=f"loss {data[M.TRAIN_LOSS]:.3f}")
+    finally:
+        writer.close()
+    return {"step": total, "resumed": ckpt is not None, **data}
+
+
+# ----------------------------------------------------------------------------------------------- stages
+def _log_metrics(st: Stage, data: Mapping[str, Any], step: int = 0) -> None:
+    """One metrics line for a stage without training steps (a rerun replaces it)."""
+    path = st.run_dir / METRICS_FILE
+    truncate_metrics(path, -1)
+    writer = MetricsWriter(path)
+    try:
+        writer.log(data, step)
+    finally:
+        writer.close()
+
+
+def _summary_line(data: Mapping[str, Any]) -> str:
+    parts = [f"{k.split('/')[1]} avg@{k.rsplit('@', 1)[1]}={v:.3f}" for k, v in data.items() if M.VAL_ACC_RE.match(k)]
+    return ", ".join(parts)
+
+
+def run_prior(st: Stage) -> dict[str, Any]:
+    """pi_theta0 = the cached base model: model.pt and its evaluation at step 0."""
+    model, info = _base_model(st)
+    data = evaluate(st, model)
+    _log_metrics(st, data, 0)
+    _save_model(st.output, model, {**info, "role": PRIOR_LABEL, "stage": "prior"})
+    log.info("prior evaluation: %s", _summary_line(data))
+    return {"step": 0, **data}
+
+
+def run_posterior(st: Stage) -> dict[str, Any]:
+    """q_phi: SFT of the base model on hint prompts (hint = the original solution's own final answer)."""
+    model, info = _base_model(st)
+    qs = st.questions
+    rows = [Row(q.index, hint_prompt(st.vr.hint.template, q.problem.prompt, q.original_answer), q.solution, 1.0)
+            for q in qs]
+    log.info("q_phi: base model fine-tuned on %d hint prompts, e.g. %r -> %r", len(rows), rows[0].prompt,
+             rows[0].response)
+    summary = train_sft(st, model, rows, len(qs), st.vr.posterior.epochs)
+    _save_model(st.output, model, {"base": info.get("cache_path"), "stage": "posterior",
+                                   "role": "q_phi: base model fine-tuned on hint prompts"})
+    return summary
+
+
+def run_traces(st: Stage) -> dict[str, Any]:
+    """K traces per question sampled from q_phi with the hint = the correct answer; q_phi's log-prob of each z."""
+    model, _ = load_model(st, st.inputs["posterior"])
+    model.eval()
+    qs, k, tok = st.questions, st.vr.traces.k, st.tokenizer
+    prompts = [hint_prompt(st.vr.hint.template, q.problem.prompt, q.problem.answer) for q in qs for _ in range(k)]
+    gen = torch.Generator().manual_seed(st.vr.seed * 1_000_003 + 11)
+    rows: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for s in range(0, len(prompts), _CHUNK):
+        ids, mask = encode_prompts(tok, prompts[s:s + _CHUNK])
+        b = generate(model, ids, mask, max_new_tokens=st.response_budget, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                     temperature=st.vr.traces.temperature, generator=gen)
+        for j, resp in enumerate(b.response_ids.tolist()):
+            i = s + j
+            q = qs[i // k]
+            z, a = split_trace(tok, resp)
+            texts.append(tok.decode(z))
+            rows.append({"question": q.index, "trace": i % k, "prompt": q.problem.prompt, "hint": q.problem.answer,
+                         "trace_text": texts[-1], "answer_text": tok.decode(a),
+                         "posterior_correct": bool(reward(tok.decode(a), q.problem.answer) > 0),
+                         "trace_tokens": len(z)})
+    log_z, _, n_z, _ = segment_logprobs(model, tok, prompts, texts, [answer_text(r["hint"]) for r in rows])
+    if not torch.equal(n_z, torch.tensor([r["trace_tokens"] for r in rows])):
+        raise RuntimeError("trace token counts changed in a decode/encode round trip")
+    for r, lp in zip(rows, log_z.tolist()):
+        r["log_posterior"] = float(lp)
+    frame = pd.DataFrame(rows, columns=list(TRACES_COLUMNS))
+    decoy_hit, decoy_correct = _decoy_rates(st, model, qs)
+    data = {M.VR_POSTERIOR_CORRECT: float(frame["posterior_correct"].mean()),
+            M.VR_TRACE_TOKENS_MEAN: float(frame["trace_tokens"].mean()),
+            M.VR_DECOY_HIT: decoy_hit, M.VR_DECOY_CORRECT: decoy_correct}
+    _log_metrics(st, data, 0)
+    atomic_write(st.output, lambda tmp: frame.to_parquet(tmp, index=False))
+    log.info("traces: %d (K=%d per question); q_phi's own answer equals the hint in %.3f of them", len(frame), k,
+             data[M.VR_POSTERIOR_CORRECT])
+    log.info("does q_phi follow its hint? with a decoy hint (the answer %+d) its answer is the decoy in %.3f and the "
+             "correct answer in %.3f of traces (a posterior that ignores its hint: decoy near 0, correct as above)",
+             DECOY_OFFSET, decoy_hit, decoy_correct)
+    return {"step": 0, "rows": len(frame), **data}
+
+
+#: the decoy hint of the traces stage's hint check: the correct answer plus this (minus it where that leaves the range)
+DECOY_OFFSET = 3
+
+
+@torch.no_grad()
+def _decoy_rates(st: Stage, model: nn.Module, qs: Sequence[Question]) -> tuple[float, float]:
+    """One trace per question from q_phi with a decoy hint (the answer +- DECOY_OFFSET): the share whose own answer is
+    the decoy, and the share whose answer is the correct one. A posterior that uses its hint follows the decoy."""
+    tok, top = st.tokenizer, st.task.max_number
+    decoys = [q.problem.answer + (DECOY_OFFSET if q.problem.answer + DECOY_OFFSET <= top else -DECOY_OFFSET)
+              for q in qs]
+    prompts = [hint_prompt(st.vr.hint.template, q.problem.prompt, d) for q, d in zip(qs, decoys)]
+    gen = torch.Generator().manual_seed(st.vr.seed * 1_000_003 + 13)
+    hit = correct = 0
+    for s in range(0, len(prompts), _CHUNK):
+        ids, mask = encode_prompts(tok, prompts[s:s + _CHUNK])
+        b = generate(model, ids, mask, max_new_tokens=st.response_budget, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                     temperature=st.vr.traces.temperature, generator=gen)
+        for j, resp in enumerate(b.response_ids.tolist()):
+            text = tok.decode(split_trace(tok, resp)[1])
+            hit += int(reward(text, decoys[s + j]) > 0)
+            correct += int(reward(text, qs[s + j].problem.answer) > 0)
+    return hit / len(qs), correct / len(qs)
+
+
+@torch.no_grad()
+def _answer_correctness(st: Stage, model: nn.Module, prompts: Sequence[str], answers: Sequence[int],
+                        m: int) -> Tensor:
+    """[N, M]: whether each of M answers sampled from pi_theta0(. | x, z) is correct (prompts are ``x z``)."""
+    tok = st.tokenizer
+    gen = torch.Generator().manual_seed(st.vr.seed * 1_000_003 + 29)
+    flat_p = [p for p in prompts for _ in range(m)]
+    flat_a = [a for a in answers for _ in range(m)]
+    hits: list[float] = []
+    for s in range(0, len(flat_p), _CHUNK):
+        ids, mask = encode_prompts(tok, flat_p[s:s + _CHUNK])
+        b = generate(model, ids, mask, max_new_tokens=st.response_budget, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                     temperature=st.vr.weights.temperature, generator=gen)
+        hits += [reward(tok.decode(r), a) for r, a in zip(b.response_ids.tolist(), flat_a[s:s + _CHUNK])]
+    return torch.tensor(hits, dtype=torch.float64).view(-1, m) > 0.5
+
+
+def trace_weights(frame: pd.DataFrame, correct: Tensor) -> dict[str, Tensor]:
+    """weight_<estimator> for every registered estimator, normalised over the K traces of each question."""
+    group = torch.tensor(frame["question"].to_numpy(), dtype=torch.long)
+    log_ratio = V.trace_log_ratio(torch.tensor(frame["log_prior"].to_numpy()),
+                                  torch.tensor(frame["log_posterior"].to_numpy()),
+                                  torch.tensor(frame["trace_tokens"].to_numpy(), dtype=torch.long))
+    out = {"log_ratio": log_ratio}
+    for name in V.ESTIMATORS:
+        log_correct = V.log_correct_estimate(
+            name, answer_logp=torch.tensor(frame["answer_logp"].to_numpy()),
+            answer_tokens=torch.tensor(frame["answer_tokens"].to_numpy(), dtype=torch.long), correct=correct)
+        out[f"weight_{name}"] = V.normalise_weights(V.trace_log_weights(log_ratio, log_correct), group)
+    return out
+
+
+def run_weights(st: Stage) -> dict[str, Any]:
+    """For every trace: log pi_theta0(z|x), log q_phi(z|x,y'), log pi_theta0(y'|x,z), M answers' correctness,
+    and the normalised weights of every estimator."""
+    model, _ = load_model(st, st.inputs["prior"])
+    traces = pd.read_parquet(st.inputs["traces"])
+    m, tok = st.vr.weights.m, st.tokenizer
+    log_z, log_y, n_z, n_y = segment_logprobs(model, tok, list(traces["prompt"]), list(traces["trace_text"]),
+                                              [answer_text(int(h)) for h in traces["hint"]])
+    if not torch.equal(n_z, torch.tensor(traces["trace_tokens"].to_numpy(), dtype=torch.long)):
+        raise ValueError(f"{st.inputs['traces']}: trace_tokens do not match the trace texts' token counts")
+    prompts = [f"{p} {z}".strip() for p, z in zip(traces["prompt"], traces["trace_text"])]
+    correct = _answer_correctness(st, model, prompts, [int(h) for h in traces["hint"]], m)
+    frame = traces[["question", "trace", "trace_tokens", "log_posterior", "posterior_correct"]].copy()
+    frame["answer_tokens"] = n_y.numpy()
+    frame["log_prior"] = log_z.numpy()
+    frame["answer_logp"] = log_y.numpy()
+    frame["acc"] = correct.double().mean(-1).numpy()
+    for name, values in trace_weights(frame, correct).items():
+        frame[name] = values.numpy()
+    frame = frame[list(WEIGHTS_COLUMNS)]
+    data = {M.VR_ANSWER_ACC: float(frame["acc"].mean()), M.VR_LOG_RATIO_MEAN: float(frame["log_ratio"].mean()),
+            M.VR_POSTERIOR_CORRECT: float(frame["posterior_correct"].mean()),
+            M.VR_TRACE_TOKENS_MEAN: float(frame["trace_tokens"].mean())}
+    _log_metrics(st, data, 0)
+    atomic_write(st.output, lambda tmp: frame.to_parquet(tmp, index=False))
+    log.info("weights: %d traces, mean acc of pi_theta0's answers after a trace %.3f", len(frame),
+             data[M.VR_ANSWER_ACC])
+    return {"step": 0, "rows": len(frame), **data}
+
+
+def _rft_rows(st: Stage, model: nn.Module, qs: Sequence[Question]) -> list[Row]:
+    """rft.samples responses per question from pi_theta0; the correct ones, each weighted 1/rft.samples."""
+    n, tok = st.vr.rft.samples, st.tokenizer
+    gen = torch.Generator().manual_seed(st.vr.seed * 1_000_003 + 43)
+    with torch.no_grad():
+        model.eval()
+        b = rollout_problems(model, tok, [q.problem for q in qs], n=n, max_new_tokens=st.response_budget,
+                             temperature=1.0, generator=gen)
+        model.train()
+    rows = []
+    for i, (resp, ok) in enumerate(zip(b.response_ids.tolist(), b.rewards.tolist())):
+        if ok > 0.5:
+            q = qs[i // n]
+            rows.append(Row(q.index, q.problem.prompt, tok.decode(resp), 1.0 / n))
+    return rows
+
+
+def _vr_rows(st: Stage, qs: Sequence[Question]) -> list[Row]:
+    """The vr_* training rows: all K traces with their weights, or the best trace per question + the original."""
+    traces = pd.read_parquet(st.inputs["traces"])
+    weights = pd.read_parquet(st.inputs["weights"])
+    col = f"weight_{st.vr.method.estimator}"
+    joined = traces.merge(weights[["question", "trace", col]], on=["question", "trace"], how="inner",
+                          validate="one_to_one")
+    if len(joined) != len(traces) or len(weights) != len(traces):
+        raise ValueError(f"{st.inputs['weights']} and {st.inputs['traces']} hold different traces")
+    if int(joined["question"].max()) >= len(qs):
+        raise ValueError(f"{st.inputs['traces']} has questions beyond data.questions={len(qs)}")
+    prompt = {q.index: q.problem.prompt for q in qs}
+    if st.vr.method.data == "all_weighted":
+        return [Row(int(r.question), prompt[int(r.question)], join_response(r.trace_text, int(r.hint)),
+                    float(getattr(r, col))) for r in joined.itertuples() if getattr(r, col) > 0]
+    group = torch.tensor(joined["question"].to_numpy(), dtype=torch.long)
+    w = torch.tensor(joined[col].to_numpy())
+    rows = [Row(q.index, q.problem.prompt, q.solution, 1.0) for q in qs]
+    for i in V.best_trace(w, group).tolist():
+        r = joined.iloc[i]
+        if r[col] > 0:
+            rows.append(Row(int(r["question"]), prompt[int(r["question"])],
+                            join_response(r["trace_text"], int(r["hint"])), 1.0))
+    return rows
+
+
+def run_final(st: Stage) -> dict[str, Any]:
+    """A final recipe from the base model: sft, rft or vr_*; evaluated at the last step."""
+    model, info = _base_model(st)
+    qs = st.questions
+    name = st.vr.method.name
+    extra: dict[str, float] = {}
+    if name == "sft":
+        rows = [Row(q.index, q.problem.prompt, q.solution, 1.0) for q in qs]
+    elif name == "rft":
+        rows = _rft_rows(st, model, qs)
+        extra[M.VR_RFT_KEPT] = len(rows) / (len(qs) * st.vr.rft.samples)
+    else:
+        rows = _vr_rows(st, qs)
+    log.info("final %s: %d training rows over %d questions", name, len(rows), len(qs))
+    summary = train_sft(st, model, rows, len(qs), st.vr.final.epochs,
+                        final_metrics=lambda mdl: {**evaluate(st, mdl), **extra})
+    _save_model(st.output, model, {"base": info.get("cache_path"), "stage": "final", "recipe": name})
+    log.info("final evaluation: %s", _summary_line(summary))
+    return summary
+
+
+_RUNNERS = {"prior": run_prior, "posterior": run_posterior, "traces": run_traces, "weights": run_weights,
+            "final": run_final}
+
+
+def _total_steps(st: Stage) -> int:
+    s = st.vr.sft
+    epochs = {"posterior": st.vr.posterior.epochs, "final": st.vr.final.epochs}.get(st.vr.stage)
+    return 0 if epochs is None else epochs * math.ceil(st.vr.data.questions / s.questions_per_step)
+
+
+def run_stage(run_dir: str | Path) -> dict[str, Any]:
+    """Run the stage RUN_DIR/config.yaml names (resuming it; a completed one is left as it is); returns a summary.
+
+    Bad config or missing upstream output: ValueError (one line) before anything is written."""
+    st = prepare_stage(run_dir)
+    with hold_run_lock(st.run_dir):
+        total = _total_steps(st)
+        if read_status(st.run_dir).get("status") == "completed" and st.output.is_file():
+            last = read_metrics(st.run_dir / METRICS_FILE)
+            return {"step": total, "completed_before": True, **(last[-1]["data"] if last else {})}
+        handlers = setup_logging(st.run_dir, log)
+        try:
+            torch.set_num_threads(1)
+            write_status(st.run_dir, "running", 0, total)
+            log.info("start: stage=%s method=%s seed=%s run_dir=%s", st.vr.stage, st.vr.method.name, st.vr.seed,
+                     st.run_dir)
+            log.info("model: %s", st.model_cfg.get("label", st.model_cfg.get("name")))
+            log.info("pi_theta0: %s", PRIOR_LABEL)
+            log.info("task: %s; eval splits: %s", st.task.label or "synthetic arithmetic", STANDIN_LABEL)
+            with single_thread():
+                summary = _RUNNERS[st.vr.stage](st)
+            write_status(st.run_dir, "completed", total, total)
+            log.info("completed: %s", st.output)
+            return summary
+        except BaseException as exc:
+            last = read_metrics(st.run_dir / METRICS_FILE)
+            write_status(st.run_dir, "failed", int(last[-1]["step"]) if last else 0, total,
+                         error=f"{type(exc).__name__}: {exc}")
+            log.exception("failed", extra={"console": not isinstance(exc, ValueError)})
+            raise
+        finally:
+            for h in handlers:
+                log.removeHandler(h)
+                h.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m predmask.rl.variational RUN_DIR``: exit 0 done, 2 bad input or a busy run directory."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    if len(args) != 1:
+        print("usage: python -m predmask.rl.variational RUN_DIR (a run directory holding config.yaml)",
+              file=sys.stderr)
+        return 2
+    try:
+        run_stage(args[0])
+    except (ValueError, RunDirBusyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The variational-reasoning family's config sections as dataclasses: the Hydra schema ``variational_schema`` of
+conf/variational.yaml (stored by ``predmask.config.store_schemas``; pure stdlib, so composing imports no torch),
+each with its range checks and ``from_mapping`` (unknown keys: one line, ``predmask.rl.schema.check_known_keys``).
+
+The stage runner (``predmask.rl.variational``) builds ``VRConfig.from_mapping(config)`` from a run's resolved config.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from predmask.rl.schema import check_known_keys
+
+__all__ = [
+    "DATA_MODES",
+    "FAMILY",
+    "FINAL_RECIPES",
+    "STAGES",
+    "STAGE_METHODS",
+    "DataConfig",
+    "EvalConfig",
+    "FinalConfig",
+    "HintConfig",
+    "PosteriorConfig",
+    "RFTConfig",
+    "SFTConfig",
+    "TracesConfig",
+    "VRConfig",
+    "VRMethodConfig",
+    "WeightsConfig",
+    "section_schemas",
+]
+
+FAMILY = "variational"
+#: the stages, in pipeline order (one run directory each; the ``stage`` key of a run's config)
+STAGES: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "final")
+#: ``method.name`` of the stage runs that are not final (set by the sweep)
+STAGE_METHODS: tuple[str, ...] = ("prior", "posterior", "traces", "weights")
+#: ``method.name`` of the final recipes: conf/vr_method/<name>.yaml
+FINAL_RECIPES: tuple[str, ...] = ("sft", "rft", "vr_acc", "vr_gml", "vr_likelihood")
+#: how a vr_* recipe uses the traces: all K with their normalised weights, or the best one per question + the original
+DATA_MODES: tuple[str, ...] = ("all_weighted", "best_mixed")
+
+
+def _at_least(section: str, name: str, value: float, low: float) -> None:
+    if isinstance(value, bool) or not value >= low:
+        raise ValueError(f"{section}.{name} = {value!r} is not allowed; allowed: a number >= {low:g}")
+
+
+def _positive(section: str, name: str, value: float) -> None:
+    if isinstance(value, bool) or not value > 0:
+        raise ValueError(f"{section}.{name} = {value!r} is not allowed; allowed: a number > 0")
+
+
+class _Section:
+    """``from_mapping`` of a section: unknown keys raise one line naming them and the allowed ones."""
+
+    _name = "section"
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> Any:
+        check_known_keys(cls, values, cls._name)
+        return cls(**dict(values))
+
+
+@dataclass(frozen=True)
+class DataConfig(_Section):
+    """The original data: the first ``questions`` train problems, one worked solution each written with slips at
+    rate ``noise`` (``predmask.rl.task.noisy_steps``, rng seeded by ``seed`` only: fixed across training seeds)."""
+
+    _name = "data"
+    questions: int = 1024
+    noise: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _at_least("data", "questions", self.questions, 1)
+        if not 0.0 <= self.noise < 1.0:
+            raise ValueError(f"data.noise = {self.noise!r} is not allowed; allowed: a number in [0, 1)")
+
+
+@dataclass(frozen=True)
+class HintConfig(_Section):
+    """q_phi's prompt: ``template.format(prompt=<question>, hint=<answer>)``; the hint sits in a marked segment."""
+
+    _name = "hint"
+    template: str = "\\boxed{{{hint}}} {prompt}"
+
+    def __post_init__(self) -> None:
+        try:
+            names = {f for _, f, _, _ in string.Formatter().parse(self.template) if f is not None}
+        except ValueError as err:
+            raise ValueError(f"hint.template = {self.template!r} is not a format string ({err})") from None
+        if names != {"prompt", "hint"}:
+            raise ValueError(f"hint.template = {self.template!r} is not allowed; allowed: a format string with "
+                             f"exactly the fields {{prompt}} and {{hint}}, got {sorted(names)}")
+
+
+@dataclass(frozen=True)
+class SFTConfig(_Section):
+    """The supervised stages: AdamW at ``lr`` with ``warmup`` linear warmup steps, constant after; batches of
+    ``questions_per_step`` questions (all their rows); loss normaliser = ``normaliser`` x ``questions_per_step``;
+    a checkpoint every ``save_every`` steps (0: only at the end)."""
+
+    _name = "sft"
+    lr: float = 1e-3
+    warmup: int = 10
+    grad_clip: float = 1.0
+    normaliser: float = 16.0
+    questions_per_step: int = 16
+    save_every: int = 50
+
+    def __post_init__(self) -> None:
+        _positive("sft", "lr", self.lr)
+        _at_least("sft", "warmup", self.warmup, 0)
+        _positive("sft", "grad_clip", self.grad_clip)
+        _positive("sft", "normaliser", self.normaliser)
+        _at_least("sft", "questions_per_step", self.questions_per_step, 1)
+        _at_least("sft", "save_every", self.save_every, 0)
+
+
+@dataclass(frozen=True)
+class PosteriorConfig(_Section):
+    """q_phi's SFT on hint prompts: ``epochs`` shuffled passes over the original data."""
+
+    _name = "posterior"
+    epochs: int = 4
+
+    def __post_init__(self) -> None:
+        _at_least("posterior", "epochs", self.epochs, 1)
+
+
+@dataclass(frozen=True)
+class TracesConfig(_Section):
+    """``k`` traces per question sampled from q_phi at ``temperature``."""
+
+    _name = "traces"
+    k: int = 8
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        _at_least("traces", "k", self.k, 1)
+        _positive("traces", "temperature", self.temperature)
+
+
+@dataclass(frozen=True)
+class WeightsConfig(_Section):
+    """``m`` answers sampled from pi_theta0(.|x, z) per trace at ``temperature`` (the acc estimator's correctness)."""
+
+    _name = "weights"
+    m: int = 8
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        _at_least("weights", "m", self.m, 1)
+        _positive("weights", "temperature", self.temperature)
+
+
+@dataclass(frozen=True)
+class FinalConfig(_Section):
+    """The final recipes: ``epochs`` shuffled passes over the questions, from the base model."""
+
+    _name = "final"
+    epochs: int = 1
+
+    def __post_init__(self) -> None:
+        _at_least("final", "epochs", self.epochs, 1)
+
+
+@dataclass(frozen=True)
+class RFTConfig(_Section):
+    """RFT: ``samples`` responses per question from pi_theta0; the correct ones are kept, each weighted 1/samples."""
+
+    _name = "rft"
+    samples: int = 8
+
+    def __post_init__(self) -> None:
+        _at_least("rft", "samples", self.samples, 1)
+
+
+@dataclass(frozen=True)
+class EvalConfig(_Section):
+    """Evaluation of prior and final models: ``n`` samples per problem (avg@n, pass@1..n) at ``temperature``."""
+
+    _name = "eval"
+    n: int = 16
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        _at_least("eval", "n", self.n, 1)
+        _positive("eval", "temperature", self.temperature)
+
+
+@dataclass(frozen=True)
+class VRMethodConfig(_Section):
+    """The ``method`` section of a variational run: a final recipe (conf/vr_method) or a stage's name; the vr_*
+    recipes name their ``estimator`` (``predmask.variational.ESTIMATORS``) and ``data`` mode (DATA_MODES)."""
+
+    _name = "method"
+    name: str = "vr_acc"
+    label: str = ""
+    estimator: str | None = None
+    data: str | None = None
+
+    def __post_init__(self) -> None:
+        allowed = (*FINAL_RECIPES, *STAGE_METHODS)
+        if self.name not in allowed:
+            raise ValueError(f"method.name = {self.name!r} is not allowed; allowed: {', '.join(allowed)}")
+        if self.name.startswith("vr_"):
+            if self.estimator is None:
+                raise ValueError(f"method {self.name!r} needs method.estimator (predmask.variational.ESTIMATORS)")
+            if self.data not in DATA_MODES:
+                raise ValueError(f"method.data = {self.data!r} is not allowed; allowed: {', '.join(DATA_MODES)}")
+
+
+#: config section -> its dataclass (the sections ``variational_schema`` types)
+_SECTIONS: dict[str, type] = {
+    "data": DataConfig, "hint": HintConfig, "sft": SFTConfig, "posterior": PosteriorConfig, "traces": TracesConfig,
+    "weights": WeightsConfig, "final": FinalConfig, "rft": RFTConfig, "eval": EvalConfig,
+}
+
+
+def section_schemas() -> dict[str, type]:
+    """The schema node ``variational_schema`` (section name -> dataclass), as ``predmask.config`` stores it."""
+    return dict(_SECTIONS)
+
+
+@dataclass(frozen=True)
+class VRConfig:
+    """Every variational section of a run's resolved config, checked (the stage runner's view of it)."""
+
+    stage: str
+    seed: int
+    method: VRMethodConfig
+    inputs: dict[str, str] = field(default_factory=dict)
+    data: DataConfig = DataConfig()
+    hint: HintConfig = HintConfig()
+    sft: SFTConfig = SFTConfig()
+    posterior: PosteriorConfig = PosteriorConfig()
+    traces: TracesConfig = TracesConfig()
+    weights: WeightsConfig = WeightsConfig()
+    final: FinalConfig = FinalConfig()
+    rft: RFTConfig = RFTConfig()
+    eval: EvalConfig = EvalConfig()
+
+    def __post_init__(self) -> None:
+        if self.stage not in STAGES:
+            raise ValueError(f"stage = {self.stage!r} is not allowed; allowed: {', '.join(STAGES)}")
+        if self.stage == "final" and self.method.name not in FINAL_RECIPES:
+            raise ValueError(f"stage final needs a final recipe as method.name, got {self.method.name!r}; "
+                             f"allowed: {', '.join(FINAL_RECIPES)}")
+        if self.stage != "final" and self.method.name != self.stage:
+            raise ValueError(f"stage {self.stage} runs with method.name {self.stage!r}, got {self.method.name!r}")
+        bad = sorted(set(self.inputs) - set(STAGES))
+        if bad:
+            raise ValueError(f"inputs names unknown stages {bad}; allowed: {', '.join(STAGES)}")
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> VRConfig:
+        """The variational view of a whole resolved run config (other keys, e.g. model or task, are not read)."""
+        if config.get("family") != FAMILY:
+            raise ValueError(f"family = {config.get('family')!r} is not allowed here; allowed: {FAMILY!r} "
+                             f"(compose conf/variational.yaml)")
+        stage = config.get("stage")
+        if not isinstance(stage, str):
+            raise ValueError(f"stage = {stage!r} is not allowed; allowed: {', '.join(STAGES)}")  # noqa: TRY004
+        sections = {name: kind.from_mapping(config.get(name) or {})  # type: ignore[attr-defined]
+                    for name, kind in _SECTIONS.items()}
+        inputs = {str(k): str(v) for k, v in (config.get("inputs") or {}).items()}
+        return cls(stage=stage, seed=int(config.get("seed", 0)),
+                   method=VRMethodConfig.from_mapping(config.get("method") or {}), inputs=inputs, **sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
