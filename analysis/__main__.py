@@ -5,6 +5,7 @@ Subcommands:
   token_level [options]                 the token-level study (its own package, analysis/token_level/)
   drift [options]                       the token-level study over a grid of drift (analysis/token_level/drift.py)
   calibrate [options]                   the training regime per setting of the main comparison (analysis/calibrate.py)
+  accuracy_weighting [options]          measured vs predicted accuracy weights of RFT, REINFORCE, GRPO, VR (analysis/accuracy_weighting/)
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "calibrate": (
         "analysis.calibrate",
         "measure the training regime per main-comparison setting: share outside, clip fraction, disagreement, gain",
+    ),
+    "accuracy_weighting": (
+        "analysis.accuracy_weighting.cli",
+        "the weight RFT, REINFORCE, GRPO and the variational objective put on ∇ log p per accuracy (docs/math.md §9)",
     ),
 }
 # ------------------------------------------------------------------------------------------------------

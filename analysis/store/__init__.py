@@ -17,7 +17,8 @@ a writable place), without opening the file.
 
 Parts: ``schema`` (tables), ``connection`` (open, default path, path check, what to run next), ``runs`` (the `runs` rows), ``metrics_files``
 (parsing file-logger lines), ``attempts`` (a run's attempt files and their merge), ``ingest`` (run directories into
-`runs` and `metrics`), ``token_level`` (the token-level study's rows).
+`runs` and `metrics`), ``token_level`` (the token-level study's rows), ``variational`` (`vr_traces` from a variational
+weights stage, the accuracy-weighting analysis's rows).
 """
 
 from analysis.store.attempts import attempt_files, find_run_dirs
@@ -43,7 +44,14 @@ from analysis.store.ingest import (
 )
 from analysis.store.metrics_files import parse_metrics_file
 from analysis.store.runs import EMPTY, RunRefusedError, UpsertCounts, run_row_from_dir, upsert_runs
-from analysis.store.schema import GRID_COLUMNS, RUN_COLUMNS, SEED_COLUMNS, TOKEN_COLUMNS
+from analysis.store.schema import (
+    ACCURACY_WEIGHTING_COLUMNS,
+    GRID_COLUMNS,
+    RUN_COLUMNS,
+    SEED_COLUMNS,
+    TOKEN_COLUMNS,
+    VR_TRACE_COLUMNS,
+)
 from analysis.store.token_level import (
     TokenLevelWrite,
     grid_cells,
@@ -51,8 +59,16 @@ from analysis.store.token_level import (
     upsert_grid,
     upsert_token_level,
 )
+from analysis.store.variational import (
+    AccuracyWeightingWrite,
+    VrTracesWrite,
+    ingest_vr_traces,
+    is_weights_stage,
+    upsert_accuracy_weighting,
+)
 
 __all__ = [
+    "ACCURACY_WEIGHTING_COLUMNS",
     "DB_ENV",
     "DB_WAIT_ENV",
     "DEFAULT_DB_RELPATH",
@@ -61,12 +77,15 @@ __all__ = [
     "RUN_COLUMNS",
     "SEED_COLUMNS",
     "TOKEN_COLUMNS",
+    "VR_TRACE_COLUMNS",
+    "AccuracyWeightingWrite",
     "IngestSummary",
     "RunIngest",
     "RunRefusedError",
     "StoreError",
     "TokenLevelWrite",
     "UpsertCounts",
+    "VrTracesWrite",
     "attempt_files",
     "check_db_path",
     "connect",
@@ -77,12 +96,15 @@ __all__ = [
     "ingest_metrics_file",
     "ingest_paths",
     "ingest_run_dir",
+    "ingest_vr_traces",
+    "is_weights_stage",
     "missing_db_hint",
     "paper_command",
     "parse_metrics_file",
     "run_row_from_dir",
     "stored_seeds",
     "table_exists",
+    "upsert_accuracy_weighting",
     "upsert_grid",
     "upsert_runs",
     "upsert_token_level",

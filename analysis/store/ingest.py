@@ -6,6 +6,8 @@ step goes backwards are not stored (``metrics_files``); a run directory without 
 (not registered); a "completed" run without any stored metric gets status ``empty``, a killed one ``dead``
 (``runs``); a non-finite value stored by an older ingest is deleted when its run is ingested again. A verl run's
 policy-loss metrics are replaced, step by step, by the exact values of its loss statistics (``exact_metrics``).
+A variational-reasoning `weights` stage run (config ``family: variational``, ``stage: weights``) also stores its
+weights.parquet in `vr_traces` (``variational``); a missing or malformed file is one warning, the run stays registered.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from analysis.store.connection import StoreError, fetch_one
 from analysis.store.exact_metrics import exact_step_metrics
 from analysis.store.metrics_files import parse_metrics_file
 from analysis.store.runs import EMPTY, RunRefusedError, run_row_from_dir, upsert_runs
+from analysis.store.variational import ingest_vr_traces, is_weights_stage
 from predmask.io import DEAD
 from predmask.progress import progress
 
@@ -57,6 +60,8 @@ class RunIngest:
     status: str | None = None  # the status stored (dead / empty when corrected)
     run_registered: str = "unchanged"  # inserted | updated | unchanged | refused
     refused: str | None = None  # why the run was refused (not registered, nothing stored)
+    vr_traces: int = 0  # rows of a variational weights stage's weights.parquet (in `vr_traces`)
+    vr_traces_changed: bool = False
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -230,6 +235,20 @@ def _ingest(
     return result
 
 
+def _ingest_traces(con: duckdb.DuckDBPyConnection, result: RunIngest, run_dir: Path, seed: int | None) -> None:
+    """The weights stage's traces into `vr_traces`; a missing or malformed file is a warning (nothing written)."""
+    try:
+        written = ingest_vr_traces(con, run_dir, result.run_id, seed)
+    except FileNotFoundError as exc:
+        result.warnings.append(f"run {result.run_id}: {exc}; no traces stored (rerun the weights stage, then ingest)")
+        return
+    except (ValueError, OSError, duckdb.Error) as exc:
+        result.skipped_lines += 1
+        result.warnings.append(f"run {result.run_id}: traces not stored: {str(exc).splitlines()[0]}")
+        return
+    result.vr_traces, result.vr_traces_changed = written.rows, written.changed
+
+
 def ingest_run_dir(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[str]) -> RunIngest:
     """Register one run directory in `runs` and merge all its metrics attempts into `metrics` (idempotent).
 
@@ -248,6 +267,8 @@ def ingest_run_dir(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[st
                          refused=why, warnings=[why])
     result = _ingest(con, row, path, attempt_files(path), exact=True)
     result.warnings[:0] = notes
+    if isinstance(row.get("config"), dict) and is_weights_stage(row["config"]):
+        _ingest_traces(con, result, path, row.get("seed"))
     if not result.files:
         result.warnings.append(f"run {path.name}: {path} has no metrics.jsonl yet (run registered, no metrics)")
     return result

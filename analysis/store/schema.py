@@ -1,11 +1,19 @@
-"""The results store's tables: column names and types of `runs`, `metrics`, the token-level study and the drift grid,
-and their DDL."""
+"""The results store's tables: column names and types of `runs`, `metrics`, the token-level study, the drift grid,
+the variational family's traces and the accuracy-weighting analysis, and their DDL."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = ["GRID_COLUMNS", "RUN_COLUMNS", "SCHEMA_DDL", "SEED_COLUMNS", "TOKEN_COLUMNS"]
+__all__ = [
+    "ACCURACY_WEIGHTING_COLUMNS",
+    "GRID_COLUMNS",
+    "RUN_COLUMNS",
+    "SCHEMA_DDL",
+    "SEED_COLUMNS",
+    "TOKEN_COLUMNS",
+    "VR_TRACE_COLUMNS",
+]
 
 RUN_COLUMNS: dict[str, str] = {
     "run_id": "VARCHAR PRIMARY KEY",
@@ -118,6 +126,45 @@ GRID_COLUMNS: dict[str, str] = {
     "created_at": "TIMESTAMP",
 }
 
+# One row per trace of a variational-reasoning `weights` stage run (docs/math.md §8): the run's weights.parquet
+# (predmask.rl.variational) with the run's id and seed; filled by ingest of the run directory. (run_id, question,
+# trace) is unique.
+VR_TRACE_COLUMNS: dict[str, str] = {
+    "run_id": "VARCHAR NOT NULL",
+    "seed": "INTEGER",
+    "question": "INTEGER NOT NULL",  # index into the stage's N questions
+    "trace": "INTEGER NOT NULL",  # k of the question's K traces
+    "trace_tokens": "INTEGER",  # |z|
+    "answer_tokens": "INTEGER",  # |y'| incl. <eos>
+    "log_prior": "DOUBLE",  # Σ log π_θ0(z|x)
+    "log_posterior": "DOUBLE",  # Σ log q_φ(z|x,y')
+    "log_ratio": "DOUBLE",  # (log_prior − log_posterior) / |z|, 0 when |z| = 0
+    "answer_logp": "DOUBLE",  # Σ log π_θ0(y'|x,z)
+    "acc": "DOUBLE",  # mean correctness of the M answers sampled from π_θ0(·|x,z)
+    "posterior_correct": "BOOLEAN",
+    "weight_acc": "DOUBLE",  # normalised over the K traces of the question
+    "weight_gml": "DOUBLE",
+    "weight_likelihood": "DOUBLE",
+}
+
+# One row per (source, method, question) of an accuracy-weighting analysis (``python -m analysis
+# accuracy_weighting``, docs/math.md §9): the weight the method's gradient puts on ∇ log p of the question, measured
+# (projection on the estimate of ∇ log p; NULL when the batch has no correct sample) and predicted by the closed form.
+# source: 'model' (real batches of a real model) or 'bandit' (a one-question softmax bandit, exact expectation);
+# for 'bandit' rows ``question`` is the case index, ``accuracy`` its exact p and n_samples = group_size = G.
+ACCURACY_WEIGHTING_COLUMNS: dict[str, str] = {
+    "analysis_id": "VARCHAR NOT NULL",
+    "source": "VARCHAR NOT NULL",
+    "method": "VARCHAR NOT NULL",
+    "question": "INTEGER NOT NULL",
+    "accuracy": "DOUBLE",
+    "measured_weight": "DOUBLE",
+    "predicted_weight": "DOUBLE",
+    "n_samples": "INTEGER",
+    "group_size": "INTEGER",
+    "model": "VARCHAR",
+}
+
 
 def _columns_ddl(columns: Mapping[str, str]) -> str:
     return ",\n  ".join(f"{name} {kind}" for name, kind in columns.items())
@@ -141,5 +188,17 @@ SCHEMA_DDL: tuple[str, ...] = (
     (
         f"CREATE TABLE IF NOT EXISTS token_level_grid (\n  {_columns_ddl(GRID_COLUMNS)},\n"
         "  PRIMARY KEY (grid_id, study_id)\n)"
+    ),
+    (
+        f"CREATE TABLE IF NOT EXISTS vr_traces (\n  {_columns_ddl(VR_TRACE_COLUMNS)},\n"
+        "  PRIMARY KEY (run_id, question, trace)\n)"
+    ),
+    (
+        "CREATE TABLE IF NOT EXISTS accuracy_weighting_analyses (\n  analysis_id VARCHAR PRIMARY KEY,\n"
+        "  config JSON,\n  created_at TIMESTAMP\n)"
+    ),
+    (
+        f"CREATE TABLE IF NOT EXISTS accuracy_weighting (\n  {_columns_ddl(ACCURACY_WEIGHTING_COLUMNS)},\n"
+        "  PRIMARY KEY (analysis_id, source, method, question)\n)"
     ),
 )

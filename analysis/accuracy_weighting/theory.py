@@ -1,0 +1,115 @@
+"""Closed forms of the weight w(p) each training objective puts on g = ∇ log p(x) (docs/math.md §9).
+
+p is the model's probability of a correct answer on a question, g = E_{π(·|x, correct)}[∇ log π(y|x)] (so that
+∇p = p·g). Every method's expected gradient on one question, over batches of ``group_size`` samples drawn from the
+model, is w(p)·g exactly (the part of the gradient orthogonal to g vanishes in expectation):
+
+- ``reinforce`` (binary reward, sequence log-prob, mean over the batch): w = p, for every batch size;
+- ``rft`` (the reference model's correct samples, likelihood, mean over the batch), at θ = θ_ref: w = p_ref = p;
+- ``vr`` (the self-normalised weights of the acc estimator on the batch: 1/c on each of its c correct samples):
+  w = 1 − (1 − p)^G, the chance that the batch holds a correct sample (1 in the limit, the log-likelihood's weight);
+- ``grpo`` (0/1 rewards, advantages (r − mean)/(std + eps) with the unbiased std of the group,
+  ``predmask.rl.algo.grpo_advantages``, mean over the group): w = p·(a₁ − a₀) with a_r the advantage of a sample
+  with reward r averaged over the other G − 1 rewards ~ Binomial(G − 1, p); its large-group limit is
+  p / (√(p(1 − p)) + eps), i.e. √(p / (1 − p)) at eps = 0.
+
+``predicted_weight(method, p, group_size=None)`` is the limit of infinitely many samples; ``group_size=G`` the exact
+expectation over batches of G samples. ``batch_weight`` is what one batch with a correct sample gets at its own
+accuracy p̂ (the per-batch identities of reinforce, rft and vr; GRPO's finite-group expectation).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.stats import binom
+
+__all__ = ["METHODS", "batch_weight", "check_method", "grpo_weight", "predicted_weight"]
+
+#: the objectives of the analysis, in display order
+METHODS: tuple[str, ...] = ("rft", "reinforce", "grpo", "vr")
+#: the engine's GRPO epsilon (``predmask.rl.algo.grpo_advantages``'s default)
+DEFAULT_EPS = 1e-6
+
+
+def check_method(method: str) -> str:
+    """``method`` if it is one of METHODS, else one ValueError line naming it and the allowed ones."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
+    return method
+
+
+def _accuracy(p: ArrayLike) -> NDArray[np.float64]:
+    arr = np.asarray(p, dtype=np.float64)
+    if arr.size and (not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0):
+        raise ValueError(f"accuracy p must lie in [0, 1], got {arr.min() if arr.size else arr}..{arr.max()}")
+    return arr
+
+
+def _group(group_size: int | None) -> int | None:
+    if group_size is None:
+        return None
+    if isinstance(group_size, bool) or int(group_size) != group_size or group_size < 1:
+        raise ValueError(f"group_size = {group_size!r} is not allowed; allowed: an integer >= 1 or None (the limit)")
+    return int(group_size)
+
+
+def _group_std(k: NDArray[np.float64], g: int) -> NDArray[np.float64]:
+    """Unbiased std of a 0/1 group of size g holding k ones: √(k(g − k) / (g(g − 1)))."""
+    return np.sqrt(k * (g - k) / (g * (g - 1.0)))
+
+
+def grpo_weight(p: ArrayLike, group_size: int | None, eps: float = DEFAULT_EPS) -> NDArray[np.float64]:
+    """GRPO's weight on g: the exact finite-group form for ``group_size`` G, the large-group limit for None.
+
+    Finite G: w = p Σ_{s=0}^{G−1} Bin(s; G−1, p) [ (G−1−s)/(G(σ_{s+1} + eps)) + s/(G(σ_s + eps)) ] with
+    σ_k = √(k(G−k)/(G(G−1))) (the first term: the sample is correct, s of the others are; the second: it is not).
+    G = 1: 0 (a group of one has advantage 0). Limit: p / (√(p(1−p)) + eps) (∞ at p = 1 when eps = 0).
+    """
+    pa = _accuracy(p)
+    g = _group(group_size)
+    if eps < 0 or not np.isfinite(eps):
+        raise ValueError(f"eps = {eps!r} is not allowed; allowed: a finite number >= 0")
+    if g is None:
+        with np.errstate(divide="ignore"):
+            return pa / (np.sqrt(pa * (1.0 - pa)) + eps)
+    if g == 1:
+        return np.zeros_like(pa)
+    s = np.arange(g, dtype=np.float64)  # correct samples among the other G − 1
+    pmf = binom.pmf(s[:, None], g - 1, pa.reshape(1, -1))  # [G, P]
+    sigma_with = _group_std(s + 1.0, g)  # the sample is correct: k = s + 1
+    sigma_without = _group_std(s, g)  # the sample is wrong: k = s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        correct = np.where(s + 1 < g, (g - 1 - s) / (g * (sigma_with + eps)), 0.0)
+        wrong = np.where(s > 0, s / (g * (sigma_without + eps)), 0.0)
+    bracket = (pmf * (correct + wrong)[:, None]).sum(0)
+    return (pa.reshape(-1) * bracket).reshape(pa.shape)
+
+
+def predicted_weight(
+    method: str, p: ArrayLike, *, group_size: int | None = None, eps: float = DEFAULT_EPS
+) -> NDArray[np.float64]:
+    """The expected weight of ``method``'s gradient on g = ∇ log p at accuracy ``p`` (vectorised over p).
+
+    ``group_size``: samples per question (None: the limit of infinitely many); ``eps``: GRPO's std epsilon."""
+    check_method(method)
+    pa = _accuracy(p)
+    g = _group(group_size)
+    if method in ("rft", "reinforce"):
+        return pa.copy()
+    if method == "vr":
+        return np.ones_like(pa) if g is None else 1.0 - (1.0 - pa) ** g
+    return grpo_weight(pa, g, eps)
+
+
+def batch_weight(
+    method: str, p_hat: ArrayLike, *, group_size: int, eps: float = DEFAULT_EPS
+) -> NDArray[np.float64]:
+    """The weight predicted for one batch of ``group_size`` samples with accuracy ``p_hat`` > 0 (a correct sample).
+
+    reinforce, rft: p̂ and vr: 1 are identities of every such batch (the gradient is p̂·ĝ, resp. ĝ, with ĝ the
+    batch's mean score of its correct samples); grpo: its finite-group expectation at p̂ (no per-batch identity)."""
+    check_method(method)
+    if method == "vr":
+        return np.ones_like(_accuracy(p_hat))
+    return predicted_weight(method, p_hat, group_size=group_size, eps=eps)

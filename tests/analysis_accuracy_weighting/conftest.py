@@ -1,0 +1,11 @@
+"""Fixtures of the accuracy-weighting tests: one torch thread."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
