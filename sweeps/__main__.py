@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from predmask.cli import command, sweep_command, with_db
-from sweeps.compose import RunSpec, SweepError, describe, expand, sweep_names
+from sweeps.compose import RunSpec, SweepError, sweep_family, sweep_names
+from sweeps.families import describe, expand
 from sweeps.runs import SweepLock, read_state, runs_root, sweep_dir
 
 EPILOG = """\
@@ -27,6 +28,10 @@ examples:
   python -m sweeps main_comparison cluster=h20_4x8 --dry-run   # the 16 VeRL jobs (one seed), nothing submitted
   python -m sweeps main_comparison --dry-run --format json
   python -m sweeps status main_comparison
+  python -m sweeps variational_reasoning                 # 37 runs: 1 prior + 3 seeds x (3 stages + 9 finals)
+  python -m sweeps variational_reasoning_smoke           # the same chain, one seed, 128 questions (<= 3 min)
+  python -m sweeps variational_reasoning method=sft,vr_acc method.data=best_mixed data.questions=256
+  python -m sweeps variational_reasoning cluster=h20_4x8 --dry-run   # verl SFT + vLLM sampling jobs
 
 Overrides use Hydra's syntax; a comma list sweeps that key (it replaces the sweep's own axis).
 Axes: method=<name>, +setting=<model-precision pair>, delta=<float>; also model=, precision=, top_k=,
@@ -58,6 +63,16 @@ missing one and the command that prepares it (python -m sweeps.data prepare --ou
 download it there or set model.path=DIR); cluster.check_paths=false skips the check. Slurm jobs are named
 predmask-<sweep>-<run_id> (squeue, sacct). A run whose ingest cannot reach the database (held by another process)
 is deferred, the sweep goes on, and its end tries it again (else: python -m analysis ingest runs/<sweep>).
+Variational family (a sweep file with family: variational; sweeps.variational): per seed a posterior q_phi, its
+traces, their weights and the finals sft, rft, vr_acc, vr_gml, vr_likelihood (each at method.data=best_mixed and
+all_weighted) and grpo (an ordinary train run on the same questions); one prior pi_theta0 (the cached base model) for
+all seeds. Axes: method=, method.data=, seeds, any key of conf/variational.yaml (data.questions=256; a comma list
+sweeps it); model=, task.*, base.*, cluster= apply to every run, trainer.*/rollout.*/precision=/delta=/top_k= to grpo
+only. Each stage run keeps only the sections that determine it and names the runs it reads (config key inputs), so a
+changed final setting reruns only the finals, a changed posterior setting everything after it. Runs go in waves: a
+run starts once every run it reads completed; one whose input failed is not started (its line names the failed run
+and the resume command). The end prints the wall time beside the target (20 min; smoke 3 min, on 2 cores) and next:
+python -m analysis accuracy_weighting, python -m reports variational. Dry-run records add stage, data, inputs.
 Outputs: run directories under runs/<sweep>/<run_id>/ ($PREDMASK_RUNS), the results database
 results/predmask.duckdb ($PREDMASK_DB or --db). On the local cluster every run is a CPU stand-in: small
 Qwen3-architecture models, a synthetic task, emulated bf16/FP8 precision.
@@ -149,6 +164,10 @@ def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> i
     lines = summary_lines(summary)
     for rec in payload["runs"]:
         title = f"{rec['run_id']}  {rec['method']}  delta={rec['delta']}  {rec['model']}/{rec['precision']}"
+        if "stage" in rec:  # a variational stage run: its stage, recipe and the runs it reads
+            reads = " ".join(f"{k}={v}" for k, v in rec["inputs"].items()) or "nothing"
+            data = f" {rec['data']}" if rec["data"] else ""
+            title = f"{rec['run_id']}  {rec['stage']}: {rec['method']}{data}  {rec['model']}  reads {reads}"
         lines += ["", f"=== {title}  seed={rec['seed']}"]
         if rec["sbatch"]:
             lines.append(rec["sbatch"].rstrip("\n"))
@@ -161,13 +180,20 @@ def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> i
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from analysis.store import check_db_path
     from sweeps.plan import check_paths, max_parallel
-    from sweeps.submit import backend_of, run_sweep, validate_runs
+    from sweeps.submit import backend_of, run_sweep, run_waves, validate_runs
 
     specs = expand(args.sweep, args.overrides)
     root = Path(args.runs_root) if args.runs_root else runs_root()
     clusters = {spec.config["cluster"]["name"] for spec in specs}
     if len(clusters) > 1:
         raise SweepError(f"one cluster per sweep invocation, got {', '.join(sorted(clusters))}")
+    if sweep_family(args.sweep) == "variational":
+        from sweeps.variational import cluster_skipped
+
+        skipped = cluster_skipped([o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "cluster"])
+        if skipped and not any(o.startswith("method=") for o in args.overrides):
+            print(f"note: {', '.join(skipped)} left out of the method axis: not composed for the "
+                  f"{specs[0].config['cluster']['name']} trainer (predmask.verl.variational)", file=sys.stderr)
     validate_runs(specs, root)  # every run as its trainer checks it, before anything is written (dry run included)
     if args.dry_run:
         return cmd_dry_run(args, specs, root)
@@ -182,8 +208,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     hint = with_db(command(f"analysis ingest {shlex.quote(str(sweep_dir(args.sweep, root)))}"), args.db and db)
     ingest = Ingester(db, backend, hint)
     started = time.perf_counter()
+    chained = any(spec.inputs for spec in specs)  # a variational sweep: each stage after the runs it reads
     with SweepLock(sweep_dir(args.sweep, root)):
-        outcome = run_sweep(specs, root=root, max_parallel=parallel, console=console, on_finished=ingest)
+        if chained:
+            outcome = run_waves(specs, root=root, max_parallel=parallel, console=console, on_finished=ingest,
+                                resume=_submit_command(args))
+        else:
+            outcome = run_sweep(specs, root=root, max_parallel=parallel, console=console, on_finished=ingest)
         # runs completed by an earlier invocation may have ended after its last ingest: ingest them again
         # (idempotent) so the database always matches the run directories.
         for spec in specs:
@@ -191,10 +222,14 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                 ingest(spec, root / spec.sweep / spec.run_id)
         deferred = ingest.catch_up()
     elapsed = time.perf_counter() - started
+    blocked = f", {len(outcome.blocked)} not started" if outcome.blocked else ""
     console.print(f"{len(outcome.completed)} completed, {len(outcome.skipped)} already done, "
-                  f"{len(outcome.failed)} failed in {elapsed / 60:.1f} min; database: {db}")
+                  f"{len(outcome.failed)} failed{blocked} in {elapsed / 60:.1f} min{_target_text(args.sweep)}; "
+                  f"database: {db}", highlight=False)
     for run_id, message in outcome.failed.items():
         console.print(f"[red]failed[/] {run_id}: {message}", highlight=False)
+    for run_id, message in outcome.blocked.items():
+        console.print(f"[yellow]not started[/] {run_id}: {message}", highlight=False)
     for run_id, cause in deferred.items():
         console.print(f"[yellow]not ingested[/] {run_id}: {cause}", highlight=False)
     if outcome.failed:
@@ -203,8 +238,24 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if deferred:
         console.print(f"catch up with: {hint}", highlight=False)
     elif not outcome.failed:
-        console.print(f"next: {with_db(command('reports paper'), args.db and db)}", highlight=False)
-    return 1 if outcome.failed or deferred else 0
+        for nxt in _next_commands(args.sweep):
+            console.print(f"next: {with_db(nxt, args.db and db)}", highlight=False)
+    return 1 if outcome.failed or outcome.blocked or deferred else 0
+
+
+def _target_text(sweep: str) -> str:
+    """`` (target <= N min on 2 cores)`` for a sweep file that sets ``target_minutes``, else nothing."""
+    from predmask.config import group_entry
+
+    target = group_entry("sweep", sweep).get("target_minutes")
+    return f" (target <= {target:g} min on 2 cores)" if isinstance(target, int | float) else ""
+
+
+def _next_commands(sweep: str) -> list[str]:
+    """What to run once a sweep has completed: its family's analysis and report."""
+    if sweep_family(sweep) == "variational":
+        return [command("analysis accuracy_weighting"), command("reports variational")]
+    return [command("reports paper")]
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
@@ -223,11 +274,13 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             cfg_file = path / "planned_config.yaml"
             if not cfg_file.exists():
                 continue
-            cfg = yaml.safe_load(cfg_file.read_text())
+            run = RunSpec(path.name, name, (), yaml.safe_load(cfg_file.read_text()))
             state = read_state(path)
             step = f"{state.step}/{state.total_steps}" if state.total_steps else str(state.step)
-            table.add_row(name, path.name, cfg["method"]["name"], cfg["model"]["name"], cfg["precision"]["name"],
-                          str(cfg.get("delta")), str(cfg.get("seed")), state.status, step)
+            method = run.method if run.stage in (None, "final") else f"({run.method})"  # a stage run, not a recipe
+            data = run.config["method"].get("data") if run.stage == "final" else None
+            table.add_row(name, path.name, f"{method} {data}" if data else method, run.model, run.precision,
+                          str(run.delta), str(run.seed), state.status, step)
             counts.setdefault(name, Counter())[state.status] += 1
     if not console.is_terminal:
         console.width = max(console.width, 140)
@@ -253,7 +306,8 @@ def status_next(counts: dict[str, Counter[str]], root: Path) -> list[str]:
                          f"({sweep_command(name)} with the same overrides) to resume them; a failed run's cause "
                          "is in its job.log")
     if not lines:
-        lines.append(f"every run completed; next: {command('reports paper')}")
+        nexts = dict.fromkeys(c for name in counts if name in sweep_names() for c in _next_commands(name))
+        lines.append(f"every run completed; next: {' and '.join(nexts) or command('reports paper')}")
     return lines
 
 

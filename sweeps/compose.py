@@ -24,6 +24,7 @@ from predmask.config import (
     ConfigError,
     compose,
     cpu_standin,
+    group_entry,
     group_options,
     stable_id,
     sweep_params,
@@ -34,6 +35,8 @@ from predmask.methods import method_config
 #: config groups whose options are checked up front with a one-line error
 GROUPS: tuple[str, ...] = ("method", "model", "precision", "cluster", "setting", "task", "base", "sweep")
 PRIMARY = "train"
+#: the precision a run whose config names none reports (a variational stage: the CPU engine in fp32)
+NO_PRECISION = "fp32"
 #: the two spellings of the seed axis: ``seed=`` (Hydra values) and ``seeds=`` (a count or a list)
 SEED_KEYS: tuple[str, ...] = ("seed", "seeds")
 
@@ -61,11 +64,26 @@ class RunSpec:
 
     @property
     def precision(self) -> str:
-        return str(self.config["precision"]["name"])
+        """The run's precision setting; a run whose config names none (a variational stage) trains in ``fp32``."""
+        precision = self.config.get("precision")
+        return str(precision["name"]) if isinstance(precision, dict) else NO_PRECISION
 
     @property
-    def delta(self) -> float:
-        return float(self.config["delta"])
+    def delta(self) -> float | None:
+        """The trust-region threshold; None for a run without one (a variational stage)."""
+        delta = self.config.get("delta")
+        return None if delta is None else float(delta)
+
+    @property
+    def stage(self) -> str | None:
+        """The variational stage the run is (``prior`` ... ``final``); None for a train-primary run."""
+        stage = self.config.get("stage")
+        return None if stage is None else str(stage)
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """Upstream stage -> the run id of the sibling run this run reads (empty when it reads none)."""
+        return {str(k): str(v) for k, v in (self.config.get("inputs") or {}).items()}
 
     @property
     def seed(self) -> int:
@@ -84,6 +102,15 @@ class RunSpec:
 
 def sweep_names() -> list[str]:
     return group_options("sweep")
+
+
+#: the family of a sweep file that declares none: a grid of ``python -m predmask.rl.train`` runs
+TRAIN_FAMILY = "train"
+
+
+def sweep_family(sweep: str) -> str:
+    """The family a sweep file declares (``family: variational``: sweeps.variational expands it), else ``train``."""
+    return str(group_entry("sweep", sweep).get("family") or TRAIN_FAMILY)
 
 
 def _parse(overrides: list[str]) -> list[Any]:
@@ -178,8 +205,9 @@ def _with_seed(cfg: DictConfig, seed: int) -> dict[str, Any]:
     return to_container(out)
 
 
-def describe(specs: Sequence[RunSpec]) -> str:
-    """How many runs, cells and seeds per cell, e.g. ``48 runs (16 cells x 3 seeds)``."""
+def describe_grid(specs: Sequence[RunSpec]) -> str:
+    """How many runs, cells and seeds per cell of a grid, e.g. ``48 runs (16 cells x 3 seeds)`` (any family:
+    ``sweeps.families.describe``)."""
     per_cell = Counter(spec.cell_id for spec in specs)
     if not per_cell:
         return "0 runs"
@@ -210,8 +238,15 @@ def _check_values(cfg: dict[str, Any]) -> None:
 
 
 def cell_text(cfg: dict[str, Any]) -> str:
-    """A run's place in the grid, for messages: ``method=... model=... precision=... delta=... seed=...``."""
+    """A run's place in the grid, for messages: ``method=... model=... precision=... delta=... seed=...``
+    (a variational stage: ``stage=... method=... [data=...] model=... seed=...``)."""
     method, model, precision = (cfg.get(k) for k in ("method", "model", "precision"))
+    if cfg.get("stage") is not None:
+        method = method if isinstance(method, dict) else {}
+        data = [("data", method["data"])] if method.get("data") else []
+        model_name = model.get("name") if isinstance(model, dict) else model
+        return " ".join(f"{k}={v}" for k, v in (("stage", cfg["stage"]), ("method", method.get("name")), *data,
+                                                ("model", model_name), ("seed", cfg.get("seed", 0))))
     names = [(k, v.get("name") if isinstance(v, dict) else v)
              for k, v in (("method", method), ("model", model), ("precision", precision))]
     return " ".join(f"{k}={v}" for k, v in (*names, ("delta", cfg.get("delta")), ("seed", cfg.get("seed", 0))))
@@ -240,9 +275,14 @@ def _standin_override(overrides: list[str], cfg: DictConfig) -> list[str]:
     return [*overrides, f"model={standin['name']}"]
 
 
-def _cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None) -> list[tuple[int, RunSpec]]:
-    """The runs of one cell of the grid, one per seed (``seeds`` None: the cell's cluster default)."""
-    ovs = [f"+sweep={sweep}", *batch]
+def cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None,
+              *, sweep_file: bool = True) -> list[tuple[int, RunSpec]]:
+    """The runs of one cell of the grid, one per seed (``seeds`` None: the cell's cluster default).
+
+    ``sweep_file`` False composes the train primary without the sweep's own file (a run of another family's
+    sweep, e.g. the variational family's grpo final); the run still lives in ``sweep``'s directory.
+    """
+    ovs = [*([f"+sweep={sweep}"] if sweep_file else []), *batch]
     cfg = _compose(ovs)
     standin = _standin_override(ovs, cfg)
     if standin != ovs:
@@ -259,8 +299,9 @@ def _cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None) -> lis
     return runs
 
 
-def expand(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]:
-    """Expand ``sweep`` with command-line ``overrides`` (Hydra multirun syntax) into resolved runs.
+def expand_grid(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]:
+    """Expand the train-family ``sweep`` with command-line ``overrides`` (Hydra multirun syntax) into resolved runs
+    (any family: ``sweeps.families.expand``).
 
     The sweep's axes come first and command-line overrides of the same key replace them; the cells are Hydra's
     BasicSweeper expansion (cartesian product of the sweep overrides), each run at every seed of the seed axis
@@ -268,6 +309,8 @@ def expand(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]:
     """
     if sweep not in sweep_names():
         raise SweepError(f"unknown sweep {sweep!r}; valid: {', '.join(sweep_names())}")
+    if sweep_family(sweep) != TRAIN_FAMILY:
+        raise SweepError(f"sweep {sweep!r} is of family {sweep_family(sweep)!r}: expand it with sweeps.families.expand")
     overrides = list(overrides or [])
     parsed_user = _parse(overrides)
     _check_groups(parsed_user)
@@ -276,7 +319,7 @@ def expand(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]:
     parsed = [ov for ov in parsed_sweep + parsed_user if _key(ov) not in SEED_KEYS]
     _check_groups(parsed)
     (batches,) = BasicSweeper.split_arguments(parsed, None)
-    runs = [(seed, cell, spec) for cell, batch in enumerate(batches) for seed, spec in _cell_runs(sweep, batch, seeds)]
+    runs = [(seed, cell, spec) for cell, batch in enumerate(batches) for seed, spec in cell_runs(sweep, batch, seeds)]
     runs.sort(key=lambda run: run[:2])
     unique: dict[str, RunSpec] = {}  # two cells may be one run (the same CPU run on two clusters)
     for _, _, spec in runs:

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from predmask.cli import command
-from sweeps.compose import RunSpec, SweepError, describe
+from sweeps.compose import RunSpec, SweepError
+from sweeps.families import describe
 from sweeps.launch.executor import job_shape
 from sweeps.submit import backend_of, job_cluster, trainer_of
 
@@ -36,11 +37,27 @@ def input_paths(spec: RunSpec) -> list[InputPath]:
     """The data files and the model a run's job reads (a VeRL run; the CPU engine builds its own and reads none)."""
     if trainer_of(spec) != "verl":
         return []
+    if spec.stage is not None:
+        return _vr_input_paths(spec)
     from predmask.verl.overrides import data_files  # the one owner of where a VeRL run reads its data
 
     train, val = data_files(spec.config)
     paths = [InputPath("data", f, command(f"sweeps.data prepare --out {shlex.quote(str(Path(f).parent))}"))
              for f in [*train, *val]]
+    model = str(spec.config["model"].get("path") or "")
+    if model:
+        paths.append(InputPath("model", model, "download the model to this path, or set model.path=DIR"))
+    return paths
+
+
+def _vr_input_paths(spec: RunSpec) -> list[InputPath]:
+    """A variational stage run on VeRL: the prepared Bespoke-Stratos files (``predmask.verl.variational``, the owner
+    of their names and directory) and the base model."""
+    from predmask.verl.variational import VR_DATA_FILES, merged_settings  # verl-free: commands only
+
+    directory = merged_settings(spec.config)["data_dir"]
+    prepare = command(f"sweeps.data prepare --family variational --out {shlex.quote(directory)}")
+    paths = [InputPath("data", f"{directory}/{name}", prepare) for name in VR_DATA_FILES.values()]
     model = str(spec.config["model"].get("path") or "")
     if model:
         paths.append(InputPath("model", model, "download the model to this path, or set model.path=DIR"))

@@ -49,6 +49,13 @@ class Outcome:
     completed: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # run_id -> message with the log path
+    blocked: dict[str, str] = field(default_factory=dict)  # run_id -> why it did not start (an input failed)
+
+    def merge(self, other: Outcome) -> None:
+        self.completed += other.completed
+        self.skipped += other.skipped
+        self.failed.update(other.failed)
+        self.blocked.update(other.blocked)
 
 
 def backend_of(spec: RunSpec) -> str:
@@ -73,10 +80,21 @@ def job_name(spec: RunSpec) -> str:
     return f"predmask-{spec.sweep}-{spec.run_id}"
 
 
+#: the CPU program of a variational stage run (reads RUN_DIR/config.yaml, which the sweep writes)
+VR_STAGE_MODULE = "predmask.rl.variational"
+
+
 def job_command(spec: RunSpec, path: Path) -> list[str]:
     """The exact argv a run executes, with the job's interpreter (the cluster config's ``python``): the CPU
-    trainer, or the VeRL launcher with every override spelled out."""
+    trainer, or the VeRL launcher with every override spelled out; a variational stage run: its stage program
+    (``python -m predmask.rl.variational RUN_DIR`` on the CPU, ``predmask.verl.variational.stage_command`` on VeRL)."""
     python = job_python(spec.config["cluster"])
+    if spec.stage is not None:
+        if trainer_of(spec) == "verl":
+            from predmask.verl.variational import stage_command  # verl-free: commands only
+
+            return stage_command(spec.config, path.resolve(), python)
+        return [python or sys.executable, "-m", VR_STAGE_MODULE, str(path.resolve())]
     if trainer_of(spec) == "verl":
         from predmask.verl.overrides import verl_command  # no verl import: plain config translation
 
@@ -137,7 +155,7 @@ def _start(spec: RunSpec, root: Path) -> submitit.Job[Any]:
     job = _rejoin(path) if backend_of(spec) == "slurm" else None
     if job is None:
         write_planned_config(path, spec)
-        if trainer_of(spec) == "verl":
+        if trainer_of(spec) == "verl" or spec.stage is not None:  # trainers that write no config.yaml themselves
             write_run_config(path, spec)
         folder = submitit_folder(spec, root)
         submitted, log_offset = time.time(), log_size(path)  # before the job can write: its lines and records follow
@@ -209,10 +227,13 @@ def validate_runs(specs: list[RunSpec], root: Path) -> None:
     parameters, ...) or the VeRL translation's, and its command composes. The first bad run raises one SweepError
     line naming its cell and the trainer's message (the bad value and what is allowed)."""
     from predmask.rl.engine import prepare_config
+    from predmask.rl.vr_schema import VRConfig
 
     for spec in specs:
         try:
-            if trainer_of(spec) == "cpu":
+            if spec.stage is not None:
+                VRConfig.from_mapping(spec.config)  # the stage runner's own view and checks
+            elif trainer_of(spec) == "cpu":
                 prepare_config(spec.config)
             job_command(spec, run_dir(spec, root))
         except ValueError as err:
@@ -226,11 +247,14 @@ def dry_run_records(specs: list[RunSpec], root: Path) -> list[dict[str, Any]]:
     records = []
     for spec in specs:
         path = run_dir(spec, root)
-        records.append({
+        record = {
             "run_id": spec.run_id, "method": spec.method, "delta": spec.delta, "model": spec.model,
             "precision": spec.precision, "seed": spec.seed, "command": job_command(spec, path),
             "sbatch": sbatch_text(spec, root),
-        })
+        }
+        if spec.stage is not None:  # a variational stage run: which stage, and the runs it reads
+            record.update({"stage": spec.stage, "data": spec.config["method"].get("data"), "inputs": spec.inputs})
+        records.append(record)
     return records
 
 
@@ -247,3 +271,36 @@ def write_dry_run(payload: dict[str, Any], directory: Path) -> Path:
             (out / f"{rec['run_id']}.sbatch").write_text(rec["sbatch"])
     (out / "plan.json").write_text(json.dumps(payload, indent=2) + "\n")
     return out
+
+
+def run_waves(
+    specs: list[RunSpec],
+    *,
+    root: Path,
+    max_parallel: int,
+    on_finished: Callable[[RunSpec, Path], None],
+    console: Console,
+    resume: str,
+) -> Outcome:
+    """Run a sweep whose runs read each other's outputs (a variational sweep's stage chain) in waves: each wave
+    through :func:`run_sweep`, a run only once every run it reads has completed. A run whose input failed (or was
+    itself blocked) does not start; its message names the failed run and ``resume``, the command that resumes."""
+    from sweeps.variational import waves
+
+    outcome = Outcome()
+    by_id = {spec.run_id: spec for spec in specs}
+    for wave in waves(specs):
+        ready = []
+        for spec in wave:
+            bad = [rid for rid in spec.inputs.values() if rid in outcome.failed or rid in outcome.blocked]
+            if bad:
+                up = by_id[bad[0]]
+                why = "failed" if bad[0] in outcome.failed else "did not run"
+                outcome.blocked[spec.run_id] = (f"not started: its input run {bad[0]} ({up.cell}) {why}; fix that, "
+                                                f"then resume with: {resume}")
+            else:
+                ready.append(spec)
+        if ready:
+            outcome.merge(run_sweep(ready, root=root, max_parallel=max_parallel, on_finished=on_finished,
+                                    console=console))
+    return outcome

@@ -27,6 +27,7 @@ from predmask.config import (
     stable_id,
     to_container,
 )
+from sweeps.compose import TRAIN_FAMILY, sweep_family
 
 
 def _primary(name: str) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def _schema(name: str, **types: type) -> type:
 
 
 def test_primaries_sit_at_the_top_of_conf_and_the_study_copy_is_gone() -> None:
-    assert sorted(p.stem for p in conf_dir().glob("*.yaml")) == ["drift", "token_level", "train"]
+    assert sorted(p.stem for p in conf_dir().glob("*.yaml")) == ["accuracy_weighting", "drift", "token_level", "train", "variational"]
     assert not (conf_dir() / "analysis").exists()
 
 
@@ -62,7 +63,7 @@ def test_every_option_of_every_group_composes_into_train(group: str) -> None:
             assert cfg[group]["name" if group in ("method", "model", "precision", "cluster") else "seed"] is not None
 
 
-@pytest.mark.parametrize("sweep", group_options("sweep"))
+@pytest.mark.parametrize("sweep", [s for s in group_options("sweep") if sweep_family(s) == TRAIN_FAMILY])
 def test_every_sweep_composes_and_names_its_delta(sweep: str) -> None:
     cfg = compose("train", [f"+sweep={sweep}"], return_hydra_config=True)
     assert cfg.sweep_name == sweep
@@ -249,3 +250,17 @@ def test_cpu_standin_maps_paper_models_to_cpu_models() -> None:
         cpu_standin({"name": "big", "backend": "hf"})
     with pytest.raises(ConfigError, match="cpu_standin 'cpu_xl' of model 'big' has no conf/model/cpu_xl.yaml"):
         cpu_standin({"name": "big", "backend": "hf", "cpu_standin": "cpu_xl"})
+
+
+@pytest.mark.parametrize("sweep", [s for s in group_options("sweep") if sweep_family(s) != TRAIN_FAMILY])
+def test_every_family_sweep_expands_to_runs_of_composed_configs(sweep: str) -> None:
+    from sweeps.families import expand
+
+    specs = expand(sweep)
+    assert specs and all(spec.run_id and spec.config["method"]["name"] for spec in specs)
+
+
+@pytest.mark.parametrize("recipe", group_options("vr_method"))
+def test_every_variational_recipe_composes_into_variational(recipe: str) -> None:
+    cfg = to_container(compose("variational", [f"vr_method@method={recipe}"]))
+    assert cfg["method"]["name"] == recipe and cfg["family"] == "variational"

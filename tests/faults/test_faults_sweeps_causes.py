@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.compose import expand
+from sweeps.families import expand
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["smoke", "method=dppo_topk_kl", "trainer.val_every=20", "trainer.save_every=2", "trainer.val_n=2",

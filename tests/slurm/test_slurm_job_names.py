@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sweeps.compose import expand
+from sweeps.families import expand
 from sweeps.launch.command_job import CommandJob
 from sweeps.submit import make_executor
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from predmask.config import group_options, stable_id
-from sweeps.compose import GROUPS, SweepError, expand, sweep_names
+from sweeps.compose import GROUPS, SweepError, sweep_names
+from sweeps.families import expand
 
 
 def test_every_sweep_expands_to_its_grid() -> None:

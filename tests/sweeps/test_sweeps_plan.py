@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sweeps.compose import expand
+from sweeps.families import expand
 from sweeps.plan import check_paths, max_parallel, plan_summary
 from sweeps.runs import read_state
 

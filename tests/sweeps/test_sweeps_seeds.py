@@ -16,7 +16,8 @@ import yaml
 
 from predmask.config import compose, conf_dir, stable_id, to_container
 from predmask.methods import method_config
-from sweeps.compose import RunSpec, SweepError, describe, expand, seed_list
+from sweeps.compose import RunSpec, SweepError, seed_list
+from sweeps.families import describe, expand
 
 # A tiny configuration of the CPU engine: a base model built in seconds, two GRPO steps.
 TINY = ["trainer.steps=2", "trainer.val_every=2", "trainer.save_every=2", "trainer.val_n=2", "base.steps=40",

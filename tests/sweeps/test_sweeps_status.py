@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from sweeps.compose import expand
+from sweeps.families import expand
 from sweeps.runs import read_state, run_dir, write_planned_config
 
 HOLD = ("import sys\nfrom pathlib import Path\nfrom predmask.io import hold_run_lock\n"

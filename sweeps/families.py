@@ -1,0 +1,27 @@
+"""Which family a sweep belongs to and how it expands: a grid of train runs (``sweeps.compose``) or the variational
+family's chain of stage runs (``sweeps.variational``); the one entry callers use."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sweeps.compose import TRAIN_FAMILY, RunSpec, SweepError, describe_grid, expand_grid, sweep_family, sweep_names
+from sweeps.variational import describe_chain, expand_variational
+
+__all__ = ["describe", "expand"]
+
+
+def expand(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]:
+    """The runs of ``sweep`` with command-line ``overrides``, whatever its family (an unknown sweep: one line)."""
+    if sweep not in sweep_names():
+        raise SweepError(f"unknown sweep {sweep!r}; valid: {', '.join(sweep_names())}")
+    if sweep_family(sweep) == TRAIN_FAMILY:
+        return expand_grid(sweep, overrides)
+    return expand_variational(sweep, overrides)
+
+
+def describe(specs: Sequence[RunSpec]) -> str:
+    """How many runs a sweep has, in its family's terms (cells x seeds, or runs per stage)."""
+    if any(spec.stage is not None for spec in specs):
+        return describe_chain(specs)
+    return describe_grid(specs)

@@ -1,0 +1,309 @@
+"""Expand a variational-reasoning sweep (a sweep file with ``family: variational``) into its chain of stage runs.
+
+Per seed: one ``posterior`` (q_phi), its ``traces``, their ``weights``, and the finals (``sft``, ``rft``, ``vr_acc``,
+``vr_gml``, ``vr_likelihood``, each vr_* at both ``method.data`` settings, and ``grpo``); one ``prior`` (pi_theta0 =
+the engine's cached base model, at seed 0) serves every seed, and runs whenever a final does (its evaluation is the
+baseline); a stage run is planned only when some final reads it. Each stage run composes ``conf/variational.yaml`` and keeps only
+the top-level sections that determine it (``STAGE_SECTIONS``), with ``inputs`` = the run ids of the sibling runs it
+reads; its run id is the stable id of that config, so a changed final setting keeps every upstream run and a changed
+posterior setting changes the ids of everything downstream of it. The grpo final is an ordinary train-primary run
+(``python -m predmask.rl.train method=grpo``) on the same first ``data.questions`` problems: ``trainer.steps`` =
+``data.questions / sft.questions_per_step x final.epochs`` batches of ``sft.questions_per_step`` prompts.
+
+Axes, as for other sweeps: ``method=`` (the recipes above), ``method.data=`` (best_mixed, all_weighted; vr_* only), the
+seeds (``seeds=N``, ``seeds=[...]``, ``seed=``), and any other key of conf/variational.yaml (``data.questions=256``; a
+comma list sweeps it). ``model=``, ``task.*``, ``base.*`` and ``cluster=`` apply to every run, grpo included;
+``trainer.*``, ``rollout.*``, ``precision=``, ``delta=``, ``top_k=`` only to the grpo run (keys of conf/train.yaml).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from omegaconf import DictConfig, OmegaConf
+
+from predmask.config import ConfigError, compose, conf_dir, group_options, stable_id
+from predmask.rl.vr_schema import DATA_MODES, STAGES
+from sweeps.compose import (
+    SEED_KEYS,
+    RunSpec,
+    SweepError,
+    _check_groups,
+    _cluster_seeds,
+    _key,
+    _parse,
+    _seed_axis,
+    _standin_override,
+    _with_seed,
+    cell_runs,
+    sweep_axes,
+)
+
+__all__ = [
+    "DATA_SETTINGS",
+    "FAMILY",
+    "GRPO",
+    "STAGES",
+    "STAGE_SECTIONS",
+    "depth",
+    "describe_chain",
+    "expand_variational",
+    "grpo_schedule",
+    "method_names",
+    "stage_config",
+    "waves",
+]
+
+FAMILY = "variational"
+PRIMARY = "variational"
+#: the config group of the final recipes (conf/vr_method), packaged at ``method``
+METHOD_GROUP = "vr_method"
+#: the final recipe that is an ordinary engine run (conf/method/grpo.yaml), not a VR stage
+GRPO = "grpo"
+#: ``method.data`` of the vr_* recipes (the schema's own list)
+DATA_SETTINGS: tuple[str, ...] = DATA_MODES
+#: the top-level keys every stage run keeps (cluster and cache_dir are launcher keys: in the config, not in the id)
+COMMON_SECTIONS: tuple[str, ...] = ("family", "stage", "seed", "method", "model", "task", "base", "inputs",
+                                    "cache_dir", "cluster")
+#: the further sections that determine each stage (upstream settings enter through the upstream run ids)
+STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "prior": ("eval",),
+    "posterior": ("data", "hint", "sft", "posterior"),
+    "traces": ("data", "hint", "traces"),
+    "weights": ("data", "hint", "weights"),
+    "final": ("data", "sft", "final", "eval"),
+}
+#: the further sections of a final recipe's config beyond STAGE_SECTIONS["final"]
+RECIPE_SECTIONS: dict[str, tuple[str, ...]] = {"rft": ("rft",)}
+#: the stage runs each stage reads (a final: by recipe, ``vr`` for every vr_* recipe)
+STAGE_INPUTS: dict[str, tuple[str, ...]] = {"prior": (), "posterior": (), "traces": ("posterior",),
+                                            "weights": ("prior", "traces")}
+#: (rft samples pi_theta0 = the cached base model inside its own job: it reads no run)
+RECIPE_INPUTS: dict[str, tuple[str, ...]] = {"sft": (), "rft": (), "vr": ("traces", "weights")}
+#: what each stage run is, for its ``method.label``
+STAGE_LABELS: dict[str, str] = {
+    "prior": "pi_theta0 (the cached base model, stand-in)",
+    "posterior": "q_phi (base model fine-tuned on hint prompts)",
+    "traces": "K traces per question from q_phi",
+    "weights": "trace weights (all three estimators)",
+}
+#: root keys of command-line overrides that go to the grpo run only (conf/train.yaml), or to every run
+TRAIN_ONLY_ROOTS: tuple[str, ...] = ("trainer", "rollout", "precision", "delta", "top_k")
+SHARED_ROOTS: tuple[str, ...] = ("model", "task", "base", "cluster")
+#: groups checked up front with a one-line error (the method axis has its own check)
+GROUPS_CHECKED: tuple[str, ...] = ("model", "task", "base", "cluster", "precision")
+
+
+def method_names() -> list[str]:
+    """The final recipes of the method axis: conf/vr_method's options and grpo."""
+    return [*group_options(METHOD_GROUP), GRPO]
+
+
+def _is_vr(method: str) -> bool:
+    return method.startswith("vr_")
+
+
+def _root(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0].split(".", 1)[0].split("@", 1)[0]
+
+
+def _compose(overrides: list[str]) -> dict[str, Any]:
+    try:
+        cfg = compose(PRIMARY, overrides)
+    except ConfigError as err:
+        raise SweepError(str(err)) from None
+    standin = _standin_override(overrides, cfg)  # a cluster model on the CPU trainer -> its CPU stand-in
+    if standin != overrides:
+        try:
+            cfg = compose(PRIMARY, standin)
+        except ConfigError as err:
+            raise SweepError(str(err)) from None
+    return {"cfg": cfg, "overrides": standin}
+
+
+def stage_config(full: dict[str, Any], stage: str, inputs: dict[str, str]) -> dict[str, Any]:
+    """The config of one stage run: the sections that determine ``stage`` out of the resolved ``full`` config,
+    with ``stage`` and ``inputs`` set (a stage run's ``method`` names the stage; the prior runs at seed 0)."""
+    recipe = str(full["method"]["name"])
+    keys = (*COMMON_SECTIONS, *STAGE_SECTIONS[stage], *(RECIPE_SECTIONS.get(recipe, ()) if stage == "final" else ()))
+    out = {k: full[k] for k in keys if k in full}
+    out["stage"], out["inputs"] = stage, dict(inputs)
+    if stage != "final":
+        out["method"] = {"name": stage, "label": STAGE_LABELS[stage]}
+    if stage == "prior":
+        out["seed"] = 0  # seed-independent: one pi_theta0 per sweep
+    return out
+
+
+def grpo_schedule(full: dict[str, Any]) -> tuple[int, int]:
+    """(trainer.steps, trainer.train_batch_size) of the grpo final: the same first data.questions problems, in
+    batches of sft.questions_per_step, final.epochs times."""
+    questions, per_step = int(full["data"]["questions"]), int(full["sft"]["questions_per_step"])
+    epochs = int(full["final"]["epochs"])
+    if per_step < 1 or questions % per_step:
+        raise SweepError(f"grpo needs data.questions ({questions}) to be a multiple of sft.questions_per_step "
+                         f"({per_step}); choose data.questions or drop grpo from method=")
+    return questions // per_step * epochs, per_step
+
+
+def default_choice(group: str) -> str:
+    """The option of ``group`` that conf/variational.yaml's defaults list selects (e.g. ``model: cpu_s``)."""
+    for item in OmegaConf.load(conf_dir() / f"{PRIMARY}.yaml").get("defaults", []):
+        if isinstance(item, DictConfig) and group in item:
+            return str(item[group])
+    raise SweepError(f"conf/{PRIMARY}.yaml selects no {group}; give {group}=NAME")
+
+
+def _spec(sweep: str, overrides: Sequence[str], config: dict[str, Any]) -> RunSpec:
+    return RunSpec(stable_id(config), sweep, tuple(overrides), config)
+
+
+def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str], seed: int) -> list[RunSpec]:
+    """Every run of one cell at one seed: the stage runs (prior, posterior, traces, weights) and one final per
+    recipe in ``composed`` (recipe key -> its composed config and overrides)."""
+    first = next(iter(composed.values()))
+    full = _with_seed(first["cfg"], seed)
+    ovs = [*first["overrides"], f"seed={seed}"]
+    prior = _spec(sweep, [*ovs, "stage=prior"], stage_config(full, "prior", {}))
+    posterior = _spec(sweep, [*ovs, "stage=posterior"], stage_config(full, "posterior", {}))
+    traces = _spec(sweep, [*ovs, "stage=traces"], stage_config(full, "traces", {"posterior": posterior.run_id}))
+    weights = _spec(sweep, [*ovs, "stage=weights"],
+                    stage_config(full, "weights", {"prior": prior.run_id, "traces": traces.run_id}))
+    ids = {"prior": prior.run_id, "posterior": posterior.run_id, "traces": traces.run_id,
+           "weights": weights.run_id}
+    finals: list[RunSpec] = []
+    needed: set[str] = set()
+    for key, item in composed.items():
+        method = key.split(":", 1)[0]
+        if method == GRPO:
+            steps, batch = grpo_schedule(full)
+            chosen = any(o.lstrip("+~").split("=", 1)[0] == "model" for o in train_ovs)
+            model = [] if chosen else [f"model={default_choice('model')}"]  # the same model as the stages
+            batch_ovs = [f"method={GRPO}", *model, *train_ovs,
+                         f"trainer.steps={steps}", f"trainer.train_batch_size={batch}"]
+            finals += [spec for _, spec in cell_runs(sweep, batch_ovs, [seed], sweep_file=False)]
+            continue
+        cfg = _with_seed(item["cfg"], seed)
+        wanted = RECIPE_INPUTS["vr" if _is_vr(method) else method]
+        needed.update(wanted)
+        finals.append(_spec(sweep, [*item["overrides"], f"seed={seed}", "stage=final"],
+                            stage_config(cfg, "final", {k: ids[k] for k in wanted})))
+    # the stage runs some final reads, and what they read in turn
+    for stage in ("weights", "traces"):
+        if stage in needed:
+            needed.update(STAGE_INPUTS[stage])
+    if any(spec.stage == "final" for spec in finals):
+        needed.add("prior")  # pi_theta0's own evaluation: the baseline every final is compared with
+    stages = [spec for spec in (prior, posterior, traces, weights) if spec.config["stage"] in needed]
+    return [*stages, *finals]
+
+
+def cluster_skipped(overrides: Sequence[str]) -> list[str]:
+    """The recipes of the method axis that the cell's trainer cannot run (VeRL: those outside
+    ``predmask.verl.variational.CLUSTER_RECIPES``, e.g. rft); a sweep's own method axis leaves them out, a
+    ``method=`` naming one is refused by the trainer's check."""
+    cfg = _compose(list(overrides))["cfg"]
+    if cfg.cluster.get("trainer", "cpu") != "verl":
+        return []
+    from predmask.verl.variational import CLUSTER_RECIPES  # verl-free: commands only
+
+    return [m for m in group_options(METHOD_GROUP) if m not in CLUSTER_RECIPES]
+
+
+def _axis_values(parsed: list[Any], key: str) -> list[str] | None:
+    """The values the last ``key=`` override names (a comma list sweeps them), None when there is none."""
+    given = [ov for ov in parsed if _key(ov) == key]
+    if not given:
+        return None
+    ov = given[-1]
+    return list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+
+
+def _check_axis(key: str, values: list[str], allowed: Sequence[str]) -> None:
+    for value in values:
+        if value not in allowed:
+            raise SweepError(f"unknown {key} {value!r}; valid: {', '.join(allowed)}")
+
+
+def expand_variational(sweep: str, overrides: Sequence[str] | None = None) -> list[RunSpec]:
+    """Expand the variational sweep ``sweep`` with command-line ``overrides`` into its runs (module docstring),
+    in wave order: the runs that read nothing first, then each stage after the ones it reads."""
+    parsed_user = _parse(list(overrides or []))
+    parsed_sweep = _parse(sweep_axes(sweep))
+    seeds = _seed_axis(parsed_sweep, parsed_user)
+    parsed = [ov for ov in parsed_sweep + parsed_user if _key(ov) not in SEED_KEYS]
+    user_methods = _axis_values(parsed_user, "method")
+    methods = _axis_values(parsed, "method") or method_names()
+    _check_axis("method", methods, method_names())
+    data = _axis_values(parsed, "method.data") or list(DATA_SETTINGS)
+    _check_axis("method.data", data, DATA_SETTINGS)
+    rest = [ov for ov in parsed if _key(ov) not in ("method", "method.data")]
+    _check_groups([ov for ov in rest if _key(ov) in GROUPS_CHECKED])
+    (batches,) = BasicSweeper.split_arguments(rest, None) if rest else ([[]],)
+    recipes = [(m, d) for m in methods for d in (data if _is_vr(m) else [None])]
+    runs: list[RunSpec] = []
+    for batch in batches:
+        train_ovs = [o for o in batch if _root(o) in (*TRAIN_ONLY_ROOTS, *SHARED_ROOTS)]
+        vr_ovs = [o for o in batch if _root(o) not in TRAIN_ONLY_ROOTS]
+        composed: dict[str, dict[str, Any]] = {}
+        skipped = [] if user_methods else cluster_skipped(vr_ovs)
+        cell_recipes = [r for r in recipes if r[0] not in skipped]
+        for method, setting in cell_recipes:
+            recipe = "sft" if method == GRPO else method  # grpo reads the family's data/sft/final settings
+            extra = [f"method.data={setting}"] if setting else []
+            composed[f"{method}:{setting}"] = _compose([*vr_ovs, f"{METHOD_GROUP}@method={recipe}", *extra])
+        cell_seeds = seeds if seeds is not None else _cluster_seeds(next(iter(composed.values()))["cfg"])
+        for seed in cell_seeds:
+            runs += _chain(sweep, composed, train_ovs, seed)
+    unique: dict[str, RunSpec] = {}  # the prior is one run for every seed (and every cell that shares it)
+    for spec in runs:
+        unique.setdefault(spec.run_id, spec)
+    specs = list(unique.values())
+    order = depth(specs)
+    return sorted(specs, key=lambda spec: order[spec.run_id])  # stable: seed by seed within a wave
+
+
+def depth(specs: Sequence[RunSpec]) -> dict[str, int]:
+    """Run id -> its wave: 0 for a run that reads no other run, else one more than the deepest run it reads.
+    An input that is not among ``specs`` is an error (one line naming the run and the missing id)."""
+    by_id = {spec.run_id: spec for spec in specs}
+    out: dict[str, int] = {}
+
+    def visit(spec: RunSpec) -> int:
+        if spec.run_id not in out:
+            missing = [rid for rid in spec.inputs.values() if rid not in by_id]
+            if missing:
+                raise SweepError(f"run {spec.run_id} ({spec.cell}) reads run {missing[0]}, which is not in the sweep")
+            out[spec.run_id] = 1 + max((visit(by_id[rid]) for rid in spec.inputs.values()), default=-1)
+        return out[spec.run_id]
+
+    for spec in specs:
+        visit(spec)
+    return out
+
+
+def waves(specs: Sequence[RunSpec]) -> list[list[RunSpec]]:
+    """The runs in waves: every run of a wave reads only runs of earlier waves (order kept within a wave)."""
+    order = depth(specs)
+    out: list[list[RunSpec]] = [[] for _ in range(max(order.values(), default=-1) + 1)]
+    for spec in specs:
+        out[order[spec.run_id]].append(spec)
+    return out
+
+
+
+def describe_chain(specs: Sequence[RunSpec]) -> str:
+    """How many runs of each kind, e.g. ``37 runs (1 prior + 3 seeds x (posterior, traces, weights + 9 finals))``."""
+    if not specs:
+        return "0 runs"
+    finals = [spec for spec in specs if spec.stage in (None, "final")]
+    stages = [spec for spec in specs if spec not in finals]
+    seeds = sorted({spec.seed for spec in finals} | {spec.seed for spec in stages if spec.stage != "prior"})
+    parts = [f"{sum(1 for s in stages if s.stage == stage)} {stage}" for stage in STAGES[:-1]
+             if any(s.stage == stage for s in stages)]
+    per_seed = len(finals) / len(seeds) if seeds else 0
+    shown = f"{per_seed:g}" if per_seed == int(per_seed) else f"{len(finals)} in all"
+    return (f"{len(specs)} run{'s' if len(specs) != 1 else ''} ({', '.join(parts) or 'no stage runs'}; "
+            f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} x {shown} final{'s' if shown != '1' else ''})")
