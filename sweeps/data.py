@@ -24,6 +24,13 @@ paper's ~13k. Check the printed counts (and manifest.json) on the cluster.
 
 Every problem (training and evaluation) is re-wrapped in one prompt template (:data:`PROMPT_TEMPLATE`) so that
 training and evaluation prompts agree; DAPO-formatted prompts are unwrapped first (:func:`unwrap_problem`).
+
+``--family variational`` prepares the variational family's data instead (:func:`prepare_variational`): a local copy
+of Bespoke-Stratos-17k (``--bespoke-file``: a .parquet/.jsonl/.json file or a directory of them, e.g. the hub's
+``data/`` shards; never downloaded here), each row's assistant turn split into its thought and solution by the
+dataset's markers, written as the SFT parquet files of ``predmask.verl.variational.VR_DATA_FILES`` with the prompt
+templates of conf/prompt/ (reasoning: pi_theta0 and the final model; hint: q_phi). A malformed row is reported in
+one line and left out; nothing is written unless every file can be.
 """
 
 from __future__ import annotations
@@ -38,8 +45,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from predmask.config import group_entry
 from predmask.io import atomic_write, atomic_write_text
 from predmask.verl.overrides import DATA_FILES  # the file names the verl command reads (no verl import)
+from predmask.verl.variational import (  # the variational family's file names and response format (no verl import)
+    SOLUTION_MARKERS,
+    THOUGHT_MARKERS,
+    VR_DATA_FILES,
+    answer_text,
+    boxed_answer,
+    split_response,
+    trace_text,
+)
 
 __all__ = [
     "DATA_SOURCES",
@@ -50,7 +67,10 @@ __all__ = [
     "extract_problem",
     "filter_train",
     "main",
+    "parse_bespoke_row",
     "prepare",
+    "prepare_variational",
+    "read_bespoke",
     "read_rows",
     "to_rlhf_rows",
     "unwrap_problem",
@@ -298,6 +318,124 @@ def prepare(
     return manifest
 
 
+# -- the variational family: Bespoke-Stratos-17k -------------------------------------------------------------------
+
+#: manifest of ``--family variational`` (beside the RL family's manifest.json)
+VR_MANIFEST = "variational_manifest.json"
+BESPOKE_SUFFIXES: tuple[str, ...] = (".parquet", ".jsonl", ".json")
+
+
+def read_bespoke(path: Path) -> list[dict[str, Any]]:
+    """Rows of a local Bespoke-Stratos-17k copy: one file, or every .parquet/.jsonl/.json file of a directory
+    (sorted by name, e.g. the hub's ``train-0000N-of-0000M.parquet`` shards)."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in BESPOKE_SUFFIXES)
+        if not files:
+            raise ValueError(f"no {', '.join(BESPOKE_SUFFIXES)} files in {path}")
+        return [row for f in files for row in read_rows(f)]
+    return read_rows(path)
+
+
+def _turn(conversations: Any, role: str) -> str | None:
+    if not isinstance(conversations, Sequence) or isinstance(conversations, str):
+        return None
+    for turn in conversations:
+        if isinstance(turn, Mapping) and turn.get("from", turn.get("role")) == role:
+            value = turn.get("value", turn.get("content"))
+            return value if isinstance(value, str) else None
+    return None
+
+
+def _prompts(name_reasoning: str, name_hint: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    reasoning, hint = group_entry("prompt", name_reasoning), group_entry("prompt", name_hint)
+    if tuple(reasoning.get("thought_markers", ())) != THOUGHT_MARKERS or \
+            tuple(reasoning.get("solution_markers", ())) != SOLUTION_MARKERS:
+        raise ValueError(f"conf/prompt/{name_reasoning}.yaml markers must be {list(THOUGHT_MARKERS)} and "
+                         f"{list(SOLUTION_MARKERS)} (predmask.verl.variational splits responses by them)")
+    if hint.get("hint_source") not in ("solution", "boxed"):
+        raise ValueError(f"conf/prompt/{name_hint}.yaml hint_source={hint.get('hint_source')!r}; allowed: solution, boxed")
+    return reasoning, hint
+
+
+def parse_bespoke_row(row: Mapping[str, Any], reasoning: Mapping[str, Any], hint: Mapping[str, Any]) -> dict[str, Any]:
+    """One question's record from a Bespoke-Stratos row (``system``, ``conversations``); ValueError says why not."""
+    conversations = row.get("conversations")
+    question = _turn(conversations, "user")
+    response = _turn(conversations, "assistant")
+    if question is None or not question.strip():
+        raise ValueError("no user turn" if question is None else "empty question")
+    if response is None:
+        raise ValueError("no assistant turn")
+    thought, solution = split_response(response)
+    reference = boxed_answer(solution)
+    hint_value = solution if hint["hint_source"] == "solution" else reference
+    if not hint_value:
+        raise ValueError("no \\boxed{} answer in the solution (hint_source=boxed needs one)")
+    system_cfg = str(reasoning.get("system", "from_data"))
+    system = str(row.get("system") or "") if system_cfg == "from_data" else system_cfg
+    question = question.strip()
+    return {
+        "system": system, "problem": question,
+        "prompt": str(reasoning["user"]).format(question=question),
+        "hint_prompt": str(hint["user"]).format(question=question, hint=hint_value), "hint": hint_value,
+        "response": response, "thought": thought, "solution": solution,
+        "trace_text": trace_text(thought), "answer_text": answer_text(solution),
+        "reference_answer": reference or "", "checkable": reference is not None,
+    }
+
+
+def _chat(system: str, user: str, assistant: str) -> list[dict[str, str]]:
+    head = [{"role": "system", "content": system}] if system else []
+    return [*head, {"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+
+
+def _write_table(rows: list[dict[str, Any]], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(rows)
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def prepare_variational(out: Path, *, bespoke_file: Path, reasoning_prompt: str = "reasoning",
+                        hint_prompt: str = "hint") -> dict[str, Any]:
+    """Write the variational family's files under ``out`` (module docstring); returns the manifest, whose
+    ``malformed`` lists one line per row left out."""
+    reasoning, hint = _prompts(reasoning_prompt, hint_prompt)
+    raw = read_bespoke(bespoke_file)
+    kept: list[dict[str, Any]] = []
+    malformed: list[str] = []
+    for index, row in enumerate(raw):
+        try:
+            record = parse_bespoke_row(row, reasoning, hint)
+        except ValueError as exc:
+            malformed.append(f"row {index}: {exc}")
+            continue
+        kept.append({"question": len(kept), "source_id": f"row-{index}", **record})
+    if not kept:
+        raise ValueError(f"no usable rows in {bespoke_file} ({len(malformed)} malformed)")
+    sft = [{"messages": _chat(q["system"], q["prompt"], q["response"]), "weight": 1.0, "question": q["question"]}
+           for q in kept]
+    posterior = [{"messages": _chat(q["system"], q["hint_prompt"], q["response"]), "weight": 1.0,
+                  "question": q["question"]} for q in kept]
+    tables = {"sft": sft, "posterior": posterior, "questions": kept}
+    import pyarrow as pa
+
+    for rows in tables.values():  # every table is built before any file is written
+        pa.Table.from_pylist(rows)
+    manifest: dict[str, Any] = {
+        "source": str(bespoke_file), "read": len(raw), "rows": len(kept),
+        "checkable": sum(1 for q in kept if q["checkable"]), "malformed": malformed,
+        "prompts": {"reasoning": reasoning, "hint": hint}, "files": {},
+    }
+    for key, rows in tables.items():
+        path = out / VR_DATA_FILES[key]
+        _write_table(rows, path)
+        manifest["files"][key] = {"file": VR_DATA_FILES[key], "rows": len(rows), "sha256": _sha256(path)}
+    atomic_write_text(out / VR_MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
 def _hub_arg(value: str) -> tuple[str, str]:
     name, _, split = value.partition(":")
     if not name:
@@ -334,7 +472,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--aime24-hub", type=_hub_arg, help=f"hub NAME[:SPLIT] (default {HUB_SOURCES['aime24'][0]})")
     p.add_argument("--aime25-hub", type=_hub_arg, help=f"hub NAME[:SPLIT] (default {HUB_SOURCES['aime25'][0]})")
     p.add_argument("--max-problem-chars", type=int, help="drop training problems longer than this")
+    p.add_argument("--family", choices=("rl", "variational"), default="rl",
+                   help="rl: DAPO-Math + AIME (default); variational: Bespoke-Stratos-17k SFT files")
+    p.add_argument("--bespoke-file", type=Path, help="local Bespoke-Stratos-17k file or directory (--family variational)")
     args = parser.parse_args(argv)
+    if args.family == "variational":
+        if args.bespoke_file is None:
+            print("sweeps.data: --family variational needs --bespoke-file FILE_OR_DIR (a local copy of "
+                  "bespokelabs/Bespoke-Stratos-17k)", file=sys.stderr)
+            return 2
+        try:
+            vr = prepare_variational(args.out, bespoke_file=args.bespoke_file)
+        except (ValueError, OSError) as exc:
+            print(f"sweeps.data: {exc}", file=sys.stderr)
+            return 2
+        for line in vr["malformed"]:
+            print(f"sweeps.data: skipped Bespoke-Stratos {line}", file=sys.stderr)
+        print(f"prepared {vr['rows']} of {vr['read']} Bespoke-Stratos rows ({vr['checkable']} with a \\boxed{{}} "
+              f"answer, {len(vr['malformed'])} malformed) in {args.out}: "
+              + ", ".join(f["file"] for f in vr["files"].values()))
+        return 0
     hub = {k: v for k, v in (("train", args.train_hub), ("aime24", args.aime24_hub), ("aime25", args.aime25_hub)) if v}
     try:
         manifest = prepare(

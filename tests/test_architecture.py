@@ -32,6 +32,7 @@ VERL_FREE: tuple[str, ...] = (
     "predmask.verl.rollout",
     "predmask.verl.settings",
     "predmask.verl.stats",
+    "predmask.verl.variational",
     "sweeps.data",
 )
 

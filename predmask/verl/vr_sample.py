@@ -1,0 +1,333 @@
+"""``python -m predmask.verl.vr_sample``: the variational family's sampling stages (traces, weights) with vLLM on a cluster.
+
+The job-side program of :func:`predmask.verl.variational.stage_command` for ``traces`` and ``weights``; it runs on
+the head node of the stage's job, ``--replicas`` vLLM engines of ``--tensor-parallel`` GPUs each (one subprocess per
+engine, ``CUDA_VISIBLE_DEVICES`` set per replica, the questions split between them), and imports vLLM only there.
+
+- ``traces``: K responses per question from q_φ (the posterior stage's HF export) on the hint prompt; each is cut
+  after the end-of-thought marker into the trace z and q_φ's own answer; log q_φ(z|x,y′) is the sum of the
+  model's log-probs of z's tokens after the hint prompt (vLLM ``prompt_logprobs``, raw model log-probs). Writes
+  ``traces.parquet`` (the CPU family's columns; ``hint`` is the hint text here).
+- ``weights``: for every trace, under π_θ0 (the prior stage's HF export) and the reasoning prompt x: log π_θ0(z|x)
+  and the answer log-likelihood log π_θ0(y′|x,z) (y′ = the reference solution section + <eos>) from one scoring
+  pass, and M answers sampled from π_θ0(·|x,z) with their correctness (last ``\\boxed{}`` against the reference:
+  :func:`predmask.verl.variational.answers_match`). Every formula is :mod:`predmask.variational`'s:
+  ``trace_log_ratio``, ``log_correct_estimate`` (acc, gml, likelihood), ``trace_log_weights``,
+  ``normalise_weights`` over the K traces of a question. Writes ``weights.parquet`` (the ``vr_traces`` columns).
+  A question without a ``\\boxed{}`` reference answer (e.g. a code problem) has no checkable answer: its acc is 0
+  and its acc weights are all 0 (the question drops out of the acc final); gml and likelihood are unaffected.
+
+A missing input (questions file, model export, traces file) -> exit 2 with one line naming the stage, the path and
+how to produce it; nothing written. Outputs are written atomically (``predmask.io``) under the run directory's lock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from predmask.cli import command
+from predmask.io import RunDirBusyError, atomic_write, hold_run_lock
+from predmask.variational import (
+    ESTIMATORS,
+    check_counts,
+    log_correct_estimate,
+    normalise_weights,
+    trace_log_ratio,
+    trace_log_weights,
+)
+from predmask.verl.variational import answers_match, cut_trace
+
+__all__ = ["TRACE_COLUMNS", "WEIGHT_COLUMNS", "main", "resolve_model", "summed_prompt_logprob", "weight_rows"]
+
+TRACE_COLUMNS: tuple[str, ...] = ("question", "trace", "prompt", "hint", "trace_text", "answer_text",
+                                  "posterior_correct", "trace_tokens", "log_posterior")
+WEIGHT_COLUMNS: tuple[str, ...] = ("question", "trace", "trace_tokens", "answer_tokens", "log_prior", "log_posterior",
+                                   "log_ratio", "answer_logp", "acc", "posterior_correct", "weight_acc", "weight_gml",
+                                   "weight_likelihood")
+OUTPUTS = {"traces": "traces.parquet", "weights": "weights.parquet"}
+_STEP = re.compile(r"^global_step_(\d+)$")
+
+
+class MissingInput(Exception):
+    """An upstream output is not there (exit 2, one line)."""
+
+
+# -- pure helpers (no vLLM) -----------------------------------------------------------------------------------------
+
+def resolve_model(path: Path, stage: str, upstream: str) -> Path:
+    """The HF model directory of an SFT stage's output: ``path`` itself when it has ``config.json``, else the
+    ``huggingface`` export of verl's latest checkpoint under it (``latest_checkpointed_iteration.txt``, else the
+    highest ``global_step_<n>``)."""
+    if (path / "config.json").is_file():
+        return path
+    steps = sorted((int(m.group(1)), p) for p in (path.iterdir() if path.is_dir() else ())
+                   if (m := _STEP.match(p.name)))
+    latest = path / "latest_checkpointed_iteration.txt"
+    if latest.is_file() and latest.read_text().strip().isdigit():
+        steps = [(n, p) for n, p in steps if n == int(latest.read_text().strip())] or steps
+    for _, step_dir in reversed(steps):
+        for candidate in sorted(step_dir.rglob("huggingface")):
+            if (candidate / "config.json").is_file():
+                return candidate
+    raise MissingInput(f"stage {stage}: missing the {upstream} model under {path} (no config.json, no "
+                       f"global_step_<n>/huggingface export); run the {upstream} stage first")
+
+
+def summed_prompt_logprob(prompt_logprobs: Sequence[Mapping[int, Any] | None], token_ids: Sequence[int],
+                          start: int, end: int) -> float:
+    """Σ log p(token_i | tokens_<i) for i in [start, end) from vLLM's ``prompt_logprobs`` (entry i: a dict keyed by
+    token id whose value has ``.logprob``; the prompt's own token is always in it)."""
+    total = 0.0
+    for i in range(start, end):
+        entry = prompt_logprobs[i]
+        if entry is None or token_ids[i] not in entry:
+            raise ValueError(f"vLLM returned no prompt log-prob for position {i} (token {token_ids[i]})")
+        value = entry[token_ids[i]]
+        total += float(getattr(value, "logprob", value))
+    return total
+
+
+def weight_rows(raw: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The ``weights.parquet`` rows from the scored traces (``correct``: the M answers' correctness per trace),
+    every formula from :mod:`predmask.variational`."""
+    t = {k: torch.tensor([r[k] for r in raw], dtype=torch.float64)
+         for k in ("log_prior", "log_posterior", "answer_logp")}
+    trace_tokens = torch.tensor([int(r["trace_tokens"]) for r in raw], dtype=torch.long)
+    answer_tokens = torch.tensor([int(r["answer_tokens"]) for r in raw], dtype=torch.long)
+    correct = torch.tensor([[bool(c) for c in r["correct"]] for r in raw], dtype=torch.bool)
+    group = torch.tensor([int(r["question"]) for r in raw], dtype=torch.long)
+    log_ratio = trace_log_ratio(t["log_prior"], t["log_posterior"], trace_tokens)
+    weights = {}
+    for name in ESTIMATORS:
+        log_correct = log_correct_estimate(name, answer_logp=t["answer_logp"], answer_tokens=answer_tokens,
+                                           correct=correct)
+        weights[name] = normalise_weights(trace_log_weights(log_ratio, log_correct), group)
+    acc = correct.to(torch.float64).mean(dim=1)
+    out = []
+    for i, r in enumerate(raw):
+        out.append({
+            "question": int(r["question"]), "trace": int(r["trace"]), "trace_tokens": int(trace_tokens[i]),
+            "answer_tokens": int(answer_tokens[i]), "log_prior": float(t["log_prior"][i]),
+            "log_posterior": float(t["log_posterior"][i]), "log_ratio": float(log_ratio[i]),
+            "answer_logp": float(t["answer_logp"][i]), "acc": float(acc[i]),
+            "posterior_correct": bool(r["posterior_correct"]),
+            **{f"weight_{name}": float(w[i]) for name, w in weights.items()},
+        })
+    return out
+
+
+def _read_parquet(path: Path, stage: str, how: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        raise MissingInput(f"stage {stage}: missing {path}; {how}")
+    return pq.read_table(path).to_pylist()
+
+
+def _write_parquet(rows: Sequence[Mapping[str, Any]], path: Path, columns: Sequence[str] | None = None) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist([dict(r) if columns is None else {c: r[c] for c in columns} for r in rows])
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def _chat(system: str, user: str) -> list[dict[str, str]]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
+# -- the vLLM side ----------------------------------------------------------------------------------------------------
+
+class _Engine:
+    """One vLLM engine (imported here, on the job's node) plus its tokenizer."""
+
+    def __init__(self, model: Path, args: argparse.Namespace) -> None:
+        import vllm
+
+        self.vllm = vllm
+        self.llm = vllm.LLM(model=str(model), tensor_parallel_size=args.tensor_parallel, seed=args.seed + args.shard,
+                            gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
+        self.tok = self.llm.get_tokenizer()
+
+    def prompt_ids(self, system: str, user: str) -> list[int]:
+        text = self.tok.apply_chat_template(_chat(system, user), tokenize=False, add_generation_prompt=True)
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def ids(self, text: str) -> list[int]:
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def sample(self, prompts: Sequence[list[int]], n: int, args: argparse.Namespace) -> list[list[str]]:
+        params = self.vllm.SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p,
+                                          max_tokens=args.max_tokens, seed=args.seed + args.shard)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [[c.text for c in o.outputs] for o in outs]
+
+    def score(self, sequences: Sequence[list[int]]) -> list[Sequence[Mapping[int, Any] | None]]:
+        params = self.vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        return [o.prompt_logprobs for o in outs]
+
+
+def _traces_shard(args: argparse.Namespace, questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    engine = _Engine(resolve_model(Path(args.posterior), "traces", "posterior"), args)
+    hint_ids = [engine.prompt_ids(q["system"], q["hint_prompt"]) for q in questions]
+    samples = engine.sample(hint_ids, args.k, args)
+    rows, sequences = [], []
+    for q, prompt, texts in zip(questions, hint_ids, samples, strict=True):
+        x = engine.tok.apply_chat_template(_chat(q["system"], q["prompt"]), tokenize=False, add_generation_prompt=True)
+        for k, text in enumerate(texts):
+            cut = cut_trace(text)
+            z, answer = cut if cut is not None else (text, "")
+            z_ids = engine.ids(z)
+            sequences.append(prompt + z_ids)
+            rows.append({"question": int(q["question"]), "trace": k, "prompt": x, "hint": q["hint"], "trace_text": z,
+                         "answer_text": answer, "trace_tokens": len(z_ids), "_start": len(prompt),
+                         "posterior_correct": bool(q["checkable"]) and answers_match(answer, q["reference_answer"])})
+    for row, seq, lp in zip(rows, sequences, engine.score(sequences), strict=True):
+        row["log_posterior"] = summed_prompt_logprob(lp, seq, row.pop("_start"), len(seq))
+    return rows
+
+
+def _weights_shard(args: argparse.Namespace, questions: list[dict[str, Any]],
+                   traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    engine = _Engine(resolve_model(Path(args.prior), "weights", "prior"), args)
+    by_q = {int(q["question"]): q for q in questions}
+    eos = engine.tok.eos_token_id
+    rows, sequences, contexts = [], [], []
+    for t in traces:
+        q = by_q[int(t["question"])]
+        x_ids = engine.prompt_ids(q["system"], q["prompt"])
+        z_ids = engine.ids(t["trace_text"])
+        y_ids = engine.ids(q["answer_text"]) + ([eos] if eos is not None else [])
+        sequences.append(x_ids + z_ids + y_ids)
+        contexts.append(x_ids + z_ids)
+        rows.append({"question": int(t["question"]), "trace": int(t["trace"]), "trace_tokens": len(z_ids),
+                     "answer_tokens": len(y_ids), "log_posterior": float(t["log_posterior"]),
+                     "posterior_correct": bool(t["posterior_correct"]), "_bounds": (len(x_ids), len(x_ids) + len(z_ids)),
+                     "_q": q})
+    for row, seq, lp in zip(rows, sequences, engine.score(sequences), strict=True):
+        a, b = row.pop("_bounds")
+        row["log_prior"] = summed_prompt_logprob(lp, seq, a, b)
+        row["answer_logp"] = summed_prompt_logprob(lp, seq, b, len(seq))
+    for row, answers in zip(rows, engine.sample(contexts, args.m, args), strict=True):
+        q = row.pop("_q")
+        row["correct"] = [bool(q["checkable"]) and answers_match(a, q["reference_answer"]) for a in answers]
+    return rows
+
+
+# -- the driver ---------------------------------------------------------------------------------------------------------
+
+def _shard(rows: list[dict[str, Any]], index: int, count: int) -> list[dict[str, Any]]:
+    return [r for r in rows if int(r["question"]) % count == index]
+
+
+def _run_replicas(args: argparse.Namespace, argv: Sequence[str], parts: Path) -> list[dict[str, Any]]:
+    """One subprocess per replica (its GPUs in CUDA_VISIBLE_DEVICES), each writing its part; the parts merged."""
+    shutil.rmtree(parts, ignore_errors=True)  # a previous attempt's parts
+    procs = []
+    for i in range(args.replicas):
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # vLLM's own workers, not the job's Ray
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i * args.tensor_parallel + g) for g in range(args.tensor_parallel))
+        part = parts / f"{args.mode}.{i}.json"
+        cmd = [sys.executable, "-m", "predmask.verl.vr_sample", *argv, "--shard", str(i), "--part-out", str(part)]
+        procs.append((i, part, subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)))
+    rows, failed = [], []
+    for i, part, proc in procs:
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            last = (err or "").strip().splitlines()[-1:]
+            failed.append(f"replica {i} exited {proc.returncode}: {last[0] if last else 'no output'}")
+        else:
+            rows.extend(json.loads(part.read_text()))
+    shutil.rmtree(parts, ignore_errors=True)
+    if failed:
+        raise RuntimeError("; ".join(failed))
+    return sorted(rows, key=lambda r: (int(r["question"]), int(r["trace"])))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m predmask.verl.vr_sample", description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=tuple(OUTPUTS))
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--questions", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tensor-parallel", type=int, default=1)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--posterior", help="traces: the posterior stage's checkpoints (or an HF model directory)")
+    p.add_argument("--prior", help="weights: the prior stage's checkpoints (or an HF model directory)")
+    p.add_argument("--traces", type=Path, help="weights: the traces stage's traces.parquet")
+    p.add_argument("--k", type=int, default=8)
+    p.add_argument("--m", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-tokens", type=int, default=32768)
+    p.add_argument("--shard", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--part-out", type=Path, help=argparse.SUPPRESS)
+    return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    check_counts(args.k, args.m)
+    for name in ("tensor_parallel", "replicas", "max_tokens"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is not allowed; allowed: >= 1")
+    if args.mode == "traces" and not args.posterior:
+        raise ValueError("traces needs --posterior (the posterior stage's checkpoints)")
+    if args.mode == "weights" and not (args.prior and args.traces):
+        raise ValueError("weights needs --prior (the prior stage's checkpoints) and --traces (traces.parquet)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    try:
+        _check(args)
+        how = "prepare it: " + command("sweeps.data prepare --family variational --bespoke-file F --out DIR")
+        questions = _read_parquet(args.questions, args.mode, how)
+        traces = (_read_parquet(args.traces, "weights", "run the traces stage first")
+                  if args.mode == "weights" else [])
+        model, upstream = (args.posterior, "posterior") if args.mode == "traces" else (args.prior, "prior")
+        resolve_model(Path(model), args.mode, upstream)
+    except (ValueError, MissingInput) as exc:
+        print(f"predmask.verl.vr_sample: {exc}", file=sys.stderr)
+        return 2
+    if args.part_out is not None:  # one replica: its share of the questions, raw rows as JSON
+        mine = _shard(questions, args.shard, args.replicas)
+        rows = (_traces_shard(args, mine) if args.mode == "traces"
+                else _weights_shard(args, questions, _shard(traces, args.shard, args.replicas)))
+        args.part_out.parent.mkdir(parents=True, exist_ok=True)
+        args.part_out.write_text(json.dumps(rows))
+        return 0
+    try:
+        with hold_run_lock(args.run_dir):
+            rows = _run_replicas(args, argv, args.run_dir / ".vr_sample_parts")
+            out = args.run_dir / OUTPUTS[args.mode]
+            if args.mode == "traces":
+                _write_parquet(rows, out, TRACE_COLUMNS)
+            else:
+                _write_parquet(weight_rows(rows), out, WEIGHT_COLUMNS)
+    except RunDirBusyError as exc:
+        print(f"predmask.verl.vr_sample: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"predmask.verl.vr_sample: stage {args.mode}: {exc}", file=sys.stderr)
+        return 1
+    print(f"predmask.verl.vr_sample: wrote {out} ({len(rows)} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
