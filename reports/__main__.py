@@ -1,7 +1,8 @@
-"""`python -m reports paper|list`: draw the paper's figures and tables from the results database, or list them.
+"""`python -m reports paper|variational|list`: draw the report's figures and tables from the results database, or list them.
 
-python -m reports paper [--db PATH] [--out DIR] [--sweep NAME ...] [--study ID] [--raw] [--only NAME ...]
-python -m reports list  [--db PATH] [--sweep NAME ...] [--study ID]
+python -m reports paper       [--db PATH] [--out DIR] [--sweep NAME ...] [--study ID] [--raw] [--only NAME ...]
+python -m reports variational [--db PATH] [--out DIR] [--sweep NAME ...]   (only the variational family; page updated)
+python -m reports list        [--db PATH] [--sweep NAME ...] [--study ID]
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from rich.table import Table
 
 from analysis.store import StoreError, default_db_path
 from reports import registry
-from reports.paper import availability, build_paper
+from reports.figures.variational import MISSING_HINT
+from reports.paper import PaperResult, availability, build_paper
+from reports.registry import is_variational
 
 DEFAULT_OUT = Path("reports") / "out"
 
@@ -70,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
         "--only", action="append", default=None, metavar="NAME", help="draw only these artefacts"
     )
     paper.add_argument("--debug", action="store_true", help="show the traceback when an artefact fails")
+    vr = sub.add_parser(
+        "variational",
+        help="draw only the variational-reasoning family's figures and table and update the index page",
+    )
+    common(vr)
+    vr.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
+    vr.add_argument("--debug", action="store_true", help="show the traceback when an artefact fails")
     lst = sub.add_parser(
         "list", help="list the figures and tables and whether the database has data for them"
     )
@@ -78,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_paper(args: argparse.Namespace) -> int:
-    out, err = _console(), _console(stderr=True)
+    err = _console(stderr=True)
     db = args.db if args.db is not None else default_db_path()
     try:
         paper = build_paper(
@@ -93,11 +103,48 @@ def cmd_paper(args: argparse.Namespace) -> int:
     except (StoreError, ValueError, KeyError) as exc:
         err.print(f"error: {exc.args[0] if exc.args else exc}")
         return 1
+    family = [r for r in paper.results if is_variational(r.name)]
+    if family and not any(r.has_data for r in family):
+        err.print(f"note: {MISSING_HINT}")
+    return _print_paper(paper, db)
+
+
+def variational_names() -> list[str]:
+    """The variational family's artefacts, in the registry's order."""
+    return [a.name for a in registry.artefacts() if is_variational(a.name)]
+
+
+def cmd_variational(args: argparse.Namespace) -> int:
+    """Draw the family's artefacts into --out and rewrite the page with them (the other sections keep the files
+    an earlier `paper` left there); without any of the family's data: the one-line hint, nothing written."""
+    err = _console(stderr=True)
+    db = args.db if args.db is not None else default_db_path()
+    names = variational_names()
+    try:
+        rows = availability(db, sweeps=_sweeps(args.sweep), study_id=args.study, names=names)
+        if not any(ok for _, _, ok in rows):
+            err.print(f"error: {MISSING_HINT} ({db})")
+            return 2
+        paper = build_paper(
+            db, args.out, sweeps=_sweeps(args.sweep), study_id=args.study, draw=names, debug=args.debug
+        )
+    except (StoreError, ValueError, KeyError) as exc:
+        err.print(f"error: {exc.args[0] if exc.args else exc}")
+        return 1
+    for art, what, ok in rows:
+        if not ok:
+            err.print(f"note: {art.name} has no data yet ({what})")
+    return _print_paper(paper, db, only=names)
+
+
+def _print_paper(paper: PaperResult, db: Path, only: Sequence[str] | None = None) -> int:
+    out, err = _console(), _console(stderr=True)
     table = Table(title=f"report from {db}")
     for col in ("artefact", "data", "files"):
         table.add_column(col)
     for r in paper.results:
-        table.add_row(r.name, "yes" if r.has_data else "[red]none[/red]", ", ".join(f.name for f in r.files))
+        if only is None or r.name in only:
+            table.add_row(r.name, "yes" if r.has_data else "[red]none[/red]", ", ".join(f.name for f in r.files))
     out.print(table)
     for name, why in paper.failures.items():
         err.print(f"error: {name} failed: {why} (rerun with --debug for the traceback)")
@@ -124,7 +171,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return cmd_paper(args) if args.command == "paper" else cmd_list(args)
+    if args.command == "paper":
+        return cmd_paper(args)
+    return cmd_variational(args) if args.command == "variational" else cmd_list(args)
 
 
 if __name__ == "__main__":

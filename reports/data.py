@@ -62,6 +62,8 @@ class RunInfo:
         return labels.model_label(self.model)
 
     def describe_precision(self) -> str:
+        if self.precision is None:  # a run without a precision option (the variational family's stages)
+            return "none set (the CPU engine's default)" if self.is_cpu else "none set"
         label = labels.precision_label(self.precision)
         return (
             f"{label} (emulated on CPU)"
@@ -253,3 +255,99 @@ def seed_rows(con: duckdb.DuckDBPyConnection, study_id: str) -> pl.DataFrame:
         return pl.DataFrame()
     sql = "SELECT * EXCLUDE (study_id) FROM token_level_seeds WHERE study_id = ? ORDER BY seed"
     return con.sql(sql, params=[study_id]).pl()
+
+
+# -------------------------------------------------------------------------------------- variational family
+
+#: the family's default sweep (conf: `python -m sweeps variational_reasoning`) and its stage runs without a score
+VR_SWEEP = "variational_reasoning"
+VR_FAMILY = "variational"
+
+
+@dataclass(frozen=True)
+class VrKey:
+    """What a variational-family run is compared by: method (runs.method), data setting and estimator (a final
+    recipe's ``method.data`` / ``method.estimator``; None for the baselines and the prior)."""
+
+    method: str | None
+    data: str | None = None
+    estimator: str | None = None
+
+    @property
+    def label(self) -> str:
+        head = labels.vr_method_label(self.method)
+        return f"{head} · {labels.vr_data_label(self.data)}" if self.data else head
+
+
+def vr_key(run: RunInfo) -> VrKey:
+    m = run.config.get("method") if isinstance(run.config.get("method"), dict) else {}
+    data, est = m.get("data"), m.get("estimator")
+    return VrKey(run.method, data if isinstance(data, str) else None, est if isinstance(est, str) else None)
+
+
+def variational_runs(runs: Sequence[RunInfo]) -> list[RunInfo]:
+    """The runs of the variational family: its stage runs (config ``family: variational``) and the engine runs
+    (GRPO) of the sweeps that hold them."""
+    family = {r.run_id for r in runs if r.config.get("family") == VR_FAMILY}
+    sweeps = {r.sweep for r in runs if r.run_id in family}
+    return [r for r in runs if r.run_id in family or (r.sweep in sweeps and r.config.get("family") is None)]
+
+
+def final_values(
+    con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], prefix: str
+) -> dict[str, dict[str, float]]:
+    """run_id -> {metric name: its value at the last step that logged it} for the names starting with prefix."""
+    if not run_ids or not table_exists(con, "metrics"):
+        return {}
+    rows = con.execute(
+        "SELECT run_id, name, arg_max(value, step) FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) "
+        "AND starts_with(name, ?) GROUP BY run_id, name",
+        [list(run_ids), prefix],
+    ).fetchall()
+    out: dict[str, dict[str, float]] = {}
+    for run_id, name, value in rows:
+        if value is not None and math.isfinite(value):
+            out.setdefault(run_id, {})[name] = float(value)
+    return out
+
+
+def vr_trace_rows(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str] | None = None) -> pl.DataFrame:
+    """The vr_traces rows (of the given weights-stage runs; None: all), empty when the table does not exist."""
+    if not table_exists(con, "vr_traces"):
+        return pl.DataFrame()
+    if run_ids is None:
+        return con.sql("SELECT * FROM vr_traces ORDER BY run_id, question, trace").pl()
+    return con.sql(
+        "SELECT * FROM vr_traces WHERE run_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY run_id, question, trace",
+        params=[list(run_ids)],
+    ).pl()
+
+
+@dataclass(frozen=True)
+class WeightingAnalysis:
+    """The newest accuracy-weighting analysis: its id, config and rows (accuracy_weighting)."""
+
+    analysis_id: str
+    config: dict[str, Any]
+    rows: pl.DataFrame
+
+
+def latest_weighting(con: duckdb.DuckDBPyConnection) -> WeightingAnalysis | None:
+    """The newest analysis of accuracy_weighting_analyses with its rows (None without one)."""
+    if not table_exists(con, "accuracy_weighting") or not table_exists(con, "accuracy_weighting_analyses"):
+        return None
+    found = con.execute(
+        "SELECT analysis_id, config FROM accuracy_weighting_analyses ORDER BY created_at DESC NULLS LAST, "
+        "analysis_id LIMIT 1"
+    ).fetchall()
+    if not found:
+        return None
+    aid, cfg = found[0]
+    try:
+        parsed = json.loads(cfg) if isinstance(cfg, str) else (cfg or {})
+    except json.JSONDecodeError:
+        parsed = {}
+    rows = con.sql(
+        "SELECT * FROM accuracy_weighting WHERE analysis_id = ? ORDER BY method, source, accuracy", params=[aid]
+    ).pl()
+    return WeightingAnalysis(str(aid), parsed if isinstance(parsed, dict) else {}, rows)

@@ -11,6 +11,7 @@ from pathlib import Path
 from predmask.io import atomic_write_text
 from reports import data
 from reports.artefact import ArtefactResult
+from reports.registry import is_variational
 from reports.summary import PageSummary
 from reports.tables import TextTable
 
@@ -38,6 +39,18 @@ OPEN_SECTIONS: tuple[str, ...] = (
     "table1_hyperparameters",
     "table2_main_results",
     "token_level_summary",
+    "vr_accuracy",
+    "vr_results",
+)
+
+
+#: the variational-reasoning family's sections (reports.registry.is_variational) sit under one heading
+VR_SECTION = "variational"
+VR_HEADING = (
+    f"<h2 id='{VR_SECTION}'>Variational reasoning (issue 15)</h2><p class='note'>The second source paper's "
+    "pipeline on the CPU engine: π_θ0 = the engine's cached base model, a posterior q_φ fine-tuned on hinted "
+    "prompts, weighted SFT of the final model; stand-in models and arithmetic stand-in splits, not the paper's "
+    "benchmarks. The paper's own numbers appear only in the table labelled as the paper's.</p>"
 )
 
 
@@ -167,6 +180,9 @@ def _section_html(r: ArtefactResult, steps: dict[str, tuple[int, int]]) -> str:
     parts.append(f"<p>{_esc(r.caption)}</p>")
     if r.name == "table1_hyperparameters" and "differing" in r.tables:
         parts.append(_table1_html(r))
+    elif r.name == "vr_results":
+        for key, t in r.tables.items():
+            parts.append(_table_html(t, ["paper" if key == "paper" else "db"] * len(t.header)))
     else:
         for t in r.tables.values():
             parts.append(_table_html(t, ["", "paper", "db"] if r.name == "token_level_summary" else None))
@@ -186,6 +202,10 @@ def render_index(
     collapsible (OPEN_SECTIONS open when they have data, the others closed)."""
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nav = " ".join(f"<a href='#{_esc(r.name)}'>{_esc(r.name)}</a>" for r in results)
+    if any(is_variational(r.name) for r in results):
+        nav += f" <a href='#{VR_SECTION}'>variational reasoning</a>"
+    others = [r for r in results if not is_variational(r.name)]
+    family = [r for r in results if is_variational(r.name)]
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         "<title>predmask report</title>",
@@ -199,7 +219,10 @@ def render_index(
         f"<nav><a href='#summary'>summary</a> {nav}</nav>",
         _summary_html(summary),
     ]
-    parts += [_section_html(r, con_steps) for r in results]
+    parts += [_section_html(r, con_steps) for r in others]
+    if family:
+        parts.append(VR_HEADING)
+        parts += [_section_html(r, con_steps) for r in family]
     parts.append("</body></html>")
     index = out / "index.html"
     atomic_write_text(index, "\n".join(parts))

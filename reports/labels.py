@@ -81,3 +81,45 @@ def setting_choice(setting: str) -> tuple[str, str]:
 def paper_settings() -> tuple[tuple[str, str], ...]:
     """The paper's (model, precision) settings in its panel order: the main comparison's setting axis."""
     return tuple(setting_choice(s) for s in sweep_axis("main_comparison", "+setting"))
+
+
+# ------------------------------------------------------------------------------------ variational family
+
+#: the runs table's method of the stage run that evaluates π_θ0 (a stage of the family, not a recipe of
+#: conf/vr_method; its label says what it is)
+VR_PRIOR = "prior"
+_VR_PRIOR_LABEL = "π_θ0 (cached base model)"
+
+#: the final recipes' data settings (``method.data`` of conf/vr_method) in words
+VR_DATA_LABELS: dict[str, str] = {
+    "all_weighted": "all K traces, weighted",
+    "best_mixed": "best trace + original data",
+}
+
+
+def vr_method_label(method: str | None) -> str:
+    """'VR (acc weights)' for a recipe of conf/vr_method, 'GRPO' for a method of conf/method, the prior stage's
+    label, else the raw name."""
+    if method == VR_PRIOR:
+        return _VR_PRIOR_LABEL
+    if method in _options("vr_method"):
+        return _label("vr_method", method, "unknown method")
+    return method_label(method)
+
+
+def vr_data_label(data: str | None) -> str:
+    """A final recipe's data setting in words (its raw name when unknown)."""
+    return VR_DATA_LABELS.get(data or "", data or "")
+
+
+#: the accuracy-weighting analysis's methods (analysis.accuracy_weighting) that are no recipe of conf/
+_WEIGHTING_LABELS: dict[str, str] = {
+    "reinforce": "REINFORCE (0–1 reward)",
+    "vr": "variational objective",
+}
+WEIGHTING_ORDER: tuple[str, ...] = ("reinforce", "grpo", "rft", "vr")
+
+
+def weighting_method_label(method: str | None) -> str:
+    """A method of the accuracy-weighting analysis in words (a recipe's label where conf/ has it)."""
+    return _WEIGHTING_LABELS.get(method or "", vr_method_label(method))

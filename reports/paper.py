@@ -50,9 +50,12 @@ def build_paper(
     only: Sequence[str] | None = None,
     formats: Sequence[str] = ("png", "pdf"),
     debug: bool = False,
+    draw: Sequence[str] | None = None,
 ) -> PaperResult:
-    """Draw every (or the `only`) artefact into `out` and write out/index.html. Raises StoreError (one line)
-    for a missing, locked or empty database and ValueError for an unknown study or artefact name."""
+    """Draw every (or the `only`) artefact into `out` and write out/index.html. `draw`: draw only these artefacts
+    and keep the files the others already have in `out` (their data still read, so the page lists them all).
+    Raises StoreError (one line) for a missing, locked or empty database and ValueError for an unknown study or
+    artefact name."""
     check_exists(db)
     con = connect(db, read_only=True)
     try:
@@ -67,10 +70,15 @@ def build_paper(
         )
         _ = ctx.study  # an unknown --study fails here, before anything is drawn
         chosen = registry.artefacts() if not only else [registry.get(n) for n in only]
+        drawn = None if draw is None else {registry.get(n).name for n in draw}
+        data_only = ReportContext(con=con, out=out, sweeps=ctx.sweeps, study_id=study_id, raw=raw, draw=False)
         paper = PaperResult()
         for art in chosen:
             try:
-                paper.results.append(art.fn(ctx))
+                if drawn is None or art.name in drawn:
+                    paper.results.append(art.fn(ctx))
+                else:
+                    paper.results.append(_kept_files(art.fn(data_only), out))
             except Exception as exc:
                 if debug:
                     raise
@@ -85,10 +93,23 @@ def build_paper(
         con.close()
 
 
+KEPT_SUFFIXES: tuple[str, ...] = (".png", ".pdf", ".md", ".tex")
+
+
+def _kept_files(result: ArtefactResult, out: Path) -> ArtefactResult:
+    """A data-only result with the files an earlier report left in `out` under its name."""
+    result.files = [p for p in (out / f"{result.name}{s}" for s in KEPT_SUFFIXES) if p.is_file()]
+    return result
+
+
 def availability(
-    db: Path, sweeps: Sequence[str] | None = None, study_id: str | None = None
+    db: Path,
+    sweeps: Sequence[str] | None = None,
+    study_id: str | None = None,
+    names: Sequence[str] | None = None,
 ) -> list[tuple[Artefact, str, bool]]:
-    """For `list`: each artefact, a short description of the data it would draw, and whether there is any."""
+    """For `list`: each artefact (or the named ones), a short description of the data it would draw, and whether
+    there is any."""
     check_exists(db)
     con = connect(db, read_only=True)
     try:
@@ -96,7 +117,7 @@ def availability(
             con=con, out=Path("."), sweeps=tuple(sweeps) if sweeps else None, study_id=study_id, draw=False
         )
         rows = []
-        for art in registry.artefacts():
+        for art in registry.artefacts() if names is None else [registry.get(n) for n in names]:
             res = art.fn(ctx)
             if art.source == "study":
                 what = (

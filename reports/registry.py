@@ -7,9 +7,9 @@ from types import ModuleType
 
 from reports import tables
 from reports.artefact import Artefact, Kind
-from reports.figures import token_level, training
+from reports.figures import token_level, training, variational
 
-MODULES: tuple[ModuleType, ...] = (training, token_level, tables)
+MODULES: tuple[ModuleType, ...] = (training, token_level, variational, tables)
 
 
 def collect(modules: Iterable[ModuleType]) -> dict[str, Artefact]:
@@ -26,11 +26,21 @@ def collect(modules: Iterable[ModuleType]) -> dict[str, Artefact]:
 
 ARTEFACTS: dict[str, Artefact] = collect(MODULES)
 
+#: the variational-reasoning family's artefacts (issue 15) share this name prefix; they follow the paper's
+VR_PREFIX = "vr_"
+
+
+def is_variational(name: str) -> bool:
+    """Whether an artefact belongs to the variational-reasoning family."""
+    return name.startswith(VR_PREFIX)
+
 
 def artefacts(kind: Kind | None = None) -> list[Artefact]:
-    """Declared artefacts in the paper's order (by name: fig1..fig8, table1, ...), optionally of one kind."""
+    """Declared artefacts in the paper's order (by name: fig1..fig8, table1, ...), then the variational family's
+    (figures, then its table), optionally of one kind."""
     return sorted(
-        (a for a in ARTEFACTS.values() if kind is None or a.kind == kind), key=lambda a: (a.kind, a.name)
+        (a for a in ARTEFACTS.values() if kind is None or a.kind == kind),
+        key=lambda a: (is_variational(a.name), a.kind, a.name),
     )
 
 

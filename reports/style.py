@@ -30,7 +30,33 @@ METHOD_STYLE: dict[str, tuple[str, str]] = {
     "predmask_tv_agg": (OKABE_ITO["sky_blue"], ":"),
     "predmask_tv_uniform": (OKABE_ITO["yellow"], ":"),
 }
+# The variational family (issue 15): baselines first, then the three estimators; a recipe's data setting picks the
+# marker and the fill (VR_DATA_STYLE), its estimator the colour.
+METHOD_STYLE.update(
+    {
+        "prior": (GREY, ":"),
+        "sft": (OKABE_ITO["orange"], "--"),
+        "rft": (OKABE_ITO["sky_blue"], "--"),
+        "grpo": (OKABE_ITO["black"], "-."),
+        "vr_acc": (OKABE_ITO["vermillion"], "-"),
+        "vr_gml": (OKABE_ITO["blue"], "-"),
+        "vr_likelihood": (OKABE_ITO["bluish_green"], "-"),
+    }
+)
 METHOD_ORDER: tuple[str, ...] = tuple(METHOD_STYLE)
+
+# data setting of a final recipe -> (marker, filled, line style): all K weighted traces solid and filled, the best
+# trace mixed with the original data hollow and dashed; no data setting (baselines): a square.
+VR_DATA_STYLE: dict[str | None, tuple[str, bool, str]] = {
+    "all_weighted": ("o", True, "-"),
+    "best_mixed": ("D", False, "--"),
+    None: ("s", True, "-"),
+}
+
+
+def vr_data_style(data: str | None) -> tuple[str, bool, str]:
+    """(marker, filled, line style) of a data setting (an unknown one: a triangle)."""
+    return VR_DATA_STYLE.get(data, ("^", True, ":"))
 _FALLBACK = (
     OKABE_ITO["orange"],
     OKABE_ITO["sky_blue"],

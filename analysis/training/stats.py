@@ -39,6 +39,7 @@ __all__ = [
     "STEP_SMOOTHING",
     "VAL_SMOOTHING",
     "Collapse",
+    "Correlation",
     "Curve",
     "Interval",
     "MethodResult",
@@ -48,6 +49,7 @@ __all__ = [
     "area_under_curve",
     "coincidences",
     "collapse",
+    "correlation",
     "ema",
     "identical",
     "interval_note",
@@ -491,3 +493,36 @@ def setting_results(groups: Mapping[str, Mapping[Hashable, Series]]) -> dict[str
         )
         for m, runs in summaries.items()
     }
+
+
+# ----------------------------------------------------------------------------------------------- correlation
+
+
+@dataclass(frozen=True)
+class Correlation:
+    """Pearson's r of paired finite values with its two-sided p-value and the number of pairs (r, p None for fewer
+    than three pairs or a constant side)."""
+
+    r: float | None
+    p: float | None
+    n: int
+
+    def text(self) -> str:
+        """ "r = 0.42 (p = 0.003, n = 64)"; undefined: "r undefined (n = 2)"."""
+        if self.r is None:
+            return f"r undefined (n = {self.n})"
+        return f"r = {self.r:.2f} (p = {self.p:.2g}, n = {self.n})"
+
+
+def correlation(x: Iterable[float], y: Iterable[float]) -> Correlation:
+    """Pearson's correlation of the pairs where both values are finite (scipy.stats.pearsonr)."""
+    a, b = np.asarray(list(x), dtype=float), np.asarray(list(y), dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"correlation needs paired values, got {a.size} x and {b.size} y")
+    keep = np.isfinite(a) & np.isfinite(b)
+    a, b = a[keep], b[keep]
+    n = int(a.size)
+    if n < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return Correlation(None, None, n)
+    res = sps.pearsonr(a, b)
+    return Correlation(float(res.statistic), float(res.pvalue), n)

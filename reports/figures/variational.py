@@ -1,0 +1,445 @@
+"""The variational-reasoning family's figures (issue 15): accuracy and pass@k per recipe, accuracy weighting, length bias.
+
+Every number comes from the database (final-stage and GRPO runs' last logged evaluation, the vr_traces rows of the
+weights stage, the newest accuracy-weighting analysis); intervals and correlations come from analysis.training.stats.
+The family runs on the CPU engine with stand-in models and π_θ0 = the engine's cached base model: every figure says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from analysis.training import stats as training_stats
+from predmask import metrics
+from predmask.cli import command, sweep_command
+from predmask.rl.task import EVAL_SPLITS
+from reports import data
+from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
+from reports.figures.draw import (
+    LEGEND_ROW_IN,
+    empty_panel,
+    grid_figure,
+    legend_below,
+    legend_rows,
+    save_figure,
+    suptitle,
+    wrap_lines,
+)
+from reports.labels import WEIGHTING_ORDER, weighting_method_label
+from reports.style import GREY, method_rank, method_style, vr_data_style
+
+AT_N = 16  # avg@16, pass@1..16
+PASS_KS: tuple[int, ...] = tuple(range(1, AT_N + 1))
+SWEEP_COMMAND = sweep_command(data.VR_SWEEP)
+WEIGHTING_COMMAND = command("analysis accuracy_weighting")
+#: the one line saying what fills this family's artefacts (printed when the database has none of its data)
+MISSING_HINT = (
+    f"no variational-reasoning data in the database: `{SWEEP_COMMAND}` runs the family (each run is ingested as "
+    f"it ends), then `{WEIGHTING_COMMAND}` measures the accuracy weighting"
+)
+BAND_ALPHA = 0.18
+LEGEND_COLS = 2
+SEED_DOT = 7  # marker size of the per-seed points
+
+
+def acc_name(split: str) -> str:
+    return metrics.val_acc(split, AT_N)
+
+
+def pass_name(split: str, k: int) -> str:
+    return metrics.val_pass(split, k)
+
+
+# --------------------------------------------------------------------------------------------- the scores
+
+
+@dataclass
+class VrScores:
+    """The family's evaluated runs: per comparison key (method, data setting, estimator), per seed, the final
+    value of every val-core metric; the selection rule; the runs used."""
+
+    rule: str
+    runs: list[data.RunInfo] = field(default_factory=list)
+    by_key: dict[data.VrKey, dict[Hashable, dict[str, float]]] = field(default_factory=dict)
+
+    def values(self, key: data.VrKey, name: str) -> dict[Hashable, float]:
+        """seed -> final value of one metric (the seeds that logged it)."""
+        return {s: m[name] for s, m in self.by_key.get(key, {}).items() if name in m}
+
+    def interval(self, key: data.VrKey, name: str) -> training_stats.Interval:
+        return training_stats.t_interval(self.values(key, name).values())
+
+
+def _key_rank(key: data.VrKey) -> tuple:
+    return (method_rank(key.method), key.method or "", key.data or "", key.estimator or "")
+
+
+def vr_scores(ctx: ReportContext) -> VrScores:
+    """The family's runs (default sweep variational_reasoning; --sweep to choose) with an avg@16 evaluation."""
+    sel = data.select_runs(data.variational_runs(ctx.runs), None, ctx.sweeps, data.VR_SWEEP)
+    finals = data.final_values(ctx.con, [r.run_id for r in sel.runs], "val-core/")
+    wanted = {acc_name(s) for s in EVAL_SPLITS}
+    used = [r for r in sel.runs if wanted & set(finals.get(r.run_id, {}))]
+    grouped: dict[data.VrKey, list[data.RunInfo]] = {}
+    for r in used:
+        grouped.setdefault(data.vr_key(r), []).append(r)
+    out = VrScores(sel.rule, used)
+    for key in sorted(grouped, key=_key_rank):
+        members = sorted(grouped[key], key=lambda r: (r.seed is None, r.seed or 0, r.run_id))
+        seeds = [r.seed for r in members]
+        by_seed = None not in seeds and len(set(seeds)) == len(seeds)  # else: keyed by run (nothing merged)
+        out.by_key[key] = {(r.seed if by_seed else r.run_id): finals[r.run_id] for r in members}
+    return out
+
+
+def _seeds_text(keys: Sequence[Hashable]) -> str:
+    what = "seed" if all(isinstance(k, int) for k in keys) else "run"
+    return f"{what}{'' if len(keys) == 1 else 's'} {', '.join(str(k) for k in keys)}"
+
+
+def scale_note(runs: Sequence[data.RunInfo]) -> str:
+    """Where the runs ran, in words: CPU stand-in scale and π_θ0 stated (or the cluster's models)."""
+    if not runs:
+        return "no runs yet"
+    scales = ", ".join(sorted({r.describe_scale() for r in runs}))
+    if all(r.is_cpu for r in runs):
+        return (
+            f"CPU engine, {scales}, SFT stages in float32, GRPO rollouts in emulated bf16; π_θ0 = the engine's "
+            f"cached base model; arithmetic stand-in splits {' / '.join(EVAL_SPLITS)}, not the paper's benchmarks"
+        )
+    return f"{scales}; backends {', '.join(sorted({r.describe_backend() for r in runs}))}"
+
+
+def _style(key: data.VrKey, index: int) -> tuple[str, str, str, bool]:
+    """(colour, line style, marker, filled) of a comparison key: the method's colour, the data setting's mark."""
+    colour, ls = method_style(key.method, index)
+    marker, filled, data_ls = vr_data_style(key.data)
+    return colour, (data_ls if key.data else ls), marker, filled
+
+
+def _layout(n_panels: int, n_labels: int, title: Sequence[str], ax_w: float = 3.4, rows: int = 1):
+    n_cols = max(1, -(-n_panels // rows))
+    width_in = 0.95 + n_cols * ax_w + (n_cols - 1) * 0.6
+    n_title = len(wrap_lines(title, width_in))
+    return grid_figure(
+        rows,
+        n_cols,
+        ax_w=ax_w,
+        ax_h=2.2,
+        top=0.2 * n_title + 0.55,
+        bottom=0.7 + LEGEND_ROW_IN * legend_rows(n_labels, LEGEND_COLS),
+    )
+
+
+# ------------------------------------------------------------------------------------------- vr_accuracy
+
+
+@figure("vr_accuracy", "Variational reasoning: avg@16 per recipe, over seeds")
+def vr_accuracy(ctx: ReportContext) -> ArtefactResult:
+    scores = vr_scores(ctx)
+    result = ArtefactResult(
+        name="vr_accuracy",
+        title="Variational reasoning: avg@16 per method, data setting and estimator",
+        caption=(
+            f"Final avg@16 ({acc_name('<split>')}) on each held-out stand-in split, per method (VR recipes by "
+            f"data setting and estimator): {training_stats.interval_note()} as a bar with its interval, each seed "
+            "a dot, the seeds named in the legend."
+        ),
+        runs=scores.runs,
+        selection_rule=scores.rule,
+        has_data=bool(scores.runs),
+        command=SWEEP_COMMAND,
+    )
+    for split in EVAL_SPLITS:
+        panel = Panel(title=f"{split} (stand-in split)")
+        for i, key in enumerate(scores.by_key):
+            vals = scores.values(key, acc_name(split))
+            if not vals:
+                continue
+            iv = training_stats.t_interval(vals.values())
+            half = iv.half_width
+            panel.series.append(
+                Series(
+                    f"{key.label} ({_seeds_text(list(vals))})",
+                    np.array([float(i)]),
+                    np.array([iv.mean]),
+                    method=key.method,
+                    yerr=None if half is None else np.array([half]),
+                    seeds=np.array(list(vals.values())),
+                    seed_keys=tuple(vals),
+                )
+            )
+        if not panel.series:
+            panel.note = f"no avg@16 on {split} yet\n({SWEEP_COMMAND})"
+        result.panels.append(panel)
+    if ctx.draw:
+        result.files = _draw_accuracy(ctx, result, scores)
+    return result
+
+
+def _draw_accuracy(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> list:
+    keys = list(scores.by_key)
+    title = [result.title, f"{scale_note(result.runs)}; selection: {result.selection_rule}",
+             f"bar: {training_stats.interval_note()}; dots: seeds"]
+    fig, axes = _layout(len(result.panels), len(keys), title, ax_w=max(3.4, 0.45 * len(keys) + 1.0))
+    handles: dict[str, object] = {}
+    for ax, panel in zip(axes, result.panels):
+        ax.set_title(panel.title)
+        if not panel.series:
+            empty_panel(ax, panel.note or "no data")
+            continue
+        for s in panel.series:
+            key = next(k for k in keys if s.label.startswith(k.label + " ("))
+            colour, _, marker, filled = _style(key, keys.index(key))
+            x = float(s.x[0])
+            bar = ax.bar(
+                x, s.y[0], width=0.7, color=colour if filled else "white", edgecolor=colour,
+                hatch=None if filled else "//", alpha=0.85, label=key.label,
+            )
+            if s.yerr is not None:
+                ax.errorbar(x, s.y[0], yerr=s.yerr[0], color="black", capsize=3, linewidth=1)
+            jitter = np.linspace(-0.15, 0.15, len(s.seeds)) if len(s.seeds) > 1 else np.zeros(1)
+            ax.scatter(x + jitter, s.seeds, s=SEED_DOT, color=GREY, zorder=4, marker=marker)
+            handles.setdefault(s.label, bar)
+        ax.set_xticks(range(len(keys)))
+        ax.set_xticklabels([str(i + 1) for i in range(len(keys))])
+        ax.set_xlabel("method (numbered as in the legend)")
+        ax.set_ylabel(f"avg@{AT_N}")
+        ax.set_ylim(0, 1)
+    numbered = {f"{i + 1}: {label}": h for i, (label, h) in enumerate(handles.items())}
+    suptitle(fig, *title)
+    legend_below(fig, numbered, ncol=LEGEND_COLS)
+    return save_figure(fig, ctx.out, result.name, ctx.formats)
+
+
+# ------------------------------------------------------------------------------------------ vr_pass_at_k
+
+
+@figure("vr_pass_at_k", "Variational reasoning: pass@k, k = 1..16")
+def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
+    scores = vr_scores(ctx)
+    result = ArtefactResult(
+        name="vr_pass_at_k",
+        title="Variational reasoning: pass@k for k = 1..16",
+        caption=(
+            f"pass@k ({pass_name('<split>', 1)} … pass@{AT_N}, the unbiased estimator from {AT_N} samples per "
+            f"problem) of each method's final model on each stand-in split: line = mean over seeds, band = "
+            f"{training_stats.INTERVAL_NAME} (one seed: no band)."
+        ),
+        runs=scores.runs,
+        selection_rule=scores.rule,
+        command=SWEEP_COMMAND,
+    )
+    for split in EVAL_SPLITS:
+        panel = Panel(title=f"{split} (stand-in split)")
+        for key, per_seed in scores.by_key.items():
+            names = [pass_name(split, k) for k in PASS_KS]
+            seeds = [s for s, m in per_seed.items() if all(n in m for n in names)]
+            if not seeds:
+                continue
+            values = np.array([[per_seed[s][n] for n in names] for s in seeds])
+            mean, lo, hi = training_stats.t_band(values)
+            panel.series.append(
+                Series(
+                    f"{key.label} ({_seeds_text(seeds)})",
+                    np.array(PASS_KS, dtype=float),
+                    mean,
+                    method=key.method,
+                    band=None if len(seeds) < 2 else (lo, hi),
+                    seeds=values,
+                    seed_keys=tuple(seeds),
+                )
+            )
+        if not panel.series:
+            panel.note = f"no pass@1..{AT_N} on {split} yet\n({SWEEP_COMMAND})"
+        result.panels.append(panel)
+    result.has_data = any(p.series for p in result.panels)
+    if ctx.draw:
+        result.files = _draw_pass(ctx, result, list(scores.by_key))
+    return result
+
+
+def _draw_pass(ctx: ReportContext, result: ArtefactResult, keys: list[data.VrKey]) -> list:
+    title = [result.title, f"{scale_note(result.runs)}; selection: {result.selection_rule}",
+             f"line: {training_stats.interval_note()} (shaded)"]
+    labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
+    fig, axes = _layout(len(result.panels), len(labels), title)
+    handles: dict[str, object] = {}
+    for ax, panel in zip(axes, result.panels):
+        ax.set_title(panel.title)
+        if not panel.series:
+            empty_panel(ax, panel.note or "no data")
+            continue
+        for s in panel.series:
+            key = next(k for k in keys if s.label.startswith(k.label + " ("))
+            colour, ls, marker, filled = _style(key, keys.index(key))
+            if s.band is not None:
+                ax.fill_between(s.x, s.band[0], s.band[1], color=colour, alpha=BAND_ALPHA, linewidth=0)
+            (line,) = ax.plot(s.x, s.y, color=colour, linestyle=ls, marker=marker, markersize=3,
+                              markerfacecolor=colour if filled else "white", label=s.label)
+            handles.setdefault(s.label, line)
+        ax.set_xlabel("k")
+        ax.set_ylabel("pass@k")
+        ax.set_xticks([1, 2, 4, 8, 16])
+    suptitle(fig, *title)
+    legend_below(fig, handles, ncol=LEGEND_COLS)
+    return save_figure(fig, ctx.out, result.name, ctx.formats)
+
+
+# -------------------------------------------------------------------------------- vr_accuracy_weighting
+
+WEIGHT_SOURCES: tuple[str, ...] = ("model", "bandit")
+
+
+@figure("vr_accuracy_weighting", "Accuracy weighting: measured vs predicted weight against accuracy")
+def vr_accuracy_weighting(ctx: ReportContext) -> ArtefactResult:
+    found = data.latest_weighting(ctx.con)
+    result = ArtefactResult(
+        name="vr_accuracy_weighting",
+        title="Accuracy weighting: the weight each objective puts on ∇log p(correct | x), against accuracy p",
+        caption=(
+            "Top row (source 'model', real batches): each dot one training question, its measured weight (the "
+            "projection of the method's per-question gradient on the estimated ∇log p) at the question's measured "
+            "accuracy; the line the closed form of docs/math.md §9 at that accuracy. Bottom row (source 'bandit'): "
+            "the exact check on a one-question bandit with known p. Questions without a correct sample have no "
+            "weight and are not drawn."
+        ),
+        selection_rule=f"analysis {found.analysis_id}" if found else "no accuracy-weighting analysis",
+        command=WEIGHTING_COMMAND,
+    )
+    rows = found.rows if found is not None else None
+    methods: list[str] = []
+    if rows is not None and rows.height:
+        order = {m: i for i, m in enumerate(WEIGHTING_ORDER)}
+        methods = sorted(set(rows["method"].to_list()), key=lambda m: (order.get(m, len(order)), m))
+    for source in WEIGHT_SOURCES:
+        for method in methods or ["(none)"]:
+            panel = Panel(title=weighting_method_label(method) if methods else "no analysis", row=source)
+            if rows is not None and methods:
+                part = rows.filter((rows["method"] == method) & (rows["source"] == source)).sort("accuracy")
+                part = part.filter(part["accuracy"].is_not_null())
+                measured = part.filter(part["measured_weight"].is_not_null())
+                predicted = part.filter(part["predicted_weight"].is_not_null())
+                if measured.height:
+                    panel.series.append(Series("measured", measured["accuracy"].to_numpy(),
+                                               measured["measured_weight"].to_numpy(), method=method))
+                if predicted.height:
+                    panel.series.append(Series("predicted (closed form)", predicted["accuracy"].to_numpy(),
+                                               predicted["predicted_weight"].to_numpy(), method=method))
+            if not panel.series:
+                panel.note = f"no {source} rows\n({WEIGHTING_COMMAND})"
+            result.panels.append(panel)
+    result.has_data = any(p.series for p in result.panels)
+    if ctx.draw:
+        result.files = _draw_weighting(ctx, result, found, methods)
+    return result
+
+
+def _weighting_scale(found: data.WeightingAnalysis | None) -> str:
+    if found is None:
+        return "no analysis yet"
+    model = found.config.get("model")
+    model = model.get("name") if isinstance(model, dict) else model
+    where = f"model {model}" if model else "the analysis's model"
+    return f"analysis {found.analysis_id}: {where} on the CPU engine (stand-in scale), arithmetic stand-in questions"
+
+
+def _draw_weighting(
+    ctx: ReportContext, result: ArtefactResult, found: data.WeightingAnalysis | None, methods: list[str]
+) -> list:
+    n_methods = max(1, len(methods))
+    title = [result.title, _weighting_scale(found), "dots: measured; line: predicted (closed form)"]
+    fig, axes = _layout(len(result.panels), 2, title, ax_w=2.6, rows=len(WEIGHT_SOURCES))
+    handles: dict[str, object] = {}
+    for i, (ax, panel) in enumerate(zip(axes, result.panels)):
+        ax.set_title(f"{panel.title}\n({panel.row})")
+        if not panel.series:
+            empty_panel(ax, panel.note or "no data")
+            continue
+        method = panel.series[0].method
+        colour, _ = method_style(method, methods.index(method) if method in methods else i)
+        for s in panel.series:
+            if s.label == "measured":
+                art = ax.scatter(s.x, s.y, s=10, color=colour, alpha=0.6, label=s.label, zorder=3)
+            else:
+                (art,) = ax.plot(s.x, s.y, color="black", linewidth=1.2, label=s.label, zorder=4)
+            handles.setdefault(s.label, art)
+        ax.set_xlabel("accuracy p")
+        if i % n_methods == 0:
+            ax.set_ylabel("weight on ∇log p")
+    suptitle(fig, *title)
+    legend_below(fig, handles, ncol=LEGEND_COLS)
+    return save_figure(fig, ctx.out, result.name, ctx.formats)
+
+
+# -------------------------------------------------------------------------------------- vr_length_bias
+
+#: (panel title, x column, y column, x label, y label) of the length-bias figure, from vr_traces
+LENGTH_PANELS: tuple[tuple[str, str, str, str, str], ...] = (
+    ("trace length vs trace log-ratio", "trace_tokens", "log_ratio", "trace length |z| (tokens)",
+     "(log π_θ0(z|x) − log q_φ(z|x,y′)) / |z|"),
+    ("answer length vs answer log-likelihood", "answer_tokens", "answer_logp", "answer length |y′| (tokens)",
+     "log π_θ0(y′|x,z)"),
+)
+
+
+def weights_runs(ctx: ReportContext) -> list[data.RunInfo]:
+    """The weights-stage runs of the selected sweeps (default variational_reasoning)."""
+    sel = data.select_runs(data.variational_runs(ctx.runs), None, ctx.sweeps, data.VR_SWEEP)
+    return [r for r in sel.runs if r.config.get("stage") == "weights"]
+
+
+@figure("vr_length_bias", "Variational reasoning: length against log-likelihood (length bias)")
+def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
+    sel = data.select_runs(data.variational_runs(ctx.runs), None, ctx.sweeps, data.VR_SWEEP)
+    runs = weights_runs(ctx)
+    rows = data.vr_trace_rows(ctx.con, [r.run_id for r in runs])
+    result = ArtefactResult(
+        name="vr_length_bias",
+        title="Length bias: trace length vs the per-token log-ratio, answer length vs the answer log-likelihood",
+        caption=(
+            "Each dot one sampled trace of the weights stage (vr_traces): left, its length against its per-token "
+            "log-likelihood ratio (the log of the importance ratio's geometric mean); right, the hinted answer's "
+            "length against its log-likelihood under π_θ0 given the trace. Pearson's r (analysis.training.stats) "
+            "in each panel's title."
+        ),
+        runs=[r for r in runs if rows.height and r.run_id in set(rows["run_id"].to_list())],
+        selection_rule=sel.rule + "; stage weights",
+        command=SWEEP_COMMAND,
+    )
+    corrs: dict[str, training_stats.Correlation] = {}
+    for title, xcol, ycol, _, _ in LENGTH_PANELS:
+        panel = Panel(title=title)
+        if rows.height:
+            x, y = rows[xcol].to_numpy().astype(float), rows[ycol].to_numpy().astype(float)
+            corr = training_stats.correlation(x, y)
+            corrs[title] = corr
+            panel.title = f"{title}\n{corr.text()}"
+            panel.series.append(Series("traces", x, y))
+        else:
+            panel.note = f"no vr_traces rows yet\n({SWEEP_COMMAND}, then ingest)"
+        result.panels.append(panel)
+    result.stats = corrs
+    result.has_data = bool(rows.height)
+    if ctx.draw:
+        result.files = _draw_length(ctx, result)
+    return result
+
+
+def _draw_length(ctx: ReportContext, result: ArtefactResult) -> list:
+    title = [result.title, f"{scale_note(result.runs)}; selection: {result.selection_rule}"]
+    fig, axes = _layout(len(result.panels), 0, title)
+    for ax, panel, (_, _, _, xlabel, ylabel) in zip(axes, result.panels, LENGTH_PANELS):
+        ax.set_title(panel.title)
+        if not panel.series:
+            empty_panel(ax, panel.note or "no data")
+            continue
+        s = panel.series[0]
+        ax.scatter(s.x, s.y, s=6, alpha=0.4, color=method_style("vr_acc")[0], linewidths=0)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+    suptitle(fig, *title)
+    return save_figure(fig, ctx.out, result.name, ctx.formats)
