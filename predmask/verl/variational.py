@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
+from predmask.config import group_entry
 from predmask.rl.vr_schema import DATA_MODES, FINAL_RECIPES, STAGES
 from predmask.verl.overrides import _get, _plain, hydra_value
 
@@ -69,7 +70,6 @@ STAGE_OUTPUTS: dict[str, str] = {"prior": "checkpoints", "posterior": "checkpoin
                                  "weights": "weights.parquet", "final": "checkpoints"}
 #: the final recipes composed for the cluster (rft needs a sampling stage of pi_theta0 that is not written yet)
 CLUSTER_RECIPES: tuple[str, ...] = tuple(r for r in FINAL_RECIPES if r != "rft")
-ESTIMATORS: dict[str, str] = {"vr_acc": "acc", "vr_gml": "gml", "vr_likelihood": "likelihood"}
 
 #: cluster.variational defaults. The SFT settings of pi_theta0 and q_phi are the paper's (§C.1/§C.3: pi_theta0 3
 #: epochs, batch 96, lr 1e-5; q_phi 10 epochs, batch 16); the final model's are taken equal to pi_theta0's; K=8,
@@ -241,12 +241,13 @@ def _sft_command(config: Any, run_dir: str, python: str, settings: Mapping[str, 
             setting = setting or "all_weighted"
             if setting not in DATA_MODES:
                 raise ValueError(f"unknown method.data={setting!r}; allowed: {', '.join(DATA_MODES)}")
-            if estimator not in (None, ESTIMATORS[name]):
+            expected = str(group_entry("vr_method", name)["estimator"])  # the recipe's own file owns it
+            if estimator not in (None, expected):
                 raise ValueError(f"method.estimator={estimator!r} does not match recipe {name} "
-                                 f"(expects {ESTIMATORS[name]!r})")
+                                 f"(expects {expected!r})")
             train = f"{run_dir}/final_sft.parquet"  # built by vr_sft before training (see predmask.verl.vr_sft)
             upstream = _upstream(config, run_dir, stage)
-            predmask.update({"recipe": name, "estimator": ESTIMATORS[name], "data": setting,
+            predmask.update({"recipe": name, "estimator": expected, "data": setting,
                              "weights_file": stage_output("weights", upstream["weights"]),
                              "traces_file": stage_output("traces", upstream["traces"]),
                              "questions_file": f"{data}/{VR_DATA_FILES['questions']}",

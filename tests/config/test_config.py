@@ -264,3 +264,14 @@ def test_every_family_sweep_expands_to_runs_of_composed_configs(sweep: str) -> N
 def test_every_variational_recipe_composes_into_variational(recipe: str) -> None:
     cfg = to_container(compose("variational", [f"vr_method@method={recipe}"]))
     assert cfg["method"]["name"] == recipe and cfg["family"] == "variational"
+
+
+def test_variational_recipes_and_their_files_are_one_list() -> None:
+    """Every final recipe of the stage runner has its conf/vr_method file and the reverse; each vr_<e> recipe names
+    the registered estimator <e> (predmask.variational.ESTIMATORS), and every estimator has its recipe."""
+    from predmask.rl.vr_schema import FINAL_RECIPES
+    from predmask.variational import ESTIMATORS
+
+    assert sorted(FINAL_RECIPES) == group_options("vr_method")
+    named = {r: group_entry("vr_method", r).get("estimator") for r in FINAL_RECIPES if r.startswith("vr_")}
+    assert named == {f"vr_{e}": e for e in ESTIMATORS}
