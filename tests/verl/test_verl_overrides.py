@@ -43,8 +43,9 @@ CASES = [(m, model, prec) for m in MAIN_METHODS for model, prec in SETTINGS] + [
 
 def method_cfg(name: str) -> dict:
     method = predmask.get_method(name)
-    if method.kind == "clip":
-        return {"name": name, "eps_low": 0.2, "eps_high": 0.28, "loss_agg_mode": "token-mean"}
+    if method.kind == "clip":  # the method's own clip range (grpo 0.2 / 0.2, grpo_clip_higher 0.2 / 0.28)
+        params = predmask.methods.method_params({"name": name})
+        return {"name": name, "eps_low": params.eps_low, "eps_high": params.eps_high, "loss_agg_mode": "token-mean"}
     return {"name": name, "delta": 0.15, "ratio_cap": 10.0, "loss_agg_mode": "token-mean"}
 
 
@@ -115,9 +116,11 @@ def test_overrides_compose_with_verl_config(compose, method: str, model: str, pr
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     assert actor.policy_loss["loss_mode"] == method and actor.strategy == "megatron"
-    # verl's keys keep verl's meaning: PPO's eps (grpo_clip_higher's range), verl's own clip_ratio / dual-clip c
+    # verl's keys keep verl's meaning: PPO's eps (a clip method's own range: grpo_clip_higher 0.2 / 0.28, grpo
+    # 0.2 / 0.2; verl's defaults 0.2 / 0.2 for the divergence methods), verl's own clip_ratio / dual-clip c
     clip = predmask.get_method(method).kind == "clip"
-    assert (actor.clip_ratio_low, actor.clip_ratio_high) == ((0.2, 0.28) if clip else (0.2, 0.2))
+    high = {"grpo_clip_higher": 0.28}.get(method, 0.2)
+    assert (actor.clip_ratio_low, actor.clip_ratio_high) == ((0.2, high) if clip else (0.2, 0.2))
     assert (actor.clip_ratio, actor.clip_ratio_c) == (0.2, 3.0)
     assert rollout.calculate_log_probs is True and rollout.val_kwargs.n == 16 and rollout.name == "vllm"
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node, cfg.trainer.use_v1) == (4, 8, False)
