@@ -31,7 +31,7 @@ examples:
   python -m sweeps variational_reasoning                 # 37 runs: 1 prior + 3 seeds x (3 stages + 9 finals)
   python -m sweeps variational_reasoning_smoke           # the same chain, one seed, 128 questions (<= 3 min)
   python -m sweeps variational_reasoning method=sft,vr_acc method.data=best_mixed data.questions=256
-  python -m sweeps variational_reasoning cluster=h20_4x8 --dry-run   # verl SFT + vLLM sampling jobs
+  python -m sweeps variational_reasoning cluster=h20_4x8 model=qwen3_4b_base --dry-run   # verl SFT + vLLM jobs
 
 Overrides use Hydra's syntax; a comma list sweeps that key (it replaces the sweep's own axis).
 Axes: method=<name>, +setting=<model-precision pair>, delta=<float>; also model=, precision=, top_k=,

@@ -56,7 +56,8 @@ def _vr_input_paths(spec: RunSpec) -> list[InputPath]:
     from predmask.verl.variational import VR_DATA_FILES, merged_settings  # verl-free: commands only
 
     directory = merged_settings(spec.config)["data_dir"]
-    prepare = command(f"sweeps.data prepare --family variational --out {shlex.quote(directory)}")
+    prepare = command("sweeps.data prepare --family variational --bespoke-file PATH_TO_BESPOKE_STRATOS_17K "
+                      f"--out {shlex.quote(directory)}")
     paths = [InputPath("data", f"{directory}/{name}", prepare) for name in VR_DATA_FILES.values()]
     model = str(spec.config["model"].get("path") or "")
     if model:

@@ -168,7 +168,9 @@ def _sft_overrides(config: Any, run_dir: str, settings: Mapping[str, Any], stage
     model = _get(config, "model")
     path = _get(model, "path")
     if not path:
-        raise ValueError("the variational family on a cluster needs model.path (the base model, e.g. Qwen3-4B-Base)")
+        raise ValueError("the variational family on a cluster needs a real base model with model.path: give "
+                         "model=qwen3_4b_base (the paper's Qwen3-4B-Base; or qwen3_8b_base), not the CPU model "
+                         f"{_get(model, 'name')!r}")
     sp = _positive(settings["sequence_parallel"], "cluster.variational.sequence_parallel")
     if gpus % sp:
         raise ValueError(f"cluster.variational.sequence_parallel={sp} must divide cluster.gpus_per_node={gpus}")
