@@ -19,6 +19,7 @@ comma list sweeps it). ``model=``, ``task.*``, ``base.*`` and ``cluster=`` apply
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -157,6 +158,11 @@ def default_choice(group: str) -> str:
 
 
 def _spec(sweep: str, overrides: Sequence[str], config: dict[str, Any]) -> RunSpec:
+    """A stage run's spec. Its base-model cache is made absolute here: the job runs inside its run directory and
+    reads config.yaml as written, so a relative ``results/cache`` would build a base model per run (the path is a
+    launcher key: not part of the run id)."""
+    if "cache_dir" in config:
+        config = {**config, "cache_dir": str(Path(str(config["cache_dir"])).resolve())}
     return RunSpec(stable_id(config), sweep, tuple(overrides), config)
 
 

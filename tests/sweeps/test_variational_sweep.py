@@ -123,14 +123,19 @@ def test_grpo_needs_whole_batches_of_questions() -> None:
         expand(SWEEP, ["data.questions=20", "seeds=1"])
 
 
-def _env(tmp: Path) -> dict[str, str]:
-    return {**os.environ, "PREDMASK_DB": str(tmp / "db.duckdb"), "PREDMASK_RUNS": str(tmp / "runs"),
-            "PREDMASK_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1"}
+def _env(tmp: Path, cache: bool = True) -> dict[str, str]:
+    """The sweep's environment; ``cache=False`` leaves the base-model cache at its default (results/cache under
+    the working directory), as on a fresh clone."""
+    env = {**os.environ, "PREDMASK_DB": str(tmp / "db.duckdb"), "PREDMASK_RUNS": str(tmp / "runs"),
+           "PREDMASK_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1"}
+    if not cache:
+        del env["PREDMASK_CACHE"]
+    return env
 
 
-def _sweeps(tmp: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "sweeps", *args], cwd=tmp, env=_env(tmp), capture_output=True,
-                          text=True, timeout=timeout, check=False)
+def _sweeps(tmp: Path, *args: str, timeout: float = 900, cache: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sweeps", *args], cwd=tmp, env=_env(tmp, cache),
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_dry_run_json_lists_every_stage_with_its_command(tmp_path: Path) -> None:
@@ -165,8 +170,10 @@ TINY = [
 @pytest.mark.slow
 def test_tiny_sweep_end_to_end_every_run_completed_and_in_the_database(tmp_path: Path) -> None:
     args = ["variational_reasoning_smoke", "method=sft,vr_acc,grpo", "method.data=best_mixed", *TINY]
-    out = _sweeps(tmp_path, *args)
+    out = _sweeps(tmp_path, *args, cache=False)  # the default, relative cache: one base model for every run
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert len(list(tmp_path.rglob("base-*.pt"))) == 1, sorted(tmp_path.rglob("base-*.pt"))
+    assert list((tmp_path / "results" / "cache").glob("base-*.pt"))
     assert "7 runs" in out.stdout and "7 completed, 0 already done, 0 failed" in out.stdout
     assert "(target <= 3 min on 2 cores)" in out.stdout
     assert "next: " in out.stdout and "analysis accuracy_weighting" in out.stdout
@@ -190,7 +197,7 @@ def test_tiny_sweep_end_to_end_every_run_completed_and_in_the_database(tmp_path:
     assert rows == {d.name: "completed" for d in dirs}
     assert {"prior", "posterior", "traces", "weights", "sft", "vr_acc", "grpo"} <= methods
 
-    again = _sweeps(tmp_path, *args)  # a rerun skips every completed run
+    again = _sweeps(tmp_path, *args, cache=False)  # a rerun skips every completed run
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "0 completed, 7 already done, 0 failed" in again.stdout
 
