@@ -50,6 +50,22 @@ def canonical_config(value: Any) -> str | None:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+def upsert_config_row(con: duckdb.DuckDBPyConnection, table: str, key_column: str, key: str,
+                      config: Any) -> str:
+    """Insert or update the ``(key, config, created_at)`` row of an analysis's parent table (a token-level study,
+    an accuracy-weighting analysis) inside the caller's transaction: ``inserted``, ``updated`` (the stored config
+    differed) or ``unchanged``. A None config never replaces a stored one."""
+    cfg_text = canonical_config(config)
+    stored = fetch_one(con, f"SELECT config FROM {table} WHERE {key_column} = ?", [key])
+    if stored is None:
+        con.execute(f"INSERT INTO {table} ({key_column}, config, created_at) VALUES (?, ?, ?)", [key, cfg_text, utcnow()])
+        return "inserted"
+    if cfg_text is not None and cfg_text != stored[0]:
+        con.execute(f"UPDATE {table} SET config = ? WHERE {key_column} = ?", [cfg_text, key])
+        return "updated"
+    return "unchanged"
+
+
 def _normalise_run_row(row: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(row) - set(RUN_COLUMNS))
     if unknown:

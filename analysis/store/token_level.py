@@ -12,8 +12,8 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.connection import fetch_one, table_columns, table_exists, utcnow
-from analysis.store.runs import canonical_config
+from analysis.store.connection import table_columns, table_exists, utcnow
+from analysis.store.runs import canonical_config, upsert_config_row
 from analysis.store.schema import GRID_COLUMNS
 
 __all__ = [
@@ -126,22 +126,10 @@ def upsert_token_level(
         tokens = _with_study_id(tokens, study_id, "token_rows")
         keys = ["seed", "sequence", "position"] if "sequence" in tokens.column_names else ["seed", "position"]
         _check_unique(tokens, keys, "token_rows")
-    cfg_text = canonical_config(config)
     added: tuple[str, ...] = ()
     con.execute("BEGIN TRANSACTION")
     try:
-        old = fetch_one(con, "SELECT config FROM token_level_studies WHERE study_id = ?", [study_id])
-        if old is None:
-            con.execute(
-                "INSERT INTO token_level_studies (study_id, config, created_at) VALUES (?, ?, ?)",
-                [study_id, cfg_text, utcnow()],
-            )
-            study = "inserted"
-        elif cfg_text is not None and cfg_text != old[0]:
-            con.execute("UPDATE token_level_studies SET config = ? WHERE study_id = ?", [cfg_text, study_id])
-            study = "updated"
-        else:
-            study = "unchanged"
+        study = upsert_config_row(con, "token_level_studies", "study_id", study_id, config)
         if seeds is not None and seeds.num_rows:
             added += _replace_seeds(con, "token_level_seeds", study_id, seeds)
         if tokens is not None and tokens.num_rows:

@@ -12,8 +12,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.connection import fetch_one, utcnow
-from analysis.store.runs import canonical_config
+from analysis.store.runs import upsert_config_row
 from analysis.store.schema import ACCURACY_WEIGHTING_COLUMNS, VR_TRACE_COLUMNS
 
 __all__ = [
@@ -148,7 +147,6 @@ def upsert_accuracy_weighting(
     if len(set(keys)) != len(keys):
         dup = next(k for k in keys if keys.count(k) > 1)
         raise ValueError(f"accuracy_weighting rows repeat (source, method, question) = {dup}")
-    cfg_text = canonical_config(config)
     new = sorted(
         (tuple(None if v is None else (float(v) if isinstance(v, float) else v) for v in (r[c] for c in columns))
          for r in rows),
@@ -156,18 +154,7 @@ def upsert_accuracy_weighting(
     )
     con.execute("BEGIN TRANSACTION")
     try:
-        stored = fetch_one(con, "SELECT config FROM accuracy_weighting_analyses WHERE analysis_id = ?", [analysis_id])
-        if stored is None:
-            con.execute(
-                "INSERT INTO accuracy_weighting_analyses (analysis_id, config, created_at) VALUES (?, ?, ?)",
-                [analysis_id, cfg_text, utcnow()],
-            )
-            analysis = "inserted"
-        elif cfg_text is not None and cfg_text != stored[0]:
-            con.execute("UPDATE accuracy_weighting_analyses SET config = ? WHERE analysis_id = ?", [cfg_text, analysis_id])
-            analysis = "updated"
-        else:
-            analysis = "unchanged"
+        analysis = upsert_config_row(con, "accuracy_weighting_analyses", "analysis_id", analysis_id, config)
         old = con.execute(
             f"SELECT {', '.join(columns)} FROM accuracy_weighting WHERE analysis_id = ? "
             f"ORDER BY {', '.join(_AW_KEY)}",
