@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from analysis.paired import wilson_interval  # its one owner; re-exported for this module's callers
+
 __all__ = [
     "CRITERIA",
     "PAPER_LABEL",
@@ -170,17 +172,6 @@ def mean_se(values: Iterable[float | None], over: str = SEEDS) -> MeanSE:
         return MeanSE(None, None, 0, over)
     se = float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else None
     return MeanSE(float(x.mean()), se, int(x.size), over)
-
-
-def wilson_interval(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion k/n (95% by default); (NaN, NaN) for n = 0."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p = k / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return centre - half, centre + half
 
 
 @dataclass(frozen=True)

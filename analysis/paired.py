@@ -1,0 +1,282 @@
+"""Paired, seed-clustered inference: cluster-bootstrap intervals, paired per-seed comparisons, the Wilson interval.
+
+Pure numpy/scipy. A study's tokens are not independent: every token of one seed shares that seed's rollout, its
+policy and its one update, so an interval that treats pooled tokens as independent draws is too narrow. The unit
+of replication is the seed; everything here resamples or pairs seeds.
+
+Definitions (one each):
+- a **pooled statistic** is a function of the per-seed count vectors summed over seeds (a pooled rate: the sum of
+  the numerators over the sum of the denominators);
+- its **seed-cluster bootstrap interval**: draw the n seeds with replacement ``resamples`` times (row b of
+  ``numpy.random.default_rng(seed).integers(0, n, size=(resamples, n))`` is resample b), recompute the statistic
+  on each resample's sums, and take the percentile interval (``numpy.quantile``, linear interpolation) at
+  ``(1 - level) / 2`` and ``(1 + level) / 2``. The mean of per-seed values is the pooled ratio with denominator 1
+  per seed. Degenerate cases:
+  - no seed, or a statistic undefined on the seeds themselves (a zero denominator): no estimate, no interval;
+  - one seed: the estimate and no interval (one seed says nothing about how seeds vary; ``t_interval`` does the
+    same);
+  - a resample on which the statistic is undefined (it drew only seeds with a zero denominator) is left out and
+    counted in ``n_undefined``; the interval is taken over the others;
+  - seeds that all give the same value (every seed at 100%, say) give every resample that value: the interval is
+    that point. The bootstrap cannot show variation the seeds do not have; a Wilson interval printed beside it
+    is then the only hint of sampling error, under its own assumption;
+- a **paired comparison** of two per-seed rates: the differences ``a - b`` on the seeds where both are finite,
+  their mean with the Student-t interval of ``analysis.training.stats.t_interval``, the seeds where ``a`` is
+  lower / tied / higher, a two-sided sign test (``scipy.stats.binomtest``, p = 1/2, on the seeds that are not
+  tied) and a two-sided Wilcoxon signed-rank test (``scipy.stats.wilcoxon``, ``zero_method="wilcox"``: tied seeds
+  are dropped, the same seeds as the sign test; ``method="auto"``: exact without ties up to 50 seeds, exhaustive
+  permutations with ties up to 13, the normal approximation above). All seeds tied: both p-values are 1.0 with
+  that reason. With fewer than ``min_untied(level)`` untied seeds neither test can reach ``p <= 1 - level`` (the
+  smallest two-sided p of n untied seeds is 2 / 2^n), and the note says so;
+- the **Wilson score interval** of a binomial proportion k/n treats the n trials as independent: on tokens pooled
+  over seeds it is printed only beside a cluster interval, labelled as assuming independence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy import stats as sps
+
+from analysis.training.stats import CONFIDENCE, Interval, t_interval
+
+__all__ = [
+    "BOOTSTRAP_SEED",
+    "RESAMPLES",
+    "WILSON_NOTE",
+    "ClusterInterval",
+    "PairedComparison",
+    "cluster_bootstrap",
+    "cluster_bootstrap_mean",
+    "cluster_bootstrap_ratio",
+    "min_untied",
+    "paired_comparison",
+    "wilson_interval",
+    "z_of",
+]
+
+#: resamples of a seed-cluster bootstrap
+RESAMPLES = 2000
+#: the generator seed of every bootstrap: the same inputs always give the same interval
+BOOTSTRAP_SEED = 0
+#: the words printed beside every Wilson interval on pooled tokens
+WILSON_NOTE = "Wilson score interval, assumes independent tokens"
+
+Statistic = Callable[[np.ndarray], np.ndarray]
+
+
+def _check_level(level: float) -> None:
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence level must be in (0, 1), got {level!r}")
+
+
+def z_of(level: float = CONFIDENCE) -> float:
+    """The two-sided standard-normal quantile of a confidence level (1.959964 for 0.95)."""
+    _check_level(level)
+    return float(sps.norm.ppf(0.5 + level / 2))
+
+
+def wilson_interval(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion k/n (95% by default); (NaN, NaN) for n = 0."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return centre - half, centre + half
+
+
+# ------------------------------------------------------------------------------------- cluster bootstrap
+
+
+@dataclass(frozen=True)
+class ClusterInterval:
+    """A pooled statistic over seeds with its seed-cluster bootstrap percentile interval.
+
+    ``estimate`` is None when the statistic is undefined on the seeds themselves; ``lo``/``hi`` are None with it,
+    and for fewer than two seeds. ``note`` gives the reason whenever there is no interval."""
+
+    estimate: float | None
+    lo: float | None
+    hi: float | None
+    n_seeds: int
+    level: float
+    resamples: int
+    n_undefined: int  # resamples on which the statistic was undefined, left out of the interval
+    note: str = ""
+
+    @property
+    def has_interval(self) -> bool:
+        return self.lo is not None and self.hi is not None
+
+    def text(self, scale: float = 100.0, spec: str = ".1f", unit: str = "%") -> str:
+        """ "88.3% [85.1, 90.9] (seed bootstrap, 61 seeds)"; no interval: "88.3% (one seed: no interval)"."""
+        if self.estimate is None:
+            return f"— ({self.note})" if self.note else "—"
+        est = f"{format(scale * self.estimate, spec)}{unit}"
+        if self.lo is None or self.hi is None:
+            return f"{est} ({self.note})"
+        lo, hi = format(scale * self.lo, spec), format(scale * self.hi, spec)
+        return f"{est} [{lo}, {hi}] (seed bootstrap, {self.n_seeds} seeds)"
+
+
+def _resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+
+
+def cluster_bootstrap(
+    counts: ArrayLike,
+    statistic: Statistic,
+    *,
+    level: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> ClusterInterval:
+    """A pooled statistic of per-seed count vectors (``counts``: seeds × k) with its seed-cluster bootstrap interval.
+
+    ``statistic`` maps summed count vectors (``... × k``) to one value each (NaN where undefined); it is applied to
+    the sums over all seeds for the estimate and to each resample's sums for the interval."""
+    _check_level(level)
+    if resamples < 1:
+        raise ValueError(f"resamples must be a positive number of bootstrap draws, got {resamples!r}")
+    c = np.asarray(counts, dtype=float)
+    if c.ndim != 2:
+        raise ValueError(f"counts must be a seeds × k array, got shape {c.shape}")
+    if not np.isfinite(c).all():
+        raise ValueError("counts must be finite; leave a seed without a value out, or give it zero counts")
+    n = c.shape[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        estimate = float(statistic(c.sum(axis=0))) if n else float("nan")
+    base = {"n_seeds": n, "level": level, "resamples": resamples}
+    if not math.isfinite(estimate):
+        note = "no seed" if n == 0 else "undefined on these seeds (zero denominator)"
+        return ClusterInterval(None, None, None, n_undefined=0, note=note, **base)
+    if n == 1:
+        return ClusterInterval(estimate, None, None, n_undefined=0, note="one seed: no interval", **base)
+    sums = c[_resample_indices(n, resamples, seed)].sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values = np.asarray(statistic(sums), dtype=float)
+    ok = np.isfinite(values)
+    lo, hi = np.quantile(values[ok], [(1 - level) / 2, (1 + level) / 2])
+    return ClusterInterval(estimate, float(lo), float(hi), n_undefined=int((~ok).sum()), **base)
+
+
+def _ratio(sums: np.ndarray) -> np.ndarray:
+    return sums[..., 0] / sums[..., 1]
+
+
+def cluster_bootstrap_ratio(
+    num: ArrayLike,
+    den: ArrayLike,
+    *,
+    level: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> ClusterInterval:
+    """The pooled rate ``sum(num) / sum(den)`` over seeds (one entry per seed) with its seed-cluster interval."""
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if a.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"num and den must be one value per seed each, got shapes {a.shape} and {b.shape}")
+    if (b < 0).any():
+        raise ValueError(f"denominators must be >= 0, got {b[b < 0][0]!r}")
+    return cluster_bootstrap(np.stack([a, b], axis=1), _ratio, level=level, resamples=resamples, seed=seed)
+
+
+def cluster_bootstrap_mean(
+    values: Iterable[float | None],
+    *,
+    level: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> ClusterInterval:
+    """The mean of per-seed values (None and NaN left out) with its seed-cluster bootstrap interval."""
+    x = np.array([np.nan if v is None else v for v in values], dtype=float)
+    x = x[np.isfinite(x)]
+    return cluster_bootstrap_ratio(x, np.ones_like(x), level=level, resamples=resamples, seed=seed)
+
+
+# ------------------------------------------------------------------------------------- paired comparison
+
+
+def min_untied(level: float = CONFIDENCE) -> int:
+    """The fewest untied seeds at which a two-sided sign or signed-rank test can reach p <= 1 - level
+    (the smallest attainable p of n untied seeds is 2 / 2^n): 6 at level 0.95."""
+    _check_level(level)
+    alpha = 1.0 - level
+    return max(1, math.ceil(1.0 + math.log2(1.0 / alpha) - 1e-12))
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Two per-seed rates compared seed by seed: ``diffs = a - b`` on the seeds where both are finite."""
+
+    a: np.ndarray
+    b: np.ndarray
+    diffs: np.ndarray
+    interval: Interval  # Student-t interval of the mean difference
+    n_lower: int  # seeds where a < b
+    n_tied: int
+    n_higher: int
+    n_dropped: int  # seeds left out because one of the two rates is undefined there
+    sign_p: float | None  # two-sided sign test on the untied seeds; None without seeds
+    wilcoxon_p: float | None  # two-sided Wilcoxon signed-rank test (zero_method="wilcox"); None without seeds
+    note: str  # why a p-value is 1.0 or weak, "" otherwise
+
+    @property
+    def n(self) -> int:
+        return int(self.diffs.size)
+
+    @property
+    def n_untied(self) -> int:
+        return self.n_lower + self.n_higher
+
+
+def _tests(d: np.ndarray, level: float) -> tuple[float | None, float | None, str]:
+    """(sign test p, Wilcoxon p, note) of paired differences."""
+    if d.size == 0:
+        return None, None, "no paired seed"
+    higher, lower = int((d > 0).sum()), int((d < 0).sum())
+    untied = higher + lower
+    if untied == 0:
+        return 1.0, 1.0, f"all {d.size} seeds tied: no evidence either way (p = 1)"
+    sign_p = float(sps.binomtest(higher, untied, 0.5, alternative="two-sided").pvalue)
+    wil_p = float(sps.wilcoxon(d, zero_method="wilcox", alternative="two-sided", method="auto").pvalue)
+    need = min_untied(level)
+    note = ""
+    if untied < need:
+        alpha = 1.0 - level
+        note = (
+            f"only {untied} untied seeds (< {need}): neither test can reach p <= {alpha:g} "
+            f"(smallest two-sided p = {2.0 / 2**untied:.3g})"
+        )
+    return sign_p, wil_p, note
+
+
+def paired_comparison(a: ArrayLike, b: ArrayLike, level: float = CONFIDENCE) -> PairedComparison:
+    """Per-seed rates ``a`` and ``b`` (aligned: entry i of both is seed i) compared seed by seed."""
+    _check_level(level)
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.ndim != 1 or x.shape != y.shape:
+        raise ValueError(f"a and b must be one rate per seed each, aligned, got shapes {x.shape} and {y.shape}")
+    both = np.isfinite(x) & np.isfinite(y)
+    x, y = x[both], y[both]
+    d = x - y
+    sign_p, wil_p, note = _tests(d, level)
+    return PairedComparison(
+        a=x,
+        b=y,
+        diffs=d,
+        interval=t_interval(d, level),
+        n_lower=int((d < 0).sum()),
+        n_tied=int((d == 0).sum()),
+        n_higher=int((d > 0).sum()),
+        n_dropped=int((~both).sum()),
+        sign_p=sign_p,
+        wilcoxon_p=wil_p,
+        note=note,
+    )
