@@ -183,7 +183,7 @@ def cluster_bootstrap_ratio(
     if a.ndim != 1 or a.shape != b.shape:
         raise ValueError(f"num and den must be one value per seed each, got shapes {a.shape} and {b.shape}")
     if (b < 0).any():
-        raise ValueError(f"denominators must be >= 0, got {b[b < 0][0]!r}")
+        raise ValueError(f"denominators must be >= 0, got {float(b[b < 0][0])!r}")
     return cluster_bootstrap(np.stack([a, b], axis=1), _ratio, level=level, resamples=resamples, seed=seed)
 
 
@@ -262,7 +262,9 @@ def paired_comparison(a: ArrayLike, b: ArrayLike, level: float = CONFIDENCE) -> 
     _check_level(level)
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if x.ndim != 1 or x.shape != y.shape:
-        raise ValueError(f"a and b must be one rate per seed each, aligned, got shapes {x.shape} and {y.shape}")
+        raise ValueError(
+            f"a and b must be one rate per seed each, aligned, got shapes {x.shape} and {y.shape}"
+        )
     both = np.isfinite(x) & np.isfinite(y)
     x, y = x[both], y[both]
     d = x - y
