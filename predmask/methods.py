@@ -1,13 +1,13 @@
 """The method registry and the masked policy losses of math.md §4, with verl's loss aggregation modes.
 
-Behaviour lives in registries of functions, in the spirit of verl's ``core_algos`` (one decorator per function,
-one lookup by name): a loss kind (``LOSS_KINDS``: PPO ratio clipping, or the DPPO loss form with a divergence
-mask), a direction criterion (``DIRECTIONS``: does this token's gradient step move the policy further from the
-rollout?), a support (``SUPPORTS``: which slots the divergence is taken over), and from ``predmask.divergence``
-the divergences and tail estimators. A method (``METHODS``) is one registration naming one of each, plus its
-``conf/method/<name>.yaml``. :func:`policy_loss` only dispatches; a new criterion, divergence or tail is one
-registered function. Parameter defaults are :class:`MethodParams`' (the YAML files select values, they do not
-repeat the defaults).
+The research axes are registries of functions, in the spirit of verl's ``core_algos`` (one decorator per
+function, one lookup by name): a direction criterion (``DIRECTIONS``: does this token's gradient step move the
+policy further from the rollout?) and, from ``predmask.divergence``, the divergences and tail estimators. The two
+loss kinds (``LOSS_KINDS``: PPO ratio clipping, or the DPPO loss form with a divergence mask) and the two supports
+(``SUPPORTS``: the top-K slots, or the sampled token alone) are plain code. A method (``METHODS``) is one
+registration naming one of each, plus its ``conf/method/<name>.yaml``. :func:`policy_loss` only dispatches; a new
+criterion, divergence or tail is one registered function. Parameter defaults are :class:`MethodParams`' (the YAML
+files select values, they do not repeat the defaults).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ __all__ = [
     "METHODS",
     "SUPPORTS",
     "LossBatch",
-    "LossKind",
     "Method",
     "MethodParams",
     "agg_loss",
@@ -50,9 +49,7 @@ __all__ = [
     "method_params",
     "policy_loss",
     "register_direction",
-    "register_loss_kind",
     "register_method",
-    "register_support",
 ]
 
 LOSS_AGG_MODES: tuple[str, ...] = (
@@ -61,6 +58,10 @@ LOSS_AGG_MODES: tuple[str, ...] = (
 #: what the ratio r = pi / anchor is anchored on: "old" = pi_old, the training policy's log-prob of the sampled token
 #: before the batch's first update (verl's recomputed old_log_prob); "rollout" = the rollout's log mu_k
 ANCHORS: tuple[str, ...] = ("old", "rollout")
+#: the loss forms (math.md §4.2): "clip" = PPO ratio clipping, "divergence" = the DPPO loss form with a divergence mask
+LOSS_KINDS: tuple[str, ...] = ("clip", "divergence")
+#: the slots D is taken over: "topk" = TopK(mu) ∪ {k}, "binary" = {k} alone (DPPO's binary approximation)
+SUPPORTS: tuple[str, ...] = ("topk", "binary")
 #: the direction criterion every other one is compared with (``actor/mask/direction_disagree``)
 REFERENCE_DIRECTION = "ratio"
 
@@ -158,64 +159,26 @@ class DirectionInputs:
     params: MethodParams
 
 
-#: ``loss(method, params, batch) -> (loss_mat [B, R], dropped bool [B, R], extra metrics)``
-LossFn = Callable[["Method", MethodParams, LossBatch], tuple[Tensor, Tensor, dict[str, float]]]
 #: ``direction(inputs) -> bool [B, R]``: True where this token's gradient step increases D
 DirectionFn = Callable[[DirectionInputs], Tensor]
-#: ``support(valid, sampled_index) -> bool [..., K+1]``: the slots D is taken over
-SupportFn = Callable[[Tensor, Tensor], Tensor]
 
-
-@dataclass(frozen=True)
-class LossKind:
-    """A registered loss form: its function, whether it needs the top-K support, the parameters it reads (a run
-    records them), and the default anchor of its ratio (ANCHORS)."""
-
-    name: str
-    loss: LossFn
-    needs_support: bool
-    params: tuple[str, ...]
-    anchor: str
-
-
-LOSS_KINDS: Registry[LossKind] = Registry("loss kind")
 DIRECTIONS: Registry[DirectionFn] = Registry("direction criterion")
-SUPPORTS: Registry[SupportFn] = Registry("support")
 #: decorator: register a direction criterion under a name
 register_direction = DIRECTIONS.register
-#: decorator: register a support (the slots the divergence is taken over) under a name
-register_support = SUPPORTS.register
-
-
-def register_loss_kind(name: str, *, needs_support: bool, params: tuple[str, ...],
-                       anchor: str) -> Callable[[LossFn], LossFn]:
-    """Decorator: register a loss form under ``name``; ``params`` are the MethodParams fields it reads (recorded
-    in every run's config), ``anchor`` the default anchor of its ratio."""
-    unknown = sorted(set(params) - {f.name for f in fields(MethodParams)})
-    if unknown:
-        raise ValueError(f"loss kind {name!r} names unknown parameters {unknown}")
-    if anchor not in ANCHORS:
-        raise ValueError(f"loss kind {name!r}: unknown anchor {anchor!r}; allowed: {', '.join(ANCHORS)}")
-
-    def decorator(fn: LossFn) -> LossFn:
-        LOSS_KINDS.add(name, LossKind(name, fn, needs_support, params, anchor))
-        return fn
-
-    return decorator
 
 
 @dataclass(frozen=True)
 class Method:
     """One trust-region mask: a registration naming its parts (each a key of its registry).
 
-    kind:       loss form, a key of LOSS_KINDS: "clip" (PPO ratio clipping) or "divergence" (DPPO loss form
+    kind:       loss form, one of LOSS_KINDS: "clip" (PPO ratio clipping) or "divergence" (DPPO loss form
                 with a divergence mask)
     divergence: D of the proximity test, a key of predmask.divergence.DIVERGENCES ("kl", "tv")
-    support:    a key of SUPPORTS: "topk" (TopK(mu) ∪ {k}) or "binary" ({k} only, DPPO's binary approximation)
+    support:    one of SUPPORTS: "topk" (TopK(mu) ∪ {k}) or "binary" ({k} only, DPPO's binary approximation)
     direction:  a key of DIRECTIONS: "ratio" (A·(r-1) > 0) or "predictive" (A·Ddot > 0)
     tail:       q_T estimator of the predictive direction, a key of predmask.divergence.TAILS
     The ratio's anchor is the caller's ``old_log_prob``: pi_old or the rollout's log mu_k, as
-    :meth:`anchor` says (the loss kind's default unless ``MethodParams.anchor`` is set).
+    :meth:`anchor` says (:attr:`default_anchor` unless ``MethodParams.anchor`` is set).
     """
 
     name: str
@@ -230,7 +193,8 @@ class Method:
     defaults: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        LOSS_KINDS.lookup(self.kind)
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"unknown loss kind {self.kind!r}; allowed: {', '.join(LOSS_KINDS)}")
         unread = sorted(k for k, _ in self.defaults if k not in self.params)
         if unread:
             raise ValueError(f"method {self.name!r}: defaults {unread} are not parameters its {self.kind!r} loss "
@@ -240,24 +204,30 @@ class Method:
             if missing:
                 raise ValueError(f"method {self.name!r}: a {self.kind!r} loss needs {', '.join(missing)}")
             get_divergence(str(self.divergence))
-            SUPPORTS.lookup(str(self.support))
+            if self.support not in SUPPORTS:
+                raise ValueError(f"unknown support {self.support!r}; allowed: {', '.join(SUPPORTS)}")
             DIRECTIONS.lookup(str(self.direction))
         if self.tail is not None:
             get_tail(self.tail)
 
     @property
     def needs_support(self) -> bool:
-        return LOSS_KINDS[self.kind].needs_support
+        """Whether the loss needs the top-K support (the divergence kind does, clipping does not)."""
+        return self.kind == "divergence"
 
     @property
     def params(self) -> tuple[str, ...]:
-        """The MethodParams fields this method reads (its configurable parameters)."""
-        return LOSS_KINDS[self.kind].params
+        """The MethodParams fields this method's loss kind reads (its configurable parameters, recorded in every
+        run's config)."""
+        if self.kind == "clip":
+            return ("eps_low", "eps_high", "anchor", "loss_agg_mode")
+        return ("delta", "ratio_cap", "loss_agg_mode")
 
     @property
     def default_anchor(self) -> str:
-        """The anchor of the ratio when ``MethodParams.anchor`` is None (the loss kind's)."""
-        return LOSS_KINDS[self.kind].anchor
+        """The anchor of the ratio when ``MethodParams.anchor`` is None: pi_old for clipping (as verl's GRPO), the
+        rollout's mu for the divergence kind (as the paper and DPPO)."""
+        return "old" if self.kind == "clip" else "rollout"
 
     def anchor(self, params: MethodParams) -> str:
         """The anchor this method's ratio uses with ``params`` (ANCHORS)."""
@@ -400,7 +370,7 @@ def policy_loss(
         M.PPO_KL: float(_masked_mean(-log_ratio.detach(), mask)),
         M.MASK_TOKENS: float(mask.sum()),
     }
-    loss_mat, dropped, extra = LOSS_KINDS[m.kind].loss(m, p, batch)
+    loss_mat, dropped, extra = (_clip_loss if m.kind == "clip" else _divergence_loss)(m, p, batch)
     loss = agg_loss(loss_mat, mask, p.loss_agg_mode, **dict(global_batch_info or {}))
     metrics[M.CLIPFRAC] = float(_masked_mean(dropped.float(), batch.nonzero_adv))
     metrics[M.CLIPFRAC_LOWER] = float(_masked_mean((dropped & (advantages < 0)).float(), batch.nonzero_adv))
@@ -409,8 +379,6 @@ def policy_loss(
 
 
 # ----------------------------------------------------------------------------------------------- loss kinds
-@register_loss_kind("clip", needs_support=False, params=("eps_low", "eps_high", "anchor", "loss_agg_mode"),
-                    anchor="old")
 def _clip_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor, dict[str, float]]:
     """PPO clipping with the clip-higher range: ``max(-A r, -A clip(r, 1-eps_low, 1+eps_high))``."""
     surr1 = -b.adv * b.ratio
@@ -420,8 +388,6 @@ def _clip_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor
     return torch.maximum(surr1, surr2), dropped & b.mask, {}
 
 
-@register_loss_kind("divergence", needs_support=True, params=("delta", "ratio_cap", "loss_agg_mode"),
-                    anchor="rollout")
 def _divergence_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor, dict[str, float]]:
     """The DPPO loss form ``-A sg(min(r, c)) keep log pi_k``: a token is dropped when it lies outside the trust
     region (D > delta) and the method's direction criterion says its step increases D."""
@@ -436,7 +402,7 @@ def _divergence_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, 
             f"support tensors {tuple(b.mu_logprobs.shape)} must be [*{tuple(b.log_prob.shape)}, K+1]"
         )
     with torch.no_grad():
-        div_valid = SUPPORTS.lookup(str(m.support))(b.valid, b.sampled_index)
+        div_valid = b.valid if m.support == "topk" else binary_support_valid(b.valid, b.sampled_index)
         c = coarse_distributions(b.mu_logprobs.detach(), b.pi_logprobs.detach(), div_valid)
         d = divergence_of(c, m.divergence)
         outside = (d > p.delta) & b.mask
@@ -479,15 +445,6 @@ def _predictive_direction(x: DirectionInputs) -> Tensor:
                              tail=x.method.tail, vocab_size=x.params.vocab_size, pi_tail_sq=x.pi_tail_sq)
     return (x.advantages * ddot) > 0
 
-
-# ----------------------------------------------------------------------------------------------- supports
-@register_support("topk")
-def _topk_support(valid: Tensor, sampled_index: Tensor) -> Tensor:
-    """TopK(mu) ∪ {k}: every valid slot."""
-    return valid
-
-
-SUPPORTS.add("binary", binary_support_valid)
 
 
 # ----------------------------------------------------------------------------------------------- methods
