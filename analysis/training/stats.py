@@ -16,7 +16,12 @@ Definitions (one each):
   equal within 1e-12);
 - per run: final = the value at the last logged step, best = the largest value, AUC = trapezoid area under the
   curve over steps divided by the step span (a mean accuracy over the run; one point: that point);
-- collapse: see ``collapse``.
+- collapse: see ``collapse``;
+- power of a paired comparison (sizing Table 2): the two-sided paired t-test at level ``alpha`` on n seeds whose
+  paired differences are normal with mean ``d`` and standard deviation ``sd`` rejects with probability
+  ``P(|T| > t_{1-alpha/2, n-1})``, T noncentral t with n - 1 degrees of freedom and noncentrality
+  ``d sqrt(n) / sd`` (exact, ``scipy.stats.nct``); the minimum detectable difference is the ``d > 0`` at which that
+  power is ``POWER`` (0.8 at alpha 0.05 by default), the seeds needed the smallest n >= 2 reaching it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import integrate as sps_integrate
+from scipy import optimize as sps_optimize
 from scipy import signal as sps_signal
 from scipy import stats as sps
 
@@ -35,6 +41,7 @@ __all__ = [
     "IDENTICAL_ATOL",
     "INTERVAL_NAME",
     "MIN_COLLAPSE_POINTS",
+    "POWER",
     "RAW",
     "STEP_SMOOTHING",
     "VAL_SMOOTHING",
@@ -54,10 +61,13 @@ __all__ = [
     "identical",
     "interval_note",
     "mean_on_common_steps",
+    "minimum_detectable_difference",
     "paired_difference",
+    "paired_t_power",
     "predictive_references",
     "run_summary",
     "seed_curve",
+    "seeds_needed",
     "setting_results",
     "t_band",
     "t_interval",
@@ -70,6 +80,8 @@ INTERVAL_NAME = "95% t-interval"
 IDENTICAL_ATOL = 1e-12
 #: a collapse needs at least this many logged points below half the best, from some step to the end of the run
 MIN_COLLAPSE_POINTS = 2
+#: the power a paired comparison of methods is sized for (``minimum_detectable_difference``, ``seeds_needed``)
+POWER = 0.8
 
 
 def interval_note(n: int | str = "n") -> str:
@@ -429,6 +441,85 @@ def predictive_references(methods: Sequence[str]) -> dict[str, str]:
         if ref is not None:
             out[name] = ref
     return out
+
+
+# ------------------------------------------------------------------------------------- power of a paired test
+
+
+def _check_test(sd: float, alpha: float) -> None:
+    if not (math.isfinite(sd) and sd > 0):
+        raise ValueError(f"the SD of the paired differences must be finite and > 0, got {sd!r}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+
+
+def _check_power_args(sd: float, power: float, alpha: float) -> None:
+    _check_test(sd, alpha)
+    if not alpha < power < 1.0:
+        raise ValueError(f"power must be in (alpha, 1) = ({alpha:g}, 1), got {power!r}")
+
+
+def paired_t_power(difference: float, sd: float, n: int, alpha: float = 1.0 - CONFIDENCE) -> float:
+    """Power of the two-sided paired t-test at level ``alpha`` on ``n`` seeds whose paired differences have mean
+    ``difference`` and standard deviation ``sd`` (exact, through the noncentral t distribution)."""
+    if not (isinstance(n, (int, np.integer)) and n >= 2):
+        raise ValueError(f"a paired t-test needs n >= 2 seeds, got {n!r}")
+    _check_test(sd, alpha)
+    if not math.isfinite(difference):
+        raise ValueError(f"the paired difference must be finite, got {difference!r}")
+    df = n - 1
+    crit = float(sps.t.ppf(1.0 - alpha / 2, df))
+    nc = abs(difference) * math.sqrt(n) / sd  # the power is symmetric in the sign of the difference
+    upper = float(sps.nct.sf(crit, df, nc))
+    # P(T_nc < -crit) = P(T_-nc > crit): scipy's nct.cdf returns NaN for some far lower tails, its sf does not
+    lower = float(sps.nct.sf(crit, df, -nc))
+    if not (math.isfinite(upper) and math.isfinite(lower)):
+        raise ArithmeticError(f"scipy's noncentral t gave NaN for n = {n}, noncentrality {nc:g}")
+    return min(1.0, upper + lower)
+
+
+def minimum_detectable_difference(
+    n: int, sd: float, power: float = POWER, alpha: float = 1.0 - CONFIDENCE
+) -> float:
+    """The smallest mean paired difference (> 0, in the units of ``sd``) that the two-sided paired t-test on ``n``
+    seeds detects with probability ``power`` at level ``alpha``; solved with ``scipy.optimize.brentq``."""
+    _check_power_args(sd, power, alpha)
+    hi = sd
+    while paired_t_power(hi, sd, n, alpha) < power:  # power rises with the difference: bracket the root
+        hi *= 2.0
+    return float(
+        sps_optimize.brentq(lambda d: paired_t_power(d, sd, n, alpha) - power, 0.0, hi, xtol=1e-12 * sd)
+    )
+
+
+def seeds_needed(
+    difference: float,
+    sd: float,
+    power: float = POWER,
+    alpha: float = 1.0 - CONFIDENCE,
+    max_seeds: int = 1_000_000,
+) -> int:
+    """The smallest number of seeds n >= 2 at which the two-sided paired t-test at level ``alpha`` detects a mean
+    paired difference ``difference`` (SD ``sd``) with probability at least ``power``. Power rises with n, so a
+    doubling search brackets n and a bisection finds it."""
+    _check_power_args(sd, power, alpha)
+    if not (math.isfinite(difference) and difference != 0):
+        raise ValueError(f"the difference to detect must be finite and non-zero, got {difference!r}")
+
+    def enough(n: int) -> bool:
+        return paired_t_power(difference, sd, n, alpha) >= power
+
+    if enough(2):
+        return 2
+    lo, hi = 2, 4  # enough(lo) is False
+    while not enough(hi):
+        if hi >= max_seeds:
+            raise ValueError(f"more than max_seeds = {max_seeds} seeds needed for difference {difference!r}")
+        lo, hi = hi, min(2 * hi, max_seeds)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return hi
 
 
 # ------------------------------------------------------------------------------------------ one setting
