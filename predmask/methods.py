@@ -455,6 +455,10 @@ register_method(Method("dppo_topk_kl", "divergence", "kl", "topk", "ratio",
                        description="DPPO: top-K KL proximity, ratio direction"))
 register_method(Method("dppo_binary_kl", "divergence", "kl", "binary", "ratio",
                        description="DPPO: binary KL proximity, ratio direction"))
+# Appendix C: on the binary support the predictive direction is the ratio direction when r is anchored on mu
+# (math.md §3.1), so this method's decisions are dppo_binary_kl's under anchor=rollout and differ only under anchor=old
+register_method(Method("predmask_binary_kl", "divergence", "kl", "binary", "predictive", "aggregated",
+                       description="predictive mask: binary KL, aggregated tail"))
 register_method(Method("dppo_topk_tv", "divergence", "tv", "topk", "ratio",
                        description="DPPO: top-K TV proximity, ratio direction"))
 register_method(Method("dppo_binary_tv", "divergence", "tv", "binary", "ratio",

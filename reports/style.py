@@ -27,6 +27,7 @@ METHOD_STYLE: dict[str, tuple[str, str]] = {
     "dppo_topk_tv": (OKABE_ITO["orange"], ":"),
     "dppo_binary_kl": (OKABE_ITO["orange"], "-."),
     "dppo_binary_tv": (OKABE_ITO["sky_blue"], "-."),
+    "predmask_binary_kl": (OKABE_ITO["blue"], "-."),
     "predmask_tv_agg": (OKABE_ITO["sky_blue"], ":"),
     "predmask_tv_uniform": (OKABE_ITO["yellow"], ":"),
 }

@@ -174,7 +174,8 @@ def test_unknown_names_list_the_known_ones() -> None:
 def test_registry_holds_every_method_of_the_spec() -> None:
     assert set(pm.METHODS) == {
         "grpo", "grpo_clip_higher", "dppo_topk_kl", "dppo_topk_tv", "dppo_binary_kl", "dppo_binary_tv",
-        "predmask_kl_agg", "predmask_kl_uniform", "predmask_kl_exact", "predmask_tv_agg", "predmask_tv_uniform",
+        "predmask_kl_agg", "predmask_kl_uniform", "predmask_kl_exact", "predmask_binary_kl", "predmask_tv_agg",
+        "predmask_tv_uniform",
     }
 
 
