@@ -17,7 +17,7 @@ then prints, per setting, what the regime targets speak of:
 The targets the defaults are chosen for (``BF16_OUTSIDE``, ``MIN_DISAGREEMENT``, ``check_targets``) are checked
 and printed beside the numbers. Runs live under ``results/calibrate/<run_id>/`` (resumable: a finished run is
 read, not trained again; a changed override is another run id) and the table is written to ``results/calibrate/calibration.md`` and ``.json``. Training runs
-go through the launch layer (``sweeps.launch``, local processes), ``--max-parallel`` at a time.
+go through the launch layer (``launch``, local processes), ``--max-parallel`` at a time.
 """
 
 from __future__ import annotations
@@ -303,9 +303,9 @@ def _train(planned: Sequence[_Planned], max_parallel: int, out: Path) -> list[st
     """Train the runs not yet completed, ``max_parallel`` at a time; returns one message per failed run."""
     from predmask.progress import progress
     from predmask.rl.train import read_status
-    from sweeps.launch.command_job import CommandJob
-    from sweeps.launch.executor import make_executor
-    from sweeps.launch.follow import follow
+    from launch.command_job import CommandJob
+    from launch.executor import make_executor
+    from launch.follow import follow
 
     todo = [p for p in planned if read_status(p.run_dir).get("status") != "completed"]
     if not todo:

@@ -12,7 +12,7 @@ from typing import Any
 from predmask.cli import command
 from sweeps.compose import RunSpec, SweepError
 from sweeps.families import describe
-from sweeps.launch.executor import job_shape
+from launch.executor import job_shape
 from sweeps.submit import backend_of, job_cluster, trainer_of
 
 __all__ = ["InputPath", "check_paths", "input_paths", "max_parallel", "plan_summary", "summary_lines"]

@@ -24,12 +24,12 @@ from predmask.io import run_writer_alive
 from predmask.progress import progress
 from sweeps.compose import RunSpec, SweepError
 from sweeps.jobs import trainer_argv
-from sweeps.launch.command_job import CommandJob
-from sweeps.launch.executor import job_python, sbatch_script
-from sweeps.launch.executor import make_executor as cluster_executor
-from sweeps.launch.follow import Ended, follow, rejoin_slurm_job
-from sweeps.launch.ray_job import RayJob
-from sweeps.launch.ray_slurm import ray_options
+from launch.command_job import CommandJob
+from launch.executor import job_python, sbatch_script
+from launch.executor import make_executor as cluster_executor
+from launch.follow import Ended, follow, rejoin_slurm_job
+from launch.ray_job import RayJob
+from launch.ray_slurm import ray_options
 from sweeps.runs import (
     failure_cause,
     log_size,

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the pages whose cited paths, code names and test names must exist
 CODE_CITING_DOCS: tuple[str, ...] = ("docs/math.md", "docs/architecture.md")
 #: the project's top-level packages: a dotted name starting with one of them is a code name
-PACKAGES: tuple[str, ...] = ("predmask", "sweeps", "analysis", "reports", "conf", "scripts")
+PACKAGES: tuple[str, ...] = ("predmask", "launch", "sweeps", "analysis", "reports", "conf", "scripts")
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _CODE_SPAN = re.compile(r"`[^`\n]*`")

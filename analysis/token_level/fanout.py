@@ -5,7 +5,7 @@ drift grid runs shares of several studies in turn). Every finished seed is two
 files in the study directory, each written atomically (``predmask.io``): ``seed-<n>.parquet`` (its token rows) and
 then ``seed-<n>.json`` (its per-seed row); the JSON file marks the seed as finished. A killed worker or a Ctrl-C
 therefore loses only the seeds in progress, and the main process (the only database writer) ingests whatever is
-finished. The workers are submitted and followed through the launch layer (``sweeps.launch``), whose loop also
+finished. The workers are submitted and followed through the launch layer (``launch``), whose loop also
 reports a Slurm job that died without a result.
 """
 
@@ -141,9 +141,9 @@ def split_seeds(seeds: Sequence[int], workers: int) -> list[tuple[int, ...]]:
 def make_seed_executor(
     folder: Path, cluster: Mapping[str, Any], launcher: Mapping[str, Any], jobs: int
 ) -> Any:
-    """submitit executor for the seed workers: the launch layer's (``sweeps.launch.executor.make_executor``) with
+    """submitit executor for the seed workers: the launch layer's (``launch.executor.make_executor``) with
     one single-node task per worker (a job array on Slurm, at most ``launcher.array_parallelism`` at once)."""
-    from sweeps.launch.executor import make_executor
+    from launch.executor import make_executor
 
     cfg = dict(cluster)
     cfg.update(nodes=1, tasks_per_node=1)
@@ -183,10 +183,10 @@ def submit_shares(
     on_poll: Callable[[int], None],
 ) -> list[str]:
     """Submit one job per share (``run_specs``; cluster and launcher from ``cfg``), follow them until every job has
-    ended (``sweeps.launch.follow``: a Slurm job that died without a result ends too), calling
+    ended (``launch.follow``: a Slurm job that died without a result ends too), calling
     ``on_poll(count_finished())`` each round. Returns one message per failed job. Ctrl-C cancels every job and
     re-raises."""
-    from sweeps.launch.follow import follow
+    from launch.follow import follow
 
     launcher = dict(cfg["launcher"])
     if launcher["gpus_per_node"] is None:

@@ -1,4 +1,4 @@
-"""Unit tests of the launch layer (sweeps.launch) that need no cluster: executors from the cluster configs, sbatch text,
+"""Unit tests of the launch layer (launch/) that need no cluster: executors from the cluster configs, sbatch text,
 shell quoting (checked by running bash itself), option validation, and CommandJob and the follow loop on
 submitit's local executor (real subprocesses, no mocks)."""
 
@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from sweeps.launch.command_job import CommandFailedError, CommandJob
-from sweeps.launch.executor import job_python, make_executor, sbatch_script, setup_lines
-from sweeps.launch.follow import follow
-from sweeps.launch.ray_job import RayJob
-from sweeps.launch.ray_slurm import JobContext, RayOptions, ray_options
-from sweeps.launch.shell import shell_join
-from sweeps.launch.slurm import NodeAddressError, gpus_per_node_from_env, node_address
+from launch.command_job import CommandFailedError, CommandJob
+from launch.executor import job_python, make_executor, sbatch_script, setup_lines
+from launch.follow import follow
+from launch.ray_job import RayJob
+from launch.ray_slurm import JobContext, RayOptions, ray_options
+from launch.shell import shell_join
+from launch.slurm import NodeAddressError, gpus_per_node_from_env, node_address
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "cluster"
 NASTY = [

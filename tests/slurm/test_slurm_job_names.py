@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sweeps.families import expand
-from sweeps.launch.command_job import CommandJob
+from launch.command_job import CommandJob
 from sweeps.submit import make_executor
 
 pytestmark = pytest.mark.slurm

@@ -1,4 +1,4 @@
-"""Integration tests of the launch layer (sweeps.launch) on the real emulated Slurm cluster (scripts/slurm-emulated.sh start).
+"""Integration tests of the launch layer (launch/) on the real emulated Slurm cluster (scripts/slurm-emulated.sh start).
 
 Every job goes through submitit -> sbatch -> srun -> slurmd. The command of each job is a small CPU program
 (tests/slurm/ray_standin.py) standing in for VeRL's trainer; nothing else is replaced: the Ray head and
@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from sweeps.launch.command_job import CommandJob
-from sweeps.launch.executor import make_executor
-from sweeps.launch.follow import follow
-from sweeps.launch.ray_job import RayJob
-from sweeps.launch.ray_slurm import ray_options
-from sweeps.launch.slurm import slurm_job_state
+from launch.command_job import CommandJob
+from launch.executor import make_executor
+from launch.follow import follow
+from launch.ray_job import RayJob
+from launch.ray_slurm import ray_options
+from launch.slurm import slurm_job_state
 
 pytestmark = pytest.mark.slurm
 

@@ -4,7 +4,7 @@ one ``ray start --block`` node of ours (start, wait, stop), and the wait for the
 Several emulated nodes may share one host (``scripts/slurm-emulated.sh``): each Ray node therefore gets its
 own temp dir (Ray's unix sockets live there), its own worker-port range and free ports for the head's
 servers; node names that DNS does not know are resolved through ``scontrol show node``
-(:func:`sweeps.launch.slurm.node_address`).
+(:func:`launch.slurm.node_address`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeps.launch.executor import plain_config
-from sweeps.launch.procs import POLL_S, free_port, kill_group, kill_pid, pids_using_dir
-from sweeps.launch.shell import shell_join
-from sweeps.launch.slurm import gpus_per_node_from_env, restart_count
+from launch.executor import plain_config
+from launch.procs import POLL_S, free_port, kill_group, kill_pid, pids_using_dir
+from launch.shell import shell_join
+from launch.slurm import gpus_per_node_from_env, restart_count
 
 __all__ = [
     "RAY_DEFAULT_ENV",

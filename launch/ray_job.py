@@ -26,9 +26,9 @@ from typing import Any
 
 import submitit
 
-from sweeps.launch.command_job import CommandJob, InterruptFlag, interruptible, write_json
-from sweeps.launch.procs import POLL_S, free_port, wait_files
-from sweeps.launch.ray_slurm import (
+from launch.command_job import CommandJob, InterruptFlag, interruptible, write_json
+from launch.procs import POLL_S, free_port, wait_files
+from launch.ray_slurm import (
     RAY_DEFAULT_ENV,
     JobContext,
     RayClusterError,
@@ -36,7 +36,7 @@ from sweeps.launch.ray_slurm import (
     RayOptions,
     wait_for_cluster,
 )
-from sweeps.launch.slurm import node_address
+from launch.slurm import node_address
 
 __all__ = ["RayJob"]
 

@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 import submitit
 
-from sweeps.launch.slurm import LIVE_STATES, slurm_job_state
+from launch.slurm import LIVE_STATES, slurm_job_state
 
 __all__ = ["POLL_S", "Ended", "follow", "job_ended", "job_result", "one_line", "rejoin_slurm_job"]
 

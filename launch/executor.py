@@ -16,7 +16,7 @@ from submitit.slurm.slurm import (  # the script renderer, without Slurm detecti
     _make_sbatch_string,
 )
 
-from sweeps.launch.shell import check_env_name
+from launch.shell import check_env_name
 
 __all__ = [
     "BACKENDS",

@@ -18,9 +18,9 @@ from typing import Any
 import submitit
 
 from predmask.io import atomic_write_text
-from sweeps.launch.procs import terminate_group
-from sweeps.launch.shell import check_env_name, shell_join
-from sweeps.launch.slurm import restart_count
+from launch.procs import terminate_group
+from launch.shell import check_env_name, shell_join
+from launch.slurm import restart_count
 
 __all__ = [
     "CommandFailedError",
@@ -57,7 +57,7 @@ def interruptible() -> Iterator[InterruptFlag]:
 
     def on_sigterm(signum: int, frame: Any) -> None:
         flag.raised = True
-        print("sweeps.launch: SIGTERM received, the job is being interrupted", file=sys.stderr, flush=True)
+        print("launch: SIGTERM received, the job is being interrupted", file=sys.stderr, flush=True)
 
     try:
         previous = signal.signal(signal.SIGTERM, on_sigterm)
@@ -96,7 +96,7 @@ class CommandJob(submitit.helpers.Checkpointable):
 
     command: the argv to run; it is handed to the OS as a list, so no value is ever interpreted by a shell.
     run_dir: working directory of the command; ``exit_status.json`` is written there too (atomically).
-    env: added to the command's environment (and, for :class:`~sweeps.launch.ray_job.RayJob`, exported
+    env: added to the command's environment (and, for :class:`~launch.ray_job.RayJob`, exported
     before ``ray start``).
     log_file: where the command's stdout/stderr go (appended); None = the submitit task log.
     check: raise :class:`CommandFailedError` when the command exits non-zero (after writing its status).
