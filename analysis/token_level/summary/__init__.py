@@ -1,0 +1,1 @@
+"""Statistics and reports of the token-level study: what is read from its stored token and seed rows."""

@@ -1,0 +1,473 @@
+"""Each direction criterion judged against each per-token ground truth on the same tokens (docs/math.md §5.1).
+
+A criterion decides, per outside token, to keep or drop its update; a ground truth says whether keeping it
+increases the token's divergence (``truth > 0``). The decision is **right** when the criterion drops the token
+exactly where ``truth > 0``. Every criterion is judged on the same tokens: one token set, one ground truth, the
+tokens of the set where that truth is finite.
+
+Definitions (one each):
+- token sets (``TOKEN_SETS``): ``outside``, every outside token with ``A != 0`` (a token without advantage has no
+  update to keep or drop: every criterion keeps it and its own-update truth is 0, so it would only add agreement
+  by construction); ``disagree<suffix>``, the outside tokens where the ratio criterion and one predictive
+  criterion decide differently (the suffix of ``analysis.token_level.summary.stats.PREDICTIVE``: ``disagree`` for the
+  aggregated tail, ``disagree_uniform``, ``disagree_exact``);
+- ground truths (``TRUTHS``), judged when their column is present: ``ddot_net``, ``ddot_net_adam``, ``dd_cf``,
+  ``dd_all``; a token whose truth is null or not finite is left out of that truth's judgement (``n_missing``);
+- accuracy: right decisions / tokens; balanced accuracy: the mean of the share of truth-positive tokens dropped and
+  the share of truth-negative tokens kept (undefined when the tokens hold only one class);
+- the constant predictor: one decision for every token, the majority class of the set's pooled tokens ("rises":
+  drop all, on a tie too; "falls": keep all). Its accuracy is the majority share; its balanced accuracy 0.5;
+- pooled statistics sum each seed's counts before dividing, with seed-cluster bootstrap intervals over every seed
+  of the token frame (a seed with no token in the set counts as a seed with zero counts) and, for the accuracy,
+  the Wilson interval beside it, which assumes independent tokens (``analysis.paired.WILSON_NOTE``);
+- per seed: accuracy and balanced accuracy on the seed's tokens; each criterion other than the ratio criterion is
+  compared with it seed by seed (criterion − ratio, ``analysis.paired.paired_comparison``) on the seeds where
+  both rates are defined;
+- sign agreement (the paper's §3.4 caveat, measured): on the ``outside`` tokens, the share where a network-aware
+  truth and the logit-space prediction ``A · Ḋ`` have the same sign (``numpy.sign``: 0 agrees only with 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from analysis.paired import (
+    BOOTSTRAP_SEED,
+    RESAMPLES,
+    ClusterInterval,
+    PairedComparison,
+    cluster_bootstrap,
+    cluster_bootstrap_ratio,
+    paired_comparison,
+    wilson_interval,
+    z_of,
+)
+from analysis.token_level.summary.stats import CRITERIA, PREDICTIVE
+from analysis.training.stats import CONFIDENCE
+
+__all__ = [
+    "AGREEMENT_COLUMNS",
+    "CRITERIA_COLUMNS",
+    "RATIO",
+    "TOKEN_SETS",
+    "TRUTHS",
+    "Agreement",
+    "Judgement",
+    "agreement_table",
+    "criteria_table",
+    "judge",
+    "judge_all",
+    "per_seed_table",
+    "sign_agreement",
+    "token_set",
+]
+
+RATIO = "ratio"
+OUTSIDE = "outside"
+#: token set -> what it holds
+TOKEN_SETS: dict[str, str] = {
+    OUTSIDE: "outside tokens with A != 0",
+    **{
+        f"disagree{suffix}": f"outside tokens where the ratio criterion and {crit} decide differently"
+        for crit, (_ddot, suffix) in PREDICTIVE.items()
+    },
+}
+#: ground-truth column -> what ``> 0`` means for the token (keeping its update increases its divergence)
+TRUTHS: dict[str, str] = {
+    "ddot_net": "own-update first-order change of D, network-aware (SGD)",
+    "ddot_net_adam": "own-update first-order change of D, network-aware (Adam's preconditioner)",
+    "dd_cf": "D after the step with the token's gradient minus without it",
+    "dd_all": "realised dD of the step that keeps every token",
+}
+#: network-aware truths whose sign is compared with the logit-space prediction A · Ddot
+NETWORK_TRUTHS: tuple[str, ...] = ("ddot_net", "ddot_net_adam")
+RISES, FALLS = "rises", "falls"
+
+# per-seed count columns, in this order: right decisions, tokens, true positives, positives, true negatives, negatives
+_RIGHT, _N, _TP, _POS, _TN, _NEG = range(6)
+
+
+def _check(tokens: pl.DataFrame, names: Iterable[str], what: str) -> None:
+    missing = [c for c in names if c not in tokens.columns]
+    if missing:
+        raise ValueError(
+            f"{what} needs token columns {', '.join(missing)}; the frame has {', '.join(tokens.columns)}"
+        )
+
+
+def token_set(tokens: pl.DataFrame, name: str) -> pl.DataFrame:
+    """The tokens of one token set (``TOKEN_SETS``)."""
+    if name not in TOKEN_SETS:
+        raise ValueError(f"unknown token set {name!r}; valid: {', '.join(TOKEN_SETS)}")
+    if name == OUTSIDE:
+        _check(tokens, ["a"], "the outside set")
+        return tokens.filter(pl.col("a") != 0)
+    crit = next(c for c, (_d, s) in PREDICTIVE.items() if f"disagree{s}" == name)
+    keep_pred, keep_ratio = CRITERIA[crit][0], CRITERIA[RATIO][0]
+    _check(tokens, [keep_ratio, keep_pred], f"token set {name}")
+    return tokens.filter(pl.col(keep_ratio) != pl.col(keep_pred))
+
+
+def _finite(column: str) -> pl.Expr:
+    return pl.col(column).is_not_null() & pl.col(column).cast(pl.Float64).is_finite()
+
+
+def _seed_counts(judged: pl.DataFrame, seeds: np.ndarray, drop: pl.Expr, truth: str) -> np.ndarray:
+    """Seeds × 6 counts (right, tokens, TP, positives, TN, negatives) of one decision, zero for seeds without tokens."""
+    pos = pl.col(truth) > 0
+    per = judged.group_by("seed").agg(
+        (drop == pos).sum().alias("right"),
+        pl.len().alias("n"),
+        (drop & pos).sum().alias("tp"),
+        pos.sum().alias("pos"),
+        (~drop & ~pos).sum().alias("tn"),
+        (~pos).sum().alias("neg"),
+    )
+    full = pl.DataFrame({"seed": seeds}, schema={"seed": judged.schema["seed"]}).join(
+        per, on="seed", how="left"
+    )
+    return full.drop("seed").fill_null(0).to_numpy().astype(float)
+
+
+def _rates(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Accuracy and balanced accuracy of count rows (NaN where undefined)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        acc = c[..., _RIGHT] / c[..., _N]
+        bal = 0.5 * (c[..., _TP] / c[..., _POS] + c[..., _TN] / c[..., _NEG])
+    return acc, bal
+
+
+def _accuracy(sums: np.ndarray) -> np.ndarray:
+    return _rates(sums)[0]
+
+
+def _balanced(sums: np.ndarray) -> np.ndarray:
+    return _rates(sums)[1]
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One criterion against one ground truth on one token set: pooled rates with intervals, per-seed rates, and
+    (for every criterion but the ratio's) the paired per-seed comparison with the ratio criterion."""
+
+    token_set: str
+    truth: str
+    criterion: str
+    seeds: np.ndarray  # every seed of the token frame, ascending
+    counts: np.ndarray  # seeds × 6: right, tokens, TP, positives, TN, negatives
+    n_contexts: int | None  # distinct context_id values among the judged tokens; None without that column
+    n_missing: int  # tokens of the set whose truth is not finite, left out
+    level: float
+    share_positive: ClusterInterval
+    accuracy: ClusterInterval
+    accuracy_wilson: tuple[float, float]  # assumes independent tokens
+    balanced_accuracy: ClusterInterval
+    constant_class: str  # "rises" (drop every token) or "falls" (keep every token)
+    constant_accuracy: ClusterInterval
+    constant_balanced_accuracy: float | None  # 0.5, None when the tokens hold one class only
+    vs_ratio_accuracy: PairedComparison | None
+    vs_ratio_balanced: PairedComparison | None
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.counts[:, _N].sum())
+
+    @property
+    def seed_accuracy(self) -> np.ndarray:
+        return _rates(self.counts)[0]
+
+    @property
+    def seed_balanced_accuracy(self) -> np.ndarray:
+        return _rates(self.counts)[1]
+
+
+def _criteria(tokens: pl.DataFrame) -> list[str]:
+    return [c for c, (keep, _dd) in CRITERIA.items() if keep in tokens.columns]
+
+
+def judge(
+    tokens: pl.DataFrame,
+    set_name: str,
+    truth: str,
+    *,
+    level: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> dict[str, Judgement]:
+    """criterion -> its Judgement against ``truth`` on the token set ``set_name`` of ``tokens`` (outside tokens of
+    one study, all its seeds), for every criterion whose keep column the frame has."""
+    if truth not in TRUTHS:
+        raise ValueError(f"unknown ground truth {truth!r}; valid: {', '.join(TRUTHS)}")
+    _check(tokens, ["seed", truth, CRITERIA[RATIO][0]], f"judging against {truth}")
+    seeds = np.sort(tokens.get_column("seed").unique().to_numpy())
+    in_set = token_set(tokens, set_name)
+    judged = in_set.filter(_finite(truth))
+    n_contexts = judged.get_column("context_id").n_unique() if "context_id" in judged.columns else None
+    kw = {"level": level, "resamples": resamples, "seed": seed}
+    counts = {
+        c: _seed_counts(judged, seeds, ~pl.col(CRITERIA[c][0]).cast(pl.Boolean), truth)
+        for c in _criteria(tokens)
+    }
+    first = counts[RATIO]
+    pos, n = first[:, _POS], first[:, _N]
+    constant = RISES if 2 * pos.sum() >= n.sum() else FALLS
+    majority = pos if constant == RISES else first[:, _NEG]
+    both_classes = pos.sum() > 0 and first[:, _NEG].sum() > 0
+    share = cluster_bootstrap_ratio(pos, n, **kw)
+    const_acc = cluster_bootstrap_ratio(majority, n, **kw)
+    ratio_acc, ratio_bal = _rates(first)
+    z = z_of(level)
+    out: dict[str, Judgement] = {}
+    for crit, c in counts.items():
+        acc, bal = _rates(c)
+        out[crit] = Judgement(
+            token_set=set_name,
+            truth=truth,
+            criterion=crit,
+            seeds=seeds,
+            counts=c,
+            n_contexts=n_contexts,
+            n_missing=in_set.height - judged.height,
+            level=level,
+            share_positive=share,
+            accuracy=cluster_bootstrap(c, _accuracy, **kw),
+            accuracy_wilson=wilson_interval(int(c[:, _RIGHT].sum()), int(c[:, _N].sum()), z),
+            balanced_accuracy=cluster_bootstrap(c, _balanced, **kw),
+            constant_class=constant,
+            constant_accuracy=const_acc,
+            constant_balanced_accuracy=0.5 if both_classes else None,
+            vs_ratio_accuracy=None if crit == RATIO else paired_comparison(acc, ratio_acc, level),
+            vs_ratio_balanced=None if crit == RATIO else paired_comparison(bal, ratio_bal, level),
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- tables
+
+_F, _I, _S = pl.Float64, pl.Int64, pl.String
+
+
+def _interval_columns(prefix: str) -> dict[str, pl.DataType]:
+    return {prefix: _F, f"{prefix}_lo": _F, f"{prefix}_hi": _F}
+
+
+def _paired_columns(prefix: str) -> dict[str, pl.DataType]:
+    names = {"mean": _F, "lo": _F, "hi": _F, "seeds": _I, "lower": _I, "tied": _I, "higher": _I}
+    tests = {"sign_p": _F, "wilcoxon_p": _F, "note": _S}
+    return {f"{prefix}_{k}": v for k, v in {**names, **tests}.items()}
+
+
+#: the long table of ``criteria_table``: one row per token set × ground truth × criterion
+CRITERIA_COLUMNS: dict[str, pl.DataType] = {
+    "token_set": _S,
+    "truth": _S,
+    "criterion": _S,
+    "level": _F,
+    "resamples": _I,
+    "n_seeds": _I,
+    "n_tokens": _I,
+    "n_contexts": _I,
+    "n_missing": _I,
+    **_interval_columns("share_positive"),
+    **_interval_columns("accuracy"),
+    "accuracy_wilson_indep_lo": _F,  # Wilson score interval: assumes independent tokens
+    "accuracy_wilson_indep_hi": _F,
+    **_interval_columns("balanced_accuracy"),
+    "constant_class": _S,
+    **_interval_columns("constant_accuracy"),
+    "constant_balanced_accuracy": _F,
+    **_paired_columns("vs_ratio_accuracy"),
+    **_paired_columns("vs_ratio_balanced"),
+}
+
+
+def _interval_row(prefix: str, ci: ClusterInterval) -> dict[str, float | None]:
+    return {prefix: ci.estimate, f"{prefix}_lo": ci.lo, f"{prefix}_hi": ci.hi}
+
+
+def _paired_row(prefix: str, cmp: PairedComparison | None) -> dict[str, object]:
+    if cmp is None:
+        return dict.fromkeys(_paired_columns(prefix))
+    iv = cmp.interval
+    values = (iv.mean, iv.lo, iv.hi, cmp.n, cmp.n_lower, cmp.n_tied, cmp.n_higher, cmp.sign_p, cmp.wilcoxon_p)
+    row: dict[str, object] = dict(zip(_paired_columns(prefix), values))
+    row[f"{prefix}_note"] = cmp.note
+    return row
+
+
+def _nan_to_none(x: float) -> float | None:
+    return x if np.isfinite(x) else None
+
+
+def _judgement_row(j: Judgement) -> dict[str, object]:
+    lo, hi = j.accuracy_wilson
+    return {
+        "token_set": j.token_set,
+        "truth": j.truth,
+        "criterion": j.criterion,
+        "level": j.level,
+        "resamples": j.accuracy.resamples,
+        "n_seeds": int(j.seeds.size),
+        "n_tokens": j.n_tokens,
+        "n_contexts": j.n_contexts,
+        "n_missing": j.n_missing,
+        **_interval_row("share_positive", j.share_positive),
+        **_interval_row("accuracy", j.accuracy),
+        "accuracy_wilson_indep_lo": _nan_to_none(lo),
+        "accuracy_wilson_indep_hi": _nan_to_none(hi),
+        **_interval_row("balanced_accuracy", j.balanced_accuracy),
+        "constant_class": j.constant_class,
+        **_interval_row("constant_accuracy", j.constant_accuracy),
+        "constant_balanced_accuracy": j.constant_balanced_accuracy,
+        **_paired_row("vs_ratio_accuracy", j.vs_ratio_accuracy),
+        **_paired_row("vs_ratio_balanced", j.vs_ratio_balanced),
+    }
+
+
+def _can_form(tokens: pl.DataFrame, name: str) -> bool:
+    if name == OUTSIDE:
+        return True
+    crit = next(c for c, (_d, s) in PREDICTIVE.items() if f"disagree{s}" == name)
+    return CRITERIA[crit][0] in tokens.columns
+
+
+def judge_all(
+    tokens: pl.DataFrame,
+    *,
+    level: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> list[Judgement]:
+    """Every criterion against every ground truth the frame has, on every token set it can form."""
+    truths = [t for t in TRUTHS if t in tokens.columns]
+    sets = [s for s in TOKEN_SETS if _can_form(tokens, s)]
+    kw = {"level": level, "resamples": resamples, "seed": seed}
+    return [j for s in sets for t in truths for j in judge(tokens, s, t, **kw).values()]
+
+
+def criteria_table(judgements: Iterable[Judgement]) -> pl.DataFrame:
+    """Judgements as a long table: one row per token set × ground truth × criterion (``CRITERIA_COLUMNS``)."""
+    return pl.DataFrame([_judgement_row(j) for j in judgements], schema=CRITERIA_COLUMNS)
+
+
+def per_seed_table(judgements: Iterable[Judgement]) -> pl.DataFrame:
+    """The per-seed rates behind judgements: one row per token set × ground truth × criterion × seed."""
+    frames = [
+        pl.DataFrame(
+            {
+                "token_set": j.token_set,
+                "truth": j.truth,
+                "criterion": j.criterion,
+                "seed": j.seeds.astype(np.int64),
+                "n_tokens": j.counts[:, _N].astype(np.int64),
+                "n_right": j.counts[:, _RIGHT].astype(np.int64),
+                "accuracy": j.seed_accuracy,
+                "balanced_accuracy": j.seed_balanced_accuracy,
+            }
+        ).with_columns(pl.col("accuracy", "balanced_accuracy").fill_nan(None))
+        for j in judgements
+    ]
+    return pl.concat(frames) if frames else pl.DataFrame()
+
+
+# ---------------------------------------------------------------------------------------------- agreement
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How often a network-aware truth and the logit-space prediction ``A · Ddot`` agree in sign, pooled over seeds."""
+
+    truth: str
+    ddot: str
+    seeds: np.ndarray
+    counts: np.ndarray  # seeds × 2: agreeing tokens, tokens
+    agreement: ClusterInterval
+    wilson: tuple[float, float]  # assumes independent tokens
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.counts[:, 1].sum())
+
+
+def sign_agreement(
+    tokens: pl.DataFrame,
+    truth: str = "ddot_net",
+    ddot: str = "ddot_agg",
+    *,
+    level: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> Agreement:
+    """The share of ``outside`` tokens (both values finite) where ``sign(truth) == sign(A * ddot)``."""
+    ddots = [d for d, _s in PREDICTIVE.values()]
+    if truth not in NETWORK_TRUTHS:
+        raise ValueError(
+            f"sign agreement compares a network-aware truth; got {truth!r}, valid: {NETWORK_TRUTHS}"
+        )
+    if ddot not in ddots:
+        raise ValueError(f"unknown logit-space Ddot column {ddot!r}; valid: {', '.join(ddots)}")
+    _check(tokens, ["seed", "a", truth, ddot], "sign agreement")
+    seeds = np.sort(tokens.get_column("seed").unique().to_numpy())
+    live = token_set(tokens, OUTSIDE).filter(_finite(truth) & _finite(ddot))
+    agree = pl.col(truth).sign() == (pl.col("a") * pl.col(ddot)).sign()
+    per = live.group_by("seed").agg(agree.sum().alias("k"), pl.len().alias("n"))
+    full = pl.DataFrame({"seed": seeds}, schema={"seed": tokens.schema["seed"]}).join(
+        per, on="seed", how="left"
+    )
+    counts = full.drop("seed").fill_null(0).to_numpy().astype(float)
+    k, n = int(counts[:, 0].sum()), int(counts[:, 1].sum())
+    return Agreement(
+        truth=truth,
+        ddot=ddot,
+        seeds=seeds,
+        counts=counts,
+        agreement=cluster_bootstrap_ratio(
+            counts[:, 0], counts[:, 1], level=level, resamples=resamples, seed=seed
+        ),
+        wilson=wilson_interval(k, n, z_of(level)),
+    )
+
+
+#: the table of ``agreement_table``: one row per network-aware truth × logit-space Ddot
+AGREEMENT_COLUMNS: dict[str, pl.DataType] = {
+    "truth": _S,
+    "ddot": _S,
+    "level": _F,
+    "n_seeds": _I,
+    "n_tokens": _I,
+    **_interval_columns("agreement"),
+    "agreement_wilson_indep_lo": _F,  # Wilson score interval: assumes independent tokens
+    "agreement_wilson_indep_hi": _F,
+}
+
+
+def agreement_table(
+    tokens: pl.DataFrame,
+    *,
+    level: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> pl.DataFrame:
+    """Sign agreement of every network-aware truth with every logit-space Ddot the frame has (``AGREEMENT_COLUMNS``)."""
+    rows = []
+    for truth in (t for t in NETWORK_TRUTHS if t in tokens.columns):
+        for ddot in (d for d, _s in PREDICTIVE.values() if d in tokens.columns):
+            g = sign_agreement(tokens, truth, ddot, level=level, resamples=resamples, seed=seed)
+            lo, hi = g.wilson
+            rows.append(
+                {
+                    "truth": truth,
+                    "ddot": ddot,
+                    "level": level,
+                    "n_seeds": int(g.seeds.size),
+                    "n_tokens": g.n_tokens,
+                    **_interval_row("agreement", g.agreement),
+                    "agreement_wilson_indep_lo": _nan_to_none(lo),
+                    "agreement_wilson_indep_hi": _nan_to_none(hi),
+                }
+            )
+    return pl.DataFrame(rows, schema=AGREEMENT_COLUMNS)
