@@ -21,7 +21,7 @@ import pyarrow as pa
 import yaml
 
 from analysis.store import connect, ingest_paths, upsert_token_level
-from analysis.token_level import stats
+from analysis.token_level.summary import stats
 from predmask import config, metrics
 from predmask.precisions import get_precision
 from predmask.rl.task import EVAL_SPLITS

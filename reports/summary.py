@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from analysis.token_level import stats
+from analysis.token_level.summary import stats
 from predmask import config
 from predmask.cli import sweep_command
 from reports import data, labels, tables

@@ -3,7 +3,7 @@ summary beside the paper's numbers.
 
 Each table is rendered as Markdown and LaTeX; the report page renders the same rows as HTML. Table 2 prints what
 analysis.training.stats returns for each setting's runs; the token-level summary prints what
-analysis.token_level.stats returns for the study, and the paper's numbers from the same module.
+analysis.token_level.summary.stats returns for the study, and the paper's numbers from the same module.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from analysis.results import curves
-from analysis.token_level import stats
+from analysis.token_level.summary import stats
 from analysis.training import stats as training_stats
 from predmask import config
 from predmask.cli import sweep_command

@@ -37,7 +37,7 @@ VERL_FREE: tuple[str, ...] = (
 )
 
 #: what the notebook library analysis.results may import of the project (docs/architecture.md, "may import")
-RESULTS_MAY_IMPORT: tuple[str, ...] = ("predmask", "analysis.store", "analysis.training", "analysis.token_level.stats",
+RESULTS_MAY_IMPORT: tuple[str, ...] = ("predmask", "analysis.store", "analysis.training", "analysis.token_level.summary.stats",
                                        "analysis.results")
 
 Graph = dict[str, set[str]]
@@ -195,11 +195,11 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     ("importer", "imported", "rule"),
     [
         ("predmask.methods", "analysis.store", "predmask imports none of"),
-        ("analysis.token_level.fanout", "sweeps.compose", "analysis never imports sweeps"),
+        ("analysis.token_level.compute.fanout", "sweeps.compose", "analysis never imports sweeps"),
         ("analysis.calibrate", "sweeps", "analysis never imports sweeps"),
         ("launch.follow", "sweeps", "the launch layer stands below"),
         ("predmask.rl.train", "launch.procs", "predmask imports none of"),
-        ("sweeps.submit", "analysis.token_level.stats", "sweeps uses only the results store"),
+        ("sweeps.submit", "analysis.token_level.summary.stats", "sweeps uses only the results store"),
         ("launch.follow", "sweeps.runs", "the launch layer stands below"),
         ("predmask.rl.engine", "verl.utils", "only predmask/verl/ imports verl"),
         ("analysis.store.ingest", "predmask.verl.overrides", "only the cluster launcher"),
@@ -208,7 +208,7 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         ("predmask.verl.packing", "verl.utils", "a verl-free part of the plugin"),
         ("sweeps.data", "ray", "a verl-free part of the plugin"),
         ("predmask.verl.settings", "verl.workers", "a verl-free part of the plugin"),
-        ("analysis.results.library", "analysis.token_level.study", "the results library reads only"),
+        ("analysis.results.library", "analysis.token_level.compute.study", "the results library reads only"),
         ("analysis.results.curves", "analysis.calibrate", "the results library reads only"),
     ],
 )
@@ -220,11 +220,11 @@ def test_each_rule_catches_its_breach(importer: str, imported: str, rule: str) -
 def test_allowed_edges_pass() -> None:
     allowed = {
         "sweeps.__main__": {"analysis.store", "predmask.config"},
-        "analysis.token_level.fanout": {"launch.follow", "predmask.io"},
-        "reports.paper": {"analysis.store", "analysis.token_level.stats", "predmask.config"},
+        "analysis.token_level.compute.fanout": {"launch.follow", "predmask.io"},
+        "reports.paper": {"analysis.store", "analysis.token_level.summary.stats", "predmask.config"},
         "sweeps.submit": {"predmask.verl.overrides"},
         "predmask.verl.topk_loss": {"verl.utils", "predmask.verl.packing"},
         "analysis.results.library": {"pandas", "polars", "analysis.store", "analysis.training.stats",
-                                     "analysis.token_level.stats", "analysis.results.curves", "predmask.methods"},
+                                     "analysis.token_level.summary.stats", "analysis.results.curves", "predmask.methods"},
     }
     assert violations(allowed) == []

@@ -1,11 +1,12 @@
 """The results database as DataFrames for notebooks: runs, metric curves, the main results, the token-level study.
 
-``open_results()`` opens the database read-only (the same default path and ``PREDMASK_DB`` as the commands) and
-returns a ``Results`` whose methods return pandas DataFrames (``backend="polars"``: polars DataFrames). No number
-is computed here: the main results come from ``analysis.training.stats`` (as Table 2 of the reports), smoothing is
-its EMA (as the figures), the token-level statistics are ``analysis.token_level.stats`` (as the study's CLI), and
-validation curves are read by ``analysis.results.curves`` (as the reports read them). An unknown name (a metric,
-sweep, run, method, setting, study, backend or level) raises ``UnknownNameError`` listing what exists.
+``open_results()`` opens the database read-only (the same default path and ``PREDMASK_DB`` as the commands)
+and returns a ``Results`` whose methods return pandas DataFrames (``backend="polars"``: polars DataFrames). No
+number is computed here: the main results come from ``analysis.training.stats`` (as Table 2 of the reports),
+smoothing is its EMA (as the figures), the token-level statistics are ``analysis.token_level.summary.stats``
+(as the study's CLI), and validation curves are read by ``analysis.results.curves`` (as the reports read
+them). An unknown name (a metric, sweep, run, method, setting, study, backend or level) raises
+``UnknownNameError`` listing what exists.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import polars as pl
 
 from analysis.results import curves
 from analysis.store import connect, default_db_path, table_exists
-from analysis.token_level import stats as token_stats
+from analysis.token_level.summary import stats as token_stats
 from analysis.training import stats as training_stats
 from predmask import config
 from predmask.cli import command
@@ -448,10 +449,11 @@ class Results:
         return self._out(frame)
 
     def token_level_summary(self, study: str | None = None) -> Any:
-        """The study's numbers as the study's CLI prints them (``analysis.token_level.stats.study_summary``), one
-        row per quantity and criterion: mean ± standard error over seeds (``over`` says which seeds: all, or the
-        paired seeds of a comparison), pooled fractions k / n with their Wilson interval, the CLI's text, and
-        the paper's number where the paper reports it."""
+        """The study's numbers as the study's CLI prints them
+        (``analysis.token_level.summary.stats.study_summary``), one row per quantity and criterion: mean ±
+        standard error over seeds (``over`` says which seeds: all, or the paired seeds of a comparison),
+        pooled fractions k / n with their Wilson interval, the CLI's text, and the paper's number where the
+        paper reports it."""
         with self._connect() as con:
             study_id = _study(con, study)
             seeds = con.sql(

@@ -33,7 +33,11 @@ def _startup_seconds() -> float:
     """Wall time of a fresh interpreter importing the study's modules (what each worker pays before its seeds)."""
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-c", "import analysis.token_level.cpu, analysis.token_level.fanout, submitit"],
+        [
+            sys.executable,
+            "-c",
+            "import analysis.token_level.compute.backend, analysis.token_level.compute.fanout, submitit",
+        ],
         check=True,
         capture_output=True,
     )
@@ -44,9 +48,9 @@ def bench(overrides: list[str], sequences: list[int], seeds: int, threads: int =
     """Per-seed timings of the study for each batch size (seeds 1000.. so no stored study is touched)."""
     import torch
 
-    from analysis.token_level.config import compose_study, settings_of, validate
-    from analysis.token_level.cpu import make_backend, run_seed
-    from analysis.token_level.stats import seed_summary
+    from analysis.token_level.compute.backend import make_backend, run_seed
+    from analysis.token_level.compute.config import compose_study, settings_of, validate
+    from analysis.token_level.summary.stats import seed_summary
 
     torch.set_num_threads(threads)
     cfg = compose_study(overrides)
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1 or not sizes or args.workers < 1:
         console.print("error: --seeds, --workers and every --sequences value must be >= 1")
         return 2
-    from analysis.token_level.config import StudyInputError
+    from analysis.token_level.compute.config import StudyInputError
 
     try:
         result = bench(args.overrides, sizes, args.seeds)

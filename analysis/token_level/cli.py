@@ -5,10 +5,11 @@ distribution by emulated precision mismatch and policy staleness, and ONE optimi
 predictive with the aggregated / uniform / exact tail, and the unmasked reference) from the same state; every
 token outside the trust region is stored with its D_pre, r, A, Ddot per tail, keep decisions and ΔD per mask.
 
-The config is composed by ``analysis.token_level.config``. Seeds fan out through ``analysis.token_level.fanout``
-(local processes, or a Slurm job array on a cluster config); each seed writes its own files; this process alone
-ingests them into DuckDB and prints the study's table beside the paper's numbers (``analysis.token_level.report``).
-A rerun skips the seeds already stored for the same study (same config, whatever the seed count and launcher).
+The config is composed by ``analysis.token_level.compute.config``. Seeds fan out through
+``analysis.token_level.compute.fanout`` (local processes, or a Slurm job array on a cluster config); each seed
+writes its own files; this process alone summarises them into seed rows (``seed_row``), ingests them into
+DuckDB and prints the study's table beside the paper's numbers (``analysis.token_level.summary.report``). A
+rerun skips the seeds already stored for the same study (same config, whatever the seed count and launcher).
 """
 
 from __future__ import annotations
@@ -20,11 +21,20 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from analysis.token_level.config import StudyInputError, compose_study, study_config, study_id_of, validate
+from analysis.token_level.compute.config import (
+    StudyInputError,
+    compose_study,
+    study_config,
+    study_id_of,
+    validate,
+)
+
+if TYPE_CHECKING:
+    import polars as pl
 
 __all__ = [
     "ERR",
@@ -35,6 +45,7 @@ __all__ = [
     "main",
     "make_console",
     "out_root",
+    "seed_row",
     "stored_in",
 ]
 
@@ -150,12 +161,20 @@ def stored_in(db: Path, study_id: str) -> set[int]:
         con.close()
 
 
+def seed_row(written: Mapping[str, Any], tokens: pl.DataFrame) -> dict[str, Any]:
+    """A seed's row of ``token_level_seeds``: what its worker wrote (seed, ``n_tokens``, batch facts, timings)
+    with the counts and rates its token rows give (``seed_summary``), keys in sorted order."""
+    from analysis.token_level.summary.stats import seed_summary
+
+    return dict(sorted({**seed_summary(tokens, written["n_tokens"]), **written}.items()))
+
+
 def ingest(db: Path, study_id: str, cfg: Mapping[str, Any], study_dir: Path, seeds: Sequence[int]) -> int:
     """Write the finished seed files of ``seeds`` into the database (the only writer); returns seeds written."""
     import polars as pl
 
     from analysis.store import connect, upsert_token_level
-    from analysis.token_level.fanout import SeedFiles
+    from analysis.token_level.compute.fanout import SeedFiles
 
     files = SeedFiles(study_dir)
     done = files.finished(seeds)
@@ -164,8 +183,11 @@ def ingest(db: Path, study_id: str, cfg: Mapping[str, Any], study_dir: Path, see
         if not done:
             upsert_token_level(con, study_id, study_config(cfg), None, None)
             return 0
-        rows = pl.DataFrame([files.read_row(s) for s in done], infer_schema_length=None)
-        tokens = pl.concat([files.read_tokens(s) for s in done], how="diagonal_relaxed")
+        seed_tokens = [files.read_tokens(s) for s in done]
+        rows = pl.DataFrame(
+            [seed_row(files.read_row(s), t) for s, t in zip(done, seed_tokens)], infer_schema_length=None
+        )
+        tokens = pl.concat(seed_tokens, how="diagonal_relaxed")
         upsert_token_level(con, study_id, study_config(cfg), rows, tokens)
     finally:
         con.close()
@@ -182,7 +204,7 @@ def worker_count(args: argparse.Namespace, cfg: Mapping[str, Any], n: int) -> in
 
 
 def _run_inline(cfg: dict[str, Any], study_dir: Path, pending: list[int], bar: Any) -> None:
-    from analysis.token_level.fanout import WorkerSpec, run_worker
+    from analysis.token_level.compute.fanout import WorkerSpec, run_worker
 
     spec = WorkerSpec(cfg, str(study_dir), tuple(pending), threads=cfg["launcher"]["threads"])
     run_worker(spec, on_seed=lambda seed: bar.advance(1, status=f"seed {seed} done"))
@@ -191,7 +213,7 @@ def _run_inline(cfg: dict[str, Any], study_dir: Path, pending: list[int], bar: A
 def _run_workers(
     cfg: dict[str, Any], study_dir: Path, pending: list[int], workers: int, bar: Any
 ) -> list[str]:
-    from analysis.token_level.fanout import run_submitit
+    from analysis.token_level.compute.fanout import run_submitit
 
     return run_submitit(cfg, study_dir, pending, workers, bar.advance_to)
 
@@ -209,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose_study(args.overrides, args.cluster)
         validate(cfg)
         if cfg.get("checkpoint") is not None and cfg["model"].get("backend") == "cpu":
-            from analysis.token_level.cpu import check_checkpoint
+            from analysis.token_level.compute.backend import check_checkpoint
 
             check_checkpoint(cfg)
     except StudyInputError as err:
@@ -243,7 +265,7 @@ def prepare_study(cfg: dict[str, Any], study_dir: Path) -> dict[str, Any] | None
     absolute_paths(cfg)
     info = None
     if cfg["model"].get("backend") == "cpu" and not cfg.get("checkpoint"):
-        from analysis.token_level.cpu import base_model
+        from analysis.token_level.compute.backend import base_model
 
         _model, info = base_model(cfg, progress=True)
     study_dir.mkdir(parents=True, exist_ok=True)
@@ -255,8 +277,8 @@ def _run(
     args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: list[int], console: Console
 ) -> int:
     from analysis.store import StoreError, check_db_path, connect, paper_command
-    from analysis.token_level.fanout import SeedFiles
-    from analysis.token_level.report import load_study, print_report
+    from analysis.token_level.compute.fanout import SeedFiles
+    from analysis.token_level.summary.report import load_study, print_report
     from predmask.progress import progress
 
     db = db_path(args.db)

@@ -1,15 +1,16 @@
 """`python -m analysis drift`: the token-level study over a grid of drift (lr x staleness x precision), beyond the paper.
 
-The grid is conf/drift.yaml (``DriftGridConfig``): every combination of its ``axes`` is one cell, and every cell is
-a normal token-level study (conf/token_level.yaml with the grid's ``fixed`` overrides, the command line's study
-overrides and the cell's axis values) with its own study id; its seeds are computed by the study's own workers
-(``analysis.token_level.fanout``) and stored by the study's own ingest (``analysis.token_level.cli.ingest``).
-``token_level_grid`` links the grid's cells to their studies. All pending seeds of all cells share one pool of
-workers; a rerun skips the seeds already stored or finished on disk, cell by cell.
+The grid is conf/drift.yaml (``DriftGridConfig``): every combination of its ``axes`` is one cell, and every
+cell is a normal token-level study (conf/token_level.yaml with the grid's ``fixed`` overrides, the command
+line's study overrides and the cell's axis values) with its own study id; its seeds are computed by the
+study's own workers (``analysis.token_level.compute.fanout``) and stored by the study's own ingest
+(``analysis.token_level.cli.ingest``). ``token_level_grid`` links the grid's cells to their studies. All
+pending seeds of all cells share one pool of workers; a rerun skips the seeds already stored or finished on
+disk, cell by cell.
 
-At the end: one row per cell (where it sits: the measured share of response tokens outside the trust region; the
-paper's statistics there, from ``analysis.token_level.stats.drift_point``), the cell the grid's ``rule`` chooses
-as the study's default (``choose_default``), and a benchmark line (elapsed, per cell).
+At the end: one row per cell (where it sits: the measured share of response tokens outside the trust region;
+the paper's statistics there, from ``analysis.token_level.summary.stats.drift_point``), the cell the grid's
+``rule`` chooses as the study's default (``choose_default``), and a benchmark line (elapsed, per cell).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.token_level.config import StudyInputError, compose_study, study_id_of, validate
-from analysis.token_level.stats import DriftPoint
+from analysis.token_level.compute.config import StudyInputError, compose_study, study_id_of, validate
+from analysis.token_level.summary.stats import DriftPoint
 from predmask.config import ConfigError, compose, stable_id, to_container
 
 __all__ = [
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         grid = compose_grid(grid_ovs)
         cells = expand(grid, study_ovs, args.cluster)
         if cells[0].config.get("checkpoint") is not None:
-            from analysis.token_level.cpu import check_checkpoint
+            from analysis.token_level.compute.backend import check_checkpoint
 
             check_checkpoint(cells[0].config)
     except StudyInputError as err:
@@ -306,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 def _pending(db: Path, out: Path, cells: Sequence[Cell], seeds: Sequence[int]) -> dict[int, list[int]]:
     """Per cell index: the seeds neither stored nor finished on disk."""
     from analysis.token_level.cli import stored_in
-    from analysis.token_level.fanout import SeedFiles
+    from analysis.token_level.compute.fanout import SeedFiles
 
     pending = {}
     for c in cells:
@@ -321,7 +322,7 @@ def _shares(
 ) -> list[list[Any]]:
     """One list of WorkerSpecs per worker: each cell's pending seeds dealt round-robin, the dealer carrying on
     across cells, so every worker gets about the same share of every cell (cells differ in cost)."""
-    from analysis.token_level.fanout import WorkerSpec
+    from analysis.token_level.compute.fanout import WorkerSpec
 
     dealt: list[dict[int, list[int]]] = [{} for _ in range(workers)]
     turn = 0
@@ -365,7 +366,7 @@ def _run(
     from analysis.store import StoreError, check_db_path, connect, paper_command
     from analysis.store.token_level import upsert_grid
     from analysis.token_level.cli import ERR, db_path, ingest, out_root, stored_in, worker_count
-    from analysis.token_level.fanout import SeedFiles, run_specs, submit_shares
+    from analysis.token_level.compute.fanout import SeedFiles, run_specs, submit_shares
     from predmask.progress import progress
 
     t0 = time.perf_counter()
@@ -454,8 +455,8 @@ def _print_grid(
 ) -> int:
     """The grid table, the chosen default and the benchmark line; returns the number of missing cell seeds."""
     from analysis.store import connect
-    from analysis.token_level.report import load_study
-    from analysis.token_level.stats import drift_point
+    from analysis.token_level.summary.report import load_study
+    from analysis.token_level.summary.stats import drift_point
 
     con = connect(db, read_only=True)
     try:

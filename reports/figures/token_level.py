@@ -8,7 +8,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from analysis.store.token_level import grid_cells
-from analysis.token_level import stats
+from analysis.token_level.summary import stats
 from reports import data, labels
 from reports.artefact import (
     DRIFT_COMMAND,
@@ -233,7 +233,7 @@ FIG9_PANELS: dict[str, dict[str, str]] = {
     },
     "corrective fraction (pooled)": {"predictive": "corrective_predictive", "ratio": "corrective_ratio"},
 }
-#: the paper's value of each statistic (analysis.token_level.stats owns the numbers)
+#: the paper's value of each statistic (analysis.token_level.summary.stats owns the numbers)
 _PAPER_VALUE = {
     "disagreement": stats.paper_disagreement_share,
     "unsafe_keep_predictive": lambda: stats.PAPER_TOKEN_LEVEL["unsafe_keep_predictive"],

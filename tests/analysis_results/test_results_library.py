@@ -268,7 +268,7 @@ def test_token_level_summary_texts_are_the_clis(results_db, res):
     """The text column is what the study's CLI table prints in its aggregated-tail column."""
     import duckdb
 
-    from analysis.token_level.report import load_study, paper_table
+    from analysis.token_level.summary.report import load_study, paper_table
 
     con = duckdb.connect(str(results_db), read_only=True)
     try:

@@ -82,7 +82,7 @@ def test_training_and_the_study_compose_the_same_task_and_base() -> None:
 
 
 def test_the_study_composes_with_its_own_schema() -> None:
-    from analysis.token_level.config import SCHEMA, StudyConfig
+    from analysis.token_level.compute.config import SCHEMA, StudyConfig
 
     cfg = to_container(compose("token_level", ["delta=0.1", "model=cpu_m"], schemas={SCHEMA: StudyConfig}))
     assert sorted(cfg) == sorted(_primary_keys("token_level"))

@@ -14,11 +14,11 @@ import duckdb
 import pytest
 from token_level_helpers import tiny_study_overrides
 
-from analysis.token_level.cli import main
-from analysis.token_level.config import compose_study, settings_of, study_id_of
-from analysis.token_level.fanout import SeedFiles, WorkerSpec, run_worker
-from analysis.token_level.settings import StepSettings
-from analysis.token_level.stats import study_summary
+from analysis.token_level.cli import ingest, main
+from analysis.token_level.compute.config import compose_study, settings_of, study_id_of
+from analysis.token_level.compute.fanout import SeedFiles, WorkerSpec, run_worker
+from analysis.token_level.compute.settings import StepSettings
+from analysis.token_level.summary.stats import seed_summary, study_summary
 
 
 def _overrides(checkpoint: Path) -> list[str]:
@@ -166,6 +166,35 @@ def test_study_end_to_end_reruns_and_recovery(
 
 
 @pytest.mark.slow
+def test_a_worker_writes_what_it_computed_and_the_ingest_summarises_it(checkpoint: Path, tmp_path: Path) -> None:
+    """A seed's file holds its response-token count, batch facts and timings and no statistic; the stored row adds
+    the counts and rates of its token rows, recounted here with numpy from the token file."""
+    cfg = compose_study([*_overrides(checkpoint), "sequences=64", "lr=0.02", "delta=0.05"])
+    study_dir = tmp_path / study_id_of(cfg)
+    assert run_worker(WorkerSpec(cfg, str(study_dir), (0,))) == [0]
+    files = SeedFiles(study_dir)
+    written, tokens = files.read_row(0), files.read_tokens(0)
+    assert {"seed", "n_tokens", "seconds", "cpu_seconds", "host"} <= set(written)
+    assert not set(written) & (set(seed_summary(tokens, 1)) - {"n_tokens"})
+
+    db = tmp_path / "db.duckdb"
+    assert ingest(db, study_dir.name, cfg, study_dir, [0]) == 1
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        row = con.sql("SELECT * FROM token_level_seeds").pl().row(0, named=True)
+    finally:
+        con.close()
+    assert {k: row[k] for k in written} == written
+    keep_ratio = tokens["keep_ratio"].to_numpy().astype(bool)
+    keep_pred = tokens["keep_pred_agg"].to_numpy().astype(bool)
+    kept = (keep_pred != keep_ratio) & keep_pred
+    unsafe = kept & (tokens["dd_pred_agg"].to_numpy() > 0)
+    assert row["n_outside"] == tokens.height
+    assert row["n_disagree"] == int((keep_pred != keep_ratio).sum()) > 0
+    assert (row["n_keep_predictive"], row["n_unsafe_predictive"]) == (int(kept.sum()), int(unsafe.sum()))
+    assert row["unsafe_keep_predictive"] == (unsafe.sum() / kept.sum() if kept.any() else None)
+
+
 def test_submitit_local_workers(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Seeds fan out to submitit's local executor (separate processes); the main process ingests their files."""
     db, out = tmp_path / "db.duckdb", tmp_path / "out"
@@ -206,7 +235,7 @@ def test_a_failing_seed_costs_only_itself(
     checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A seed that raises is reported; the worker's other seeds finish and are stored; the exit status is 1."""
-    import analysis.token_level.cpu as backend
+    from analysis.token_level.compute import backend
 
     real = backend.run_seed
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from token_level_helpers import TINY_VOCAB, perturbed, scored_batch, settings, tiny_backend
 
-from analysis.token_level.stats import seed_summary
-from analysis.token_level.study import MASKS, StudySettings, study_batch
+from analysis.token_level.compute.study import MASKS, StudySettings, study_batch
+from analysis.token_level.summary.stats import seed_summary
 from predmask.precisions import get_precision
 
 V = TINY_VOCAB  # 3 specials + 6 symbols + 21 numbers = 30
@@ -199,7 +199,7 @@ def test_split_path_falls_back_to_direct_when_a_sub_batch_decides_otherwise(
 ) -> None:
     """A sub-batch forward can flip a keep decision that sits at rounding level of zero (seen on some CPUs for the
     exact tail); the seed is then taken on the direct path, whose rows equal a direct run's, with a warning."""
-    from analysis.token_level import study
+    from analysis.token_level.compute import study
 
     backend = tiny_backend(precision="bf16")
     batch = scored_batch(backend, seed=5, sequences=32, group=4)
@@ -222,7 +222,7 @@ def test_split_path_falls_back_to_direct_when_a_sub_batch_decides_otherwise(
 
 def test_different_masks_make_different_updates() -> None:
     """Where the keep sets differ the parameter updates differ; where they coincide the updates are identical."""
-    from analysis.token_level.study import _snapshot, make_optimizer, masked_update, token_quantities
+    from analysis.token_level.compute.study import _snapshot, make_optimizer, masked_update, token_quantities
     from predmask.rl.algo import grpo_advantages, support_logprobs, token_advantages
 
     backend = tiny_backend(precision="bf16")

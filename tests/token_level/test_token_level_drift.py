@@ -15,8 +15,8 @@ from token_level_helpers import tiny_study_overrides
 from analysis.store import connect, upsert_token_level
 from analysis.store.token_level import grid_cells, upsert_grid
 from analysis.token_level import cli, drift
-from analysis.token_level.config import compose_study, study_id_of
-from analysis.token_level.fanout import SeedFiles
+from analysis.token_level.compute.config import compose_study, study_id_of
+from analysis.token_level.compute.fanout import SeedFiles
 
 GRID_KEYS = ("lr", "staleness", "sequences", "minibatches")
 
@@ -231,7 +231,7 @@ def _seed_frame(
 
 
 def test_fig9_plots_each_statistic_against_the_measured_share_outside(tmp_path: Path) -> None:
-    from analysis.token_level.stats import PAPER_TOKEN_LEVEL
+    from analysis.token_level.summary.stats import PAPER_TOKEN_LEVEL
     from reports.artefact import ReportContext
     from reports.figures.token_level import fig9_drift_sensitivity
 

@@ -12,11 +12,11 @@ import pytest
 from token_level_helpers import TINY_VOCAB, scored_batch, settings, tiny_backend
 
 from analysis.token_level.cli import ingest
-from analysis.token_level.config import study_id_of
-from analysis.token_level.fanout import SeedFiles
-from analysis.token_level.report import query_frame
-from analysis.token_level.stats import PREDICTIVE, seed_summary, study_summary
-from analysis.token_level.study import study_batch
+from analysis.token_level.compute.config import study_id_of
+from analysis.token_level.compute.fanout import SeedFiles
+from analysis.token_level.compute.study import study_batch
+from analysis.token_level.summary.report import query_frame
+from analysis.token_level.summary.stats import PREDICTIVE, seed_summary, study_summary
 
 SEEDS = (0, 1, 2, 3)
 CONFIG = {"delta": 0.05, "note": "test study", "cluster": {"name": "local"}}

@@ -1,9 +1,9 @@
 """The token-level study's tables: this run beside the paper's numbers (docs/math.md §5), and the checks beyond it.
 
 Reads one study's seeds from the results database (read-only) and renders rich tables; every number comes from
-``analysis.token_level.stats`` (the same functions the figures and tables of ``reports`` call). The paper's column
-is labelled as the paper's (Qwen3 scale, real bf16/FP8 mismatch); this run's as what it is (model, emulated
-precision).
+``analysis.token_level.summary.stats`` (the same functions the figures and tables of ``reports`` call). The
+paper's column is labelled as the paper's (Qwen3 scale, real bf16/FP8 mismatch); this run's as what it is
+(model, emulated precision).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.token_level.stats import (
+from analysis.token_level.summary.stats import (
     PAPER_LABEL,
     PREDICTIVE,
     MeanSE,

@@ -1,7 +1,8 @@
 """The token-level study's GPU path: a Hugging Face causal-LM checkpoint, rollouts through vLLM or transformers.
 
-The study itself is the same code as on the CPU engine (``analysis.token_level.study``); this module only loads
-the checkpoint and produces a scored ``RolloutBatch`` with the top-K support of every generated token:
+The study itself is the same code as on the CPU engine (``analysis.token_level.compute.study``); this module
+only loads the checkpoint and produces a scored ``RolloutBatch`` with the top-K support of every generated
+token:
 
 - ``rollout_engine: vllm`` (when the ``vllm`` extra is installed): ``SamplingParams(n, temperature,
   logprobs=K)``; vLLM returns up to K+1 log-probs per position, the sampled token always included

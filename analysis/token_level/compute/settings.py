@@ -18,7 +18,7 @@ UPDATE_PATHS: tuple[str, ...] = ("auto", "split", "direct")
 @dataclass(frozen=True, kw_only=True)
 class StepSettings:
     """The settings of the study's optimiser steps: declared once, as fields of the schema (``StudyConfig``) and
-    of the runtime settings (``analysis.token_level.study.StudySettings``, which checks their ranges).
+    of the runtime settings (``analysis.token_level.compute.study.StudySettings``, which checks their ranges).
 
     delta:          trust-region threshold on the top-K KL (tokens with D_pre > delta are studied)
     group_size:     GRPO group size (rows g*n .. g*n+n-1 of the batch share a prompt)

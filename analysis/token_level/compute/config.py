@@ -13,11 +13,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.token_level.settings import StepSettings, require
+from analysis.token_level.compute.settings import StepSettings, require
 from predmask.config import ConfigError, compose, group_options, stable_id, to_container
 
 if TYPE_CHECKING:  # the engine's modules import torch: loaded only when a config is turned into them
-    from analysis.token_level.study import StudySettings
+    from analysis.token_level.compute.study import StudySettings
     from predmask.precisions import Precision
     from predmask.rl.task import TaskConfig
 
@@ -236,7 +236,7 @@ def model_label(cfg: Mapping[str, Any]) -> str:
 
 def settings_of(cfg: Mapping[str, Any], vocab_size: int) -> StudySettings:
     """The StudySettings of a composed study config: its step settings, the precision and ``vocab_size``."""
-    from analysis.token_level.study import StudySettings
+    from analysis.token_level.compute.study import StudySettings
 
     steps = {f.name: cfg[f.name] for f in fields(StepSettings)}
     return StudySettings(**steps, vocab_size=vocab_size, precision=precision_of(cfg))

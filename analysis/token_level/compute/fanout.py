@@ -1,12 +1,14 @@
 """Fan the token-level study's seeds out to workers (submitit: local processes or a Slurm job array).
 
-Each worker loads the backend once per study, then runs its share of the seeds one after another (a worker of the
-drift grid runs shares of several studies in turn). Every finished seed is two
-files in the study directory, each written atomically (``predmask.io``): ``seed-<n>.parquet`` (its token rows) and
-then ``seed-<n>.json`` (its per-seed row); the JSON file marks the seed as finished. A killed worker or a Ctrl-C
-therefore loses only the seeds in progress, and the main process (the only database writer) ingests whatever is
-finished. The workers are submitted and followed through the launch layer (``launch``), whose loop also
-reports a Slurm job that died without a result.
+Each worker loads the backend once per study, then runs its share of the seeds one after another (a worker of
+the drift grid runs shares of several studies in turn). Every finished seed is two files in the study
+directory, each written atomically (``predmask.io``): ``seed-<n>.parquet`` (its token rows) and then
+``seed-<n>.json`` (its response-token count, batch facts and timings); the JSON file marks the seed as
+finished. A worker computes and writes only: the counts and rates of a seed's stored row are summarised from
+its token rows by the ingest that reads these files. A killed worker or a Ctrl-C therefore loses only the
+seeds in progress, and the main process (the only database writer) ingests whatever is finished. The workers
+are submitted and followed through the launch layer (``launch``), whose loop also reports a Slurm job that
+died without a result.
 """
 
 from __future__ import annotations
@@ -88,9 +90,8 @@ def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -
     """
     import torch
 
-    from analysis.token_level.config import settings_of
-    from analysis.token_level.cpu import make_backend, run_seed
-    from analysis.token_level.stats import seed_summary
+    from analysis.token_level.compute.backend import make_backend, run_seed
+    from analysis.token_level.compute.config import settings_of
 
     torch.set_num_threads(spec.threads)
     files = SeedFiles(Path(spec.study_dir))
@@ -114,7 +115,7 @@ def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -
             )
             continue
         row = {
-            **seed_summary(result.tokens, result.n_tokens),
+            "n_tokens": int(result.n_tokens),
             **{k: float(v) for k, v in result.facts.items()},
             "seconds": time.perf_counter() - t0,
             "cpu_seconds": time.process_time() - c0,

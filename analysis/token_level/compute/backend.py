@@ -1,9 +1,10 @@
 """The token-level study's CPU backend (the CPU engine's policy and rollouts), and the choice of backend.
 
-``make_backend(cfg)`` reads the composed study config: a ``conf/model`` entry with ``backend: cpu`` gives the CPU
-engine's base model (or ``checkpoint=...``, a training run's saved weights) with the precision-emulating rollout
-engine; ``backend: hf`` gives ``analysis.token_level.hf.HFBackend`` (GPU path). ``run_seed`` is one seed of the
-study on either: the seed's prompts, a fresh rollout, then ``analysis.token_level.study.study_batch``.
+``make_backend(cfg)`` reads the composed study config: a ``conf/model`` entry with ``backend: cpu`` gives the
+CPU engine's base model (or ``checkpoint=...``, a training run's saved weights) with the precision-emulating
+rollout engine; ``backend: hf`` gives ``analysis.token_level.compute.hf.HFBackend`` (GPU path). ``run_seed``
+is one seed of the study on either: the seed's prompts, a fresh rollout, then
+``analysis.token_level.compute.study.study_batch``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from analysis.token_level.config import StudyInputError, model_label, precision_of, task_of
-from analysis.token_level.study import SeedStudy, StudySettings, study_batch
+from analysis.token_level.compute.config import StudyInputError, model_label, precision_of, task_of
+from analysis.token_level.compute.study import SeedStudy, StudySettings, study_batch
 from predmask.precisions import Precision
 from predmask.rl.precision import make_rollout_model
 from predmask.rl.rollout import RolloutBatch, rollout_problems
@@ -161,7 +162,7 @@ def make_backend(cfg: Mapping[str, Any]) -> Backend:
     precision = precision_of(cfg)
     m = cfg["model"]
     if m.get("backend") == "hf":
-        from analysis.token_level.hf import HFBackend
+        from analysis.token_level.compute.hf import HFBackend
 
         return HFBackend(
             cfg["checkpoint"] or m.get("path"),
