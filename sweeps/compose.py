@@ -113,14 +113,16 @@ def sweep_family(sweep: str) -> str:
     return str(group_entry("sweep", sweep).get("family") or TRAIN_FAMILY)
 
 
-def _parse(overrides: list[str]) -> list[Any]:
+def parse_overrides(overrides: list[str]) -> list[Any]:
+    """Hydra's parse of command-line overrides; a bad one is a one-line SweepError."""
     try:
         return OverridesParser.create().parse_overrides(overrides)
     except HydraException as err:
         raise SweepError(f"bad override: {str(err).splitlines()[0]}") from None
 
 
-def _check_groups(parsed: list[Any]) -> None:
+def check_group_values(parsed: list[Any]) -> None:
+    """Every value given to a config group of GROUPS is one of its options (one-line SweepError naming the valid ones)."""
     for ov in parsed:
         key = ov.get_key_element().lstrip("+~")
         if key not in GROUPS:
@@ -132,7 +134,8 @@ def _check_groups(parsed: list[Any]) -> None:
                 raise SweepError(f"unknown {key} {value!r}; valid: {', '.join(allowed)}")
 
 
-def _key(ov: Any) -> str:
+def override_key(ov: Any) -> str:
+    """The key of a parsed override without Hydra's ``+`` / ``~`` prefix."""
     return str(ov.get_key_element()).lstrip("+~")
 
 
@@ -163,7 +166,7 @@ def seed_list(value: object, key: str = "seeds", written: str | None = None) -> 
 
 def _override_seeds(ov: Any) -> list[int]:
     """The seeds a parsed ``seed=`` or ``seeds=`` override names."""
-    key, written = _key(ov), str(ov.input_line).partition("=")[2]
+    key, written = override_key(ov), str(ov.input_line).partition("=")[2]
     if ov.is_sweep_override():
         if key == "seeds":
             raise SweepError(f"seeds must be {_SEEDS_ALLOWED}; got {written}")
@@ -172,18 +175,18 @@ def _override_seeds(ov: Any) -> list[int]:
     return seed_list(value if key == "seeds" else [value], key, written)
 
 
-def _seed_axis(sweep_axes: Sequence[Any], user: Sequence[Any]) -> list[int] | None:
+def seed_axis(sweep_axes: Sequence[Any], user: Sequence[Any]) -> list[int] | None:
     """The seeds given by the command line, else by the sweep's own axes; None: each cell's cluster default."""
     for source, where in ((user, "on the command line"), (sweep_axes, "in the sweep")):
-        given = [ov for ov in source if _key(ov) in SEED_KEYS]
-        if len({_key(ov) for ov in given}) > 1:
+        given = [ov for ov in source if override_key(ov) in SEED_KEYS]
+        if len({override_key(ov) for ov in given}) > 1:
             raise SweepError(f"give seeds=N (or seeds=[...]) or seed=..., not both {where}")
         if given:
             return _override_seeds(given[-1])
     return None
 
 
-def _cluster_seeds(cfg: DictConfig) -> list[int]:
+def cluster_seeds(cfg: DictConfig) -> list[int]:
     """The default seeds of a cell: its cluster config's ``seeds`` count (or list)."""
     cluster = cfg.get("cluster") or {}
     name = cluster.get("name", "?")
@@ -197,7 +200,7 @@ def _cluster_seeds(cfg: DictConfig) -> list[int]:
         raise SweepError(f"cluster {name!r}: {err}") from None
 
 
-def _with_seed(cfg: DictConfig, seed: int) -> dict[str, Any]:
+def config_at_seed(cfg: DictConfig, seed: int) -> dict[str, Any]:
     """The resolved config of a cell at ``seed``: the top-level ``seed`` set as a ``seed=`` override sets it
     (interpolations such as ``run_dir`` resolve with it)."""
     out = cfg.copy()
@@ -264,7 +267,7 @@ def sweep_axes(sweep: str) -> list[str]:
     return [f"{k}={v}" for k, v in sweep_params(sweep).items()]
 
 
-def _standin_override(overrides: list[str], cfg: DictConfig) -> list[str]:
+def with_cpu_standin(overrides: list[str], cfg: DictConfig) -> list[str]:
     """On a CPU trainer, a cluster model maps to its CPU stand-in (labelled by ``model.stands_in_for``)."""
     if cfg.cluster.get("trainer", "cpu") != "cpu" or cfg.model.get("backend") == "cpu":
         return overrides
@@ -284,12 +287,12 @@ def cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None,
     """
     ovs = [*([f"+sweep={sweep}"] if sweep_file else []), *batch]
     cfg = _compose(ovs)
-    standin = _standin_override(ovs, cfg)
+    standin = with_cpu_standin(ovs, cfg)
     if standin != ovs:
         cfg = _compose(standin)
     runs = []
-    for seed in seeds if seeds is not None else _cluster_seeds(cfg):
-        resolved = _with_seed(cfg, seed)
+    for seed in seeds if seeds is not None else cluster_seeds(cfg):
+        resolved = config_at_seed(cfg, seed)
         _check_values(resolved)
         try:  # the run records every parameter its loss reads
             resolved["method"] = method_config(resolved["method"])
@@ -312,12 +315,12 @@ def expand_grid(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]
     if sweep_family(sweep) != TRAIN_FAMILY:
         raise SweepError(f"sweep {sweep!r} is of family {sweep_family(sweep)!r}: expand it with sweeps.families.expand")
     overrides = list(overrides or [])
-    parsed_user = _parse(overrides)
-    _check_groups(parsed_user)
-    parsed_sweep = _parse(sweep_axes(sweep))
-    seeds = _seed_axis(parsed_sweep, parsed_user)
-    parsed = [ov for ov in parsed_sweep + parsed_user if _key(ov) not in SEED_KEYS]
-    _check_groups(parsed)
+    parsed_user = parse_overrides(overrides)
+    check_group_values(parsed_user)
+    parsed_sweep = parse_overrides(sweep_axes(sweep))
+    seeds = seed_axis(parsed_sweep, parsed_user)
+    parsed = [ov for ov in parsed_sweep + parsed_user if override_key(ov) not in SEED_KEYS]
+    check_group_values(parsed)
     (batches,) = BasicSweeper.split_arguments(parsed, None)
     runs = [(seed, cell, spec) for cell, batch in enumerate(batches) for seed, spec in cell_runs(sweep, batch, seeds)]
     runs.sort(key=lambda run: run[:2])

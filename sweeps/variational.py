@@ -31,15 +31,15 @@ from sweeps.compose import (
     SEED_KEYS,
     RunSpec,
     SweepError,
-    _check_groups,
-    _cluster_seeds,
-    _key,
-    _parse,
-    _seed_axis,
-    _standin_override,
-    _with_seed,
     cell_runs,
+    check_group_values,
+    cluster_seeds,
+    config_at_seed,
+    override_key,
+    parse_overrides,
+    seed_axis,
     sweep_axes,
+    with_cpu_standin,
 )
 
 __all__ = [
@@ -115,7 +115,7 @@ def _compose(overrides: list[str]) -> dict[str, Any]:
         cfg = compose(PRIMARY, overrides)
     except ConfigError as err:
         raise SweepError(str(err)) from None
-    standin = _standin_override(overrides, cfg)  # a cluster model on the CPU trainer -> its CPU stand-in
+    standin = with_cpu_standin(overrides, cfg)  # a cluster model on the CPU trainer -> its CPU stand-in
     if standin != overrides:
         try:
             cfg = compose(PRIMARY, standin)
@@ -170,7 +170,7 @@ def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str]
     """Every run of one cell at one seed: the stage runs (prior, posterior, traces, weights) and one final per
     recipe in ``composed`` (recipe key -> its composed config and overrides)."""
     first = next(iter(composed.values()))
-    full = _with_seed(first["cfg"], seed)
+    full = config_at_seed(first["cfg"], seed)
     ovs = [*first["overrides"], f"seed={seed}"]
     prior = _spec(sweep, [*ovs, "stage=prior"], stage_config(full, "prior", {}))
     posterior = _spec(sweep, [*ovs, "stage=posterior"], stage_config(full, "posterior", {}))
@@ -191,7 +191,7 @@ def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str]
                          f"trainer.steps={steps}", f"trainer.train_batch_size={batch}"]
             finals += [spec for _, spec in cell_runs(sweep, batch_ovs, [seed], sweep_file=False)]
             continue
-        cfg = _with_seed(item["cfg"], seed)
+        cfg = config_at_seed(item["cfg"], seed)
         wanted = RECIPE_INPUTS["vr" if _is_vr(method) else method]
         needed.update(wanted)
         finals.append(_spec(sweep, [*item["overrides"], f"seed={seed}", "stage=final"],
@@ -220,7 +220,7 @@ def cluster_skipped(overrides: Sequence[str]) -> list[str]:
 
 def _axis_values(parsed: list[Any], key: str) -> list[str] | None:
     """The values the last ``key=`` override names (a comma list sweeps them), None when there is none."""
-    given = [ov for ov in parsed if _key(ov) == key]
+    given = [ov for ov in parsed if override_key(ov) == key]
     if not given:
         return None
     ov = given[-1]
@@ -236,17 +236,17 @@ def _check_axis(key: str, values: list[str], allowed: Sequence[str]) -> None:
 def expand_variational(sweep: str, overrides: Sequence[str] | None = None) -> list[RunSpec]:
     """Expand the variational sweep ``sweep`` with command-line ``overrides`` into its runs (module docstring),
     in wave order: the runs that read nothing first, then each stage after the ones it reads."""
-    parsed_user = _parse(list(overrides or []))
-    parsed_sweep = _parse(sweep_axes(sweep))
-    seeds = _seed_axis(parsed_sweep, parsed_user)
-    parsed = [ov for ov in parsed_sweep + parsed_user if _key(ov) not in SEED_KEYS]
+    parsed_user = parse_overrides(list(overrides or []))
+    parsed_sweep = parse_overrides(sweep_axes(sweep))
+    seeds = seed_axis(parsed_sweep, parsed_user)
+    parsed = [ov for ov in parsed_sweep + parsed_user if override_key(ov) not in SEED_KEYS]
     user_methods = _axis_values(parsed_user, "method")
     methods = _axis_values(parsed, "method") or method_names()
     _check_axis("method", methods, method_names())
     data = _axis_values(parsed, "method.data") or list(DATA_SETTINGS)
     _check_axis("method.data", data, DATA_SETTINGS)
-    rest = [ov for ov in parsed if _key(ov) not in ("method", "method.data")]
-    _check_groups([ov for ov in rest if _key(ov) in GROUPS_CHECKED])
+    rest = [ov for ov in parsed if override_key(ov) not in ("method", "method.data")]
+    check_group_values([ov for ov in rest if override_key(ov) in GROUPS_CHECKED])
     (batches,) = BasicSweeper.split_arguments(rest, None) if rest else ([[]],)
     recipes = [(m, d) for m in methods for d in (data if _is_vr(m) else [None])]
     runs: list[RunSpec] = []
@@ -260,7 +260,7 @@ def expand_variational(sweep: str, overrides: Sequence[str] | None = None) -> li
             recipe = "sft" if method == GRPO else method  # grpo reads the family's data/sft/final settings
             extra = [f"method.data={setting}"] if setting else []
             composed[f"{method}:{setting}"] = _compose([*vr_ovs, f"{METHOD_GROUP}@method={recipe}", *extra])
-        cell_seeds = seeds if seeds is not None else _cluster_seeds(next(iter(composed.values()))["cfg"])
+        cell_seeds = seeds if seeds is not None else cluster_seeds(next(iter(composed.values()))["cfg"])
         for seed in cell_seeds:
             runs += _chain(sweep, composed, train_ovs, seed)
     unique: dict[str, RunSpec] = {}  # the prior is one run for every seed (and every cell that shares it)

@@ -54,8 +54,10 @@ __all__ = [
     "HYDRA_SUBDIR",
     "PLUGIN_ENV",
     "PLUGIN_MODULE",
+    "config_get",
     "data_files",
     "hydra_value",
+    "plain_value",
     "verl_command",
     "verl_overrides",
 ]
@@ -109,7 +111,9 @@ def hydra_value(value: Any) -> str:
     raise ValueError(f"cannot express {type(value).__name__} value {value!r} as a Hydra override")
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
+def config_get(cfg: Any, key: str, default: Any = None) -> Any:
+    """``key`` of a mapping, an OmegaConf config or any object with a ``get`` (else its attribute); ``default`` when
+    it has none or ``cfg`` is None."""
     if cfg is None:
         return default
     if isinstance(cfg, Mapping):
@@ -118,7 +122,7 @@ def _get(cfg: Any, key: str, default: Any = None) -> Any:
     return getter(key, default) if callable(getter) else getattr(cfg, key, default)
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """OmegaConf containers -> plain Python (lists/dicts), other values unchanged."""
     try:
         from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -130,14 +134,14 @@ def _plain(value: Any) -> Any:
 
 
 def _require(cfg: Any, key: str, where: str) -> Any:
-    value = _get(cfg, key)
+    value = config_get(cfg, key)
     if value is None or value == "":
         raise ValueError(f"run config is missing {where}.{key} (needed for a VeRL run)")
     return value
 
 
 def _name(value: Any, what: str) -> str:
-    name = value if isinstance(value, str) else _get(value, "name")
+    name = value if isinstance(value, str) else config_get(value, "name")
     if not isinstance(name, str) or not name:
         raise ValueError(f"run config {what} must be a name or a mapping with 'name', got {value!r}")
     return name
@@ -150,7 +154,7 @@ def _positive_int(value: Any, what: str) -> int:
 
 
 def _files(value: Any) -> list[str]:
-    value = _plain(value)
+    value = plain_value(value)
     files = [value] if isinstance(value, str) else list(value or [])
     if not files or not all(isinstance(f, str) and f for f in files):
         raise ValueError(f"data files must be a path or a list of paths, got {value!r}")
@@ -159,10 +163,10 @@ def _files(value: Any) -> list[str]:
 
 def data_files(run_cfg: Any) -> tuple[list[str], list[str]]:
     """(train files, validation files) a VeRL run of ``run_cfg`` reads (see the module docstring's ``data``)."""
-    data = _get(run_cfg, "data")
-    if _get(data, "train_files") is not None:
+    data = config_get(run_cfg, "data")
+    if config_get(data, "train_files") is not None:
         return _files(_require(data, "train_files", "data")), _files(_require(data, "val_files", "data"))
-    data_dir = _get(data, "dir") or _get(_get(run_cfg, "cluster"), "data_dir")
+    data_dir = config_get(data, "dir") or config_get(config_get(run_cfg, "cluster"), "data_dir")
     if not data_dir:
         raise ValueError(
             "run config needs data.train_files/data.val_files, data.dir or cluster.data_dir for a VeRL run"
@@ -172,21 +176,21 @@ def data_files(run_cfg: Any) -> tuple[list[str], list[str]]:
 
 
 def _method_params(run_cfg: Any) -> tuple[str, MethodParams]:
-    method_cfg = _get(run_cfg, "method")
+    method_cfg = config_get(run_cfg, "method")
     name = _name(method_cfg, "method")
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(METHODS))}")
     values: dict[str, Any] = {}
     if not isinstance(method_cfg, str):
-        values.update({k: v for k, v in (_plain(method_cfg) or {}).items() if k != "name"})
-    if values.get("delta") is None and _get(run_cfg, "delta") is not None:
-        values["delta"] = _get(run_cfg, "delta")
+        values.update({k: v for k, v in (plain_value(method_cfg) or {}).items() if k != "name"})
+    if values.get("delta") is None and config_get(run_cfg, "delta") is not None:
+        values["delta"] = config_get(run_cfg, "delta")
     given = {k: v for k, v in values.items() if v is not None}
     return name, MethodParams.from_mapping({**dict(METHODS[name].defaults), **given})  # the method's own defaults
 
 
 def _precision(run_cfg: Any) -> Precision:
-    precision = get_precision(_name(_get(run_cfg, "precision", "bf16"), "precision"))
+    precision = get_precision(_name(config_get(run_cfg, "precision", "bf16"), "precision"))
     if not precision.cluster:
         allowed = ", ".join(CLUSTER_PRECISIONS)
         raise ValueError(f"precision {precision.name!r} does not run on the cluster; allowed: {allowed}")
@@ -197,31 +201,31 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     """verl Hydra overrides for one run (see the module docstring for the keys read); raises on bad input."""
     name, params = _method_params(run_cfg)
     method = get_method(name)
-    top_k = _positive_int(_get(run_cfg, "top_k"), "top_k")
+    top_k = _positive_int(config_get(run_cfg, "top_k"), "top_k")
     precision = _precision(run_cfg)
-    model = _get(run_cfg, "model")
+    model = config_get(run_cfg, "model")
     if model is None:
         raise ValueError("run config is missing model (needed for a VeRL run)")
     path = str(_require(model, "path", "model"))
-    engine = str(_get(model, "engine", "megatron"))
+    engine = str(config_get(model, "engine", "megatron"))
     if engine not in ENGINES:
         raise ValueError(f"unknown model.engine {engine!r}; allowed: {', '.join(ENGINES)}")
     if precision.train_fp8 and engine != "megatron":
         raise ValueError(f"precision {precision.name} (FP8 training) needs model.engine=megatron")
-    cluster = _get(run_cfg, "cluster")
-    nnodes = _positive_int(_get(cluster, "nodes"), "cluster.nodes")
-    gpus = _positive_int(_get(cluster, "gpus_per_node"), "cluster.gpus_per_node")
+    cluster = config_get(run_cfg, "cluster")
+    nnodes = _positive_int(config_get(cluster, "nodes"), "cluster.nodes")
+    gpus = _positive_int(config_get(cluster, "gpus_per_node"), "cluster.gpus_per_node")
     train_files, val_files = data_files(run_cfg)
-    seed = int(_get(run_cfg, "seed", 0))
-    val_n = _positive_int(_get(run_cfg, "val_n", 16), "val_n")
-    parallel, batch_cfg = _get(model, "parallel"), _get(model, "batch")
+    seed = int(config_get(run_cfg, "seed", 0))
+    val_n = _positive_int(config_get(run_cfg, "val_n", 16), "val_n")
+    parallel, batch_cfg = config_get(model, "parallel"), config_get(model, "batch")
 
     def b(key: str, default: Any) -> Any:
-        value = _get(batch_cfg, key)
+        value = config_get(batch_cfg, key)
         return default if value is None else value
 
     def par(key: str) -> int:
-        value = _get(parallel, key)
+        value = config_get(parallel, key)
         return _positive_int(1 if value is None else value, f"model.parallel.{key}")
 
     prompt_len = _positive_int(b("max_prompt_length", 1024), "model.batch.max_prompt_length")
@@ -311,13 +315,13 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     if precision.rollout_fp8:
         o[f"{rollout}.quantization"] = "fp8"
     # -- trainer
-    run_id = _get(run_cfg, "run_id")
-    run_dir = _get(run_cfg, "run_dir")
+    run_id = config_get(run_cfg, "run_id")
+    run_dir = config_get(run_cfg, "run_dir")
     o["trainer.use_v1"] = False  # the top-K plumbing rides verl's DataProto path (the v1 trainer needs TransferQueue)
     o["trainer.nnodes"] = nnodes
     o["trainer.n_gpus_per_node"] = gpus
-    o["trainer.logger"] = list(check_loggers(_plain(_get(_get(run_cfg, "trainer"), "logger")) or DEFAULT_LOGGERS))
-    o["trainer.project_name"] = str(_get(run_cfg, "sweep", "predmask") or "predmask")
+    o["trainer.logger"] = list(check_loggers(plain_value(config_get(config_get(run_cfg, "trainer"), "logger")) or DEFAULT_LOGGERS))
+    o["trainer.project_name"] = str(config_get(run_cfg, "sweep", "predmask") or "predmask")
     o["trainer.experiment_name"] = str(run_id or name)
     o["trainer.val_before_train"] = True
     o["trainer.test_freq"] = _positive_int(b("val_every", 10), "model.batch.val_every")
@@ -342,9 +346,9 @@ def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list
     if run_dir:
         o[f"{PREFIX}stats_dir"] = f"{str(run_dir).rstrip('/')}/{LOSS_STATS_DIR}"
     # -- raw extras: model.verl, then run_cfg.verl
-    for extra in (_get(model, "verl"), _get(run_cfg, "verl")):
-        for key, value in (_plain(extra) or {}).items():
-            o[str(key)] = _plain(value)
+    for extra in (config_get(model, "verl"), config_get(run_cfg, "verl")):
+        for key, value in (plain_value(extra) or {}).items():
+            o[str(key)] = plain_value(value)
     return [f"{key}={hydra_value(value)}" for key, value in o.items()]
 
 
@@ -356,7 +360,7 @@ def verl_command(run_cfg: Any, run_dir: Any, *, python: str | None = None,
     ``file_logger_path`` is given (at run time the job may set ``VERL_FILE_LOGGER_PATH``, e.g. one file per
     attempt: the launcher forwards it to the workers in place of this default).
     """
-    cfg = dict(_plain(run_cfg) if not isinstance(run_cfg, Mapping) else run_cfg)
+    cfg = dict(plain_value(run_cfg) if not isinstance(run_cfg, Mapping) else run_cfg)
     cfg["run_dir"] = str(run_dir)
     logger_path = file_logger_path or f"{str(run_dir).rstrip('/')}/metrics.jsonl"
     return [python or sys.executable, "-m", "predmask.verl.launch", *verl_overrides(cfg, file_logger_path=logger_path)]

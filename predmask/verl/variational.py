@@ -26,7 +26,7 @@ from typing import Any
 
 from predmask.config import group_entry
 from predmask.rl.vr_schema import DATA_MODES, FINAL_RECIPES, STAGES
-from predmask.verl.overrides import _get, _plain, hydra_value
+from predmask.verl.overrides import config_get, hydra_value, plain_value
 
 __all__ = [
     "CLUSTER_RECIPES",
@@ -104,15 +104,15 @@ def _merge(base: Mapping[str, Any], extra: Mapping[str, Any] | None) -> dict[str
 
 def merged_settings(config: Any) -> dict[str, Any]:
     """``cluster.variational`` over :data:`DEFAULTS` (unknown keys refused), ``data_dir`` resolved."""
-    cluster = _get(config, "cluster")
-    given = _plain(_get(cluster, "variational")) or {}
+    cluster = config_get(config, "cluster")
+    given = plain_value(config_get(cluster, "variational")) or {}
     if not isinstance(given, Mapping):  # a config value: ValueError, as every bad input here
         raise ValueError(f"cluster.variational must be a mapping, got {given!r}")  # noqa: TRY004
     unknown = sorted(set(given) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"unknown cluster.variational key {unknown[0]!r}; allowed: {', '.join(DEFAULTS)}")
     settings = _merge(DEFAULTS, given)
-    data_dir = settings["data_dir"] or _get(cluster, "data_dir")
+    data_dir = settings["data_dir"] or config_get(cluster, "data_dir")
     if not data_dir:
         raise ValueError("the variational family on a cluster needs cluster.variational.data_dir or cluster.data_dir")
     settings["data_dir"] = str(data_dir).rstrip("/")
@@ -141,7 +141,7 @@ def stage_output(stage: str, run_dir: Any) -> str:
 
 
 def _upstream(config: Any, run_dir: Any, stage: str) -> dict[str, str]:
-    inputs = _plain(_get(config, "inputs")) or {}
+    inputs = plain_value(config_get(config, "inputs")) or {}
     parent = PurePosixPath(str(run_dir).rstrip("/")).parent
     out = {}
     for need in STAGE_INPUTS[stage]:
@@ -153,31 +153,31 @@ def _upstream(config: Any, run_dir: Any, stage: str) -> dict[str, str]:
 
 
 def _method(config: Any) -> tuple[str, str | None, str | None]:
-    method = _get(config, "method")
-    name = method if isinstance(method, str) else _get(method, "name")
-    estimator = None if isinstance(method, str) else _get(method, "estimator")
-    data = None if isinstance(method, str) else _get(method, "data")
+    method = config_get(config, "method")
+    name = method if isinstance(method, str) else config_get(method, "name")
+    estimator = None if isinstance(method, str) else config_get(method, "estimator")
+    data = None if isinstance(method, str) else config_get(method, "data")
     return str(name), estimator, data
 
 
 def _sft_overrides(config: Any, run_dir: str, settings: Mapping[str, Any], stage: str,
                    train_file: str, epochs: int, batch: int, lr: float) -> dict[str, Any]:
-    cluster = _get(config, "cluster")
-    nodes = _positive(_get(cluster, "nodes"), "cluster.nodes")
-    gpus = _positive(_get(cluster, "gpus_per_node"), "cluster.gpus_per_node")
-    model = _get(config, "model")
-    path = _get(model, "path")
+    cluster = config_get(config, "cluster")
+    nodes = _positive(config_get(cluster, "nodes"), "cluster.nodes")
+    gpus = _positive(config_get(cluster, "gpus_per_node"), "cluster.gpus_per_node")
+    model = config_get(config, "model")
+    path = config_get(model, "path")
     if not path:
         raise ValueError("the variational family on a cluster needs a real base model with model.path: give "
                          "model=qwen3_4b_base (the paper's Qwen3-4B-Base; or qwen3_8b_base), not the CPU model "
-                         f"{_get(model, 'name')!r}")
+                         f"{config_get(model, 'name')!r}")
     sp = _positive(settings["sequence_parallel"], "cluster.variational.sequence_parallel")
     if gpus % sp:
         raise ValueError(f"cluster.variational.sequence_parallel={sp} must divide cluster.gpus_per_node={gpus}")
     if batch % (nodes * gpus // sp):
         raise ValueError(f"the {stage} batch {batch} must be a multiple of the data-parallel size {nodes * gpus // sp} "
                          f"(nodes x gpus_per_node / sequence_parallel)")
-    seed = int(_get(config, "seed", 0) or 0)
+    seed = int(config_get(config, "seed", 0) or 0)
     o: dict[str, Any] = {
         "data.train_files": [train_file],
         "data.val_files": None,
@@ -203,8 +203,8 @@ def _sft_overrides(config: Any, run_dir: str, settings: Mapping[str, Any], stage
         "optim.clip_grad": 1.0,
         "checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         "trainer.default_local_dir": checkpoint_dir(run_dir),
-        "trainer.project_name": str(_get(config, "sweep", "predmask") or "predmask"),
-        "trainer.experiment_name": str(_get(config, "run_id") or f"{stage}-{PurePosixPath(run_dir).name}"),
+        "trainer.project_name": str(config_get(config, "sweep", "predmask") or "predmask"),
+        "trainer.experiment_name": str(config_get(config, "run_id") or f"{stage}-{PurePosixPath(run_dir).name}"),
         "trainer.total_epochs": epochs,
         "trainer.logger": ["console", "file"],
         "trainer.seed": seed,
@@ -262,12 +262,12 @@ def _sft_command(config: Any, run_dir: str, python: str, settings: Mapping[str, 
 def _sample_command(config: Any, run_dir: str, python: str, settings: Mapping[str, Any], stage: str) -> list[str]:
     upstream = _upstream(config, run_dir, stage)
     vllm = settings["vllm"]
-    gpus = _positive(_get(_get(config, "cluster"), "gpus_per_node"), "cluster.gpus_per_node")
+    gpus = _positive(config_get(config_get(config, "cluster"), "gpus_per_node"), "cluster.gpus_per_node")
     tp = _positive(vllm["tensor_parallel"], "cluster.variational.vllm.tensor_parallel")
     if gpus % tp:
         raise ValueError(f"cluster.variational.vllm.tensor_parallel={tp} must divide cluster.gpus_per_node={gpus}")
     common = [
-        "--run-dir", run_dir, "--seed", str(int(_get(config, "seed", 0) or 0)),
+        "--run-dir", run_dir, "--seed", str(int(config_get(config, "seed", 0) or 0)),
         "--tensor-parallel", str(tp), "--replicas", str(gpus // tp),
         "--gpu-memory-utilization", repr(float(vllm["gpu_memory_utilization"])),
         "--max-model-len", str(_positive(vllm["max_model_len"], "cluster.variational.vllm.max_model_len")),
@@ -291,7 +291,7 @@ def _sample_command(config: Any, run_dir: str, python: str, settings: Mapping[st
 
 def stage_command(config: Any, run_dir: Any, python: str | None = None) -> list[str]:
     """The argv of one variational stage run on the cluster (see the module docstring); raises ValueError."""
-    stage = _get(config, "stage")
+    stage = config_get(config, "stage")
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}")
     settings = merged_settings(config)
