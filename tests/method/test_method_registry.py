@@ -113,6 +113,8 @@ def test_a_method_must_name_registered_parts() -> None:
         methods.Method("x", "divergence", "js", "topk", "ratio")
     with pytest.raises(ValueError, match="unknown loss kind 'dpo'; allowed: clip, divergence"):
         methods.Method("x", "dpo")
+    with pytest.raises(ValueError, match="unknown support 'full'; allowed: topk, binary$"):
+        methods.Method("x", "divergence", "kl", "full", "ratio")
     with pytest.raises(ValueError, match="already registered"):
         pm.register_method(pm.get_method("dppo_topk_kl"))
 
