@@ -39,6 +39,7 @@ from predmask import metrics as M
 from predmask.config import ConfigError, compose, group_options, label, stable_id, sweep_params, to_container
 from predmask.io import atomic_write_text
 from predmask.rl.task import EVAL_SPLITS
+from predmask.rundir import JOB_LOG_FILE, METRICS_FILE, read_metrics, read_status
 
 __all__ = [
     "BF16_OUTSIDE",
@@ -289,8 +290,6 @@ def _plan(settings: Sequence[str], seed: int, overrides: Sequence[str], out: Pat
 
 
 def _read(run_dir: Path) -> list[dict[str, Any]]:
-    from predmask.rl.train import METRICS_FILE, read_metrics, read_status
-
     status = read_status(run_dir)
     if status.get("status") != "completed":
         raise RuntimeError(f"run {run_dir.name} did not complete ({status.get('status', 'no status.json')}: "
@@ -301,11 +300,10 @@ def _read(run_dir: Path) -> list[dict[str, Any]]:
 
 def _train(planned: Sequence[_Planned], max_parallel: int, out: Path) -> list[str]:
     """Train the runs not yet completed, ``max_parallel`` at a time; returns one message per failed run."""
-    from predmask.progress import progress
-    from predmask.rl.train import read_status
     from launch.command_job import CommandJob
     from launch.executor import make_executor
     from launch.follow import follow
+    from predmask.progress import progress
 
     todo = [p for p in planned if read_status(p.run_dir).get("status") != "completed"]
     if not todo:
@@ -321,7 +319,7 @@ def _train(planned: Sequence[_Planned], max_parallel: int, out: Path) -> list[st
     def jobs():
         for p in todo:
             p.run_dir.mkdir(parents=True, exist_ok=True)
-            job = CommandJob(p.command, run_dir=str(p.run_dir), log_file=str(p.run_dir / "job.log"))
+            job = CommandJob(p.command, run_dir=str(p.run_dir), log_file=str(p.run_dir / JOB_LOG_FILE))
             yield p.run_id, executor.submit(job)
 
     failed: list[str] = []
@@ -334,7 +332,7 @@ def _train(planned: Sequence[_Planned], max_parallel: int, out: Path) -> list[st
     for e in ends:
         if not e.ok:
             p = by_id[e.key]
-            failed.append(f"{p.setting} {p.method}: {e.error} (log: {p.run_dir / 'job.log'})")
+            failed.append(f"{p.setting} {p.method}: {e.error} (log: {p.run_dir / JOB_LOG_FILE})")
     return failed
 
 

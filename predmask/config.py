@@ -18,7 +18,6 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import os
 import re
 from collections.abc import Collection, Mapping, Sequence
 from importlib import resources
@@ -40,7 +39,6 @@ __all__ = [
     "group_options",
     "label",
     "option_choices",
-    "runs_root",
     "stable_id",
     "store_schemas",
     "sweep_params",
@@ -50,11 +48,6 @@ __all__ = [
 #: config keys that say where/how a run is launched or watched, not what it computes: excluded from the run id
 #: (a dotted key names a nested one: the trackers a run logs to are not part of it)
 LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "run_dir", "cache_dir", "hydra", "trainer.logger")
-
-
-def runs_root() -> Path:
-    """Root of all run directories: ``$PREDMASK_RUNS`` or ``runs/`` under the working directory."""
-    return Path(os.environ.get("PREDMASK_RUNS", "runs"))
 
 
 class ConfigError(ValueError):

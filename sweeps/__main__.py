@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from predmask.cli import command, sweep_command, with_db
+from predmask.rundir import PLANNED_CONFIG_FILE, read_config, runs_root, sweep_path
 from sweeps.compose import RunSpec, SweepError, sweep_family, sweep_names
 from sweeps.families import describe, expand
-from sweeps.runs import SweepLock, read_state, runs_root, sweep_dir
+from sweeps.runs import SweepLock, read_state
 
 EPILOG = """\
 examples:
@@ -85,24 +86,16 @@ def _db_path(arg: str | None) -> Path:
     return Path(arg) if arg else default_db_path()
 
 
-def _ingest(db: Path, spec: RunSpec, path: Path, backend: str) -> str | None:
-    """Register and ingest one finished run (the sweep process is the database's only writer); returns why the
-    store refused the run directory, else None. Raises StoreError when the database cannot be written now."""
-    from analysis.store import connect, ingest_run_dir, upsert_runs
+def _ingest(db: Path, path: Path) -> str | None:
+    """Ingest one finished run (the sweep process is the database's only writer; ingest builds the run's row from
+    its directory, job id and status included); returns why the store refused the run directory, else None.
+    Raises StoreError when the database cannot be written now."""
+    from analysis.store import connect, ingest_run_dir
 
     con = connect(db)
     try:
-        result = ingest_run_dir(con, path)  # owns the run's status (dead, empty) from its directory
-        if result.run_registered == "refused":
-            return result.refused
-        record = json.loads((path / "job.json").read_text()) if (path / "job.json").exists() else {}
-        upsert_runs(con, [{
-            "run_id": spec.run_id, "sweep": spec.sweep, "method": spec.method, "delta": spec.delta,
-            "model": spec.model, "precision": spec.precision, "seed": spec.seed, "backend": backend,
-            "config": spec.config, "job_id": record.get("job_id"),
-            "log_path": str((path / "job.log").resolve()), "run_dir": str(path.resolve()),
-        }])
-        return None
+        result = ingest_run_dir(con, path)
+        return result.refused if result.run_registered == "refused" else None
     finally:
         con.close()
 
@@ -111,15 +104,15 @@ class Ingester:
     """Ingests each finished run as it ends; a run whose ingest fails (the database held by another process for
     longer than the store waits) is deferred, not fatal: the sweep goes on and :meth:`catch_up` tries it again."""
 
-    def __init__(self, db: Path, backend: str, catch_up_hint: str) -> None:
-        self.db, self.backend, self.hint = db, backend, catch_up_hint
+    def __init__(self, db: Path, catch_up_hint: str) -> None:
+        self.db, self.hint = db, catch_up_hint
         self.deferred: dict[str, tuple[RunSpec, Path, str]] = {}  # run_id -> (spec, run dir, cause)
 
     def _try(self, spec: RunSpec, path: Path) -> bool:
         from analysis.store import StoreError
 
         try:
-            refused = _ingest(self.db, spec, path, self.backend)
+            refused = _ingest(self.db, path)
         except (StoreError, OSError) as err:  # held by another process, or its folder cannot be written now
             self.deferred[spec.run_id] = (spec, path, str(err))
             return False
@@ -156,7 +149,7 @@ def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> i
 
     summary = plan_summary(specs, max_parallel(specs, args.max_parallel), _submit_command(args))
     payload = {"summary": summary, "runs": dry_run_records(specs, root)}
-    out = write_dry_run(payload, sweep_dir(args.sweep, root))
+    out = write_dry_run(payload, sweep_path(args.sweep, root))
     if args.format == "json":
         print(json.dumps(payload, indent=2))
         print(f"scripts and commands written to {out}", file=sys.stderr)
@@ -204,12 +197,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     backend = backend_of(specs[0])
     parallel = max_parallel(specs, args.max_parallel)
     console.print(f"sweep [bold]{args.sweep}[/]: {describe(specs)} on {backend} "
-                  f"({specs[0].config['cluster']['name']}), runs in {sweep_dir(args.sweep, root)}, database {db}")
-    hint = with_db(command(f"analysis ingest {shlex.quote(str(sweep_dir(args.sweep, root)))}"), args.db and db)
-    ingest = Ingester(db, backend, hint)
+                  f"({specs[0].config['cluster']['name']}), runs in {sweep_path(args.sweep, root)}, database {db}")
+    hint = with_db(command(f"analysis ingest {shlex.quote(str(sweep_path(args.sweep, root)))}"), args.db and db)
+    ingest = Ingester(db, hint)
     started = time.perf_counter()
     chained = any(spec.inputs for spec in specs)  # a variational sweep: each stage after the runs it reads
-    with SweepLock(sweep_dir(args.sweep, root)):
+    with SweepLock(sweep_path(args.sweep, root)):
         if chained:
             outcome = run_waves(specs, root=root, max_parallel=parallel, console=console, on_finished=ingest,
                                 resume=_submit_command(args))
@@ -265,16 +258,14 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     table = Table(title=f"runs under {root}")
     for col in ("sweep", "run_id", "method", "model", "precision", "delta", "seed", "status", "step"):
         table.add_column(col, no_wrap=True)
-    import yaml
-
     counts: dict[str, Counter[str]] = {}
     for name in sweeps:
         for path in sorted(p for p in (root / name).iterdir() if p.is_dir() and not p.name.startswith(".")) \
                 if (root / name).exists() else []:
-            cfg_file = path / "planned_config.yaml"
+            cfg_file = path / PLANNED_CONFIG_FILE
             if not cfg_file.exists():
                 continue
-            run = RunSpec(path.name, name, (), yaml.safe_load(cfg_file.read_text()))
+            run = RunSpec(path.name, name, (), read_config(cfg_file))
             state = read_state(path)
             step = f"{state.step}/{state.total_steps}" if state.total_steps else str(state.step)
             method = run.method if run.stage in (None, "final") else f"({run.method})"  # a stage run, not a recipe

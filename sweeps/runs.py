@@ -1,4 +1,5 @@
-"""Run directories of a sweep: where each run lives, its state on disk, and the per-sweep lock."""
+"""Run directories of a sweep: where each run lives, its state on disk, why it failed, and the per-sweep lock (the
+run directory's files themselves: ``predmask.rundir``)."""
 
 from __future__ import annotations
 
@@ -12,22 +13,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from predmask.config import runs_root
-from predmask.io import atomic_write_text, run_status
+from predmask.rundir import (
+    EXIT_STATUS_FILE,
+    JOB_LOG_FILE,
+    PLANNED_CONFIG_FILE,
+    StatusError,
+    read_job_record,
+    read_status,
+    run_path,
+    run_status,
+    write_config,
+)
 from sweeps.compose import RunSpec
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
     from typing_extensions import Self
 
 
-def sweep_dir(sweep: str, root: Path | None = None) -> Path:
-    return (root or runs_root()) / sweep
-
-
 def run_dir(spec: RunSpec, root: Path | None = None) -> Path:
-    return sweep_dir(spec.sweep, root) / spec.run_id
+    """The run directory of a run of a sweep (``predmask.rundir.run_path``)."""
+    return run_path(spec.sweep, spec.run_id, root)
 
 
 @dataclass(frozen=True)
@@ -42,25 +47,14 @@ class RunState:
 
 
 def read_state(path: Path) -> RunState:
-    status_file = path / "status.json"
-    if not status_file.exists():
-        return RunState("new")
     try:
-        data = json.loads(status_file.read_text())
-    except (json.JSONDecodeError, OSError):
+        data = read_status(path)
+    except (StatusError, OSError):
         return RunState("running")  # being replaced right now; the next poll reads it whole
+    if not data:
+        return RunState("new")
     return RunState(run_status(path, str(data.get("status", "running"))), int(data.get("step") or 0),
                     int(data.get("total_steps") or 0), data.get("error"))
-
-
-def write_job_record(path: Path, record: dict[str, Any]) -> None:
-    """The sweep's own note of how a run was submitted (job id, backend, command), beside the run's files."""
-    atomic_write_text(path / "job.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
-
-
-def read_job_record(path: Path) -> dict[str, Any]:
-    f = path / "job.json"
-    return json.loads(f.read_text()) if f.exists() else {}
 
 
 #: a Python exception line at the start of a line (the last line of a traceback), e.g. ``RuntimeError: boom``
@@ -70,7 +64,7 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\
 def log_size(path: Path) -> int:
     """The size of a run's ``job.log`` now (0 when there is none): where the next attempt's lines begin."""
     try:
-        return (path / "job.log").stat().st_size
+        return (path / JOB_LOG_FILE).stat().st_size
     except OSError:
         return 0
 
@@ -78,7 +72,7 @@ def log_size(path: Path) -> int:
 def _log_lines(path: Path, offset: int) -> list[str]:
     """The lines of ``job.log`` from byte ``offset`` (the whole file when it is shorter: it was replaced)."""
     try:
-        data = (path / "job.log").read_bytes()
+        data = (path / JOB_LOG_FILE).read_bytes()
     except OSError:
         return []
     return data[offset if offset <= len(data) else 0:].decode(errors="replace").splitlines()
@@ -114,8 +108,11 @@ def failure_cause(path: Path) -> str | None:
     record = read_job_record(path)
     since = float(record.get("submitted") or 0)
     lines = [ln.strip() for ln in _log_lines(path, int(record.get("log_offset") or 0))]
-    status = _read_json(path / "status.json")
-    exit_record = _read_json(path / "exit_status.json")
+    try:
+        status = read_status(path)
+    except StatusError:
+        status = {}
+    exit_record = _read_json(path / EXIT_STATUS_FILE)
     if float(exit_record.get("started") or 0) < since:
         exit_record = {}  # an earlier attempt's
     errors = [ln.removeprefix("error: ") for ln in lines if ln.startswith("error: ")]
@@ -135,13 +132,13 @@ def failure_cause(path: Path) -> str | None:
 
 def write_planned_config(path: Path, spec: RunSpec) -> None:
     """The resolved config the sweep composed, written before submission (the CPU trainer writes config.yaml)."""
-    atomic_write_text(path / "planned_config.yaml", yaml.safe_dump(spec.config, sort_keys=False))
+    write_config(path, spec.config, PLANNED_CONFIG_FILE)
 
 
 def write_run_config(path: Path, spec: RunSpec) -> None:
     """``config.yaml``, the run directory's resolved config, for a trainer that writes none itself (VeRL): the
     config the sweep composed."""
-    atomic_write_text(path / "config.yaml", yaml.safe_dump(spec.config, sort_keys=False))
+    write_config(path, spec.config)
 
 
 class SweepLock:

@@ -20,23 +20,21 @@ from typing import Any
 import submitit
 from rich.console import Console
 
-from predmask.io import run_writer_alive
-from predmask.progress import progress
-from sweeps.compose import RunSpec, SweepError
-from sweeps.jobs import trainer_argv
 from launch.command_job import CommandJob
 from launch.executor import job_python, sbatch_script
 from launch.executor import make_executor as cluster_executor
 from launch.follow import Ended, follow, rejoin_slurm_job
 from launch.ray_job import RayJob
 from launch.ray_slurm import ray_options
+from predmask.progress import progress
+from predmask.rundir import JOB_LOG_FILE, read_job_record, run_writer_alive, write_job_record
+from sweeps.compose import RunSpec, SweepError
+from sweeps.jobs import trainer_argv
 from sweeps.runs import (
     failure_cause,
     log_size,
-    read_job_record,
     read_state,
     run_dir,
-    write_job_record,
     write_planned_config,
     write_run_config,
 )
@@ -109,7 +107,7 @@ def make_executor(spec: RunSpec, folder: Path) -> submitit.Executor:
 
 def make_job(spec: RunSpec, path: Path) -> Any:
     """The picklable callable a run's job executes."""
-    log = str(path / "job.log")
+    log = str(path / JOB_LOG_FILE)
     if trainer_of(spec) == "verl":
         return RayJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
                       env=dict(spec.config["cluster"].get("env") or {}), ray=ray_options(spec.config["cluster"]))
@@ -209,7 +207,7 @@ def run_sweep(
             if end.ok:
                 outcome.completed.append(end.key)
             else:
-                outcome.failed[end.key] = f"{failure_cause(path) or end.error} (log: {path / 'job.log'})"
+                outcome.failed[end.key] = f"{failure_cause(path) or end.error} (log: {path / JOB_LOG_FILE})"
             on_finished(spec, path)
             bar.advance(1)
 

@@ -6,22 +6,22 @@ readers and another writer, a reader for a writer; ``connect``'s ``wait_s``, $PR
 StoreError naming the holder's pid: a caller that must not fail (a sweep) catches it and ingests later. Every write here is idempotent: ingesting the same files again, or
 upserting the same rows again, leaves the database unchanged.
 
-Run directory contract (runs/<sweep>/<run_id>/): config.yaml (resolved run config), status.json, and the
-verl file-logger lines ``{"step": N, "data": {name: value}}``, earlier attempts kept as
-``metrics.attempt-<n>.jsonl`` and merged by step, the latest attempt winning. Ingest stores nothing invalid
+Run directory contract (runs/<sweep>/<run_id>/, owned by ``predmask.rundir``: its files, its one metrics parser and
+step rule, its attempts): config.yaml (resolved run config), status.json, and the verl file-logger lines
+``{"step": N, "data": {name: value}}``, earlier attempts kept as ``metrics.attempt-<n>.jsonl`` and merged by step,
+the latest attempt winning. Ingest is the only builder of a run's `runs` row. Ingest stores nothing invalid
 silently (``ingest``): bad lines and values are skipped, a run without config.yaml is refused, each with one
 warning line and a count; killed and empty runs get the statuses ``dead`` and ``empty``.
 
 A writer's path is checked before any work starts (``check_db_path``: not a folder, a DuckDB file if it exists,
 a writable place), without opening the file.
 
-Parts: ``schema`` (tables), ``connection`` (open, default path, path check, what to run next), ``runs`` (the `runs` rows), ``metrics_files``
-(parsing file-logger lines), ``attempts`` (a run's attempt files and their merge), ``ingest`` (run directories into
-`runs` and `metrics`), ``token_level`` (the token-level study's rows), ``variational`` (`vr_traces` from a variational
-weights stage, the accuracy-weighting analysis's rows).
+Parts: ``schema`` (tables), ``connection`` (open, default path, path check, what to run next), ``runs`` (the `runs`
+rows), ``metrics_files`` (file-logger records into the values stored), ``inputs`` (which inputs are run directories),
+``ingest`` (run directories into `runs` and `metrics`), ``token_level`` (the token-level study's rows),
+``variational`` (`vr_traces` from a variational weights stage, the accuracy-weighting analysis's rows).
 """
 
-from analysis.store.attempts import attempt_files, find_run_dirs
 from analysis.store.connection import (
     DB_ENV,
     DB_WAIT_ENV,
@@ -42,6 +42,7 @@ from analysis.store.ingest import (
     ingest_paths,
     ingest_run_dir,
 )
+from analysis.store.inputs import find_run_dirs
 from analysis.store.metrics_files import parse_metrics_file
 from analysis.store.runs import EMPTY, RunRefusedError, UpsertCounts, run_row_from_dir, upsert_runs
 from analysis.store.schema import (
@@ -86,7 +87,6 @@ __all__ = [
     "TokenLevelWrite",
     "UpsertCounts",
     "VrTracesWrite",
-    "attempt_files",
     "check_db_path",
     "connect",
     "default_db_path",

@@ -16,10 +16,10 @@ from typing import Any
 
 import duckdb
 
-from analysis.store.attempts import find_run_dirs
+from analysis.store.inputs import find_run_dirs
 from analysis.store.schema import SCHEMA_DDL
 from predmask.cli import STUDY, command, sweep_command, with_db
-from predmask.config import runs_root
+from predmask.rundir import runs_root
 
 __all__ = [
     "DB_ENV",

@@ -23,14 +23,14 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.attempts import attempt_files, find_run_dirs, merge_attempts
 from analysis.store.connection import StoreError, fetch_one
 from analysis.store.exact_metrics import exact_step_metrics
+from analysis.store.inputs import find_run_dirs
 from analysis.store.metrics_files import parse_metrics_file
 from analysis.store.runs import EMPTY, RunRefusedError, run_row_from_dir, upsert_runs
 from analysis.store.variational import ingest_vr_traces, is_weights_stage
-from predmask.io import DEAD
 from predmask.progress import progress
+from predmask.rundir import DEAD, METRICS_FILE, attempt_files, merge_attempts
 
 __all__ = [
     "IngestSummary",
@@ -213,7 +213,7 @@ def _ingest(
         result.nonfinite_values += pf.nonfinite_values
         result.backward_lines += pf.backward_lines
         result.warnings.extend(f"run {run_id}: {w}" for w in pf.warnings)
-    merged = merge_attempts(parsed)
+    merged = merge_attempts(pf.rows for pf in parsed)
     if exact:
         _overlay_exact(result, merged)
     result.metric_rows = len(merged)
@@ -270,7 +270,7 @@ def ingest_run_dir(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[st
     if isinstance(row.get("config"), dict) and is_weights_stage(row["config"]):
         _ingest_traces(con, result, path, row.get("seed"))
     if not result.files:
-        result.warnings.append(f"run {path.name}: {path} has no metrics.jsonl yet (run registered, no metrics)")
+        result.warnings.append(f"run {path.name}: {path} has no {METRICS_FILE} yet (run registered, no metrics)")
     return result
 
 

@@ -1,4 +1,5 @@
-"""verl file-logger files: parsing their ``{"step": N, "data": {...}}`` lines into finite numeric metric values.
+"""verl file-logger files: their ``{"step": N, "data": {...}}`` records (read by ``predmask.rundir.parse_metrics``, the
+one parser and step rule, shared with the trainer's resume) as the finite numeric metric values ingest stores.
 
 What is not stored, each counted and reported with its line number: a line that is not such a record (corrupt);
 a value that is not a number (null, text, lists: the trainer writes null for NaN); a non-finite number (a literal
@@ -9,11 +10,11 @@ that step are kept. The same step on consecutive lines (verl logs validation, th
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from predmask.rundir import parse_metrics
 
 __all__ = ["ParsedFile", "parse_metrics_file"]
 
@@ -32,16 +33,6 @@ class ParsedFile:
     backward_lines: int = 0
 
 
-def _as_step(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
 def _as_float(value: float) -> float:
     try:
         return float(value)
@@ -51,46 +42,30 @@ def _as_float(value: float) -> float:
 
 def parse_metrics_file(path: Path) -> ParsedFile:
     """Read verl file-logger JSON lines; what is not stored is counted, with one warning per line (module docstring)."""
+    parsed = parse_metrics(path)
     rows: list[tuple[int, str, float]] = []
-    notes: list[str] = []
-    skipped_lines = skipped_values = nonfinite = backward = 0
+    notes: list[tuple[int, str]] = []  # (line number, what happened there)
+    for b in parsed.bad:
+        notes.append((b.line, f"{'truncated or corrupt last line' if b.last else 'corrupt line'} ({b.reason}), skipped"))
+    skipped_values = nonfinite = backward = 0
     max_step: int | None = None
-    raw = path.read_bytes().split(b"\n")
-    last = max((i for i, line in enumerate(raw) if line.strip()), default=-1)
-    n_lines = 0
-    for i, line in enumerate(raw):
-        if not line.strip():
-            continue
-        n_lines += 1
-        where = f"{path}:{i + 1}"
-        what = "truncated or corrupt last line" if i == last else "corrupt line"
-        try:
-            rec = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            skipped_lines += 1
-            notes.append(f"{where}: {what} (not JSON), skipped")
-            continue
-        step = _as_step(rec.get("step")) if isinstance(rec, dict) else None
-        data = rec.get("data") if isinstance(rec, dict) else None
-        if step is None or not isinstance(data, dict):
-            skipped_lines += 1
-            notes.append(f'{where}: {what} (not {{"step": int, "data": {{...}}}}), skipped')
-            continue
-        if max_step is not None and step < max_step:
+    for rec in parsed.records:
+        if max_step is not None and rec.step < max_step:
             backward += 1
-            notes.append(f"{where}: step {step} after step {max_step} (steps go backwards), line refused, "
-                         "the earlier values kept")
+            why = f"step {rec.step} after step {max_step} (steps go backwards), line refused, the earlier values kept"
+            notes.append((rec.line, why))
             continue
-        max_step = step
+        max_step = rec.step
         bad: list[str] = []
-        for name, value in data.items():
+        for name, value in rec.data.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 skipped_values += 1
             elif not math.isfinite(number := _as_float(value)):
                 bad.append(f"{name}={value if isinstance(value, float) else 'an integer beyond float range'}")
             else:
-                rows.append((step, str(name), number))
+                rows.append((rec.step, str(name), number))
         if bad:
             nonfinite += len(bad)
-            notes.append(f"{where}: step {step}: non-finite value(s) {', '.join(bad)} not stored")
-    return ParsedFile(path, rows, n_lines, skipped_lines, skipped_values, notes, nonfinite, backward)
+            notes.append((rec.line, f"step {rec.step}: non-finite value(s) {', '.join(bad)} not stored"))
+    warnings = [f"{path}:{line}: {text}" for line, text in sorted(notes, key=lambda n: n[0])]  # in line order
+    return ParsedFile(path, rows, parsed.lines, len(parsed.bad), skipped_values, warnings, nonfinite, backward)

@@ -1,7 +1,8 @@
-"""The `runs` table: idempotent upserts of run rows, and the row a run directory describes (config.yaml, status.json).
+"""The `runs` table: idempotent upserts of run rows, and the row a run directory describes (config.yaml, status.json,
+job.json; read through ``predmask.rundir``). Ingest is the only builder of a run's row.
 
 A run directory's status is the one its status.json gives, with two corrections, each reported: "running" while no
-process holds the run's writer lock is ``dead`` (the trainer was killed, ``predmask.io.run_status``), and
+process holds the run's writer lock is ``dead`` (the trainer was killed, ``predmask.rundir.run_status``), and
 "completed" with no stored metric is ``empty`` (``EMPTY``, set by ingest).
 """
 
@@ -18,7 +19,17 @@ import duckdb
 
 from analysis.store.connection import StoreError, fetch_one, utcnow
 from analysis.store.schema import RUN_COLUMNS
-from predmask.io import DEAD, run_status
+from predmask.rundir import (
+    CONFIG_FILE,
+    DEAD,
+    JOB_LOG_FILE,
+    LOG_FILE,
+    StatusError,
+    read_config,
+    read_job_record,
+    read_status,
+    run_status,
+)
 
 __all__ = ["EMPTY", "RunRefusedError", "UpsertCounts", "canonical_config", "run_row_from_dir", "upsert_runs"]
 
@@ -135,20 +146,6 @@ def upsert_runs(con: duckdb.DuckDBPyConnection, rows: Iterable[Mapping[str, Any]
     return UpsertCounts(inserted, updated, unchanged)
 
 
-def _load_config(path: Path) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    try:
-        loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except Exception:  # noqa: BLE001 - unresolvable interpolation etc.: fall back to the literal YAML
-        import yaml
-
-        loaded = yaml.safe_load(path.read_text())
-    if not isinstance(loaded, dict):
-        raise TypeError(f"{path} is not a mapping")
-    return loaded
-
-
 def _name_of(value: Any) -> str | None:
     if isinstance(value, str):
         return value
@@ -171,18 +168,20 @@ def _backend_of(cfg: Mapping[str, Any]) -> str | None:
 
 
 def run_row_from_dir(run_dir: Path, notes: list[str] | None = None) -> dict[str, Any]:
-    """The `runs` row that a run directory describes (config.yaml, status.json).
+    """The `runs` row that a run directory describes: its config.yaml (sweep, method, delta, model, precision, seed,
+    backend, config), status.json (status, updated_at), the job id (status.json, else the sweep's job.json) and the
+    log (the job's job.log, else the engine's train.log).
 
     Raises RunRefusedError when config.yaml is missing or unreadable (the run's method would be unknown); a broken
     status.json is reported in ``notes`` and not used; a dead writer gives status ``dead`` (reported).
     """
     notes = notes if notes is not None else []
     row: dict[str, Any] = {"run_id": run_dir.name, "run_dir": str(run_dir.resolve())}
-    cfg_path, status_path = run_dir / "config.yaml", run_dir / "status.json"
+    cfg_path = run_dir / CONFIG_FILE
     if not cfg_path.is_file():
-        raise RunRefusedError(f"run {run_dir.name}: {run_dir} has no config.yaml, run refused (not registered)")
+        raise RunRefusedError(f"run {run_dir.name}: {run_dir} has no {CONFIG_FILE}, run refused (not registered)")
     try:
-        cfg = _load_config(cfg_path)
+        cfg = read_config(cfg_path)
     except Exception as exc:  # noqa: BLE001 - any unreadable config refuses the run, in one line
         raise RunRefusedError(
             f"run {run_dir.name}: {cfg_path} is unreadable ({str(exc).splitlines()[0]}), run refused (not registered)"
@@ -200,26 +199,24 @@ def run_row_from_dir(run_dir: Path, notes: list[str] | None = None) -> dict[str,
         backend=_backend_of(cfg),
         config=cfg,
     )
-    if status_path.is_file():
-        try:
-            status = json.loads(status_path.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
-            status = f"unreadable ({str(exc).splitlines()[0]})"
-        if not isinstance(status, dict):
-            notes.append(
-                f"{status_path}: status is {status if isinstance(status, str) else 'not an object'}, not used"
-            )
-        else:
-            if isinstance(status.get("status"), str):
-                row["status"] = run_status(run_dir, status["status"])
-                if row["status"] == DEAD:
-                    notes.append(f"run {run_dir.name}: status.json says running but no process holds its lock "
-                                 f"(the trainer was killed): stored as status '{DEAD}'")
-            if status.get("job_id") is not None:
-                row["job_id"] = str(status["job_id"])
-            if isinstance(status.get("updated"), (int, float)):
-                row["updated_at"] = float(status["updated"])
-    log = run_dir / "train.log"
-    if log.is_file():
+    try:
+        status = read_status(run_dir)
+    except StatusError as exc:
+        notes.append(f"{exc}, not used")
+        status = {}
+    if isinstance(status.get("status"), str):
+        row["status"] = run_status(run_dir, status["status"])
+        if row["status"] == DEAD:
+            notes.append(f"run {run_dir.name}: status.json says running but no process holds its lock "
+                         f"(the trainer was killed): stored as status '{DEAD}'")
+    job_id = status.get("job_id")
+    if job_id is None:
+        job_id = read_job_record(run_dir).get("job_id")
+    if job_id is not None:
+        row["job_id"] = str(job_id)
+    if isinstance(status.get("updated"), (int, float)):
+        row["updated_at"] = float(status["updated"])
+    log = next((p for p in (run_dir / JOB_LOG_FILE, run_dir / LOG_FILE) if p.is_file()), None)
+    if log is not None:
         row["log_path"] = str(log.resolve())
     return row

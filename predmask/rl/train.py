@@ -5,7 +5,8 @@ Composes ``conf/train.yaml`` (defaults: method, model, precision, cluster) with 
     python -m predmask.rl.train method=predmask_kl_agg model=cpu_s precision=bf16 delta=0.15 \\
         trainer.steps=200 seed=0 run_dir=runs/x
 
-and writes the run directory (the contract of every CPU or VeRL run):
+and writes the run directory (the contract of every CPU or VeRL run; its files, writer and parser:
+:mod:`predmask.rundir`):
 
 - ``config.yaml``  the resolved config, written before training starts (the CPU model actually trained, every
                    parameter of the method, what the precision emulates, and the stand-in labels included);
@@ -19,13 +20,13 @@ and writes the run directory (the contract of every CPU or VeRL run):
                    (verl's tracker names; :mod:`predmask.rl.trackers`: where they write, the W&B id a resumed run
                    keeps). ``console`` in the list prints the step lines; ``file`` (``metrics.jsonl``) is required.
 
-The trainer holds the run directory's writer lock (``.run.lock``, ``predmask.io.hold_run_lock``) for its whole
+The trainer holds the run directory's writer lock (``.run.lock``, ``predmask.rundir.hold_run_lock``) for its whole
 life: a second trainer on the same ``run_dir`` exits with one line naming the first one's pid and writes nothing, and
-a ``status.json`` that says "running" while the lock is free belongs to a killed trainer (``predmask.io.run_status``).
+a ``status.json`` that says "running" while the lock is free belongs to a killed trainer (``predmask.rundir.run_status``).
 Started again with the same config after any kind of death (SIGKILL included), a run resumes from its last
 checkpoint and first truncates ``metrics.jsonl`` to the checkpoint's step, so the file ends with each step once;
-an unparseable line found then is moved to ``metrics.corrupt.jsonl`` (with a warning), never dropped, and the valid
-lines after it are kept.
+a line found then that is not a record (``predmask.rundir``'s one parser and step rule, shared with ingest) is moved
+to ``metrics.corrupt.jsonl`` (with a warning), never dropped, and the valid lines after it are kept.
 Sampling is seeded per step from ``seed``, so the same seed and config give the same metrics on the same machine
 (all but the wall-clock metrics, ``predmask.metrics.wall_clock``). A completed run started again does nothing.
 Hydra does not change the working directory and writes no ``outputs/`` or ``.hydra/`` directories.
@@ -33,152 +34,47 @@ Hydra does not change the working directory and writes no ``outputs/`` or ``.hyd
 
 from __future__ import annotations
 
-import json
 import logging
-import math
-import os
 import random
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from predmask import metrics as M
 from predmask.config import store_schemas
-from predmask.io import RunDirBusyError, atomic_write, atomic_write_text, hold_run_lock
+from predmask.io import atomic_write
 from predmask.progress import progress as show_progress
 from predmask.rl.engine import Engine, prepare_config
 from predmask.rl.task import STANDIN_LABEL, Problem, TaskConfig, iter_train_prompts
 from predmask.rl.trackers import Trackers, require_installed
+from predmask.rundir import (
+    CHECKPOINT_DIR,
+    CONFIG_FILE,
+    CORRUPT_METRICS_FILE,
+    LOG_FILE,
+    METRICS_FILE,
+    MetricsWriter,
+    RunDirBusyError,
+    hold_run_lock,
+    last_step,
+    read_config,
+    read_metrics,
+    truncate_metrics,
+    write_config,
+    write_status,
+)
 
-__all__ = [
-    "CHECKPOINT_DIR",
-    "CONFIG_FILE",
-    "CORRUPT_METRICS_FILE",
-    "LOG_FILE",
-    "METRICS_FILE",
-    "STATUS_FILE",
-    "MetricsWriter",
-    "Truncation",
-    "latest_checkpoint",
-    "main",
-    "read_metrics",
-    "read_status",
-    "run",
-    "setup_logging",
-    "truncate_metrics",
-    "write_status",
-]
+__all__ = ["latest_checkpoint", "main", "run", "setup_logging"]
 
-CONFIG_FILE = "config.yaml"
-METRICS_FILE = "metrics.jsonl"
-STATUS_FILE = "status.json"
-LOG_FILE = "train.log"
-CHECKPOINT_DIR = "checkpoints"
 #: config keys that may change between a run and its resumption
 _RESUMABLE_KEYS = ({"trainer", "steps"}, {"trainer", "progress"}, {"trainer", "log_every"}, {"trainer", "logger"})
 
 log = logging.getLogger("predmask.rl.train")
-
-
-# ----------------------------------------------------------------------------------------------- files
-def write_status(run_dir: Path, status: str, step: int, total_steps: int, error: str | None = None) -> None:
-    """Replace ``status.json`` atomically."""
-    payload = {"status": status, "step": step, "total_steps": total_steps, "updated": time.time(), "error": error}
-    atomic_write_text(run_dir / STATUS_FILE, json.dumps(payload) + "\n")
-
-
-def read_status(run_dir: Path) -> dict[str, Any]:
-    """``status.json`` of a run directory as written by ``write_status``; ``{}`` when there is none (yet)."""
-    path = run_dir / STATUS_FILE
-    return json.loads(path.read_text()) if path.exists() else {}
-
-
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
-#: where a run's unparseable metrics lines go when the file is rewritten (``truncate_metrics``): kept, never lost
-CORRUPT_METRICS_FILE = "metrics.corrupt.jsonl"
-
-
-def _is_record(rec: Any) -> bool:
-    return isinstance(rec, dict) and isinstance(rec.get("step"), int) and isinstance(rec.get("data"), dict)
-
-
-def _parse_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """(valid records, unparseable lines) of a metrics file, in file order; a missing file has neither."""
-    records: list[dict[str, Any]] = []
-    corrupt: list[str] = []
-    if not path.exists():
-        return records, corrupt
-    with open(path, errors="replace") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                rec = None
-            if _is_record(rec):
-                records.append(rec)
-            else:
-                corrupt.append(line if line.endswith("\n") else line + "\n")
-    return records, corrupt
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The parsed records of a metrics file; an unparseable line (a torn last write, a bad disk, a hand edit) is
-    skipped, and the valid lines after it are read."""
-    return _parse_metrics(path)[0]
-
-
-@dataclass(frozen=True)
-class Truncation:
-    """What ``truncate_metrics`` did: records dropped past the step, corrupt lines moved to the quarantine file."""
-
-    dropped: int
-    quarantined: int
-
-
-def truncate_metrics(path: Path, max_step: int) -> Truncation:
-    """Keep only the valid records with ``step <= max_step`` (atomic rewrite). Unparseable lines are first appended
-    to ``metrics.corrupt.jsonl`` beside it (synced), so a rewrite never loses a line it could not read."""
-    if not path.exists():
-        return Truncation(0, 0)
-    records, corrupt = _parse_metrics(path)
-    kept = [r for r in records if r["step"] <= max_step]
-    if corrupt:
-        with open(path.with_name(CORRUPT_METRICS_FILE), "a") as fh:
-            fh.write("".join(corrupt))
-            fh.flush()
-            os.fsync(fh.fileno())
-    result = Truncation(len(records) - len(kept), len(corrupt))
-    if result.dropped or result.quarantined:
-        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in kept))
-    return result
-
-
-class MetricsWriter:
-    """verl's file logger: one JSON line per step, flushed and synced before the step counts as done."""
-
-    def __init__(self, path: Path) -> None:
-        self.fh = open(path, "a")  # noqa: SIM115 - held open for the whole run, closed by close()
-
-    def log(self, data: Mapping[str, Any], step: int) -> None:
-        self.fh.write(json.dumps({"step": step, "data": {k: _clean(v) for k, v in data.items()}}) + "\n")
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
-
-    def close(self) -> None:
-        self.fh.close()
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints
@@ -234,12 +130,12 @@ def _diff_keys(a: Any, b: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, 
 def _check_or_write_config(run_dir: Path, c: dict[str, Any]) -> None:
     path = run_dir / CONFIG_FILE
     if path.exists():
-        old = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        old = read_config(path)
         diffs = [d for d in _diff_keys(old, c) if set(d) not in _RESUMABLE_KEYS]
         if diffs:
             names = ", ".join(".".join(d) for d in diffs[:6])
             raise ValueError(f"run_dir {run_dir} holds a run with a different config ({names}); use another run_dir")
-    atomic_write_text(path, OmegaConf.to_yaml(OmegaConf.create(c)))
+    write_config(run_dir, c)
 
 
 # ----------------------------------------------------------------------------------------------- logging
@@ -327,8 +223,7 @@ def _run_locked(c: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         log.info("completed at step %d", summary["step"])
         return summary
     except BaseException as exc:
-        last = read_metrics(run_dir / METRICS_FILE)
-        step = int(last[-1]["step"]) if last else 0
+        step = last_step(run_dir)
         write_status(run_dir, "failed", step, total, error=f"{type(exc).__name__}: {exc}")
         log.exception("failed at step %d", step, extra={"console": not isinstance(exc, ValueError)})
         raise

@@ -18,7 +18,7 @@ upstream stages (sibling run directories: ``RUN_DIR.parent / <run id>``):
                                         (WEIGHTS_COLUMNS; the estimators of ``predmask.variational``)
 - ``final``     sft / rft: no input; vr_*: traces, weights. ``model.pt`` + its evaluation at the last step.
 
-Every stage writes ``status.json`` (``predmask.rl.train.write_status``), ``metrics.jsonl`` (verl file-logger lines),
+Every stage writes ``status.json`` and ``metrics.jsonl`` (verl file-logger lines) through ``predmask.rundir``,
 ``train.log`` and its output (atomically), holding ``.run.lock`` for its whole life. Supervised stages checkpoint
 every ``sft.save_every`` steps to ``checkpoints/`` and resume after any death (metrics truncated to the checkpoint);
 sampling stages are deterministic in ``seed`` and recompute on a rerun. A completed stage started again does
@@ -39,12 +39,11 @@ from typing import Any
 
 import pandas as pd
 import torch
-import yaml
 from torch import Tensor, nn
 
 from predmask import metrics as M
 from predmask import variational as V
-from predmask.io import RunDirBusyError, atomic_write, hold_run_lock
+from predmask.io import atomic_write
 from predmask.progress import progress as show_progress
 from predmask.rl.algo import response_logits
 from predmask.rl.base import load_base_model, sft_batch, single_thread, task_response_budget
@@ -63,19 +62,22 @@ from predmask.rl.task import (
     reward,
 )
 from predmask.rl.tokenizer import ArithmeticTokenizer
-from predmask.rl.train import (
+from predmask.rl.train import latest_checkpoint, setup_logging
+from predmask.rl.vr_schema import VRConfig
+from predmask.rundir import (
     CHECKPOINT_DIR,
     CONFIG_FILE,
     METRICS_FILE,
     MetricsWriter,
-    latest_checkpoint,
+    RunDirBusyError,
+    hold_run_lock,
+    last_step,
+    read_config,
     read_metrics,
     read_status,
-    setup_logging,
     truncate_metrics,
     write_status,
 )
-from predmask.rl.vr_schema import VRConfig
 
 __all__ = [
     "DECOY_OFFSET",
@@ -248,10 +250,7 @@ def _load_config(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"{path} does not exist; the sweep writes a stage's config.yaml before it runs "
                          f"(python -m sweeps variational_reasoning)")
-    loaded = yaml.safe_load(path.read_text())
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path} is not a config mapping")  # noqa: TRY004 - bad input: exit 2
-    return loaded
+    return read_config(path)
 
 
 def prepare_stage(run_dir: str | Path) -> Stage:
@@ -698,8 +697,7 @@ def run_stage(run_dir: str | Path) -> dict[str, Any]:
             log.info("completed: %s", st.output)
             return summary
         except BaseException as exc:
-            last = read_metrics(st.run_dir / METRICS_FILE)
-            write_status(st.run_dir, "failed", int(last[-1]["step"]) if last else 0, total,
+            write_status(st.run_dir, "failed", last_step(st.run_dir), total,
                          error=f"{type(exc).__name__}: {exc}")
             log.exception("failed", extra={"console": not isinstance(exc, ValueError)})
             raise

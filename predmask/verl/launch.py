@@ -39,14 +39,13 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from predmask.io import RunDirBusyError, hold_run_lock
 from predmask.rl.trackers import TENSORBOARD_ENV, WANDB_DIR_ENV, tensorboard_dir, wandb_dir, wandb_run_id
+from predmask.rundir import RunDirBusyError, hold_run_lock, keep_previous_attempt
 from predmask.verl.overrides import HYDRA_SUBDIR, PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
 from predmask.verl.settings import SETTINGS_ENV, PluginSettings, split_argv
 
 __all__ = [
     "FORWARDED_ENV",
-    "keep_previous_attempt",
     "launch_argv",
     "main",
     "plugin_modules_value",
@@ -152,21 +151,6 @@ def tracker_argv(argv: Sequence[str], run_dir: Path, environ: Mapping[str, str],
     for var, value in env.items():
         out = _with_worker_env(out, var, value)
     return out, env
-
-
-def keep_previous_attempt(metrics_file: Path) -> Path | None:
-    """verl's file logger truncates its file on start: move a previous attempt's lines aside first.
-
-    ``metrics.jsonl`` becomes ``metrics.attempt-<n>.jsonl`` (n one above the highest present), the naming the
-    results store merges by step (later attempts win). Returns the new name, or None when there was nothing.
-    """
-    if not metrics_file.is_file() or metrics_file.stat().st_size == 0:
-        return None
-    pattern = re.compile(rf"^{re.escape(metrics_file.stem)}\.attempt-(\d+){re.escape(metrics_file.suffix)}$")
-    taken = [int(m.group(1)) for p in metrics_file.parent.iterdir() if (m := pattern.match(p.name))]
-    target = metrics_file.with_name(f"{metrics_file.stem}.attempt-{max(taken, default=0) + 1}{metrics_file.suffix}")
-    os.replace(metrics_file, target)
-    return target
 
 
 def _logger_path(overrides: Sequence[str], environ: Mapping[str, str]) -> str | None:

@@ -18,7 +18,8 @@ engine, ``CUDA_VISIBLE_DEVICES`` set per replica, the questions split between th
   and its acc weights are all 0 (the question drops out of the acc final); gml and likelihood are unaffected.
 
 A missing input (questions file, model export, traces file) -> exit 2 with one line naming the stage, the path and
-how to produce it; nothing written. Outputs are written atomically (``predmask.io``) under the run directory's lock.
+how to produce it; nothing written. Outputs are written atomically (``predmask.io``) under the run directory's lock
+(``predmask.rundir``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from typing import Any
 import torch
 
 from predmask.cli import command
-from predmask.io import RunDirBusyError, atomic_write, hold_run_lock
+from predmask.io import atomic_write
+from predmask.rundir import RunDirBusyError, hold_run_lock
 from predmask.variational import (
     ESTIMATORS,
     check_counts,

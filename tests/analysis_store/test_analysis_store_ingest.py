@@ -11,7 +11,7 @@ import pytest
 
 from analysis import store
 from analysis.store import StoreError, connect, ingest_paths, ingest_run_dir
-from predmask.io import hold_run_lock
+from predmask.rundir import attempt_files, hold_run_lock
 
 
 def _metrics(con) -> dict[tuple[str, int, str], float]:
@@ -107,7 +107,7 @@ def test_attempts_merge_by_step_latest_attempt_wins(tmp_path, db_path, helpers):
         "metrics.jsonl": helpers.jsonl([(s, {"a": 5000 + s}) for s in range(10, 13)]),
     }
     d = helpers.make_run(tmp_path, "s", "restarted", helpers.cpu_config(), files)
-    assert [p.name for p in store.attempt_files(d)] == [
+    assert [p.name for p in attempt_files(d)] == [
         "metrics.attempt-1.jsonl",
         "metrics.attempt-2.jsonl",
         "metrics.attempt-10.jsonl",

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from predmask.io import DEAD, RunDirBusyError, hold_run_lock, run_status, run_writer_alive
+from predmask.rundir import DEAD, RunDirBusyError, hold_run_lock, run_status, run_writer_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _writer(run_dir: Path) -> subprocess.Popen[str]:
     """A process holding run_dir's lock through hold_run_lock until it is killed; it says "ok" once it holds it."""
-    code = ("import sys, time; from pathlib import Path; from predmask.io import hold_run_lock\n"
+    code = ("import sys, time; from pathlib import Path; from predmask.rundir import hold_run_lock\n"
             f"with hold_run_lock(Path({str(run_dir)!r})):\n    print('ok', flush=True); time.sleep(600)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ok"

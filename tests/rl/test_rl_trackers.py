@@ -29,7 +29,8 @@ from test_rl_train import TINY, _cli, _kill_at_step, _overrides, cache_dir  # no
 from predmask.config import compose
 from predmask.rl.schema import TrainerConfig
 from predmask.rl.trackers import LOGGERS, WANDB_ID_FILE, Trackers, check_loggers
-from predmask.rl.train import read_metrics, run
+from predmask.rl.train import run
+from predmask.rundir import read_metrics
 
 BOTH = "trainer.logger=[console,file,tensorboard,wandb]"
 

@@ -18,7 +18,8 @@ from predmask.config import ConfigError, compose, to_container
 from predmask.methods import MethodParams
 from predmask.metrics import metric, wall_clock
 from predmask.precisions import get_precision
-from predmask.rl.train import CORRUPT_METRICS_FILE, Truncation, read_metrics, run, truncate_metrics
+from predmask.rl.train import run
+from predmask.rundir import CORRUPT_METRICS_FILE, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,15 +106,6 @@ def test_a_different_config_in_the_same_run_dir_is_refused(cache_dir: Path, tmp_
         run(compose("train", _overrides(cache_dir, run_dir, "trainer.steps=1", "seed=5")))
 
 
-def test_truncate_metrics_drops_lines_past_a_step_and_quarantines_a_torn_line(tmp_path: Path) -> None:
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "data": {"x": s}}) + "\n" for s in range(6)) + '{"step": 6, "da')
-    assert truncate_metrics(path, 3) == Truncation(dropped=2, quarantined=1)
-    assert [r["step"] for r in read_metrics(path)] == [0, 1, 2, 3]
-    assert (tmp_path / CORRUPT_METRICS_FILE).read_text() == '{"step": 6, "da\n'
-    assert truncate_metrics(path, 3) == Truncation(0, 0)
-
-
 def test_a_corrupt_line_in_the_middle_loses_no_valid_line_on_resume(cache_dir: Path, tmp_path: Path) -> None:
     """A bad line among valid ones (bad disk, hand edit): resuming keeps every valid line up to the checkpoint,
     moves the bad one to metrics.corrupt.jsonl and says so in train.log (the run it resumes is the real trainer)."""
@@ -186,9 +178,9 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(cache_dir: Path, tmp_p
 def test_one_trainer_per_run_dir_and_a_sigkilled_one_is_dead(cache_dir: Path, tmp_path: Path) -> None:
     """Real trainers: a second one on a live run_dir exits 2 with one line naming the first one's pid and writes
     nothing; the first one SIGKILLed leaves status.json at "running" with the lock free, which reads as dead in
-    predmask.io.run_status and is stored as dead by ingest (a real DuckDB file)."""
+    predmask.rundir.run_status and is stored as dead by ingest (a real DuckDB file)."""
     from analysis.store import connect, ingest_run_dir
-    from predmask.io import run_status, run_writer_alive
+    from predmask.rundir import run_status, run_writer_alive
 
     run_dir = tmp_path / "run"
     args = _overrides(cache_dir, run_dir, "trainer.steps=500", "trainer.save_every=0", "trainer.val_every=0")

@@ -14,7 +14,7 @@ import yaml
 from sweeps.families import expand
 from sweeps.runs import read_state, run_dir, write_planned_config
 
-HOLD = ("import sys\nfrom pathlib import Path\nfrom predmask.io import hold_run_lock\n"
+HOLD = ("import sys\nfrom pathlib import Path\nfrom predmask.rundir import hold_run_lock\n"
         "with hold_run_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    sys.stdin.read()")
 
 

@@ -21,7 +21,6 @@ from predmask.rl.model import build_policy
 from predmask.rl.schema import BaseConfig
 from predmask.rl.task import EVAL_SPLITS, TaskConfig, make_split, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
-from predmask.rl.train import read_metrics
 from predmask.rl.variational import (
     MODEL_FILE,
     PRIOR_LABEL,
@@ -31,6 +30,7 @@ from predmask.rl.variational import (
     WEIGHTS_FILE,
     run_stage,
 )
+from predmask.rundir import read_metrics
 
 #: final runs of the pipeline: run dir name -> (recipe, extra overrides)
 FINALS = {"sft": ("sft", ()), "rft": ("rft", ()), "vr_acc": ("vr_acc", ()),

@@ -116,20 +116,6 @@ def test_ray_workers_import_the_plugin_through_the_runtime_env(monkeypatch) -> N
         ray.shutdown()
 
 
-def test_a_restart_keeps_the_previous_attempts_metrics(tmp_path) -> None:
-    """verl truncates its file logger's file on start; the launcher moves earlier attempts aside first."""
-    from predmask.verl.launch import keep_previous_attempt
-
-    metrics = tmp_path / "metrics.jsonl"
-    assert keep_previous_attempt(metrics) is None
-    metrics.write_text('{"step": 1, "data": {"a": 1}}\n')
-    assert keep_previous_attempt(metrics) == tmp_path / "metrics.attempt-1.jsonl"
-    metrics.write_text('{"step": 2, "data": {"a": 2}}\n')
-    assert keep_previous_attempt(metrics) == tmp_path / "metrics.attempt-2.jsonl"
-    assert not metrics.exists()
-    assert (tmp_path / "metrics.attempt-1.jsonl").read_text().startswith('{"step": 1')
-
-
 def test_the_launcher_finds_its_run_dir_from_verls_hydra_dir(tmp_path) -> None:
     from predmask.verl.launch import run_dir_of
 
@@ -142,7 +128,7 @@ def test_the_launcher_finds_its_run_dir_from_verls_hydra_dir(tmp_path) -> None:
 def test_a_second_launcher_on_a_run_dir_being_written_refuses_in_one_line(tmp_path) -> None:
     """A real process holds the run dir's writer lock; the launcher refuses before verl starts, writing nothing."""
     run_dir = tmp_path / "run"
-    script = ("import time; from pathlib import Path; from predmask.io import hold_run_lock\n"
+    script = ("import time; from pathlib import Path; from predmask.rundir import hold_run_lock\n"
               f"with hold_run_lock(Path({str(run_dir)!r})):\n    print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=_env())
     try:

@@ -1,0 +1,494 @@
+"""The run directory ``runs/<sweep>/<run_id>/``: its file names, config.yaml, status.json, metrics.jsonl (its line
+writer and its one parser), the attempt files, the writer lock and the dead-writer rule. Every writer and reader of a
+run directory (the CPU trainer, the variational stages, the verl launchers, ``python -m sweeps``, calibration,
+ingest) goes through this module.
+
+The files:
+
+- ``config.yaml``: the resolved run config, plain safe YAML (``write_config`` / ``read_config``); reading never
+  builds a Python object, so a config file cannot run code. ``planned_config.yaml``: the config the sweep composed.
+- ``status.json``: ``{"status", "step", "total_steps", "updated", "error"}``, replaced atomically (``write_status``).
+- ``metrics.jsonl``: verl's file-logger lines ``{"step": N, "data": {name: value}}``, one per logged step
+  (``metrics_line``, ``MetricsWriter``); earlier attempts of a run kept as ``metrics.attempt-<n>.jsonl``
+  (``keep_previous_attempt``), merged by step with the latest attempt winning (``merge_attempts``); unparseable lines
+  moved aside by the trainer's resume go to ``metrics.corrupt.jsonl``.
+- ``.run.lock``: the writer lock, held by the one process writing the run directory for its whole life
+  (``hold_run_lock``); ``status.json`` saying "running" while the lock is free means the writer died (``DEAD``).
+- ``train.log`` (the engine's log), ``job.log`` (the job's output), ``job.json`` (how the sweep submitted it),
+  ``exit_status.json`` (how the job's command ended), ``checkpoints/``.
+
+The step rule (``as_step``, the one rule of the trainer's resume and of ingest): a line's ``step`` is a JSON integer
+(verl's file logger writes its ``global_steps``, an int), or a JSON number with an integral value such as ``4.0``
+(a writer that logs every number as a float), read as that integer. Anything else (a non-integral number such as
+``4.5``, ``true``, a string, null, a missing step) makes the line not a record: it is reported, never read as a step.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from predmask.io import atomic_write_text
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "CONFIG_FILE",
+    "CORRUPT_METRICS_FILE",
+    "DEAD",
+    "EXIT_STATUS_FILE",
+    "JOB_LOG_FILE",
+    "JOB_RECORD_FILE",
+    "LOG_FILE",
+    "METRICS_FILE",
+    "PLANNED_CONFIG_FILE",
+    "RECORD_SHAPE",
+    "RUNS_ENV",
+    "RUN_LOCK_FILE",
+    "STATUS_FILE",
+    "BadLine",
+    "MetricsFile",
+    "MetricsWriter",
+    "Record",
+    "RunDirBusyError",
+    "StatusError",
+    "Truncation",
+    "as_step",
+    "attempt_files",
+    "attempt_name",
+    "hold_run_lock",
+    "is_attempt_file",
+    "is_run_dir",
+    "keep_previous_attempt",
+    "last_step",
+    "merge_attempts",
+    "metrics_line",
+    "parse_metrics",
+    "read_config",
+    "read_job_record",
+    "read_metrics",
+    "read_status",
+    "run_path",
+    "run_status",
+    "run_writer_alive",
+    "runs_root",
+    "sweep_path",
+    "truncate_metrics",
+    "write_config",
+    "write_job_record",
+    "write_status",
+]
+
+# ----------------------------------------------------------------------------------------------- file names
+CONFIG_FILE = "config.yaml"
+PLANNED_CONFIG_FILE = "planned_config.yaml"
+STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.jsonl"
+#: where the trainer's resume moves a run's unparseable metrics lines when it rewrites the file: kept, never lost
+CORRUPT_METRICS_FILE = "metrics.corrupt.jsonl"
+#: the lock file of a run directory; the process writing the run directory holds an exclusive flock on it
+RUN_LOCK_FILE = ".run.lock"
+LOG_FILE = "train.log"
+JOB_LOG_FILE = "job.log"
+JOB_RECORD_FILE = "job.json"
+EXIT_STATUS_FILE = "exit_status.json"
+CHECKPOINT_DIR = "checkpoints"
+
+#: the status of a run whose status.json still says "running" while no process holds its lock (killed)
+DEAD = "dead"
+
+
+# ----------------------------------------------------------------------------------------------- paths
+#: the variable naming the root of all run directories (default ``runs/`` under the working directory)
+RUNS_ENV = "PREDMASK_RUNS"
+
+
+def runs_root() -> Path:
+    """Root of all run directories: ``$PREDMASK_RUNS`` or ``runs/`` under the working directory."""
+    return Path(os.environ.get(RUNS_ENV, "runs"))
+
+
+def sweep_path(sweep: str, root: Path | None = None) -> Path:
+    """``<root>/<sweep>``: the folder of a sweep's run directories (root: ``runs_root()``)."""
+    return (root or runs_root()) / sweep
+
+
+def run_path(sweep: str, run_id: str, root: Path | None = None) -> Path:
+    """``<root>/<sweep>/<run_id>``: a run's directory (root: ``runs_root()``)."""
+    return sweep_path(sweep, root) / run_id
+
+
+# ----------------------------------------------------------------------------------------------- config.yaml
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as plain YAML data (mappings with string keys, lists, str, int, float, bool, None)."""
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"config key {where}{key!r} is a {type(key).__name__}; allowed: a string key")
+            out[key] = _plain(item, f"{where}{key}.")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_plain(item, f"{where}{i}.") for i, item in enumerate(value)]
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    raise TypeError(f"config value {where.rstrip('.') or '(root)'} is a {type(value).__name__}; allowed: a mapping, "
+                    "a list, a string, a number, a bool or null")
+
+
+def write_config(run_dir: Path, config: Mapping[str, Any], name: str = CONFIG_FILE) -> Path:
+    """Write ``config`` as ``run_dir/name`` (plain safe YAML, keys in their order, atomically); returns the path.
+
+    A value that is not plain data (an object, a tensor) raises TypeError naming its key: the file holds data only.
+    """
+    path = run_dir / name
+    atomic_write_text(path, yaml.safe_dump(_plain(config, ""), sort_keys=False, allow_unicode=True))
+    return path
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """A config file (``run_dir / CONFIG_FILE``, ``PLANNED_CONFIG_FILE``) as a dict: safe YAML, with its ``${...}``
+    interpolations resolved when they resolve (else kept literally, as written).
+
+    FileNotFoundError when it is missing; ValueError (one line naming the file) when it is not YAML or not a mapping.
+    """
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path} is not a config mapping")  # noqa: TRY004 - bad input, one line
+    from omegaconf import OmegaConf
+
+    try:
+        resolved = OmegaConf.to_container(OmegaConf.create(loaded), resolve=True)
+    except Exception:  # noqa: BLE001 - an unresolvable interpolation, a key OmegaConf refuses: the literal YAML
+        return loaded
+    return resolved if isinstance(resolved, dict) else loaded
+
+
+# ----------------------------------------------------------------------------------------------- status.json
+class StatusError(ValueError):
+    """A status.json that is not a JSON object (one line naming the file)."""
+
+
+def write_status(run_dir: Path, status: str, step: int, total_steps: int, error: str | None = None,
+                 *, updated: float | None = None) -> None:
+    """Replace ``status.json`` atomically; ``updated`` defaults to now."""
+    payload = {"status": status, "step": step, "total_steps": total_steps,
+               "updated": time.time() if updated is None else updated, "error": error}
+    atomic_write_text(run_dir / STATUS_FILE, json.dumps(payload) + "\n")
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    """``status.json`` of a run directory as written by ``write_status``; ``{}`` when there is none (yet).
+
+    StatusError when the file is not a JSON object (``<path>: status is unreadable (...)`` / ``is not an object``).
+    """
+    path = run_dir / STATUS_FILE
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    try:
+        status = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StatusError(f"{path}: status is unreadable ({str(exc).splitlines()[0]})") from None
+    if not isinstance(status, dict):
+        raise StatusError(f"{path}: status is not an object")
+    return status
+
+
+# ----------------------------------------------------------------------------------------------- job records
+def write_job_record(run_dir: Path, record: Mapping[str, Any]) -> None:
+    """``job.json``: the sweep's note of how a run was submitted (job id, backend, command), atomically."""
+    atomic_write_text(run_dir / JOB_RECORD_FILE, json.dumps(dict(record), indent=2, sort_keys=True) + "\n")
+
+
+def read_job_record(run_dir: Path) -> dict[str, Any]:
+    """``job.json`` as a dict; ``{}`` when there is none or it is not a JSON object."""
+    try:
+        record = json.loads((run_dir / JOB_RECORD_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+# ----------------------------------------------------------------------------------------------- metrics lines
+#: the shape of a metrics line, as reports name it
+RECORD_SHAPE = '{"step": int, "data": {...}}'
+
+
+def as_step(value: Any) -> int:
+    """A line's ``step`` by the step rule (module docstring); ValueError (one line) for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    shown = json.dumps(value) if isinstance(value, (bool, str, float)) or value is None else repr(value)
+    raise ValueError(f"step {shown} is not a whole number; allowed: a JSON integer or an integral number such as 4.0")
+
+
+def _clean(value: Any) -> Any:
+    """A non-finite float as null (the file logger's "no value"), anything else as it is."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def metrics_line(step: int, data: Mapping[str, Any]) -> str:
+    """One metrics line, newline included: ``{"step": step, "data": {...}}`` with non-finite floats as null."""
+    return json.dumps({"step": as_step(step), "data": {str(k): _clean(v) for k, v in data.items()}}) + "\n"
+
+
+class MetricsWriter:
+    """verl's file logger: one JSON line per step, flushed and synced before the step counts as done."""
+
+    def __init__(self, path: Path) -> None:
+        self.fh = open(path, "a")  # noqa: SIM115 - held open for the whole run, closed by close()
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        self.fh.write(metrics_line(step, data))
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+@dataclass(frozen=True)
+class Record:
+    """One valid metrics line: its 1-based line number, its step (by the step rule) and its data as written."""
+
+    line: int
+    step: int
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """One line that is not a record: its 1-based number, its bytes (no newline), why, and whether it is the
+    file's last non-blank line (a torn last write)."""
+
+    line: int
+    text: bytes
+    reason: str
+    last: bool
+
+
+@dataclass(frozen=True)
+class MetricsFile:
+    """A metrics file read line by line: its records and its bad lines, in file order; ``lines`` counts the
+    non-blank ones."""
+
+    path: Path
+    records: list[Record]
+    bad: list[BadLine]
+    lines: int
+
+
+def _parse_line(line: bytes) -> tuple[int, dict[str, Any]] | str:
+    """(step, data) of one line, or why it is not a record."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return "not JSON"
+    if not isinstance(rec, dict) or "step" not in rec or not isinstance(rec.get("data"), dict):
+        return f"not {RECORD_SHAPE}"
+    try:
+        return as_step(rec["step"]), rec["data"]
+    except ValueError as exc:
+        return str(exc)
+
+
+def parse_metrics(path: Path) -> MetricsFile:
+    """The one parser of a metrics file (any attempt): every non-blank line is a Record or a BadLine (blank lines
+    are neither); a missing file has none."""
+    try:
+        raw = path.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return MetricsFile(path, [], [], 0)
+    last = max((i for i, line in enumerate(raw) if line.strip()), default=-1)
+    records: list[Record] = []
+    bad: list[BadLine] = []
+    for i, line in enumerate(raw):
+        if not line.strip():
+            continue
+        parsed = _parse_line(line)
+        if isinstance(parsed, str):
+            bad.append(BadLine(i + 1, line, parsed, i == last))
+        else:
+            records.append(Record(i + 1, *parsed))
+    return MetricsFile(path, records, bad, len(records) + len(bad))
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics file as ``{"step": int, "data": {...}}`` dicts, in file order; a line that is not a
+    record (a torn last write, a bad disk, a hand edit) is skipped, and the valid lines after it are read."""
+    return [{"step": r.step, "data": r.data} for r in parse_metrics(path).records]
+
+
+def last_step(run_dir: Path) -> int:
+    """The step of the last record of ``run_dir/metrics.jsonl``; 0 when it has none."""
+    records = parse_metrics(run_dir / METRICS_FILE).records
+    return records[-1].step if records else 0
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What ``truncate_metrics`` did: records dropped past the step, bad lines moved to the quarantine file."""
+
+    dropped: int
+    quarantined: int
+
+
+def truncate_metrics(path: Path, max_step: int) -> Truncation:
+    """Keep only the records with ``step <= max_step`` (atomic rewrite). Lines that are not records are first
+    appended to ``metrics.corrupt.jsonl`` beside it (synced), so a rewrite never loses a line it could not read."""
+    parsed = parse_metrics(path)
+    kept = [r for r in parsed.records if r.step <= max_step]
+    if parsed.bad:
+        with open(path.with_name(CORRUPT_METRICS_FILE), "ab") as fh:
+            fh.write(b"".join(b.text + b"\n" for b in parsed.bad))
+            fh.flush()
+            os.fsync(fh.fileno())
+    result = Truncation(len(parsed.records) - len(kept), len(parsed.bad))
+    if result.dropped or result.quarantined:
+        atomic_write_text(path, "".join(json.dumps({"step": r.step, "data": r.data}) + "\n" for r in kept))
+    return result
+
+
+# ----------------------------------------------------------------------------------------------- attempts
+def attempt_name(metrics_file: Path, n: int) -> Path:
+    """The file attempt ``n`` of a metrics file is kept as: ``metrics.jsonl`` -> ``metrics.attempt-<n>.jsonl``."""
+    return metrics_file.with_name(f"{metrics_file.stem}.attempt-{n}{metrics_file.suffix}")
+
+
+def _attempt_number(metrics_file: Path, name: str) -> int | None:
+    """n when ``name`` is ``attempt_name(metrics_file, n)``, else None."""
+    stem, suffix = re.escape(metrics_file.stem), re.escape(metrics_file.suffix)
+    m = re.match(rf"^{stem}\.attempt-(\d+){suffix}$", name)
+    return int(m.group(1)) if m else None
+
+
+def keep_previous_attempt(metrics_file: Path) -> Path | None:
+    """verl's file logger truncates its file on start: move a previous attempt's lines aside first.
+
+    ``metrics.jsonl`` becomes ``metrics.attempt-<n>.jsonl`` (n one above the highest present), the naming
+    ``attempt_files`` lists and ingest merges by step (later attempts win). Returns the new name, or None when there
+    was nothing.
+    """
+    if not metrics_file.is_file() or metrics_file.stat().st_size == 0:
+        return None
+    taken = [n for p in metrics_file.parent.iterdir() if (n := _attempt_number(metrics_file, p.name)) is not None]
+    target = attempt_name(metrics_file, max(taken, default=0) + 1)
+    os.replace(metrics_file, target)
+    return target
+
+
+def attempt_files(run_dir: Path) -> list[Path]:
+    """The metrics files of a run directory, oldest attempt first (attempt-1, attempt-2, ..., metrics.jsonl)."""
+    current = run_dir / METRICS_FILE
+    numbered: list[tuple[int, Path]] = []
+    for p in run_dir.iterdir() if run_dir.is_dir() else ():
+        n = _attempt_number(current, p.name)
+        if n is not None and p.is_file():
+            numbered.append((n, p))
+    files = [p for _, p in sorted(numbered)]
+    if current.is_file():
+        files.append(current)
+    return files
+
+
+def is_attempt_file(name: str) -> bool:
+    """Whether a file name is one of a run's metrics attempts (metrics.jsonl or metrics.attempt-<n>.jsonl)."""
+    return name == METRICS_FILE or _attempt_number(Path(METRICS_FILE), name) is not None
+
+
+def merge_attempts(attempts: Iterable[Iterable[tuple[int, str, float]]]) -> dict[tuple[int, str], float]:
+    """(step, name) -> value over a run's attempts, each given as its (step, name, value) rows in line order, oldest
+    attempt first: the last write wins, so for a step logged by several attempts the latest attempt wins."""
+    merged: dict[tuple[int, str], float] = {}
+    for rows in attempts:
+        for step, name, value in rows:
+            merged[(step, name)] = value
+    return merged
+
+
+def is_run_dir(path: Path) -> bool:
+    """A folder holding config.yaml, status.json or a metrics attempt."""
+    return path.is_dir() and (
+        (path / CONFIG_FILE).is_file() or (path / STATUS_FILE).is_file() or bool(attempt_files(path))
+    )
+
+
+# ----------------------------------------------------------------------------------------------- writer lock
+class RunDirBusyError(RuntimeError):
+    """Another live process holds the run directory's writer lock (one line, naming its pid)."""
+
+
+def _holder(fd: int) -> str:
+    """``pid N`` (``pid N on HOST`` from another host) as the lock's holder wrote it, or ``pid unknown``."""
+    words = os.pread(fd, 200, 0).decode(errors="replace").split()
+    if len(words) >= 2 and words[0] == "pid":
+        host = words[2] if len(words) >= 3 else None
+        return f"pid {words[1]}" + (f" on {host}" if host and host != socket.gethostname() else "")
+    return "pid unknown"
+
+
+@contextmanager
+def hold_run_lock(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``run_dir/.run.lock`` for the with-block (the run's writer, for its whole life).
+
+    The lock file holds ``pid N HOST`` of the holder while it is held. Raises RunDirBusyError when another process
+    holds it. The lock goes with the process: a SIGKILLed writer leaves it free (``run_writer_alive``).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / RUN_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunDirBusyError(
+                f"run_dir {run_dir} is being written by another trainer ({_holder(fd)})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+def run_writer_alive(run_dir: Path) -> bool:
+    """Whether some process holds ``run_dir``'s writer lock now (False when there is no lock file)."""
+    try:
+        fd = os.open(run_dir / RUN_LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def run_status(run_dir: Path, status: str) -> str:
+    """The status a run directory's ``status.json`` gives, corrected for a dead writer: "running" with the writer
+    lock free means the writer was killed, so the run is ``"dead"``; any other status is returned as it is."""
+    if status == "running" and not run_writer_alive(run_dir):
+        return DEAD
+    return status
