@@ -17,10 +17,11 @@ from typing import Any
 
 import submitit
 
-from predmask.io import atomic_write_text
 from launch.procs import terminate_group
 from launch.shell import check_env_name, shell_join
 from launch.slurm import restart_count
+from predmask.io import atomic_write_text
+from predmask.rundir import EXIT_STATUS_FILE
 
 __all__ = [
     "CommandFailedError",
@@ -166,9 +167,9 @@ class CommandJob(submitit.helpers.Checkpointable):
         if exc is not None:
             record["error"] = f"{type(exc).__name__}: {exc}"
         if rendezvous is not None:
-            write_json(rendezvous / "exit_status.json", record)
+            write_json(rendezvous / EXIT_STATUS_FILE, record)
         if self.run_dir is not None:
-            write_json(Path(self.run_dir) / "exit_status.json", record)
+            write_json(Path(self.run_dir) / EXIT_STATUS_FILE, record)
 
     def _run_command(self, extra_env: Mapping[str, str]) -> int:
         """Run the command to completion; on any interruption, end its whole process group."""
