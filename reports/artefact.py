@@ -1,6 +1,6 @@
 """What every report artefact shares: the context it reads, the data it returns, and the decorators that declare it.
 
-Artefact modules (reports/figures/*, reports/tables.py) declare their figures and tables with `figure` / `table`;
+Artefact modules (reports/figures/*, reports/tables/*) declare their figures and tables with `figure` / `table`;
 reports/registry.py imports those modules and collects what they declared.
 """
 
@@ -98,11 +98,13 @@ class Panel:
 
 @dataclass
 class ArtefactResult:
-    """What an artefact drew or rendered: data (for tests), files written, provenance (for the page)."""
+    """What an artefact drew or rendered: data (for tests), files written, provenance (for the page). Its name is
+    the declared artefact's: calling the artefact fills it in (an artefact function that needs it first, to name
+    its files, reads it from its own declaration, ``<function>.name``)."""
 
-    name: str
     title: str
     caption: str
+    name: str = ""
     panels: list[Panel] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
     runs: list[data.RunInfo] = field(default_factory=list)
@@ -131,7 +133,11 @@ class Artefact:
     fn: Callable[[ReportContext], ArtefactResult]
 
     def __call__(self, ctx: ReportContext) -> ArtefactResult:
-        return self.fn(ctx)
+        result = self.fn(ctx)
+        if result.name and result.name != self.name:
+            raise ValueError(f"artefact {self.name!r} returned a result named {result.name!r}; leave it unset")
+        result.name = self.name
+        return result
 
 
 def _declare(

@@ -145,6 +145,14 @@ class PanelKey:
             return f"{head}\nCPU stand-in {self.model}, emulated precision"
         return head
 
+    @property
+    def one_line(self) -> str:
+        """The title on one line, as a table's column or row names the setting: "setting (second line)"."""
+        head, _, rest = self.title.partition("\n")
+        if not rest:
+            return head
+        return f"{head} {rest}" if rest.startswith("(") else f"{head} ({rest})"
+
 
 def panel_keys(runs: Iterable[RunInfo]) -> list[PanelKey]:
     """The paper's four settings in order (empty when no run has them), then any other setting found."""
@@ -255,6 +263,10 @@ def seed_rows(con: duckdb.DuckDBPyConnection, study_id: str) -> pl.DataFrame:
         return pl.DataFrame()
     sql = "SELECT * EXCLUDE (study_id) FROM token_level_seeds WHERE study_id = ? ORDER BY seed"
     return con.sql(sql, params=[study_id]).pl()
+
+
+#: the sweeps the training figures and Table 2 draw by default (conf/sweep/<name>.yaml)
+MAIN_SWEEP, TIGHT_SWEEP = "main_comparison", "tight_threshold"
 
 
 # -------------------------------------------------------------------------------------- variational family

@@ -13,7 +13,7 @@ from reports import data
 from reports.artefact import ArtefactResult
 from reports.registry import is_variational
 from reports.summary import PageSummary
-from reports.tables import TextTable
+from reports.tables.render import TextTable
 
 CSS = """
 body { font-family: system-ui, -apple-system, Segoe UI, Helvetica, Arial, sans-serif; margin: 2em auto;
@@ -47,8 +47,8 @@ OPEN_SECTIONS: tuple[str, ...] = (
 #: the variational-reasoning family's sections (reports.registry.is_variational) sit under one heading
 VR_SECTION = "variational"
 VR_HEADING = (
-    f"<h2 id='{VR_SECTION}'>Variational reasoning (issue 15)</h2><p class='note'>The second source paper's "
-    "pipeline on the CPU engine: π_θ0 = the engine's cached base model, a posterior q_φ fine-tuned on hinted "
+    f"<h2 id='{VR_SECTION}'>Variational reasoning: accuracy, pass@k, accuracy weighting and length bias</h2>"
+    "<p class='note'>The second source paper's pipeline on the CPU engine: π_θ0 = the engine's cached base model, a posterior q_φ fine-tuned on hinted "
     "prompts, weighted SFT of the final model; stand-in models and arithmetic stand-in splits, not the paper's "
     "benchmarks. The paper's own numbers appear only in the table labelled as the paper's.</p>"
 )

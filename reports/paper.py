@@ -76,9 +76,9 @@ def build_paper(
         for art in chosen:
             try:
                 if drawn is None or art.name in drawn:
-                    paper.results.append(art.fn(ctx))
+                    paper.results.append(art(ctx))
                 else:
-                    paper.results.append(_kept_files(art.fn(data_only), out))
+                    paper.results.append(_kept_files(art(data_only), out))
             except Exception as exc:
                 if debug:
                     raise
@@ -118,7 +118,7 @@ def availability(
         )
         rows = []
         for art in registry.artefacts() if names is None else [registry.get(n) for n in names]:
-            res = art.fn(ctx)
+            res = art(ctx)
             if art.source == "study":
                 what = (
                     f"study {res.study.study_id} ({res.study.n_seeds} seeds)"

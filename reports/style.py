@@ -31,7 +31,7 @@ METHOD_STYLE: dict[str, tuple[str, str]] = {
     "predmask_tv_agg": (OKABE_ITO["sky_blue"], ":"),
     "predmask_tv_uniform": (OKABE_ITO["yellow"], ":"),
 }
-# The variational family (issue 15): baselines first, then the three estimators; a recipe's data setting picks the
+# The variational family: baselines first, then the three estimators; a recipe's data setting picks the
 # marker and the fill (VR_DATA_STYLE), its estimator the colour.
 METHOD_STYLE.update(
     {

@@ -1,7 +1,8 @@
 """The summary at the top of the report page: what ran and where, runs and seeds per sweep, the headline results.
 
-The headline numbers are Table 2's (``tables.headline_table`` of the results ``table2_main_results`` computed) and
-the token-level summary's (``tables.summary_rows``), each labelled as this database's or the paper's.
+The headline numbers are Table 2's (``main_results.headline_table`` of the results ``table2_main_results``
+computed) and the token-level summary's (``token_level.summary_rows``), each labelled as this database's or the
+paper's (both modules in reports/tables/).
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from dataclasses import dataclass, replace
 from analysis.token_level.summary import stats
 from predmask import config
 from predmask.cli import sweep_command
-from reports import data, labels, tables
+from reports import data, labels
 from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext
+from reports.tables import main_results
+from reports.tables import token_level as token_level_table
+from reports.tables.render import TextTable
 
-#: the token-level summary's rows that the page's headline repeats (their quantity names in tables.SUMMARY_ROWS)
+#: the token-level summary's rows that the page's headline repeats (their quantity names in token_level_table.SUMMARY_ROWS)
 TOKEN_HEADLINE: tuple[str, ...] = (
     "unsafe-keep rate, predictive aggregated (mean ± SE over paired seeds)",
     "unsafe-keep rate, ratio (mean ± SE over paired seeds)",
@@ -30,12 +34,12 @@ NO_SWEEP = "(no sweep)"
 class PageSummary:
     """The page's summary, as text: per-sweep runs, where they ran, the studies, and the two headlines."""
 
-    ran: tables.TextTable
+    ran: TextTable
     where: str
     studies: str
-    training: tables.TextTable
+    training: TextTable
     training_label: str
-    token_level: tables.TextTable
+    token_level: TextTable
 
 
 def _where(runs: Sequence[data.RunInfo]) -> str:
@@ -48,7 +52,7 @@ def _seeds(runs: Sequence[data.RunInfo]) -> str:
     return f"{len(seeds)} ({', '.join(str(s) for s in seeds)})" if seeds else "—"
 
 
-def sweeps_table(runs: Sequence[data.RunInfo]) -> tables.TextTable:
+def sweeps_table(runs: Sequence[data.RunInfo]) -> TextTable:
     """One row per sweep of conf/sweep (those without runs too, naming the command that runs them) and per other
     sweep the database holds."""
     by_sweep: dict[str, list[data.RunInfo]] = {s: [] for s in config.group_options("sweep")}
@@ -71,7 +75,7 @@ def sweeps_table(runs: Sequence[data.RunInfo]) -> tables.TextTable:
                 "; ".join(sorted({r.describe_scale() for r in members})),
             ]
         )
-    return tables.TextTable(
+    return TextTable(
         title="What ran",
         note="Runs per sweep in this database, with the seeds they used, where they ran and at what scale.",
         header=["sweep", "runs", "seeds", "methods", "settings", "where", "scale"],
@@ -83,7 +87,7 @@ def _where_line(runs: Sequence[data.RunInfo]) -> str:
     if not runs:
         return (
             f"No training runs in this database: {sweep_command('smoke')} (a few minutes) or "
-            f"{sweep_command('main_comparison')} runs them."
+            f"{sweep_command(data.MAIN_SWEEP)} runs them."
         )
     n_cpu = sum(r.is_cpu for r in runs)
     parts = []
@@ -105,7 +109,7 @@ def _studies_line(ctx: ReportContext) -> str:
 
 def _training_label(runs: Sequence[data.RunInfo]) -> str:
     if not runs:
-        return f"ours: no runs with validation yet ({sweep_command('main_comparison')})"
+        return f"ours: no runs with validation yet ({sweep_command(data.MAIN_SWEEP)})"
     cpu = all(r.is_cpu for r in runs)
     where = "small-scale, CPU engine stand-in models, emulated precision" if cpu else "cluster runs"
     return (
@@ -119,10 +123,10 @@ def page_summary(ctx: ReportContext, results: Sequence[ArtefactResult]) -> PageS
     was not among them)."""
     table2 = next((r for r in results if r.name == "table2_main_results"), None)
     if table2 is None:
-        table2 = tables.table2_main_results(replace(ctx, draw=False))
-    headline_rows = {row[0]: row for row in tables.summary_rows(ctx.summary)}
+        table2 = main_results.table2_main_results(replace(ctx, draw=False))
+    headline_rows = {row[0]: row for row in token_level_table.summary_rows(ctx.summary)}
     db_label = "ours: " + (ctx.study.describe() if ctx.study else f"no study yet ({STUDY_COMMAND})")
-    token_level = tables.TextTable(
+    token_level = TextTable(
         title="Headline: the token-level study",
         note="The same numbers as the token-level table below; the paper's column is the paper's, never ours.",
         header=["quantity", stats.PAPER_LABEL, db_label],
@@ -132,7 +136,7 @@ def page_summary(ctx: ReportContext, results: Sequence[ArtefactResult]) -> PageS
         ran=sweeps_table(ctx.runs),
         where=_where_line(ctx.runs),
         studies=_studies_line(ctx),
-        training=tables.headline_table(table2.stats or []),
+        training=main_results.headline_table(table2.stats or []),
         training_label=_training_label(table2.runs),
         token_level=token_level,
     )

@@ -15,6 +15,7 @@ from predmask.cli import sweep_command
 from predmask.rl.task import EVAL_SPLITS
 from reports import data
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
+from reports.data import MAIN_SWEEP, TIGHT_SWEEP
 from reports.figures.draw import (
     LEGEND_ROW_IN,
     empty_panel,
@@ -28,7 +29,6 @@ from reports.figures.draw import (
 from reports.labels import method_label, sweep_delta
 from reports.style import method_rank, method_style
 
-MAIN, TIGHT = "main_comparison", "tight_threshold"  # the sweeps the figures draw by default
 MAX_COLS = 4
 LEGEND_COLS = 3  # legend labels carry seeds and coincidence marks: fewer, wider columns
 BAND_ALPHA = 0.18
@@ -236,27 +236,27 @@ _VAL_CAPTION = (
 )
 
 
-@figure("fig1_main_comparison", f"Figure 1: main comparison at δ = {sweep_delta(MAIN):g}")
+@figure("fig1_main_comparison", f"Figure 1: main comparison at δ = {sweep_delta(MAIN_SWEEP):g}")
 def fig1_main_comparison(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name="fig1_main_comparison",
+        name=fig1_main_comparison.name,
         title="Figure 1: main comparison (validation accuracy)",
         caption=_VAL_CAPTION,
         rows=[VAL_ROW],
-        default_sweep=MAIN,
+        default_sweep=MAIN_SWEEP,
     )
 
 
-@figure("fig2_tight_threshold", f"Figure 2: tight threshold δ = {sweep_delta(TIGHT):g}")
+@figure("fig2_tight_threshold", f"Figure 2: tight threshold δ = {sweep_delta(TIGHT_SWEEP):g}")
 def fig2_tight_threshold(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name="fig2_tight_threshold",
+        name=fig2_tight_threshold.name,
         title="Figure 2: tight threshold (validation accuracy)",
         caption=_VAL_CAPTION,
         rows=[VAL_ROW],
-        default_sweep=TIGHT,
+        default_sweep=TIGHT_SWEEP,
     )
 
 
@@ -264,11 +264,11 @@ def fig2_tight_threshold(ctx: ReportContext) -> ArtefactResult:
 def fig5_training_reward(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name="fig5_training_reward",
+        name=fig5_training_reward.name,
         title=f"Figure 5: training reward ({metrics.SCORE_MEAN})",
         caption=f"Mean training reward of each step's rollout batch ({metrics.SCORE_MEAN}) of the main-comparison runs.",
         rows=[MetricRow("training reward", metrics.SCORE_MEAN, (metrics.SCORE_MEAN,))],
-        default_sweep=MAIN,
+        default_sweep=MAIN_SWEEP,
     )
 
 
@@ -276,7 +276,7 @@ def fig5_training_reward(ctx: ReportContext) -> ArtefactResult:
 def fig6_aime24_aime25(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name="fig6_aime24_aime25",
+        name=fig6_aime24_aime25.name,
         title="Figure 6: AIME24 and AIME25 avg@16, separately",
         caption=(
             f"Top row: AIME24 avg@16 (CPU engine: {EVAL_SPLITS[0]}); bottom row: AIME25 avg@16 ({EVAL_SPLITS[1]}), "
@@ -286,7 +286,7 @@ def fig6_aime24_aime25(ctx: ReportContext) -> ArtefactResult:
             MetricRow("AIME24", "AIME24 avg@16", (), "aime24", training_stats.VAL_SMOOTHING),
             MetricRow("AIME25", "AIME25 avg@16", (), "aime25", training_stats.VAL_SMOOTHING),
         ],
-        default_sweep=MAIN,
+        default_sweep=MAIN_SWEEP,
     )
 
 
@@ -294,13 +294,13 @@ def fig6_aime24_aime25(ctx: ReportContext) -> ArtefactResult:
 def fig7_response_length(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name="fig7_response_length",
+        name=fig7_response_length.name,
         title="Figure 7: mean response length",
         caption=(
             f"Mean response length in tokens of each step's rollouts ({metrics.RESPONSE_LENGTH_MEAN}), main comparison."
         ),
         rows=[MetricRow("response length", metrics.RESPONSE_LENGTH_MEAN, (metrics.RESPONSE_LENGTH_MEAN,))],
-        default_sweep=MAIN,
+        default_sweep=MAIN_SWEEP,
     )
 
 
@@ -308,7 +308,7 @@ def fig7_response_length(ctx: ReportContext) -> ArtefactResult:
 def fig8_ppo_kl_clipfrac(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name="fig8_ppo_kl_clipfrac",
+        name=fig8_ppo_kl_clipfrac.name,
         title="Figure 8: PPO-KL and clip fraction",
         caption=(
             f"Top row: {metrics.PPO_KL} (mean of log μ − log π over response tokens); bottom row: {metrics.CLIPFRAC} "
@@ -318,5 +318,5 @@ def fig8_ppo_kl_clipfrac(ctx: ReportContext) -> ArtefactResult:
             MetricRow("PPO-KL", metrics.PPO_KL, (metrics.PPO_KL,)),
             MetricRow("clip fraction", metrics.CLIPFRAC, (metrics.CLIPFRAC,)),
         ],
-        default_sweep=MAIN,
+        default_sweep=MAIN_SWEEP,
     )

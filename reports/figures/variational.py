@@ -1,4 +1,4 @@
-"""The variational-reasoning family's figures (issue 15): accuracy and pass@k per recipe, accuracy weighting, length bias.
+"""The variational-reasoning family's figures: accuracy and pass@k per recipe, accuracy weighting, length bias.
 
 Every number comes from the database (final-stage and GRPO runs' last logged evaluation, the vr_traces rows of the
 weights stage, the newest accuracy-weighting analysis); intervals and correlations come from analysis.training.stats.
@@ -8,13 +8,11 @@ The family runs on the CPU engine with stand-in models and π_θ0 = the engine's
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from analysis.training import stats as training_stats
-from predmask import metrics
-from predmask.cli import command, sweep_command
+from predmask.cli import command
 from predmask.rl.task import EVAL_SPLITS
 from reports import data
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
@@ -29,11 +27,10 @@ from reports.figures.draw import (
     wrap_lines,
 )
 from reports.labels import WEIGHTING_ORDER, weighting_method_label
-from reports.style import GREY, method_rank, method_style, vr_data_style
+from reports.style import GREY, method_style, vr_data_style
+from reports.vr_scores import AT_N, SWEEP_COMMAND, VrScores, acc_name, pass_name, scale_note, vr_scores
 
-AT_N = 16  # avg@16, pass@1..16
 PASS_KS: tuple[int, ...] = tuple(range(1, AT_N + 1))
-SWEEP_COMMAND = sweep_command(data.VR_SWEEP)
 WEIGHTING_COMMAND = command("analysis accuracy_weighting")
 #: the one line saying what fills this family's artefacts (printed when the database has none of its data)
 MISSING_HINT = (
@@ -45,72 +42,9 @@ LEGEND_COLS = 2
 SEED_DOT = 7  # marker size of the per-seed points
 
 
-def acc_name(split: str) -> str:
-    return metrics.val_acc(split, AT_N)
-
-
-def pass_name(split: str, k: int) -> str:
-    return metrics.val_pass(split, k)
-
-
-# --------------------------------------------------------------------------------------------- the scores
-
-
-@dataclass
-class VrScores:
-    """The family's evaluated runs: per comparison key (method, data setting, estimator), per seed, the final
-    value of every val-core metric; the selection rule; the runs used."""
-
-    rule: str
-    runs: list[data.RunInfo] = field(default_factory=list)
-    by_key: dict[data.VrKey, dict[Hashable, dict[str, float]]] = field(default_factory=dict)
-
-    def values(self, key: data.VrKey, name: str) -> dict[Hashable, float]:
-        """seed -> final value of one metric (the seeds that logged it)."""
-        return {s: m[name] for s, m in self.by_key.get(key, {}).items() if name in m}
-
-    def interval(self, key: data.VrKey, name: str) -> training_stats.Interval:
-        return training_stats.t_interval(self.values(key, name).values())
-
-
-def _key_rank(key: data.VrKey) -> tuple:
-    return (method_rank(key.method), key.method or "", key.data or "", key.estimator or "")
-
-
-def vr_scores(ctx: ReportContext) -> VrScores:
-    """The family's runs (default sweep variational_reasoning; --sweep to choose) with an avg@16 evaluation."""
-    sel = data.select_runs(data.variational_runs(ctx.runs), None, ctx.sweeps, data.VR_SWEEP)
-    finals = data.final_values(ctx.con, [r.run_id for r in sel.runs], "val-core/")
-    wanted = {acc_name(s) for s in EVAL_SPLITS}
-    used = [r for r in sel.runs if wanted & set(finals.get(r.run_id, {}))]
-    grouped: dict[data.VrKey, list[data.RunInfo]] = {}
-    for r in used:
-        grouped.setdefault(data.vr_key(r), []).append(r)
-    out = VrScores(sel.rule, used)
-    for key in sorted(grouped, key=_key_rank):
-        members = sorted(grouped[key], key=lambda r: (r.seed is None, r.seed or 0, r.run_id))
-        seeds = [r.seed for r in members]
-        by_seed = None not in seeds and len(set(seeds)) == len(seeds)  # else: keyed by run (nothing merged)
-        out.by_key[key] = {(r.seed if by_seed else r.run_id): finals[r.run_id] for r in members}
-    return out
-
-
 def _seeds_text(keys: Sequence[Hashable]) -> str:
     what = "seed" if all(isinstance(k, int) for k in keys) else "run"
     return f"{what}{'' if len(keys) == 1 else 's'} {', '.join(str(k) for k in keys)}"
-
-
-def scale_note(runs: Sequence[data.RunInfo]) -> str:
-    """Where the runs ran, in words: CPU stand-in scale and π_θ0 stated (or the cluster's models)."""
-    if not runs:
-        return "no runs yet"
-    scales = ", ".join(sorted({r.describe_scale() for r in runs}))
-    if all(r.is_cpu for r in runs):
-        return (
-            f"CPU engine, {scales}, SFT stages in float32, GRPO rollouts in emulated bf16; π_θ0 = the engine's "
-            f"cached base model; arithmetic stand-in splits {' / '.join(EVAL_SPLITS)}, not the paper's benchmarks"
-        )
-    return f"{scales}; backends {', '.join(sorted({r.describe_backend() for r in runs}))}"
 
 
 def _style(key: data.VrKey, index: int) -> tuple[str, str, str, bool]:
@@ -141,7 +75,7 @@ def _layout(n_panels: int, n_labels: int, title: Sequence[str], ax_w: float = 3.
 def vr_accuracy(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
     result = ArtefactResult(
-        name="vr_accuracy",
+        name=vr_accuracy.name,
         title="Variational reasoning: avg@16 per method, data setting and estimator",
         caption=(
             f"Final avg@16 ({acc_name('<split>')}) on each held-out stand-in split, per method (VR recipes by "
@@ -222,7 +156,7 @@ def _draw_accuracy(ctx: ReportContext, result: ArtefactResult, scores: VrScores)
 def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
     result = ArtefactResult(
-        name="vr_pass_at_k",
+        name=vr_pass_at_k.name,
         title="Variational reasoning: pass@k for k = 1..16",
         caption=(
             f"pass@k ({pass_name('<split>', 1)} … pass@{AT_N}, the unbiased estimator from {AT_N} samples per "
@@ -298,7 +232,7 @@ WEIGHT_SOURCES: tuple[str, ...] = ("model", "bandit")
 def vr_accuracy_weighting(ctx: ReportContext) -> ArtefactResult:
     found = data.latest_weighting(ctx.con)
     result = ArtefactResult(
-        name="vr_accuracy_weighting",
+        name=vr_accuracy_weighting.name,
         title="Accuracy weighting: the weight each objective puts on ∇log p(correct | x), against accuracy p",
         caption=(
             "Top row (source 'model', real batches): each dot one training question, its measured weight (the "
@@ -398,7 +332,7 @@ def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
     runs = weights_runs(ctx)
     rows = data.vr_trace_rows(ctx.con, [r.run_id for r in runs])
     result = ArtefactResult(
-        name="vr_length_bias",
+        name=vr_length_bias.name,
         title="Length bias: trace length vs the per-token log-ratio, answer length vs the answer log-likelihood",
         caption=(
             "Each dot one sampled trace of the weights stage (vr_traces): left, its length against its per-token "

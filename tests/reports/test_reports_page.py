@@ -15,9 +15,10 @@ from report_database import SEEDS, UNI_OFFSET, build_study_only_db, dppo_val
 
 from analysis.store import connect
 from predmask import config
-from reports import data, registry, tables
+from reports import data, registry
 from reports.paper import build_paper
 from reports.summary import page_summary
+from reports.tables import hyperparameters
 
 CHROMIUM = find_chromium()
 needs_chromium = pytest.mark.skipif(
@@ -168,7 +169,7 @@ def test_table1_shows_only_what_differs_and_applies():
         _run("b", {"name": "cpu_moe", "stands_in_for": "qwen3_30b_a3b_base", "hidden_size": 64, "num_experts": 8},
              {"name": "fp8_rollout", "fp8_activations": True}),
     ]
-    full, short, _ = tables.hyperparameter_tables(runs)
+    full, short, _ = hyperparameters.hyperparameter_tables(runs)
     full_rows = {row[0]: row[1:] for row in full.rows}
     short_rows = {row[0]: row[1:] for row in short.rows}
     assert full_rows["precision.fp8_activations"] == ["true", "true"]  # the full table: everything the runs carry
@@ -182,14 +183,14 @@ def test_table1_shows_only_what_differs_and_applies():
 
 
 def test_applies_reads_the_option_files():
-    assert tables.applies({"model": {"name": "cpu_moe"}}, "model.num_experts")
-    assert not tables.applies({"model": {"name": "cpu_s"}}, "model.num_experts")
-    assert not tables.applies({"precision": {"name": "bf16"}}, "precision.fp8_activations")
-    assert tables.applies({"precision": {"name": "bf16"}}, "precision.name")
-    assert tables.applies({"model": {"name": "qwen3_4b_base"}}, "model.batch.lr")  # nested keys of the file
-    assert tables.applies({"model": {"name": "a_removed_model"}}, "model.anything")  # unknown option: as carried
-    assert tables.applies({"trainer": {"lr": 1}}, "trainer.lr")  # no config group: as carried
-    assert tables.applies({"setting": {"name": "qwen3_4b_bf16"}}, "setting.label")  # a _global_ option's block
+    assert hyperparameters.applies({"model": {"name": "cpu_moe"}}, "model.num_experts")
+    assert not hyperparameters.applies({"model": {"name": "cpu_s"}}, "model.num_experts")
+    assert not hyperparameters.applies({"precision": {"name": "bf16"}}, "precision.fp8_activations")
+    assert hyperparameters.applies({"precision": {"name": "bf16"}}, "precision.name")
+    assert hyperparameters.applies({"model": {"name": "qwen3_4b_base"}}, "model.batch.lr")  # nested keys of the file
+    assert hyperparameters.applies({"model": {"name": "a_removed_model"}}, "model.anything")  # unknown option: as carried
+    assert hyperparameters.applies({"trainer": {"lr": 1}}, "trainer.lr")  # no config group: as carried
+    assert hyperparameters.applies({"setting": {"name": "qwen3_4b_bf16"}}, "setting.label")  # a _global_ option's block
 
 
 def test_the_page_shows_the_short_table1_and_the_full_one_a_click_away(paper):
