@@ -278,6 +278,14 @@ def test_registry_lists_every_paper_artefact():
         registry.collect([*registry.MODULES, again])
 
 
+def test_the_declaration_owns_the_name_of_what_an_artefact_returns(ctx_factory):
+    unnamed = artefact.table("some_table", "t")(lambda ctx: artefact.ArtefactResult(title="t", caption="c"))
+    assert unnamed(ctx_factory()).name == "some_table"  # filled in from the decorator
+    other = artefact.table("some_table", "t")(lambda ctx: artefact.ArtefactResult("t", "c", name="another"))
+    with pytest.raises(ValueError, match="artefact 'some_table' returned a result named 'another'"):
+        other(ctx_factory())
+
+
 def test_aime_metric_names_match_cpu_and_cluster_spellings():
     from analysis.results.curves import aime_metric_names
 
