@@ -16,8 +16,10 @@ then prints, per setting, what the regime targets speak of:
 
 The targets the defaults are chosen for (``BF16_OUTSIDE``, ``MIN_DISAGREEMENT``, ``check_targets``) are checked
 and printed beside the numbers. Runs live under ``results/calibrate/<run_id>/`` (resumable: a finished run is
-read, not trained again; a changed override is another run id) and the table is written to ``results/calibrate/calibration.md`` and ``.json``. Training runs
-go through the launch layer (``launch``, local processes), ``--max-parallel`` at a time.
+read, not trained again; a changed override is another run id) and the table is written to
+``results/calibrate/calibration.md`` and ``.json``. The runs are composed and trained by ``analysis.calibrate_runs``
+(through the launch layer, local processes, ``--max-parallel`` at a time); this module is the command and the
+regime's statistics.
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from analysis.calibrate_runs import METHODS, plan_runs, read_run, train_runs
 from analysis.training.stats import mean_on_common_steps
 from predmask import metrics as M
-from predmask.config import ConfigError, compose, group_options, label, stable_id, sweep_params, to_container
+from predmask.config import ConfigError, group_options, label, sweep_params
 from predmask.io import atomic_write_text
 from predmask.rl.task import EVAL_SPLITS
-from predmask.rundir import JOB_LOG_FILE, METRICS_FILE, read_metrics, read_status
 
 __all__ = [
     "BF16_OUTSIDE",
@@ -57,10 +59,6 @@ __all__ = [
 
 #: the calibration's output root (run directories and the table), under the working directory
 DEFAULT_OUT = Path("results") / "calibrate"
-#: the ratio-direction method and the predictive mask whose runs the calibration compares
-METHODS: tuple[str, str] = ("dppo_topk_kl", "predmask_kl_agg")
-#: the calibration's progress lines, under the output root
-PROGRESS_LOG = "calibrate.log"
 #: the sweep whose settings are calibrated
 SWEEP = "main_comparison"
 #: the regime's target share of response tokens outside the trust region in the bf16 settings (lower, upper);
@@ -258,84 +256,6 @@ def _settings(arg: str | None) -> list[str]:
     return chosen
 
 
-@dataclass(frozen=True)
-class _Planned:
-    setting: str
-    method: str
-    run_id: str
-    run_dir: Path
-    config: dict[str, Any]
-    command: list[str]
-
-
-def _plan(settings: Sequence[str], seed: int, overrides: Sequence[str], out: Path) -> list[_Planned]:
-    """Compose every run first (a bad override fails here, before anything is written)."""
-    for ov in overrides:
-        if ov.split("=", 1)[0].lstrip("+~") in ("method", "setting", "seed", "run_dir"):
-            raise ConfigError(f"override {ov!r}: the calibration sets method, setting, seed and run_dir itself")
-    planned = []
-    for setting in settings:
-        for method in METHODS:
-            ovs = [f"+setting={setting}", f"method={method}", f"seed={seed}", *overrides]
-            cfg = to_container(compose("train", ovs))
-            run_id = stable_id(cfg)
-            run_dir = (out / run_id).resolve()
-            cache = Path(str(cfg["cache_dir"])).resolve()  # the job runs in its run directory
-            if "'" in str(run_dir) + str(cache):
-                raise ConfigError(f"output path {run_dir} or cache {cache} contains a quote; choose another")
-            cmd = [sys.executable, "-m", "predmask.rl.train", *ovs, f"run_dir='{run_dir}'", f"cache_dir='{cache}'",
-                   "trainer.progress=false"]
-            planned.append(_Planned(setting, method, run_id, run_dir, cfg, cmd))
-    return planned
-
-
-def _read(run_dir: Path) -> list[dict[str, Any]]:
-    status = read_status(run_dir)
-    if status.get("status") != "completed":
-        raise RuntimeError(f"run {run_dir.name} did not complete ({status.get('status', 'no status.json')}: "
-                           f"{status.get('error') or 'see its train.log'}); rerun the same command to train it "
-                           "(completed runs are reused)")
-    return read_metrics(run_dir / METRICS_FILE)
-
-
-def _train(planned: Sequence[_Planned], max_parallel: int, out: Path) -> list[str]:
-    """Train the runs not yet completed, ``max_parallel`` at a time; returns one message per failed run."""
-    from launch.command_job import CommandJob
-    from launch.executor import make_executor
-    from launch.follow import follow
-    from predmask.progress import progress
-
-    todo = [p for p in planned if read_status(p.run_dir).get("status") != "completed"]
-    if not todo:
-        return []
-    total_steps = sum(int(p.config["trainer"]["steps"]) for p in todo)
-    executor = make_executor(out / "jobs", {"backend": "local"}, name="calibrate")
-
-    def poll(_active: object) -> None:  # status.json is replaced atomically: never read half-written
-        states = [read_status(p.run_dir) for p in todo]
-        done = sum(1 for st in states if st.get("status") == "completed")
-        bar.advance_to(sum(int(st.get("step", 0)) for st in states), status=f"{done}/{len(todo)} runs done")
-
-    def jobs():
-        for p in todo:
-            p.run_dir.mkdir(parents=True, exist_ok=True)
-            job = CommandJob(p.command, run_dir=str(p.run_dir), log_file=str(p.run_dir / JOB_LOG_FILE))
-            yield p.run_id, executor.submit(job)
-
-    failed: list[str] = []
-    print(f"progress: {out / PROGRESS_LOG}", flush=True)
-    with progress(f"calibration: {len(todo)} runs", total=total_steps, unit="steps", stream=sys.stdout,
-                  log_file=out / PROGRESS_LOG) as bar:
-        ends = follow(jobs(), max_parallel=max_parallel, on_poll=poll)
-        poll(None)  # the final line counts what the runs wrote last
-    by_id = {p.run_id: p for p in todo}
-    for e in ends:
-        if not e.ok:
-            p = by_id[e.key]
-            failed.append(f"{p.setting} {p.method}: {e.error} (log: {p.run_dir / JOB_LOG_FILE})")
-    return failed
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(list(argv) if argv is not None else None)
     if args.max_parallel < 1:
@@ -344,7 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = (args.out or Path.cwd() / DEFAULT_OUT).resolve()
     try:
         settings = _settings(args.settings)
-        planned = _plan(settings, args.seed, args.overrides, out)
+        planned = plan_runs(settings, args.seed, args.overrides, out)
         out.mkdir(parents=True, exist_ok=True)
     except (ConfigError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -352,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.perf_counter()
     print(f"calibration: {len(planned)} runs ({len(settings)} settings x {', '.join(METHODS)}), seed {args.seed}, "
           f"under {out}", flush=True)
-    failed = _train(planned, args.max_parallel, out)
+    failed = train_runs(planned, args.max_parallel, out)
     if failed:
         for msg in failed:
             print(f"error: {msg}", file=sys.stderr)
@@ -363,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     by_key = {(p.setting, p.method): p for p in planned}
     try:
         for s in settings:
-            ref, pred = (_read(by_key[(s, m)].run_dir) for m in METHODS)
+            ref, pred = (read_run(by_key[(s, m)].run_dir) for m in METHODS)
             cfg = by_key[(s, METHODS[0])].config
             rows.append(setting_regime(s, str(cfg["precision"]["name"]), ref, pred, int(cfg["trainer"]["val_n"])))
     except (RuntimeError, ValueError) as err:
