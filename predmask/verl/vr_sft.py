@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from verl.trainer import sft_trainer_ray
     from verl.workers.utils import losses
 
-    from predmask.rundir import METRICS_FILE, RunDirBusyError, hold_run_lock
+    from predmask.rundir import METRICS_FILE, RunDirBusyError, hold_run_lock, keep_previous_attempt
 
     losses.sft_loss = partial(nested_weighted_sft_loss, normaliser=normaliser)
     sys.argv = [sft_trainer_ray.__file__, *verl_argv]
@@ -194,9 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sft_trainer_ray.main()
         return 0
     run_dir = Path(str(keys["run_dir"]))
-    os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(run_dir / METRICS_FILE))
+    logger_path = Path(os.environ.setdefault("VERL_FILE_LOGGER_PATH", str(run_dir / METRICS_FILE)))
     try:
         with hold_run_lock(run_dir):  # one attempt at a time writes the run directory
+            keep_previous_attempt(logger_path)  # verl's file logger truncates its file: the last attempt's kept
             sft_trainer_ray.main()
     except RunDirBusyError as exc:
         print(f"predmask.verl.vr_sft: {exc}", file=sys.stderr)

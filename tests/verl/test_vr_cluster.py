@@ -257,6 +257,34 @@ def test_vr_sft_missing_input_exits_2_and_writes_nothing(tmp_path: Path) -> None
     assert bad.returncode == 2 and "unknown key predmask.normalizer" in bad.stderr
 
 
+def test_a_restarted_vr_sft_keeps_the_previous_attempts_metrics(tmp_path: Path, monkeypatch) -> None:
+    """verl's file logger opens its file with "wb": each attempt of a stage moves the previous one's lines aside
+    (predmask.rundir's attempt files, which ingest merges), under the run directory's lock."""
+    require_verl("verl.trainer.sft_trainer_ray")
+    from verl.trainer import sft_trainer_ray
+    from verl.workers.utils import losses
+
+    from predmask.rundir import attempt_files, metrics_line, read_metrics
+    from predmask.verl import vr_sft
+
+    run_dir = tmp_path / "run"
+    attempts: list[int] = []
+
+    def verl_sft() -> None:  # what verl's trainer does to the file logger's file: truncate, then write
+        attempts.append(len(attempts) + 1)
+        Path(os.environ["VERL_FILE_LOGGER_PATH"]).write_text(metrics_line(1, {"attempt": attempts[-1]}))
+
+    monkeypatch.setattr(sft_trainer_ray, "main", verl_sft)
+    monkeypatch.setattr(losses, "sft_loss", losses.sft_loss)
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
+    for _ in range(3):
+        assert vr_sft.main(["predmask.normaliser=1.0", f"predmask.run_dir={run_dir}"]) == 0
+    files = attempt_files(run_dir)
+    assert [f.name for f in files] == ["metrics.attempt-1.jsonl", "metrics.attempt-2.jsonl", "metrics.jsonl"]
+    assert [read_metrics(f)[0]["data"]["attempt"] for f in files] == [1, 2, 3]
+
+
 # -- vr_sample through a stub vLLM --------------------------------------------------------------------------------
 
 VOCAB = 128
