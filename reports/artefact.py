@@ -88,6 +88,7 @@ class Panel:
     series: list[Series] = field(default_factory=list)
     row: str | None = None
     note: str | None = None
+    text: str | None = None  # a line the figure prints about this panel in its subtitle (Figure 1)
 
     def get(self, label: str) -> Series:
         for s in self.series:

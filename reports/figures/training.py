@@ -15,6 +15,7 @@ from predmask.cli import sweep_command
 from predmask.rl.task import EVAL_SPLITS
 from reports import data
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
+from reports.cells import detectable, detectable_note
 from reports.data import MAIN_SWEEP, TIGHT_SWEEP
 from reports.figures.draw import (
     LEGEND_ROW_IN,
@@ -26,7 +27,7 @@ from reports.figures.draw import (
     suptitle,
     wrap_lines,
 )
-from reports.labels import method_label, sweep_delta
+from reports.labels import method_label, setting_label, sweep_delta
 from reports.style import method_rank, method_style
 
 MAX_COLS = 4
@@ -124,6 +125,20 @@ def _panel_lines(
     return lines, left_out
 
 
+def _detectable_text(
+    key: data.PanelKey, groups: dict[str | None, dict[Hashable, curves.Series]]
+) -> str | None:
+    """ "setting: each predictive mask − its pair: the difference its seeds can detect" from a panel's validation
+    curves (the paired final accuracies Table 2 prints); None when no predictive mask has its pair here."""
+    results = training_stats.setting_results({str(m): g for m, g in groups.items()})
+    pairs = [
+        f"{method_label(m)} − {method_label(r.vs_final.reference)}: {detectable(r.vs_final)}"
+        for m, r in results.items()
+        if r.vs_final is not None
+    ]
+    return f"{setting_label(key.paper_model, key.precision)}: {' | '.join(pairs)}" if pairs else None
+
+
 def _per_setting_figure(
     ctx: ReportContext,
     *,
@@ -132,10 +147,12 @@ def _per_setting_figure(
     caption: str,
     rows: Sequence[MetricRow],
     default_sweep: str,
+    state_detectable: bool = False,
 ) -> ArtefactResult:
     """One panel per model-precision setting (× one row per metric), one line per method: the mean over its seeds
     with a t-interval band, each seed smoothed with the row's EMA unless raw; the runs at the δ of
-    `default_sweep`, from that sweep unless the user chose others."""
+    `default_sweep`, from that sweep unless the user chose others. `state_detectable`: each panel of a
+    validation row also states the paired difference its seeds can detect (Figure 1)."""
     sel = data.select_runs(ctx.runs, sweep_delta(default_sweep), ctx.sweeps, default_sweep)
     keys = data.panel_keys(sel.runs)
     series = _row_series(ctx, sel.runs, rows)
@@ -158,6 +175,8 @@ def _per_setting_figure(
                 members, {r.run_id: series[(r.run_id, row.label)] for r in members}, rank=method_rank
             )
             panel.series, left_out = _panel_lines(groups, _smoothing(ctx, row))
+            if state_detectable and row.kind == "val_mean":
+                panel.text = _detectable_text(key, groups)
             used.update(r.run_id for r in members)
             if key.model is None:
                 panel.note = f"no runs for this setting\n({command})"
@@ -168,9 +187,17 @@ def _per_setting_figure(
             result.panels.append(panel)
     result.runs = [r for r in sel.runs if r.run_id in used]
     result.has_data = bool(used)
+    if any(p.text for p in result.panels):
+        result.caption += f" {detectable_note()}."
     if ctx.draw:
         result.files = _draw_per_setting(ctx, result, rows, n_settings=len(keys))
     return result
+
+
+def _detectable_lines(result: ArtefactResult) -> list[str]:
+    """The subtitle's lines on what the seeds can detect: what the numbers mean, then one line per panel."""
+    lines = [p.text for p in result.panels if p.text]
+    return [f"{detectable_note()}.", *lines] if lines else []
 
 
 def _draw_per_setting(
@@ -179,7 +206,7 @@ def _draw_per_setting(
     n_cols = min(MAX_COLS, max(n_settings, 1))
     setting_rows = math.ceil(n_settings / n_cols)
     labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
-    title = [result.title, result.selection_rule, _method_note(ctx, rows)]
+    title = [result.title, result.selection_rule, _method_note(ctx, rows), *_detectable_lines(result)]
     width_in = 0.95 + n_cols * 2.7 + (n_cols - 1) * 0.6
     n_title = len(wrap_lines(title, width_in))
     fig, axes = grid_figure(
@@ -245,6 +272,7 @@ def fig1_main_comparison(ctx: ReportContext) -> ArtefactResult:
         caption=_VAL_CAPTION,
         rows=[VAL_ROW],
         default_sweep=MAIN_SWEEP,
+        state_detectable=True,
     )
 
 

@@ -1,5 +1,6 @@
 """Table 2: final, best and mean (AUC) validation accuracy per setting and method over seeds, each predictive mask's
-paired difference against its DPPO reference, and collapses; and the page's headline drawn from the same cells.
+paired difference against its DPPO reference and the difference its seeds can detect, and collapses; and the page's
+headline drawn from the same cells.
 
 The numbers are what analysis.training.stats returns for each setting's runs; this module only lays them out.
 """
@@ -13,7 +14,7 @@ from analysis.training import stats as training_stats
 from predmask.cli import sweep_command
 from reports import data
 from reports.artefact import ArtefactResult, ReportContext, table
-from reports.cells import pct
+from reports.cells import DETECTABLE_HEADER, detectable, detectable_note, pct
 from reports.labels import method_label, sweep_delta
 from reports.style import method_rank
 from reports.tables.render import TextTable, write_tables
@@ -63,7 +64,7 @@ def main_results_table(results: SettingResults, n_runs: int, n_cpu: int) -> Text
     for key, by_method in results:
         setting = key.one_line
         if not by_method:
-            rows.append([setting, "no runs with validation", "0"] + ["—"] * 7)
+            rows.append([setting, "no runs with validation", "0"] + ["—"] * 8)
         for method, r in by_method.items():
             ref = r.vs_final.reference if r.vs_final is not None else None
             rows.append(
@@ -77,6 +78,7 @@ def main_results_table(results: SettingResults, n_runs: int, n_cpu: int) -> Text
                     method_label(ref) if ref else "—",
                     _diff(r.vs_final, method in references),
                     _diff(r.vs_auc, method in references),
+                    detectable(r.vs_final),
                     _collapsed(r),
                 ]
             )
@@ -87,8 +89,9 @@ def main_results_table(results: SettingResults, n_runs: int, n_cpu: int) -> Text
         "final = the last evaluated step; best = the highest evaluation; AUC = trapezoid area under the "
         "validation curve over steps divided by the step span (a mean accuracy over the run). Δ = predictive mask "
         "minus the method it is paired with (the ratio-direction mask of the same divergence and support), "
-        "per seed, in percentage points: mean [95% t-interval] (seeds with Δ > 0). Collapsed: validation "
-        f"accuracy stays below half of its best for the rest of the run (defined in {COLLAPSE_DOC})."
+        "per seed, in percentage points: mean [95% t-interval] (seeds with Δ > 0). "
+        f"{detectable_note()}. Collapsed: validation accuracy stays below half of its best for the rest of the run "
+        f"(defined in {COLLAPSE_DOC})."
     )
     return TextTable(
         title="Table 2: main results (validation accuracy over seeds)",
@@ -103,6 +106,7 @@ def main_results_table(results: SettingResults, n_runs: int, n_cpu: int) -> Text
             "paired with",
             "Δ final (pp)",
             "Δ AUC (pp)",
+            DETECTABLE_HEADER,
             "collapsed",
         ],
         rows=rows,
@@ -154,7 +158,8 @@ def table2_main_results(ctx: ReportContext) -> ArtefactResult:
         title=text.title,
         caption=(
             "Final, best and mean (AUC) validation accuracy per setting and method over seeds, the paired "
-            "difference of each predictive mask against its DPPO reference, and collapses; Markdown and LaTeX."
+            "difference of each predictive mask against its DPPO reference with the smallest difference its seeds "
+            "can detect, and collapses; Markdown and LaTeX."
         ),
         runs=runs,
         selection_rule=sel.rule,

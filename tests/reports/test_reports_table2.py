@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 import scipy.stats
 from report_database import GRPO_VAL, SEEDS, UNI_OFFSET, dppo_val
 
-from reports import tables
+from analysis.training import stats as training_stats
+from reports import cells, figures, tables
 
 SETTING4 = "Qwen3-4B-Base · BF16 (CPU stand-in cpu_s, emulated precision)"
 ROLLOUT = "Qwen3-30B-A3B-Base · FP8 Rollout (CPU stand-in cpu_moe, emulated precision)"
@@ -95,3 +97,46 @@ def test_table2_files_and_page(paper):
     assert r"$\Delta$ final (pp)" in tex and r"\begin{tabular}" in tex and "Δ" not in tex
     page = paper.index.read_text()
     assert "table2_main_results.md" in page and "Table 2: main results" in page
+
+
+def paired_t_power(d: float, sd: float, n: int) -> float:
+    """Two-sided paired t-test power at alpha 0.05, straight from scipy's noncentral t (independent of analysis)."""
+    crit = scipy.stats.t.ppf(0.975, n - 1)
+    nc = d * math.sqrt(n) / sd
+    return float(scipy.stats.nct.sf(crit, n - 1, nc) + scipy.stats.nct.cdf(-crit, n - 1, nc))
+
+
+def test_detectable_difference_has_80_percent_power_and_the_seeds_a_2_point_difference_needs(table2):
+    rows = _rows(table2)
+    column = "detectable Δ final (80% power)"
+    cell = rows[(SETTING4, "Predictive (uniform tail)")][column]
+    mde, n, target, needed = re.fullmatch(r"(\d+\.\d) pp with (\d+) seeds; (\d+) pp needs (\d+) seeds", cell).groups()
+    sd = float(np.std([UNI_OFFSET[k] for k in SEEDS], ddof=1))  # the final-accuracy differences, by seed
+    assert int(n) == len(SEEDS) and target == "2"
+    lo, hi = (float(mde) - 0.05) / 100, (float(mde) + 0.05) / 100  # the cell is rounded to 0.1 pp
+    assert paired_t_power(lo, sd, len(SEEDS)) < 0.8 < paired_t_power(hi, sd, len(SEEDS))
+    assert paired_t_power(0.02, sd, int(needed) - 1) < 0.8 <= paired_t_power(0.02, sd, int(needed))
+    # identical runs: every paired difference is 0, nothing to size; a reference and an unpaired method: no cell
+    assert rows[(SETTING4, "Predictive (aggregated tail)")][column] == "n/a (the paired differences have zero SD)"
+    assert rows[(SETTING4, "DPPO-TopK-KL")][column] == "—"
+    assert rows[(ROLLOUT, "Predictive (aggregated tail)")][column] == "—"
+    assert "two-sided paired t-test at α = 0.05 detects with 80% power" in table2.tables["main"].note
+
+
+def test_one_paired_seed_cannot_size_a_difference():
+    one = training_stats.paired_difference("a", {0: 0.3}, "b", {0: 0.2})
+    assert cells.detectable(one) == "n/a (needs ≥ 2 seeds)"
+    assert cells.detectable(None) == "—"
+
+
+def test_figure_1_states_what_table_2_states_per_setting(table2, ctx_factory):
+    fig1 = figures.fig1_main_comparison(ctx_factory())
+    rows = _rows(table2)
+    column = "detectable Δ final (80% power)"
+    expected = " | ".join(
+        f"{method} − DPPO-TopK-KL: {rows[(SETTING4, method)][column]}"
+        for method in ("Predictive (aggregated tail)", "Predictive (uniform tail)")
+    )
+    assert fig1.panel("Qwen3-4B-Base").text == f"Qwen3-4B-Base · BF16: {expected}"
+    assert [p.text for p in fig1.panels[1:]] == [None, None, None]  # no predictive mask paired in the others
+    assert "80% power" in fig1.caption
