@@ -8,7 +8,6 @@ the target; the ingest time is printed beside it. Synthetic numbers, never a res
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import tempfile
@@ -18,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import yaml
 
 from analysis.store import connect, ingest_paths, upsert_token_level
 from analysis.token_level.summary import stats
 from predmask import config, metrics
 from predmask.precisions import get_precision
 from predmask.rl.task import EVAL_SPLITS
+from predmask.rundir import METRICS_FILE, metrics_line, run_path, write_config, write_status
 from reports import labels
 from reports.paper import build_paper
 
@@ -158,19 +157,15 @@ def write_runs(root: Path, steps: int = 500, seed: int = 0) -> list[Path]:
     rng = np.random.default_rng(seed)
     dirs = []
     for spec in run_grid():
-        d = root / "runs" / spec["sweep"] / spec["run_id"]
+        d = run_path(spec["sweep"], spec["run_id"], root / "runs")
         d.mkdir(parents=True, exist_ok=True)
-        (d / "config.yaml").write_text(yaml.safe_dump(spec["config"], sort_keys=False))
-        (d / "status.json").write_text(
-            json.dumps(
-                {"status": "completed", "step": steps, "total_steps": steps, "updated": 1.7e9, "error": None}
-            )
-        )
+        write_config(d, spec["config"])
+        write_status(d, "completed", steps, steps, updated=1.7e9)
         curves = _curves(rng, spec, steps)
         names = list(curves)
-        with (d / "metrics.jsonl").open("w") as fh:
+        with (d / METRICS_FILE).open("w") as fh:
             for i in range(steps):
-                fh.write(json.dumps({"step": i + 1, "data": {n: float(curves[n][i]) for n in names}}) + "\n")
+                fh.write(metrics_line(i + 1, {n: float(curves[n][i]) for n in names}))
         dirs.append(d)
     return dirs
 
