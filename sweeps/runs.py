@@ -110,7 +110,7 @@ def failure_cause(path: Path) -> str | None:
     lines = [ln.strip() for ln in _log_lines(path, int(record.get("log_offset") or 0))]
     try:
         status = read_status(path)
-    except StatusError:
+    except (StatusError, OSError):
         status = {}
     exit_record = _read_json(path / EXIT_STATUS_FILE)
     if float(exit_record.get("started") or 0) < since:
