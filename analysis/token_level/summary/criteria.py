@@ -52,6 +52,7 @@ from analysis.training.stats import CONFIDENCE
 __all__ = [
     "AGREEMENT_COLUMNS",
     "CRITERIA_COLUMNS",
+    "PER_SEED_COLUMNS",
     "RATIO",
     "TOKEN_SETS",
     "TRUTHS",
@@ -354,8 +355,22 @@ def criteria_table(judgements: Iterable[Judgement]) -> pl.DataFrame:
     return pl.DataFrame([_judgement_row(j) for j in judgements], schema=CRITERIA_COLUMNS)
 
 
+#: the table of ``per_seed_table``: one row per token set × ground truth × criterion × seed
+PER_SEED_COLUMNS: dict[str, pl.DataType] = {
+    "token_set": _S,
+    "truth": _S,
+    "criterion": _S,
+    "seed": _I,
+    "n_tokens": _I,
+    "n_right": _I,
+    "accuracy": _F,
+    "balanced_accuracy": _F,
+}
+
+
 def per_seed_table(judgements: Iterable[Judgement]) -> pl.DataFrame:
-    """The per-seed rates behind judgements: one row per token set × ground truth × criterion × seed."""
+    """The per-seed rates behind judgements: one row per token set × ground truth × criterion × seed
+    (``PER_SEED_COLUMNS``; no judgement: an empty table with those columns)."""
     frames = [
         pl.DataFrame(
             {
@@ -367,11 +382,12 @@ def per_seed_table(judgements: Iterable[Judgement]) -> pl.DataFrame:
                 "n_right": j.counts[:, _RIGHT].astype(np.int64),
                 "accuracy": j.seed_accuracy,
                 "balanced_accuracy": j.seed_balanced_accuracy,
-            }
+            },
+            schema=PER_SEED_COLUMNS,
         ).with_columns(pl.col("accuracy", "balanced_accuracy").fill_nan(None))
         for j in judgements
     ]
-    return pl.concat(frames) if frames else pl.DataFrame()
+    return pl.concat(frames) if frames else pl.DataFrame(schema=PER_SEED_COLUMNS)
 
 
 # ---------------------------------------------------------------------------------------------- agreement
