@@ -42,7 +42,7 @@ VERL_FREE: tuple[str, ...] = (
 
 #: what the notebook library analysis.results may import of the project (docs/architecture.md, "may import")
 RESULTS_MAY_IMPORT: tuple[str, ...] = ("predmask", "analysis.store", "analysis.training", "analysis.token_level.summary.stats",
-                                       "analysis.results")
+                                       "analysis.token_level.summary.study_tables", "analysis.results")
 
 #: the project's rooms from the lowest up (docs/architecture.md, "Forbidden, and tested"): a module imports only its
 #: own room and lower ones, and two rooms of one tier never import each other

@@ -1,4 +1,5 @@
-"""The results database as DataFrames for notebooks: runs, metric curves, the main results, the token-level study.
+"""The results database as DataFrames for notebooks: runs, metric curves, the main results, the token-level study
+(its rows, its summary, and its criteria judged against the per-token ground truths).
 
 ``open_results()`` opens the database read-only (the same default path and ``PREDMASK_DB`` as the commands)
 and returns a ``Results`` whose methods return pandas DataFrames (``backend="polars"``: polars DataFrames). No
@@ -27,6 +28,7 @@ import polars as pl
 from analysis.results import curves
 from analysis.store import connect, default_db_path, table_exists
 from analysis.token_level.summary import stats as token_stats
+from analysis.token_level.summary.study_tables import STUDY_TABLES
 from analysis.training import stats as training_stats
 from predmask import config
 from predmask.cli import command
@@ -491,6 +493,46 @@ class Results:
                 ),
             ]
         return self._out(pl.DataFrame(rows, schema=_SUMMARY_SCHEMA))
+
+    # ------------------------------------------------------------- token level: the criteria judged (math.md §5.1)
+
+    def _study_table(self, table: str, study: str | None) -> Any:
+        """A study's rows of one study-level table as ingest stored them, in the table's column order
+        (``analysis.token_level.summary.study_tables.STUDY_TABLES``); none stored: an empty frame of those columns."""
+        schema = {"study_id": pl.String, **STUDY_TABLES[table]}
+        with self._connect() as con:
+            study_id = _study(con, study)
+            stored = (
+                con.sql(f"SELECT * FROM {table} WHERE study_id = ?", params=[study_id]).pl()
+                if table_exists(con, table)
+                else pl.DataFrame()
+            )
+        if stored.height == 0:
+            return self._out(pl.DataFrame(schema=schema))
+        keys = [c for c in schema if c in ("token_set", "truth", "criterion", "ddot", "seed")]
+        return self._out(
+            stored.select([c for c in schema if c in stored.columns]).sort(keys, maintain_order=True)
+        )
+
+    def token_level_criteria(self, study: str | None = None) -> Any:
+        """The study's criteria judged against each per-token ground truth (docs/math.md §5.1), pooled over all its
+        stored seeds: one row per token set × ground truth × criterion, with accuracy and balanced accuracy and
+        their 95% seed-cluster bootstrap intervals (``accuracy_wilson_indep_*``: the Wilson interval, which assumes
+        independent tokens), the constant predictor, and the paired per-seed comparison with the ratio criterion
+        (``vs_ratio_*``). Empty for a study whose tokens carry no own-update ground truth (``ddot_net``). The table
+        ``token_level_criteria``, as ingest stored it (``analysis.token_level.summary.criteria.criteria_table``)."""
+        return self._study_table("token_level_criteria", study)
+
+    def token_level_criteria_seeds(self, study: str | None = None) -> Any:
+        """The per-seed rates behind ``token_level_criteria``: one row per token set × ground truth × criterion ×
+        seed (tokens judged, right decisions, accuracy, balanced accuracy). The table ``token_level_criteria_seeds``."""
+        return self._study_table("token_level_criteria_seeds", study)
+
+    def token_level_sign_agreement(self, study: str | None = None) -> Any:
+        """How often each network-aware ground truth and the logit-space prediction A·Ḋ of each tail agree in sign
+        on the outside tokens (the paper's §3.4 caveat, measured), with the seed-cluster and Wilson intervals. The
+        table ``token_level_sign_agreement``."""
+        return self._study_table("token_level_sign_agreement", study)
 
 
 _SUMMARY_SCHEMA = {

@@ -18,7 +18,8 @@ a writable place), without opening the file.
 
 Parts: ``schema`` (tables), ``connection`` (open, default path, path check, what to run next), ``runs`` (the `runs`
 rows), ``metrics_files`` (file-logger records into the values stored), ``inputs`` (which inputs are run directories),
-``ingest`` (run directories into `runs` and `metrics`), ``token_level`` (the token-level study's rows),
+``ingest`` (run directories into `runs` and `metrics`), ``token_level`` (the token-level study's rows and the
+study-level results derived from them),
 ``variational`` (`vr_traces` from a variational weights stage, the accuracy-weighting analysis's rows).
 """
 
@@ -50,6 +51,7 @@ from analysis.store.schema import (
     GRID_COLUMNS,
     RUN_COLUMNS,
     SEED_COLUMNS,
+    STUDY_RESULT_KEYS,
     TOKEN_COLUMNS,
     VR_TRACE_COLUMNS,
 )
@@ -77,6 +79,7 @@ __all__ = [
     "GRID_COLUMNS",
     "RUN_COLUMNS",
     "SEED_COLUMNS",
+    "STUDY_RESULT_KEYS",
     "TOKEN_COLUMNS",
     "VR_TRACE_COLUMNS",
     "AccuracyWeightingWrite",

@@ -1,5 +1,6 @@
-"""The results store's tables: column names and types of `runs`, `metrics`, the token-level study, the drift grid,
-the variational family's traces and the accuracy-weighting analysis, and their DDL."""
+"""The results store's tables: column names and types of `runs`, `metrics`, the token-level study (its rows and
+its study-level results), the drift grid, the variational family's traces and the accuracy-weighting analysis, and
+their DDL."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ __all__ = [
     "RUN_COLUMNS",
     "SCHEMA_DDL",
     "SEED_COLUMNS",
+    "STUDY_RESULT_KEYS",
     "TOKEN_COLUMNS",
     "VR_TRACE_COLUMNS",
 ]
@@ -107,6 +109,28 @@ TOKEN_COLUMNS: dict[str, str] = {
     "dd_pred_uniform": "DOUBLE",
     "dd_pred_exact": "DOUBLE",
     "dd_all": "DOUBLE",  # optional: dD after the unmasked reference step (sign-accuracy / first-order checks)
+    # per-token ground truths (docs/math.md §5.1); NULL in the rows of a study computed before them
+    "ddot_net": "DOUBLE",  # own-update first-order change of D (A's sign included): > 0, keeping the update raises D
+    "ddot_net_adam": "DOUBLE",  # optional: the same through Adam's preconditioner
+    "dd_cf": "DOUBLE",  # same-token counterfactual: D after the step with the token's gradient minus without it
+    "context_id": "BIGINT",  # identifies the token's (context, token id) pair: distinct pairs are counted
+}
+
+# Study-level results of the criteria judged on a study's tokens (docs/math.md §5.1), one set of rows per study,
+# spanning all its stored seeds: rewritten in the transaction that writes any of its seeds
+# (``upsert_token_level``'s ``derive``). The store fixes each table's key (with study_id); the other columns are
+# those of the frames written (``analysis.token_level.summary.criteria`` builds them), added on the first write.
+# token_level_criteria: pooled rates per token set x ground truth x criterion; token_level_criteria_seeds: the
+# per-seed rates behind them; token_level_sign_agreement: per network-aware truth x logit-space Ddot.
+STUDY_RESULT_KEYS: dict[str, dict[str, str]] = {
+    "token_level_criteria": {"token_set": "VARCHAR", "truth": "VARCHAR", "criterion": "VARCHAR"},
+    "token_level_criteria_seeds": {
+        "token_set": "VARCHAR",
+        "truth": "VARCHAR",
+        "criterion": "VARCHAR",
+        "seed": "BIGINT",
+    },
+    "token_level_sign_agreement": {"truth": "VARCHAR", "ddot": "VARCHAR"},
 }
 
 # One row per cell of a drift grid (``python -m analysis drift``): the grid, the cell's parameters as the cell's
@@ -185,6 +209,11 @@ SCHEMA_DDL: tuple[str, ...] = (
         "  PRIMARY KEY (study_id, seed)\n)"
     ),
     f"CREATE TABLE IF NOT EXISTS token_level_tokens (\n  {_columns_ddl(TOKEN_COLUMNS)}\n)",
+    *(
+        f"CREATE TABLE IF NOT EXISTS {table} (\n  study_id VARCHAR NOT NULL,\n  "
+        f"{_columns_ddl({k: f'{t} NOT NULL' for k, t in keys.items()})},\n  PRIMARY KEY (study_id, {', '.join(keys)})\n)"
+        for table, keys in STUDY_RESULT_KEYS.items()
+    ),
     (
         f"CREATE TABLE IF NOT EXISTS token_level_grid (\n  {_columns_ddl(GRID_COLUMNS)},\n"
         "  PRIMARY KEY (grid_id, study_id)\n)"

@@ -1,12 +1,13 @@
-"""The token-level study's tables: idempotent upserts of a study's config, per-seed rows and token rows, and the
-drift grid's table (``token_level_grid``: which study each cell of a grid is)."""
+"""The token-level study's tables: idempotent upserts of a study's config, per-seed rows and token rows with the
+study-level results derived from all its stored tokens (``STUDY_RESULT_KEYS``), and the drift grid's table
+(``token_level_grid``: which study each cell of a grid is)."""
 
 from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -14,9 +15,10 @@ import pyarrow as pa
 
 from analysis.store.connection import table_columns, table_exists, utcnow
 from analysis.store.runs import canonical_config, upsert_config_row
-from analysis.store.schema import GRID_COLUMNS
+from analysis.store.schema import GRID_COLUMNS, STUDY_RESULT_KEYS
 
 __all__ = [
+    "Derive",
     "TokenLevelWrite",
     "grid_cells",
     "stored_seeds",
@@ -25,15 +27,20 @@ __all__ = [
 ]
 
 Frame = Any  # a pyarrow Table or a polars DataFrame (anything with .to_arrow())
+#: a study's stored token rows (all its seeds) -> its study-level result tables (names of STUDY_RESULT_KEYS)
+Derive = Callable[[pa.Table], Mapping[str, Frame]]
+
 
 @dataclass(frozen=True)
 class TokenLevelWrite:
-    """What upsert_token_level wrote: the study row, seed rows and token rows (after replacing those seeds)."""
+    """What upsert_token_level wrote: the study row, seed rows and token rows (after replacing those seeds), and the
+    rows of each study-level result table it rewrote."""
 
     study: str  # inserted | updated | unchanged
     seeds: int
     tokens: int
     added_columns: tuple[str, ...] = ()
+    derived: Mapping[str, int] = field(default_factory=dict)
 
 
 _IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -69,10 +76,11 @@ def _check_unique(table: pa.Table, keys: Sequence[str], what: str) -> None:
         seen.add(key)
 
 
-def _replace_seeds(
-    con: duckdb.DuckDBPyConnection, table_name: str, study_id: str, table: pa.Table
+def _replace_rows(
+    con: duckdb.DuckDBPyConnection, table_name: str, study_id: str, table: pa.Table, *, by_seed: bool
 ) -> tuple[str, ...]:
-    """Add columns the frame has and the table lacks, delete the frame's seeds, insert the frame by name."""
+    """Add columns the frame has and the table lacks, delete the frame's seeds (``by_seed``) or every row of the
+    study, insert the frame by name; returns the columns added."""
     bad = [c for c in table.column_names if not _IDENT_RE.match(c)]
     if bad:
         raise ValueError(
@@ -86,14 +94,33 @@ def _replace_seeds(
             if name not in have:
                 con.execute(f'ALTER TABLE {table_name} ADD COLUMN "{name}" {kind}')
                 added.append(name)
-        con.execute(
-            f"DELETE FROM {table_name} WHERE study_id = ? AND seed IN (SELECT DISTINCT seed FROM _predmask_frame)",
-            [study_id],
-        )
+        which = " AND seed IN (SELECT DISTINCT seed FROM _predmask_frame)" if by_seed else ""
+        con.execute(f"DELETE FROM {table_name} WHERE study_id = ?{which}", [study_id])
         con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _predmask_frame")
     finally:
         con.unregister("_predmask_frame")
     return tuple(added)
+
+
+def _derive(con: duckdb.DuckDBPyConnection, study_id: str, derive: Derive) -> dict[str, int]:
+    """Rewrite the study's rows of every table ``derive`` returns from the study's stored tokens (all its seeds)."""
+    tokens = con.sql(
+        "SELECT * FROM token_level_tokens WHERE study_id = ? ORDER BY seed, sequence, position",
+        params=[study_id],
+    ).to_arrow_table()
+    written: dict[str, int] = {}
+    for name, frame in derive(tokens).items():
+        if name not in STUDY_RESULT_KEYS:
+            raise ValueError(f"unknown study-level table {name!r}; valid: {', '.join(STUDY_RESULT_KEYS)}")
+        table = _with_study_id(_to_arrow(frame), study_id, name)
+        keys = list(STUDY_RESULT_KEYS[name])
+        missing = [k for k in keys if k not in table.column_names]
+        if missing:
+            raise ValueError(f"{name}: the derived rows lack the key columns {missing}")
+        _check_unique(table, keys, name)
+        _replace_rows(con, name, study_id, table, by_seed=False)
+        written[name] = table.num_rows
+    return written
 
 
 def upsert_token_level(
@@ -102,6 +129,7 @@ def upsert_token_level(
     config: Mapping[str, Any] | str | None,
     seed_rows: Frame | None,
     token_rows: Frame | None,
+    derive: Derive | None = None,
 ) -> TokenLevelWrite:
     """Store one token-level study's config and the rows of some of its seeds (idempotent, one transaction).
 
@@ -109,6 +137,10 @@ def upsert_token_level(
     (study_id optional; columns not in the schema are added). Every seed present in a frame replaces that
     seed's stored rows, so writing the same frames again changes nothing. Duplicate (seed) or
     (seed, sequence, position) keys inside a frame raise ValueError.
+
+    ``derive``: when rows of some seed were written, it is given the study's stored token rows (all its seeds, as
+    an Arrow table, read back in the same transaction) and returns the study-level result tables
+    (``STUDY_RESULT_KEYS``) whose rows of this study it replaces, in the same transaction.
     """
     if not isinstance(study_id, str) or not study_id:
         raise ValueError(f"study_id must be a non-empty string, got {study_id!r}")
@@ -131,9 +163,11 @@ def upsert_token_level(
     try:
         study = upsert_config_row(con, "token_level_studies", "study_id", study_id, config)
         if seeds is not None and seeds.num_rows:
-            added += _replace_seeds(con, "token_level_seeds", study_id, seeds)
+            added += _replace_rows(con, "token_level_seeds", study_id, seeds, by_seed=True)
         if tokens is not None and tokens.num_rows:
-            added += _replace_seeds(con, "token_level_tokens", study_id, tokens)
+            added += _replace_rows(con, "token_level_tokens", study_id, tokens, by_seed=True)
+        wrote = (seeds is not None and seeds.num_rows > 0) or (tokens is not None and tokens.num_rows > 0)
+        derived = _derive(con, study_id, derive) if derive is not None and wrote else {}
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
@@ -145,6 +179,7 @@ def upsert_token_level(
         seeds=seeds.num_rows if seeds is not None else 0,
         tokens=tokens.num_rows if tokens is not None else 0,
         added_columns=added,
+        derived=derived,
     )
 
 

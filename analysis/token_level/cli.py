@@ -63,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
             "The token-level study of the direction criteria (docs/math.md §5): per seed, a fresh rollout, pi_pre moved "
             "off mu by emulated precision mismatch and staleness, one optimiser step per mask (ratio DPPO; "
             "predictive with aggregated, uniform and exact tails; unmasked reference), and the realised ΔD of every "
-            "token outside the trust region. Results go to the DuckDB tables token_level_{studies,seeds,tokens}; "
-            "the table printed at the end sets this run beside the paper's numbers."
+            "token outside the trust region, with its own update's ground truths (docs/math.md §5.1). Results go "
+            "to the DuckDB tables token_level_{studies,seeds,tokens} and, judged per study, token_level_criteria, "
+            "token_level_criteria_seeds and token_level_sign_agreement. The report at the end first judges both "
+            "criteria on the same tokens, then sets this run beside the paper's numbers."
         ),
         epilog=(
             "overrides (key=value, composed on conf/token_level.yaml):\n"
@@ -170,11 +172,15 @@ def seed_row(written: Mapping[str, Any], tokens: pl.DataFrame) -> dict[str, Any]
 
 
 def ingest(db: Path, study_id: str, cfg: Mapping[str, Any], study_dir: Path, seeds: Sequence[int]) -> int:
-    """Write the finished seed files of ``seeds`` into the database (the only writer); returns seeds written."""
+    """Write the finished seed files of ``seeds`` into the database (the only writer); returns seeds written.
+
+    In the same transaction, the study's criteria judged on all its stored tokens (docs/math.md §5.1) replace its
+    rows of the study-level tables (``analysis.token_level.summary.study_tables.study_tables``)."""
     import polars as pl
 
     from analysis.store import connect, upsert_token_level
     from analysis.token_level.compute.fanout import SeedFiles
+    from analysis.token_level.summary.study_tables import study_tables
 
     files = SeedFiles(study_dir)
     done = files.finished(seeds)
@@ -188,7 +194,7 @@ def ingest(db: Path, study_id: str, cfg: Mapping[str, Any], study_dir: Path, see
             [seed_row(files.read_row(s), t) for s, t in zip(done, seed_tokens)], infer_schema_length=None
         )
         tokens = pl.concat(seed_tokens, how="diagonal_relaxed")
-        upsert_token_level(con, study_id, study_config(cfg), rows, tokens)
+        upsert_token_level(con, study_id, study_config(cfg), rows, tokens, derive=study_tables)
     finally:
         con.close()
     return len(done)

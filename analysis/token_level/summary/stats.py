@@ -20,8 +20,13 @@ Definitions (one each):
 - a corrective fraction is pooled: corrective kept tokens / kept tokens, summed over all seeds, with a 95% Wilson
   score interval;
 - sizes per seed (outside tokens, disagreement set) are means over all seeds of the study;
-- the share of response tokens outside the trust region, and the disagreement share (disagreement tokens / outside
-  tokens), are pooled over all seeds, with Wilson intervals (``drift_point``: one cell of the drift grid).
+- the share of response tokens outside the trust region (``share_outside``), and the disagreement share
+  (disagreement tokens / outside tokens), are pooled over all seeds, with Wilson intervals (``drift_point``: one
+  cell of the drift grid);
+- beyond the paper (docs/math.md §5.1), a drift point also carries the criteria judged against the own-update
+  ground truth (``OWN_UPDATE``) on the aggregated-tail disagreement set: each criterion's pooled balanced accuracy
+  with its seed-cluster interval and the paired per-seed difference predictive − ratio, read from the rows of
+  ``analysis.token_level.summary.criteria.criteria_table`` (which this module does not import: it judges nothing).
 """
 
 from __future__ import annotations
@@ -38,14 +43,18 @@ from analysis.paired import wilson_interval  # its one owner; re-exported for th
 
 __all__ = [
     "CRITERIA",
+    "DISAGREE_SET",
+    "OWN_UPDATE",
     "PAPER_LABEL",
     "PAPER_RESPONSE_LENGTHS",
     "PAPER_TOKEN_LEVEL",
     "PREDICTIVE",
     "DriftPoint",
+    "Estimate",
     "MeanSE",
     "PairSummary",
     "Paired",
+    "PairedEstimate",
     "Pooled",
     "StudySummary",
     "drift_point",
@@ -57,6 +66,7 @@ __all__ = [
     "paper_text",
     "seed_columns",
     "seed_summary",
+    "share_outside",
     "sign_accuracy",
     "study_summary",
     "tail_flips",
@@ -97,6 +107,11 @@ PAPER_RESPONSE_LENGTHS: tuple[int, int] = (1024, 8192)
 
 PAIRED = "paired seeds"
 SEEDS = "seeds"
+
+#: the ground truth of the study's headline judgement (docs/math.md §5.1): the own-update first-order change of D
+OWN_UPDATE = "ddot_net"
+#: the token set of the paired statistics a drift point carries: the aggregated-tail criterion's disagreement set
+DISAGREE_SET = "disagree"
 
 
 def paper_text(key: str) -> str:
@@ -370,6 +385,94 @@ def study_summary(seed_rows: SeedRows) -> StudySummary:
     )
 
 
+def share_outside(seed_rows: SeedRows) -> Pooled:
+    """Outside tokens / response tokens, pooled over the seeds that have both counts."""
+    cols = seed_columns(seed_rows)
+    outside, tokens = _column(cols, "n_outside"), _column(cols, "n_tokens")
+    ok = np.isfinite(outside) & np.isfinite(tokens)
+    return Pooled(int(outside[ok].sum()), int(tokens[ok].sum()))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A pooled rate with its seed-cluster bootstrap interval (``lo``/``hi`` None without one), as a row of
+    ``token_level_criteria`` holds it."""
+
+    value: float | None
+    lo: float | None
+    hi: float | None
+
+    def pct(self) -> str:
+        """ "82.3% [75.1, 88.0]"; "82.3%" without an interval; "—" without a value."""
+        if self.value is None:
+            return "—"
+        if self.lo is None or self.hi is None:
+            return f"{100 * self.value:.1f}%"
+        return f"{100 * self.value:.1f}% [{100 * self.lo:.1f}, {100 * self.hi:.1f}]"
+
+
+@dataclass(frozen=True)
+class PairedEstimate:
+    """A per-seed difference of two rates (a − b) over the seeds where both are defined: its mean with the
+    Student-t interval, the seeds where a is lower / tied / higher, and the sign-test and Wilcoxon p-values."""
+
+    mean: float | None
+    lo: float | None
+    hi: float | None
+    n_seeds: int
+    n_lower: int
+    n_tied: int
+    n_higher: int
+    sign_p: float | None
+    wilcoxon_p: float | None
+
+    def pp(self) -> str:
+        """ "+12.3 pp [+4.1, +20.5]" (percentage points); no interval: "+12.3 pp"; no seed: "—"."""
+        if self.mean is None:
+            return "—"
+        if self.lo is None or self.hi is None:
+            return f"{100 * self.mean:+.1f} pp"
+        return f"{100 * self.mean:+.1f} pp [{100 * self.lo:+.1f}, {100 * self.hi:+.1f}]"
+
+
+def _criteria_row(criteria: pl.DataFrame | None, criterion: str) -> dict[str, Any] | None:
+    """The row of a ``criteria_table`` frame for ``criterion`` against ``OWN_UPDATE`` on ``DISAGREE_SET``."""
+    if criteria is None or criteria.height == 0:
+        return None
+    rows = criteria.filter(
+        (pl.col("token_set") == DISAGREE_SET)
+        & (pl.col("truth") == OWN_UPDATE)
+        & (pl.col("criterion") == criterion)
+    )
+    if rows.height > 1:
+        raise ValueError(
+            f"criteria rows hold {rows.height} rows for {DISAGREE_SET}/{OWN_UPDATE}/{criterion}, expected one"
+        )
+    return rows.row(0, named=True) if rows.height else None
+
+
+def _estimate(row: Mapping[str, Any] | None, prefix: str) -> Estimate | None:
+    if row is None:
+        return None
+    return Estimate(row[prefix], row[f"{prefix}_lo"], row[f"{prefix}_hi"])
+
+
+def _paired_estimate(row: Mapping[str, Any] | None, prefix: str) -> PairedEstimate | None:
+    if row is None or row[f"{prefix}_seeds"] is None:
+        return None
+    return PairedEstimate(
+        mean=row[f"{prefix}_mean"],
+        lo=row[f"{prefix}_lo"],
+        hi=row[f"{prefix}_hi"],
+        n_seeds=int(row[f"{prefix}_seeds"]),
+        n_lower=int(row[f"{prefix}_lower"]),
+        n_tied=int(row[f"{prefix}_tied"]),
+        n_higher=int(row[f"{prefix}_higher"]),
+        sign_p=row[f"{prefix}_sign_p"],
+        wilcoxon_p=row[f"{prefix}_wilcoxon_p"],
+    )
+
+
 @dataclass(frozen=True)
 class DriftPoint:
     """One study as a point of the drift grid: where it sits (share outside) and the paper's statistics there.
@@ -379,6 +482,11 @@ class DriftPoint:
     paired seeds and the corrective fractions pooled, as in ``study_summary``; ``min_disagree``: the smallest
     per-seed disagreement set (None without seeds); ``outside_per_seed`` and ``disagree_per_seed``: the means over
     seeds of the outside and the disagreement tokens.
+
+    Beyond the paper, against the own-update ground truth (``OWN_UPDATE``) on the disagreement set, when the
+    study's tokens carry it (None otherwise): ``judged_disagree``, the disagreement tokens judged, pooled over
+    seeds; ``balanced_predictive`` and ``balanced_ratio``, each criterion's pooled balanced accuracy;
+    ``balanced_difference``, the per-seed paired difference predictive − ratio of the balanced accuracy.
     """
 
     n_seeds: int
@@ -393,14 +501,26 @@ class DriftPoint:
     unsafe_keep_ratio: MeanSE
     corrective_predictive: Pooled
     corrective_ratio: Pooled
+    judged_disagree: int | None = None
+    balanced_predictive: Estimate | None = None
+    balanced_ratio: Estimate | None = None
+    balanced_difference: PairedEstimate | None = None
+
+    @property
+    def judged_disagree_per_seed(self) -> float | None:
+        """The judged disagreement tokens per seed (their pooled count / seeds)."""
+        if self.judged_disagree is None or self.n_seeds == 0:
+            return None
+        return self.judged_disagree / self.n_seeds
 
 
-def drift_point(seed_rows: SeedRows) -> DriftPoint:
-    """The drift-grid point of one study from its per-seed rows (the headline, aggregated-tail comparison)."""
+def drift_point(seed_rows: SeedRows, criteria: pl.DataFrame | None = None) -> DriftPoint:
+    """The drift-grid point of one study from its per-seed rows (the headline, aggregated-tail comparison) and,
+    when given, the ``criteria_table`` rows judged on the same seeds' tokens (``token_level_criteria``'s columns)."""
     cols = seed_columns(seed_rows)
     summary = study_summary(cols)
-    outside, tokens, disagree = (_column(cols, c) for c in ("n_outside", "n_tokens", "n_disagree"))
-    ok = np.isfinite(outside) & np.isfinite(tokens)
+    disagree = _column(cols, "n_disagree")
+    pred, ratio = _criteria_row(criteria, "predictive"), _criteria_row(criteria, "ratio")
     head = summary.headline
     if head is None:
         empty = mean_se([], PAIRED)
@@ -411,7 +531,7 @@ def drift_point(seed_rows: SeedRows) -> DriftPoint:
     finite = disagree[np.isfinite(disagree)]
     return DriftPoint(
         n_seeds=summary.n_seeds,
-        share_outside=Pooled(int(outside[ok].sum()), int(tokens[ok].sum())),
+        share_outside=share_outside(cols),
         disagreement=_pooled(cols, "n_disagree", "n_outside"),
         outside_per_seed=summary.outside,
         disagree_per_seed=mean_se(disagree),
@@ -422,6 +542,10 @@ def drift_point(seed_rows: SeedRows) -> DriftPoint:
         unsafe_keep_ratio=unsafe_r,
         corrective_predictive=corr_p,
         corrective_ratio=corr_r,
+        judged_disagree=None if ratio is None else int(ratio["n_tokens"]),
+        balanced_predictive=_estimate(pred, "balanced_accuracy"),
+        balanced_ratio=_estimate(ratio, "balanced_accuracy"),
+        balanced_difference=_paired_estimate(pred, "vs_ratio_balanced"),
     )
 
 
