@@ -1,9 +1,12 @@
-"""The token-level study's tables: this run beside the paper's numbers (docs/math.md §5), and the checks beyond it.
+"""The token-level study's tables: both criteria judged on the same tokens (docs/math.md §5.1), this run beside the
+paper's numbers under the paper's definitions (docs/math.md §5), and the checks beyond it.
 
-Reads one study's seeds from the results database (read-only) and renders rich tables; every number comes from
-``analysis.token_level.summary.stats`` (the same functions the figures and tables of ``reports`` call). The
-paper's column is labelled as the paper's (Qwen3 scale, real bf16/FP8 mismatch); this run's as what it is
-(model, emulated precision).
+Reads one study's seeds from the results database (read-only) and renders rich tables, readable at 120 columns.
+Every number comes from ``analysis.token_level.summary.stats`` and, for the judgement against the per-token ground
+truths, ``analysis.token_level.summary.study_tables`` (the functions whose tables ingest stores and ``reports``
+reads). The report opens with the judgement; each of its tables names the share of response tokens outside the
+trust region it was measured at. The paper's column is labelled as the paper's (Qwen3 scale, real bf16/FP8
+mismatch); this run's as what it is (model, emulated precision).
 """
 
 from __future__ import annotations
@@ -15,24 +18,69 @@ from typing import Any
 
 import duckdb
 import polars as pl
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
+from analysis.paired import WILSON_NOTE, ClusterInterval, PairedComparison
+from analysis.token_level.summary.criteria import RATIO, Judgement
 from analysis.token_level.summary.stats import (
+    DISAGREE_SET,
+    OWN_UPDATE,
     PAPER_LABEL,
     PREDICTIVE,
+    Estimate,
     MeanSE,
+    PairedEstimate,
     PairSummary,
     first_order,
     mean_se,
+    paper_share_outside,
     paper_text,
+    share_outside,
     sign_accuracy,
     study_summary,
     tail_flips,
 )
+from analysis.token_level.summary.study_tables import StudyJudgement, judge_study
 
-__all__ = ["StudyData", "beyond_table", "load_study", "paper_table", "print_report", "seed_line"]
+__all__ = [
+    "CRITERION_LABELS",
+    "StudyData",
+    "beyond_table",
+    "criteria_section",
+    "load_study",
+    "measured_at",
+    "paper_table",
+    "print_report",
+    "seed_line",
+]
+
+#: how the tables name the criteria
+CRITERION_LABELS: dict[str, str] = {
+    "ratio": "ratio A(r−1)",
+    "predictive": "predictive, aggregated tail",
+    "predictive_uniform": "predictive, uniform tail",
+    "predictive_exact": "predictive, exact tail",
+}
+#: how the tables name the ground truths (docs/math.md §5.1), the own update's first
+TRUTH_LABELS: dict[str, str] = {
+    "ddot_net": "own update (SGD)",
+    "ddot_net_adam": "own update (Adam)",
+    "dd_cf": "counterfactual",
+    "dd_all": "realised ΔD, all kept",
+}
+OUTSIDE_SET = "outside"
+#: the token sets the judgement prints, with the criteria compared on each
+SET_CRITERIA: dict[str, tuple[str, ...]] = {
+    DISAGREE_SET: (RATIO, "predictive"),
+    OUTSIDE_SET: (RATIO, *PREDICTIVE),
+}
+SET_LABELS: dict[str, str] = {
+    DISAGREE_SET: "disagreement set (aggregated tail)",
+    OUTSIDE_SET: "all outside tokens (A ≠ 0)",
+}
 
 
 @dataclass(frozen=True)
@@ -74,11 +122,220 @@ def _run_label(config: Mapping[str, Any]) -> str:
     return str(config.get("label", "this run"))
 
 
+def measured_at(data: StudyData) -> str:
+    """Where the study's numbers were measured: its share of response tokens outside the trust region (pooled over
+    seeds) beside the paper's band."""
+    share = share_outside(data.seeds).fraction
+    lo, hi = paper_share_outside()
+    here = "—" if share is None else f"{100 * share:.3g}%"
+    return f"at {here} of response tokens outside the trust region (paper: {100 * lo:.2g}–{100 * hi:.2g}%, assumed)"
+
+
+def _ci(ci: ClusterInterval) -> str:
+    """ "82.3% [75.1, 88.0]" (seed-cluster bootstrap); without an interval, the estimate and why."""
+    text = Estimate(ci.estimate, ci.lo, ci.hi).pct()
+    return text if ci.has_interval or ci.estimate is None else f"{text} ({ci.note})"
+
+
+def _paired(cmp: PairedComparison) -> PairedEstimate:
+    iv = cmp.interval
+    return PairedEstimate(
+        iv.mean, iv.lo, iv.hi, cmp.n, cmp.n_lower, cmp.n_tied, cmp.n_higher, cmp.sign_p, cmp.wilcoxon_p
+    )
+
+
+def _p(p: float | None) -> str:
+    return "—" if p is None else f"{p:.3g}"
+
+
+def _set_lines(name: str, j: Judgement) -> str:
+    """The set's name and what was judged: tokens, distinct (context, token) pairs, seeds, the share that rises."""
+    lines = [SET_LABELS[name], f"{j.n_tokens:,} tokens, {j.seeds.size} seeds"]
+    if j.n_contexts is not None:
+        lines.append(f"{j.n_contexts:,} distinct (context, token)")
+    if j.n_missing:
+        lines.append(f"{j.n_missing:,} without a truth, left out")
+    rise = j.share_positive.estimate
+    if rise is not None:
+        lines.append(f"{100 * rise:.1f}% rise ({j.truth} > 0)")
+    return "\n".join(lines)
+
+
+def _judged_table(judged: StudyJudgement, where: str) -> Table:
+    t = Table(
+        title=escape(
+            f"Both criteria on the same tokens, judged against each token's own update ({OWN_UPDATE}), {where}"
+        ),
+        title_justify="left",
+        caption=escape(
+            f"A decision is right when the criterion drops exactly the tokens whose own update raises their D "
+            f"({OWN_UPDATE} > 0: first order, through the network, SGD direction). Balanced accuracy: the mean of the "
+            "share of rising tokens dropped and of falling tokens kept. Intervals: 95% seed-cluster bootstrap "
+            "(seeds resampled). Constant: one decision for every token, the set's majority (its balanced accuracy "
+            "is 50%)."
+        ),
+        caption_justify="left",
+    )
+    t.add_column("token set")
+    t.add_column("criterion")
+    t.add_column("balanced acc. [95% CI]", justify="right")
+    t.add_column("accuracy [95% CI]", justify="right")
+    for name, crits in SET_CRITERIA.items():
+        js = judged.of(name, OWN_UPDATE)
+        if RATIO not in js:
+            continue
+        ratio = js[RATIO]
+        rows = [
+            (CRITERION_LABELS[c], _ci(js[c].balanced_accuracy), _ci(js[c].accuracy)) for c in crits if c in js
+        ]
+        const = "drop all (rises)" if ratio.constant_class == "rises" else "keep all (falls)"
+        bal = ratio.constant_balanced_accuracy
+        rows.append(
+            (f"constant: {const}", "—" if bal is None else f"{100 * bal:.1f}%", _ci(ratio.constant_accuracy))
+        )
+        head = _set_lines(name, ratio).split("\n")
+        head += [""] * (len(rows) - len(head))
+        for i, row in enumerate(rows):
+            rest = head[i:] if i == len(rows) - 1 else head[i : i + 1]
+            t.add_row("\n".join(x for x in rest if x), *row, end_section=i == len(rows) - 1)
+    return t
+
+
+def _paired_table(judged: StudyJudgement, where: str) -> Table:
+    t = Table(
+        title=escape(
+            f"Paired over seeds: predictive − ratio, against the own update ({OWN_UPDATE}), {where}"
+        ),
+        title_justify="left",
+        caption_justify="left",
+    )
+    t.add_column("token set / criterion")
+    t.add_column("rate")
+    t.add_column("mean Δ [95% t]", justify="right")
+    t.add_column("lower/tied/higher", justify="right")
+    t.add_column("sign p", justify="right")
+    t.add_column("Wilcoxon p", justify="right")
+    notes: list[str] = []
+    for name, crits in SET_CRITERIA.items():
+        js = judged.of(name, OWN_UPDATE)
+        for crit in (c for c in crits if c != RATIO and c in js):
+            j = js[crit]
+            label = f"{SET_LABELS[name].split(' (')[0]}:\n{CRITERION_LABELS[crit]}"
+            for rate, cmp in (("balanced", j.vs_ratio_balanced), ("accuracy", j.vs_ratio_accuracy)):
+                if cmp is None:
+                    continue
+                d = _paired(cmp)
+                t.add_row(
+                    label,
+                    rate,
+                    d.pp(),
+                    f"{d.n_lower}/{d.n_tied}/{d.n_higher} of {d.n_seeds}",
+                    _p(d.sign_p),
+                    _p(d.wilcoxon_p),
+                )
+                label = ""
+                if cmp.note and cmp.note not in notes:
+                    notes.append(cmp.note)
+            t.add_section()
+    t.caption = escape(
+        "Δ: per seed, the criterion's rate minus the ratio criterion's (percentage points), on the seeds where both "
+        "are defined; mean with its Student-t interval. lower/tied/higher: seeds where the predictive rate is below / "
+        "equal to / above the ratio's. Two-sided sign test on the untied seeds; two-sided Wilcoxon signed-rank test "
+        "(tied seeds dropped)." + "".join(f"\n{n}" for n in notes)
+    )
+    return t
+
+
+def _truths_table(judged: StudyJudgement, where: str) -> Table | None:
+    truths = [tr for tr in TRUTH_LABELS if judged.of(OUTSIDE_SET, tr)]
+    if len(truths) < 2:
+        return None
+    t = Table(
+        title=escape(f"The same tokens against each ground truth: balanced accuracy [95% CI], {where}"),
+        title_justify="left",
+        caption=escape(
+            "own update: the first-order change of the token's D under its own update (SGD, or through Adam's "
+            "preconditioner); counterfactual: D after the step with the token's gradient minus without it; "
+            "realised ΔD: the change after the step that keeps every token (every token's update mixed in)."
+        ),
+        caption_justify="left",
+    )
+    t.add_column("token set / criterion")
+    for tr in truths:
+        t.add_column(f"{TRUTH_LABELS[tr]} ({tr})", justify="right")
+    for name, crits in SET_CRITERIA.items():
+        by_truth = {tr: judged.of(name, tr) for tr in truths}
+        head = [f"{by_truth[tr][RATIO].n_tokens:,} tokens" if RATIO in by_truth[tr] else "—" for tr in truths]
+        t.add_row(Text(SET_LABELS[name], style="bold"), *head)
+        for crit in crits:
+            t.add_row(
+                f"  {CRITERION_LABELS[crit]}",
+                *[
+                    _ci(by_truth[tr][crit].balanced_accuracy) if crit in by_truth[tr] else "—"
+                    for tr in truths
+                ],
+            )
+        t.add_section()
+    return t
+
+
+def _agreement_table(judged: StudyJudgement, where: str) -> Table | None:
+    rows = judged.tables["token_level_sign_agreement"]
+    if rows.height == 0:
+        return None
+    t = Table(
+        title=escape(
+            f"Sign of the own update vs the logit-space prediction A·Ḋ (the paper's §3.4 caveat), {where}"
+        ),
+        title_justify="left",
+        caption=escape(
+            "Share of the outside tokens (A ≠ 0) where the network-aware truth and A·Ḋ have the same sign; 95% "
+            f"seed-cluster bootstrap interval; beside it the {WILSON_NOTE}."
+        ),
+        caption_justify="left",
+    )
+    t.add_column("truth")
+    t.add_column("A·Ḋ of")
+    t.add_column("tokens", justify="right")
+    t.add_column("same sign [95% CI]", justify="right")
+    t.add_column("Wilson, assumes independent tokens", justify="right")
+    tails = {ddot: crit for crit, (ddot, _s) in PREDICTIVE.items()}
+    for r in rows.iter_rows(named=True):
+        lo, hi = r["agreement_wilson_indep_lo"], r["agreement_wilson_indep_hi"]
+        t.add_row(
+            f"{TRUTH_LABELS[r['truth']]} ({r['truth']})",
+            CRITERION_LABELS[tails[r["ddot"]]].replace("predictive, ", ""),
+            f"{r['n_tokens']:,}",
+            Estimate(r["agreement"], r["agreement_lo"], r["agreement_hi"]).pct(),
+            "—" if lo is None or hi is None else f"[{100 * lo:.1f}, {100 * hi:.1f}]",
+        )
+    return t
+
+
+def criteria_section(data: StudyData, judged: StudyJudgement | None = None) -> list[RenderableType]:
+    """The report's first section: both criteria judged on the same tokens against the own-update ground truth,
+    paired over seeds, beside the other ground truths and the sign agreement; one line saying why when the
+    study's tokens carry no own-update truth."""
+    judged = judge_study(data.tokens) if judged is None else judged
+    where = measured_at(data)
+    if judged.reason is not None:
+        return [
+            Text(
+                f"Both criteria on the same tokens: not measured for study {data.study_id}: {judged.reason}."
+            )
+        ]
+    parts: list[RenderableType] = [_judged_table(judged, where), _paired_table(judged, where)]
+    parts += [x for x in (_truths_table(judged, where), _agreement_table(judged, where)) if x is not None]
+    return parts
+
+
 def paper_table(data: StudyData) -> Table:
     """docs/math.md §5: outside / disagreement sizes, unsafe-keep rates, seeds where predictive is lower, corrective."""
     summary = study_summary(data.seeds)
     t = Table(
-        title=f"Token-level study {data.study_id}: the paper vs this run",
+        title=escape(
+            f"The paper's definitions (§4.2), study {data.study_id}: the paper vs this run, {measured_at(data)}"
+        ),
         title_justify="left",
         caption=escape(
             f"this run: {_run_label(data.config)}; δ={data.config.get('delta')}, "
@@ -104,6 +361,12 @@ def paper_table(data: StudyData) -> Table:
         return [fn(summary.pairs[c]) if c in summary.pairs else "—" for c in PREDICTIVE]
 
     t.add_row("seeds", paper_text("seeds"), *[str(summary.n_seeds)] * 3)
+    share, (lo, hi) = share_outside(data.seeds), paper_share_outside()
+    t.add_row(
+        "share of response tokens outside",
+        f"{100 * lo:.2g}–{100 * hi:.2g}% (assumed)",
+        *[share.pct()] * 3,
+    )
     t.add_row(
         "tokens outside the trust region / seed",
         paper_text("outside_per_seed"),
@@ -147,7 +410,7 @@ def beyond_table(data: StudyData) -> Table | None:
         return None
     has_ref = "dd_all" in tok.columns and tok.get_column("dd_all").null_count() < tok.height
     t = Table(
-        title="Beyond the paper (same data, all outside tokens)",
+        title=escape(f"Beyond the paper (same data, all outside tokens), {measured_at(data)}"),
         title_justify="left",
         caption=escape(
             "sign accuracy: P[A·x > 0 ⇔ ΔD_all > 0] per seed, over outside tokens with A≠0, where ΔD_all is "
@@ -165,12 +428,7 @@ def beyond_table(data: StudyData) -> Table | None:
     acc = sign_accuracy(tok) if has_ref else {}
     fo = first_order(tok, float(data.config["ratio_cap"])) if has_ref else {}
     flips = tail_flips(tok)
-    names = {
-        "ratio": "ratio A(r−1)",
-        "predictive": "predictive, aggregated tail",
-        "predictive_uniform": "predictive, uniform tail",
-        "predictive_exact": "predictive, exact tail",
-    }
+    names = CRITERION_LABELS
     flip_key = {"predictive": "aggregated", "predictive_uniform": "uniform"}
     for crit, label in names.items():
         f = flips.get(flip_key.get(crit, ""), None)
@@ -206,6 +464,9 @@ def _mean(m: MeanSE) -> str:
 
 
 def print_report(data: StudyData, console: Console) -> None:
+    """The judgement on the same tokens first, then the paper's definitions, the checks beyond and the seed line."""
+    for part in criteria_section(data):
+        console.print(part)
     console.print(paper_table(data))
     extra = beyond_table(data)
     if extra is not None:
