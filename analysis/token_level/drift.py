@@ -9,21 +9,26 @@ pending seeds of all cells share one pool of workers; a rerun skips the seeds al
 disk, cell by cell.
 
 At the end: one row per cell (where it sits: the measured share of response tokens outside the trust region;
-the paper's statistics there, from ``analysis.token_level.summary.stats.drift_point``), the cell the grid's
-``rule`` chooses as the study's default (``choose_default``), and a benchmark line (elapsed, per cell).
+both criteria judged against the own-update ground truth on the disagreement set, paired over seeds
+(docs/math.md §5.1); the paper's statistics there; all from ``analysis.token_level.summary.stats.drift_point``), the
+cell the grid's ``rule`` chooses as the study's default (``choose_default``), and a benchmark line (elapsed, per
+cell).
+
+The rule is about the paired statistics only, which pool a cell's disagreement tokens over its seeds: a cell is
+``measurable`` when its mean disagreement tokens per seed, times the study's default seed count
+(``rule.pooled_over_seeds``), reach ``rule.min_pooled_disagree``; no seed needs a minimum of its own.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -33,11 +38,15 @@ from analysis.token_level.compute.config import StudyInputError, compose_study, 
 from analysis.token_level.summary.stats import DriftPoint
 from predmask.config import ConfigError, compose, stable_id, to_container
 
+if TYPE_CHECKING:
+    import polars as pl
+
 __all__ = [
     "Cell",
     "DriftGridConfig",
     "RuleSettings",
     "build_parser",
+    "cell_criteria",
     "cell_row",
     "choose_default",
     "compose_grid",
@@ -45,6 +54,7 @@ __all__ = [
     "grid_id_of",
     "main",
     "measurable",
+    "pooled_disagree",
 ]
 
 PRIMARY = "drift"
@@ -60,8 +70,8 @@ class RuleSettings:
     """The ``rule:`` block: how the study's default is chosen from the grid (``choose_default``)."""
 
     precision: str
-    min_disagree: int
-    min_paired_share: float
+    pooled_over_seeds: int
+    min_pooled_disagree: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,10 +133,10 @@ def compose_grid(overrides: Sequence[str] = ()) -> dict[str, Any]:
         if key in grid["fixed"]:
             raise StudyInputError(f"{key} is both a grid axis and a fixed override; keep one")
     rule = grid["rule"]
-    if rule["min_disagree"] < 0 or not 0.0 <= rule["min_paired_share"] <= 1.0:
+    if rule["pooled_over_seeds"] < 1 or rule["min_pooled_disagree"] < 0:
         raise StudyInputError(
-            f"rule needs min_disagree >= 0 and min_paired_share in [0, 1], got {rule['min_disagree']} and "
-            f"{rule['min_paired_share']}"
+            f"rule needs pooled_over_seeds >= 1 and min_pooled_disagree >= 0, got {rule['pooled_over_seeds']} and "
+            f"{rule['min_pooled_disagree']}"
         )
     return grid
 
@@ -200,27 +210,39 @@ def grid_rows(cells: Sequence[Cell], grid_name: str) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------- choosing a default
 
 
+def cell_criteria(tokens: pl.DataFrame) -> pl.DataFrame | None:
+    """The criteria of a cell judged against the own-update ground truth on the disagreement set of its tokens
+    (``criteria_table`` rows, what ``drift_point`` reads); None when the tokens carry no own-update truth."""
+    from analysis.token_level.summary.criteria import criteria_table, judge
+    from analysis.token_level.summary.stats import DISAGREE_SET, OWN_UPDATE
+    from analysis.token_level.summary.study_tables import carried
+
+    if not carried(tokens, OWN_UPDATE):
+        return None
+    return criteria_table(judge(tokens, DISAGREE_SET, OWN_UPDATE).values())
+
+
 def cell_row(cell: Mapping[str, Any], point: DriftPoint) -> dict[str, Any]:
     """What the rule reads of a cell: its parameters (``precision``, ``cell``, ...) and its drift point."""
     return {
         **cell,
         "n_seeds": point.n_seeds,
         "share_outside": point.share_outside.fraction,
-        "min_disagree": point.min_disagree,
-        "n_paired": point.n_paired,
+        "disagree_per_seed": point.disagree_per_seed.mean,
     }
 
 
+def pooled_disagree(row: Mapping[str, Any], rule: Mapping[str, Any]) -> float | None:
+    """The cell's disagreement tokens pooled over the rule's seed count: mean per seed x ``pooled_over_seeds``."""
+    per_seed = row["disagree_per_seed"]
+    return None if per_seed is None or row["n_seeds"] == 0 else per_seed * rule["pooled_over_seeds"]
+
+
 def measurable(row: Mapping[str, Any], rule: Mapping[str, Any]) -> bool:
-    """The rule's test of one cell: it has seeds, every seed has >= ``min_disagree`` disagreement tokens, and
-    both criteria kept a disagreement token on >= ``min_paired_share`` of its seeds (paired seeds)."""
-    n = row["n_seeds"]
-    return bool(
-        n > 0
-        and row["min_disagree"] is not None
-        and row["min_disagree"] >= rule["min_disagree"]
-        and row["n_paired"] >= math.ceil(rule["min_paired_share"] * n - 1e-9)
-    )
+    """The rule's test of one cell: the paired statistics, pooled over seeds, have enough tokens. The cell has
+    seeds, and its mean disagreement tokens per seed x ``pooled_over_seeds`` >= ``min_pooled_disagree``."""
+    pooled = pooled_disagree(row, rule)
+    return pooled is not None and pooled >= rule["min_pooled_disagree"]
 
 
 def choose_default(rows: Sequence[Mapping[str, Any]], rule: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -460,34 +482,45 @@ def _print_grid(
 
     con = connect(db, read_only=True)
     try:
-        frames = {c.index: load_study(con, c.study_id, seeds).seeds for c in cells}
+        studies = {c.index: load_study(con, c.study_id, seeds) for c in cells}
     finally:
         con.close()
+    frames = {i: study.seeds for i, study in studies.items()}
     rule = grid["rule"]
     rows, points = [], {}
     for c in cells:
-        points[c.index] = drift_point(frames[c.index])
+        points[c.index] = drift_point(frames[c.index], cell_criteria(studies[c.index].tokens))
         rows.append(cell_row({"cell": c.index, "precision": c.precision, **c.params}, points[c.index]))
     chosen = choose_default(rows, rule)
     axes = [k for k in grid["axes"] if k != "precision"]
+    at = rule["pooled_over_seeds"]
     t = Table(
         title=escape(
-            f"drift grid {grid['name']} {grid_id} ({' '.join(_flatten('', grid['fixed']))}): the paper's statistics per cell"
+            f"drift grid {grid['name']} {grid_id} ({' '.join(_flatten('', grid['fixed']))}): both criteria against "
+            "the own update, and the paper's statistics, per cell"
         ),
         title_justify="left",
         caption=escape(
             "share outside: outside tokens / response tokens, pooled over seeds; disagree: aggregated-tail "
-            "predictive vs ratio; unsafe-keep: mean over paired seeds (both criteria kept a disagreement token); "
+            f"predictive vs ratio; x{at}: disagreement tokens per seed x {at} seeds (pooled at the study's default "
+            "seed count).\n"
+            "own update (docs/math.md §5.1), on the disagreement tokens with a truth: balanced accuracy of each "
+            "criterion against ddot_net > 0, pooled, 95% seed-cluster bootstrap interval; Δ: predictive − ratio per "
+            "seed (percentage points), mean with its 95% t interval, and the seeds where predictive is lower / tied "
+            "/ higher; — where the study's tokens carry no own-update truth.\n"
+            "paper's statistics: unsafe-keep: mean over paired seeds (both criteria kept a disagreement token); "
             "corrective: pooled. Paper (Qwen3, 61 seeds): share outside not reported (0.017%-0.14% for a mean "
             "response length of 8,192-1,024 tokens, assumed), disagreement ≈ 82 of 1,435 outside (5.7%), "
             "unsafe-keep 34.2% vs 36.9%, corrective 65.1% vs 62.9%.\n"
-            f"measurable (rule): every seed >= {rule['min_disagree']} disagreement tokens and paired seeds >= "
-            f"{rule['min_paired_share']:.0%} of the seeds; default = the measurable {rule['precision']} cell with "
-            "the lowest share outside."
+            f"measurable (rule): mean disagreement tokens per seed x {at} >= {rule['min_pooled_disagree']:,} (the "
+            "paired statistics pool over seeds: no seed needs a minimum); default = the measurable "
+            f"{rule['precision']} cell with the lowest share outside."
         ),
         caption_justify="left",
     )
     for col in ("cell", "precision", *axes, "seeds", "share outside", "outside/seed", "disagree/seed (min)"):
+        t.add_column(col, justify="right")
+    for col in (f"x{at}", "bal. acc. pred", "bal. acc. ratio", "Δ bal. acc. [95% t]", "lower/tied/higher"):
         t.add_column(col, justify="right")
     for col in (
         "disagree share",
@@ -509,6 +542,7 @@ def _print_grid(
     for c, row in zip(cells, rows):
         p = points[c.index]
         outside, disagree = p.outside_per_seed.mean, p.disagree_per_seed.mean
+        pooled, diff = pooled_disagree(row, rule), p.balanced_difference
         mark = (
             "default"
             if chosen is not None and chosen["cell"] == c.index
@@ -522,6 +556,11 @@ def _print_grid(
             _pct(p.share_outside.fraction, 3),
             "—" if outside is None else f"{outside:,.1f}",
             "—" if disagree is None else f"{disagree:.1f} ({p.min_disagree})",
+            "—" if pooled is None else f"{pooled:,.0f}",
+            "—" if p.balanced_predictive is None else p.balanced_predictive.pct(),
+            "—" if p.balanced_ratio is None else p.balanced_ratio.pct(),
+            "—" if diff is None else diff.pp(),
+            "—" if diff is None else f"{diff.n_lower}/{diff.n_tied}/{diff.n_higher}",
             _pct(p.disagreement.fraction, 1),
             f"{p.n_paired}/{p.n_seeds}",
             f"{p.n_lower}/{p.n_paired}",
@@ -542,8 +581,8 @@ def _print_grid(
         console.print(
             escape(
                 f"default by the rule: cell {c.index} ({c.describe()}; {' '.join(_flatten('', grid['fixed']))}): share outside "
-                f"{_pct(chosen['share_outside'], 3)}, min disagreement {chosen['min_disagree']} per seed, "
-                f"{chosen['n_paired']} of {chosen['n_seeds']} seeds paired"
+                f"{_pct(chosen['share_outside'], 3)}, {chosen['disagree_per_seed']:.1f} disagreement tokens per seed "
+                f"({pooled_disagree(chosen, rule):,.0f} pooled over {at} seeds) in {chosen['n_seeds']} seeds"
             )
         )
     cpu_total = sum(cpu.values())

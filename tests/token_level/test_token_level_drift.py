@@ -74,6 +74,10 @@ def test_the_grid_expands_to_every_combination_with_distinct_study_ids() -> None
             "cell 0 (precision=bf16, lr=0.0001, staleness=1): sequences must be a positive",
         ),
         (["axes.precision=[fp4]"], "unknown precision 'fp4'"),
+        (
+            ["rule.pooled_over_seeds=0"],
+            "rule needs pooled_over_seeds >= 1 and min_pooled_disagree >= 0, got 0",
+        ),
     ],
 )
 def test_bad_grid_input_is_one_line_and_writes_nothing(
@@ -165,39 +169,49 @@ def test_a_tiny_grid_runs_into_duckdb_links_cells_to_studies_and_resumes(
 
 # ------------------------------------------------------------------------------------ the default rule
 
-RULE = {"precision": "bf16", "min_disagree": 10, "min_paired_share": 0.9}
+RULE = {"precision": "bf16", "pooled_over_seeds": 61, "min_pooled_disagree": 1000}
 
 
-def _row(
-    cell: int, share: float, min_disagree: int | None, paired: int, seeds: int = 10, prec: str = "bf16"
-) -> dict:
+def _row(cell: int, share: float, per_seed: float | None, seeds: int = 4, prec: str = "bf16") -> dict:
     return {
         "cell": cell,
         "precision": prec,
         "share_outside": share,
-        "min_disagree": min_disagree,
-        "n_paired": paired,
+        "disagree_per_seed": per_seed,
         "n_seeds": seeds,
     }
 
 
-def test_the_rule_prefers_the_lowest_drift_that_is_still_measurable() -> None:
+def test_the_rule_prefers_the_lowest_drift_whose_pooled_disagreement_set_is_measurable() -> None:
+    """Measurable: mean disagreement tokens per seed x 61 >= 1,000 (16.39 per seed); no seed needs a minimum."""
     rows = [
-        _row(0, 0.001, 2, 3),  # lowest drift, too few disagreement tokens
-        _row(1, 0.004, 12, 8),  # enough tokens, but only 8 of 10 seeds paired (< 90%)
-        _row(2, 0.020, 10, 9),  # measurable: min 10, 9 of 10 paired
-        _row(3, 0.010, 15, 10, prec="fp8_e2e"),  # measurable, lower drift, but not the rule's precision
-        _row(4, 0.150, 40, 10),  # measurable, higher drift
-        _row(5, 0.0001, None, 0, seeds=0),  # no seeds
+        _row(0, 0.001, 16.0),  # lowest drift, 976 pooled at 61 seeds: below 1,000
+        _row(1, 0.004, 16.5),  # 1,006.5 pooled: measurable
+        _row(2, 0.020, 40.0),  # measurable, more drift
+        _row(3, 0.002, 30.0, prec="fp8_e2e"),  # measurable, lower drift, but not the rule's precision
+        _row(4, 0.0001, None, seeds=0),  # no seeds
     ]
-    assert [drift.measurable(r, RULE) for r in rows] == [False, False, True, True, True, False]
-    assert drift.choose_default(rows, RULE)["cell"] == 2
+    assert [drift.measurable(r, RULE) for r in rows] == [False, True, True, True, False]
+    assert [drift.pooled_disagree(r, RULE) for r in rows[:2]] == [976.0, pytest.approx(1006.5)]
+    assert drift.choose_default(rows, RULE)["cell"] == 1
     assert drift.choose_default(rows, {**RULE, "precision": "fp8_e2e"})["cell"] == 3
-    assert drift.choose_default(rows, {**RULE, "min_disagree": 50}) is None
-    assert drift.choose_default(rows, {**RULE, "min_paired_share": 0.8})["cell"] == 1
-    assert (
-        drift.choose_default([_row(7, 0.02, 10, 9), _row(6, 0.02, 11, 10)], RULE)["cell"] == 6
-    )  # tie: earlier
+    assert drift.choose_default(rows, {**RULE, "min_pooled_disagree": 2441}) is None  # 40 x 61 = 2,440
+    assert drift.choose_default(rows, {**RULE, "pooled_over_seeds": 63})["cell"] == 0  # 16 x 63 = 1,008
+    tie = [_row(7, 0.02, 20.0), _row(6, 0.02, 30.0)]
+    assert drift.choose_default(tie, RULE)["cell"] == 6  # the same share: the earlier cell
+
+
+def test_a_cell_row_reads_the_mean_disagreement_per_seed_of_its_drift_point() -> None:
+    from analysis.token_level.summary.stats import drift_point
+
+    seeds = pl.DataFrame(
+        {"seed": [0, 1, 2], "n_tokens": [100] * 3, "n_outside": [20, 30, 40], "n_disagree": [3, 0, 12]}
+    )
+    row = drift.cell_row({"cell": 0, "precision": "bf16"}, drift_point(seeds))
+    assert (row["n_seeds"], row["disagree_per_seed"], row["share_outside"]) == (3, 5.0, 90 / 300)
+    # a seed without any disagreement token does not bar the cell: 5 per seed x 61 = 305 pooled
+    assert drift.pooled_disagree(row, RULE) == 305.0
+    assert drift.measurable(row, {**RULE, "min_pooled_disagree": 305})
 
 
 # ------------------------------------------------------------------------------------------------- fig9
