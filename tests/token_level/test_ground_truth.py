@@ -40,8 +40,18 @@ PARAMS = MethodParams.from_mapping({"vocab_size": TINY_VOCAB})
 def _gpt2() -> torch.nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(vocab_size=TINY_VOCAB, n_positions=64, n_embd=32, n_layer=1, n_head=2, bos_token_id=1,
-                     eos_token_id=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg = GPT2Config(
+        vocab_size=TINY_VOCAB,
+        n_positions=64,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        bos_token_id=1,
+        eos_token_id=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     torch.manual_seed(0)
     model = GPT2LMHeadModel(cfg)
     model.transformer.wpe.weight.requires_grad_(False)  # a frozen parameter stays out of every step
@@ -53,8 +63,9 @@ def _qwen3() -> torch.nn.Module:
 
 
 def _optimizer(model: torch.nn.Module) -> torch.optim.AdamW:
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, betas=BETAS, eps=EPS,
-                             weight_decay=WD)
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=LR, betas=BETAS, eps=EPS, weight_decay=WD
+    )
 
 
 @pytest.fixture(scope="module", params=["qwen3", "gpt2"])
@@ -67,14 +78,24 @@ def case(request: pytest.FixtureRequest) -> dict:
     adv_tok = token_advantages(grpo_advantages(batch.rewards, 4), batch.response_mask)
     opt = _optimizer(model)
     for _ in range(2):
-        policy_update(model, opt, batch, support, adv_tok, method="dppo_topk_kl", params=PARAMS, grad_clip=CLIP)
+        policy_update(
+            model, opt, batch, support, adv_tok, method="dppo_topk_kl", params=PARAMS, grad_clip=CLIP
+        )
     model.eval()
     with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
         _float64_reference(mp)  # the loss weights of the explicit steps below, to the last bit
         lp = _logprobs(model, batch, support)
     weights = loss_weights(REFERENCE[0], batch, support, lp, adv_tok, PARAMS, **REFERENCE[1])
-    return {"batch": batch, "model": model, "support": support, "adv": adv_tok, "opt": opt, "weights": weights,
-            "d": topk_divergence(support.mu_logprobs, lp.pi, support.valid), "name": request.param}
+    return {
+        "batch": batch,
+        "model": model,
+        "support": support,
+        "adv": adv_tok,
+        "opt": opt,
+        "weights": weights,
+        "d": topk_divergence(support.mu_logprobs, lp.pi, support.valid),
+        "name": request.param,
+    }
 
 
 def _studied(case: dict, k: int = 6) -> torch.Tensor:
@@ -87,8 +108,17 @@ def _studied(case: dict, k: int = 6) -> torch.Tensor:
 
 
 def _run(case: dict, tokens: torch.Tensor, **kw) -> dict[str, torch.Tensor]:
-    return ground_truths(case["model"], case["batch"], case["support"], case["adv"], case["weights"], tokens,
-                         case["opt"], grad_clip=CLIP, **kw)
+    return ground_truths(
+        case["model"],
+        case["batch"],
+        case["support"],
+        case["adv"],
+        case["weights"],
+        tokens,
+        case["opt"],
+        grad_clip=CLIP,
+        **kw,
+    )
 
 
 def _logits(model: torch.nn.Module, batch) -> torch.Tensor:
@@ -175,7 +205,9 @@ def _explicit_step(case: dict, mode: str, leave_out: tuple[int, int] | None) -> 
     normalisation kept, through clip_grad_norm_ and torch's own optimiser."""
     model = copy.deepcopy(case["model"])
     if mode == "sgd":
-        opt: torch.optim.Optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR)
+        opt: torch.optim.Optimizer = torch.optim.SGD(
+            [p for p in model.parameters() if p.requires_grad], lr=LR
+        )
     else:
         opt = _optimizer(model)
         if mode == "adam_carried":
@@ -184,11 +216,14 @@ def _explicit_step(case: dict, mode: str, leave_out: tuple[int, int] | None) -> 
     mask = batch.response_mask.clone()
     if leave_out is not None:
         mask[leave_out] = False
-    info = {"batch_num_tokens": float(batch.response_mask.sum()),
-            "global_batch_size": float((batch.response_mask.sum(-1) > 0).sum())}
+    info = {
+        "batch_num_tokens": float(batch.response_mask.sum()),
+        "global_batch_size": float((batch.response_mask.sum(-1) > 0).sum()),
+    }
     lp = _logprobs(model, batch, support)
-    loss, _ = rollout_policy_loss(REFERENCE[0], batch, support, lp, case["adv"], mask, PARAMS,
-                                  global_batch_info=info, **REFERENCE[1])
+    loss, _ = rollout_policy_loss(
+        REFERENCE[0], batch, support, lp, case["adv"], mask, PARAMS, global_batch_info=info, **REFERENCE[1]
+    )
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
     opt.step()
@@ -196,7 +231,9 @@ def _explicit_step(case: dict, mode: str, leave_out: tuple[int, int] | None) -> 
 
 
 @pytest.mark.parametrize("mode", CF_MODES)
-def test_counterfactual_is_two_explicit_optimizer_steps(case: dict, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_counterfactual_is_two_explicit_optimizer_steps(
+    case: dict, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tokens = _studied(case, 6)
     got = _run(case, tokens, cf_modes=(mode,))
     _float64_reference(monkeypatch)
@@ -204,7 +241,12 @@ def test_counterfactual_is_two_explicit_optimizer_steps(case: dict, mode: str, m
     checked = 0
     for i, (b, t) in enumerate(tokens.nonzero().tolist()):
         want = float(d_with[b, t] - _d_at(_explicit_step(case, mode, (b, t)), case)[b, t])
-        assert float(got[f"dd_cf_{mode}"][i]) == pytest.approx(want, rel=1e-6, abs=1e-15), (case["name"], mode, b, t)
+        assert float(got[f"dd_cf_{mode}"][i]) == pytest.approx(want, rel=1e-6, abs=1e-15), (
+            case["name"],
+            mode,
+            b,
+            t,
+        )
         checked += want != 0.0
     assert checked >= 4  # the tokens carry a loss weight, so removing one changes the step
 
@@ -212,8 +254,16 @@ def test_counterfactual_is_two_explicit_optimizer_steps(case: dict, mode: str, m
 def test_the_reference_gradient_is_clipped_in_these_cases(case: dict) -> None:
     m = copy.deepcopy(case["model"])
     lp = support_logprobs(m, case["batch"], case["support"])
-    loss, _ = rollout_policy_loss(REFERENCE[0], case["batch"], case["support"], lp, case["adv"],
-                                  case["batch"].response_mask, PARAMS, **REFERENCE[1])
+    loss, _ = rollout_policy_loss(
+        REFERENCE[0],
+        case["batch"],
+        case["support"],
+        lp,
+        case["adv"],
+        case["batch"].response_mask,
+        PARAMS,
+        **REFERENCE[1],
+    )
     loss.backward()
     assert float(torch.nn.utils.clip_grad_norm_(m.parameters(), float("inf"))) > CLIP
 
@@ -235,12 +285,12 @@ def test_chunks_micro_batches_and_a_given_gradient_change_nothing(
             assert torch.allclose(other[k], v, rtol=1e-7, atol=1e-14), (case["name"], kw.keys(), k)
 
 
-def _with_repeats(case: dict) -> dict:
-    """The case's batch with rows 1 and 2 copies of row 0 (same group, prompt, response, rollout and reward): their
+def _with_repeats(case: dict, rows: slice = slice(1, 3)) -> dict:
+    """The case's batch with ``rows`` copies of row 0 (same group, prompt, response, rollout and reward): their
     tokens are the same computation. Advantages and loss weights recomputed; the optimiser state is the case's."""
     batch = copy.deepcopy(case["batch"])
     for f in dataclasses.fields(batch):
-        getattr(batch, f.name)[1:3] = getattr(batch, f.name)[0]
+        getattr(batch, f.name)[rows] = getattr(batch, f.name)[0]
     support = batch.support()
     adv_tok = token_advantages(grpo_advantages(batch.rewards, 4), batch.response_mask)
     with torch.no_grad(), pytest.MonkeyPatch.context() as mp:
@@ -261,7 +311,10 @@ def test_repeated_tokens_computed_once_match_each_token_computed_alone(case: dic
     firsts = [where.index([r, 0]) for r in range(3)]
     assert torch.equal(together["dd_cf_adam_carried"][firsts], together["dd_cf_adam_carried"][firsts[:1] * 3])
     b = rep["batch"]
-    pairs = [tuple(b.prompt_ids[r][b.prompt_mask[r]].tolist() + b.response_ids[r, : t + 1].tolist()) for r, t in where]
+    pairs = [
+        tuple(b.prompt_ids[r][b.prompt_mask[r]].tolist() + b.response_ids[r, : t + 1].tolist())
+        for r, t in where
+    ]
     ids = together["context_id"].tolist()
     assert len(set(ids)) == len(set(pairs)) < len(pairs)
     assert all((ids[i] == ids[j]) == (pairs[i] == pairs[j]) for i in range(len(ids)) for j in range(len(ids)))
@@ -270,8 +323,40 @@ def test_repeated_tokens_computed_once_match_each_token_computed_alone(case: dic
         alone[r, t] = True
         one = _run(rep, alone, cf_modes=CF_MODES, adam_preconditioner=True)
         for k, v in one.items():
-            assert float(together[k][i]) == pytest.approx(float(v[0]), rel=1e-9, abs=1e-15), (case["name"], k, r, t)
+            assert float(together[k][i]) == pytest.approx(float(v[0]), rel=1e-9, abs=1e-15), (
+                case["name"],
+                k,
+                r,
+                t,
+            )
         assert int(one["context_id"][0]) == ids[i]  # from the ids alone, whatever else the batch holds
+
+
+def test_a_token_without_advantage_changes_nothing(case: dict) -> None:
+    """A group whose rows are equal has A = 0 on every token: no share of G, so both truths are exactly 0."""
+    flat = _with_repeats(case, slice(1, 4))
+    tokens = flat["batch"].response_mask.clone()
+    tokens[4:] = False
+    assert float(flat["weights"][tokens].abs().max()) == 0.0
+    got = _run(flat, tokens, cf_modes=CF_MODES, adam_preconditioner=True)
+    for k in ("ddot_net", "ddot_net_adam", *(f"dd_cf_{m}" for m in CF_MODES)):
+        assert torch.equal(got[k], torch.zeros_like(got[k])), k
+
+
+def test_the_model_and_the_optimiser_are_left_as_they_were(case: dict) -> None:
+    model, opt = case["model"], case["opt"]
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = copy.deepcopy(opt.state_dict())
+    attn = model.config._attn_implementation
+    _run(case, _studied(case, 3), cf_modes=CF_MODES, adam_preconditioner=True)
+    assert model.training and model.config._attn_implementation == attn
+    model.eval()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    after = opt.state_dict()
+    assert all(
+        torch.equal(state["state"][i][k], after["state"][i][k]) for i in state["state"] for k in state["state"][i]
+    )
 
 
 def test_bad_inputs_are_refused_in_one_line(case: dict) -> None:
@@ -286,8 +371,25 @@ def test_bad_inputs_are_refused_in_one_line(case: dict) -> None:
         _run(case, tokens, gradient={"x": None})
     fresh = _optimizer(case["model"])
     with pytest.raises(ValueError, match="needs an optimiser state that has taken a step"):
-        ground_truths(case["model"], case["batch"], case["support"], case["adv"], case["weights"], tokens, fresh,
-                      grad_clip=CLIP, adam_preconditioner=True)
+        ground_truths(
+            case["model"],
+            case["batch"],
+            case["support"],
+            case["adv"],
+            case["weights"],
+            tokens,
+            fresh,
+            grad_clip=CLIP,
+            adam_preconditioner=True,
+        )
     with pytest.raises(ValueError, match="must be torch.optim.AdamW"):
-        ground_truths(case["model"], case["batch"], case["support"], case["adv"], case["weights"], tokens,
-                      torch.optim.SGD(case["model"].parameters(), lr=0.1), grad_clip=CLIP)
+        ground_truths(
+            case["model"],
+            case["batch"],
+            case["support"],
+            case["adv"],
+            case["weights"],
+            tokens,
+            torch.optim.SGD(case["model"].parameters(), lr=0.1),
+            grad_clip=CLIP,
+        )

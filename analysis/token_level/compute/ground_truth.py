@@ -1,45 +1,57 @@
 """Per-token ground truths of the token-level study: what each token's own update does to its D (docs/math.md §5.1).
 
-For a scored rollout batch at the studied parameters θ = π_pre and a set of tokens (the outside tokens), two
-ground truths per token t, with D_t the top-K divergence of t's position and ℓ_t = log π_θ(y_t | ctx_t):
+For a scored rollout batch at the studied parameters θ = π_pre and a set of tokens (the outside tokens), with D_t
+the top-K divergence at token t's position and ℓ_t = log π_θ(y_t | context_t), ``ground_truths`` returns per token:
 
-- ``ddot_net``: the own-update first-order change ``⟨∇_θ D_t, P ∇_θ(A_t ℓ_t)⟩``, P the identity (an SGD step's
-  direction). ``ddot_net_adam`` (``adam_preconditioner=True``) takes P = diag(1 / (sqrt(v̂) + ε)) from the
-  optimiser's current state. Its sign says whether keeping t's update raises D_t, to first order, through the
-  network (the paper's ``A·Ḋ`` is the case ``J_t P J_tᵀ = I``).
-- ``dd_cf_<mode>``: the same-token counterfactual ``D_t(step(G)) − D_t(step(G − c_t ∇ℓ_t))``: G the gradient of the
-  study's reference loss (every response token kept; ``loss_weights`` gives each token's weight c_t = ∂loss/∂ℓ_t,
-  so ``c_t ∇ℓ_t`` is exactly t's share of G), one optimiser step with G and one without t's share, each with its
-  own gradient-norm clip factor. Modes (``CF_MODES``): ``adam_carried`` (the optimiser's state as given: the real
-  step), ``adam_reset`` (a fresh Adam state), ``sgd`` (θ − lr·κ·G', no weight decay).
+- ``ddot_net``: the own-update first-order change ``⟨∇_θ D_t, P ∇_θ(A_t ℓ_t)⟩`` with P the identity, and with
+  ``adam_preconditioner`` also ``ddot_net_adam``, P = diag(1 / (sqrt(v̂) + ε)) from the optimiser's current state.
+  > 0: keeping the token's update raises D_t, to first order, through the network.
+- ``dd_cf_<mode>``: the same-token counterfactual ``D_t(step(G)) − D_t(step(G − c_t ∇ℓ_t))``. G is the gradient of
+  the study's unmasked reference step (every response token kept, the study's loss and aggregation); c_t = ∂loss/∂ℓ_t
+  (``loss_weights``), so ``c_t ∇ℓ_t`` is exactly the token's share of G. Both steps clip their own gradient as
+  torch's ``clip_grad_norm_`` does. Modes (``CF_MODES``): ``adam_carried`` (AdamW from the optimiser's state: the
+  step the study takes), ``adam_reset`` (AdamW from a fresh state), ``sgd`` (θ − lr·κ·G', no weight decay).
+- ``context_id``: an id of the token's (context, sampled token) pair, from the token ids alone; ``d``: D_t at θ.
 
-Defaults, and why:
+Defaults, and why (measured on the study's default config, seeds 0 and 1: 972 and 887 outside tokens):
 
-- P = identity for ``ddot_net``: it is the network-aware version of what the criteria compute (a gradient
-  direction, no optimiser), and it exists at staleness 0, where Adam has no state. The Adam-preconditioned value
-  is an option because it needs a stepped state.
-- ``adam_carried`` for the counterfactual: it is the step the study actually takes. A fresh Adam state is nearly
-  blind to one token: its first update is ``lr·G/(|G| + ε)``, about ``lr·sign(G)``, so removing one token's share
-  moves only the coordinates where that share flips the sign of G; SGD is linear in G, so its counterfactual is
-  ``ddot_net``'s gradient inner product to first order, with the clip factor's change added.
-- ``dtype=float64``: one token's share of a 1,024-sequence batch moves the parameters by about 1e-8 of their size
-  under the carried Adam step, so D_t changes by ~1e-7 to 1e-9, at or below float32 rounding of D_t itself
-  (measured on the study's default seed: see ``docs``/the task report); in float64 the difference is exact to far
-  below the signal. The forward also runs float64 end to end: ``_full_precision`` keeps Hugging Face models'
-  internal float32 casts (RMSNorm, softmax) at float64, which would otherwise round every hidden state to float32.
+- P = identity for ``ddot_net``: the direction of a plain gradient step, the network-aware counterpart of the
+  criteria's logit-space Ḋ (which is the case J_t P J_tᵀ = I); it exists at staleness 0, where Adam has no state.
+  Adam's preconditioner is an option: it needs a state that has taken a step.
+- ``cf_modes=("adam_carried",)``: the counterfactual of the step the study actually takes. A fresh Adam's first
+  step is lr·G/(|G| + ε), about lr·sign(G) per coordinate, so one token's share moves mostly the coordinates where
+  it is a large part of G: a different, sign-like step (its counterfactual agrees in sign with the carried one on
+  78% and 89% of the tokens with A ≠ 0). ``ddot_net_adam`` agrees with ``dd_cf_adam_carried`` on 97% and 94%,
+  ``ddot_net`` on 90% and 93%, and the SGD counterfactual with ``ddot_net`` on 100% and 97%.
+- ``dtype=torch.float64`` for the counterfactual forwards: removing one token's share moves the parameters by a
+  median 4e-5 of their norm under the carried step, and D_t by a median 7e-5 to 9e-5 (D_t itself ~0.26), so the
+  float32 rounding of every parameter (6e-8 of it, in every coordinate) is a visible part of the difference: in
+  float32 the counterfactual is off by a median 0.5% (carried) to 12% (SGD), and up to 2.6% of the signs flip.
+  Float64 alone is not enough: Hugging Face models cast to float32 inside (RMSNorm, rotary tables, softmax), which
+  still leaves a median 0.1% (carried) to 2% (SGD) error and up to 1.1% flipped signs; ``_FullPrecision`` turns
+  those casts into float64 during the float64 forwards. Gradients and optimiser updates stay in the model's dtype:
+  the float64 parameters are θ minus a float32 update, which moves the counterfactual by a median 3e-6 relative
+  (no sign flips on 300 tokens) against computing everything in float64, and costs less; chunk sizes change the
+  results by at most 3e-5 relative (the float32 gradients' rounding).
 
-How (cost): one forward/backward of the whole batch gives G, the pre-step logits of the studied tokens, and from
-them ∂D_t/∂z and ∂ℓ_t/∂z. Then, per chunk of ``chunk_size`` tokens sorted by context length, one ``torch.func.vmap``
-over the tokens: each token's row is cut after its position, a VJP with the two cotangents gives ∇D_t and ∇ℓ_t
-(per-token gradients without a loop), the inner products and the counterfactual parameter sets follow elementwise,
-and a forward with each token's own parameters gives its counterfactual logits. Rows are left-aligned (the left
-padding of the prompt moved to the end), so a causal model needs no attention mask: nothing before a token's
-position sees the padding. The model runs in eval mode (no dropout) with eager attention (sdpa has no vmap
-batching rule on CPU and no forward-mode derivative), both restored afterwards.
+How, and what it costs. One forward/backward of the whole batch gives G and the logits of the studied tokens (or,
+with ``gradient``, the caller's G and a forward of only the rows holding them); from those logits, ∂D_t/∂z and
+∂ℓ_t/∂z. Tokens with the same context, support and loss weight are one computation (a GRPO group shares its
+prompt, so its first response tokens repeat: 237 and 187 distinct computations on the seeds above). Per chunk of
+``chunk_size`` such tokens, sorted by context length, ``torch.func.vmap`` over a VJP of each token's row gives
+∇D_t and ∇ℓ_t for all of them at once; the inner products, G − c_t∇ℓ_t, each token's clip factor and its AdamW
+update follow as batched elementwise work, and a vmapped forward with each token's own parameters gives the
+counterfactual logits. Rows are left-aligned (the prompt's left padding moved to the end), so a causal model needs
+no attention mask: no position before a token's sees the padding. The model runs in eval mode (deterministic) and,
+for the vmapped passes, with eager attention (sdpa has no vmap batching rule on CPU), both restored afterwards.
+On one CPU thread, a default seed's ground truths (``adam_carried`` and the preconditioner, ``chunk_size=64``) take
+about 0.9 s against 2.0–2.3 s for the study's steps and 0.3 s for the rollout (1.37x the seed), 0.4–0.5 s with the
+study's own G passed as ``gradient`` (1.18x); peak memory grows by about 0.1 GB.
 
 The policy is any causal LM called as ``model(input_ids=ids).logits`` (a Hugging Face causal LM, the CPU engine's
-Qwen3 included), on any device. The training forward is the plain one: FP8 training emulation (``fp8_e2e``)
-quantises activations per tensor, which couples a forward's rows, so it has no per-token ground truth here.
+Qwen3 included), on the device it lives on. The forward is the plain training forward: FP8 training emulation
+(``fp8_e2e``) quantises activations per tensor, which couples the rows of a forward, so it has no per-token ground
+truth here and the study should leave these columns empty for it.
 """
 
 from __future__ import annotations
@@ -111,7 +123,10 @@ class StepRule:
     @classmethod
     def of(cls, optimizer: torch.optim.Optimizer, grad_clip: float | None) -> StepRule:
         """The rule of a torch Adam/AdamW with one parameter group (the study's ``make_optimizer``)."""
-        if not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) or len(optimizer.param_groups) != 1:
+        if (
+            not isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW)
+            or len(optimizer.param_groups) != 1
+        ):
             raise ValueError(
                 f"the optimiser must be torch.optim.AdamW (or Adam) with one parameter group, got "
                 f"{type(optimizer).__name__} with {len(optimizer.param_groups)} groups"
@@ -119,11 +134,19 @@ class StepRule:
         g = optimizer.param_groups[0]
         decoupled = isinstance(optimizer, torch.optim.AdamW) or bool(g.get("decoupled_weight_decay", False))
         if g.get("amsgrad") or g.get("maximize") or (g["weight_decay"] and not decoupled):
-            raise ValueError("the optimiser must be plain AdamW: amsgrad, maximize and coupled weight decay are off")
+            raise ValueError(
+                "the optimiser must be plain AdamW: amsgrad, maximize and coupled weight decay are off"
+            )
         if grad_clip is not None and not grad_clip > 0:
             raise ValueError(f"grad_clip must be a number > 0 or None, got {grad_clip!r}")
-        return cls(float(g["lr"]), float(g["betas"][0]), float(g["betas"][1]), float(g["eps"]),
-                   float(g["weight_decay"]), grad_clip)
+        return cls(
+            float(g["lr"]),
+            float(g["betas"][0]),
+            float(g["betas"][1]),
+            float(g["eps"]),
+            float(g["weight_decay"]),
+            grad_clip,
+        )
 
     def clip_factor(self, sq_norm: Tensor) -> Tensor:
         """torch's clip_grad_norm_ factor for a gradient of squared norm ``sq_norm``."""
@@ -141,7 +164,9 @@ class _AdamState:
     steps: int
 
 
-def _adam_state(optimizer: torch.optim.Optimizer, named: Mapping[str, nn.Parameter], dtype: torch.dtype) -> _AdamState:
+def _adam_state(
+    optimizer: torch.optim.Optimizer, named: Mapping[str, nn.Parameter], dtype: torch.dtype
+) -> _AdamState:
     """The optimiser's moments by parameter name, in ``dtype``; a parameter never stepped gets zeros."""
     m, v, steps = {}, {}, set()
     for name, p in named.items():
@@ -158,8 +183,11 @@ def _adam_state(optimizer: torch.optim.Optimizer, named: Mapping[str, nn.Paramet
 
 
 def _fresh(state: _AdamState) -> _AdamState:
-    return _AdamState({k: torch.zeros_like(t) for k, t in state.m.items()},
-                      {k: torch.zeros_like(t) for k, t in state.v.items()}, 0)
+    return _AdamState(
+        {k: torch.zeros_like(t) for k, t in state.m.items()},
+        {k: torch.zeros_like(t) for k, t in state.v.items()},
+        0,
+    )
 
 
 @dataclass(frozen=True)
@@ -220,7 +248,9 @@ def _step(k: _StepConstants, grad: Mapping[str, Tensor | None]) -> Params:
 def _preconditioner(rule: StepRule, state: _AdamState) -> Params:
     """Adam's current diagonal 1/(sqrt(v̂) + ε) (v̂ bias-corrected by the steps taken)."""
     if state.steps == 0:
-        raise ValueError("the Adam preconditioner needs an optimiser state that has taken a step (staleness >= 1)")
+        raise ValueError(
+            "the Adam preconditioner needs an optimiser state that has taken a step (staleness >= 1)"
+        )
     bc2 = 1.0 - rule.beta2**state.steps
     return {k: 1.0 / ((v / bc2).sqrt() + rule.eps) for k, v in state.v.items()}
 
@@ -287,7 +317,9 @@ def _left_aligned(batch: RolloutBatch) -> _Rows:
     n_pad = (~batch.prompt_mask).sum(-1)
     expected = torch.arange(p, device=n_pad.device)[None, :] >= n_pad[:, None]
     if not torch.equal(batch.prompt_mask, expected) or bool((n_pad >= p).any()):
-        raise ValueError("prompts must be left-padded with at least one token per row (RolloutBatch's layout)")
+        raise ValueError(
+            "prompts must be left-padded with at least one token per row (RolloutBatch's layout)"
+        )
     ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
     cols = (torch.arange(p + r, device=ids.device)[None, :] + n_pad[:, None]) % (p + r)
     index = (p - n_pad)[:, None] - 1 + torch.arange(r, device=ids.device)[None, :]
@@ -310,7 +342,9 @@ def _logits_fn(model: nn.Module, frozen: Params) -> Callable[[Params, Tensor, Te
     return logits_at
 
 
-def _token_terms(logits: Tensor, sup: TopKSupport, temperature: float, divergence: str) -> tuple[Tensor, Tensor]:
+def _token_terms(
+    logits: Tensor, sup: TopKSupport, temperature: float, divergence: str
+) -> tuple[Tensor, Tensor]:
     """(D_t, ℓ_t) per token from its logits [N, V] and support [N, K+1]."""
     pi = gather_support_logprobs(logits, sup.ids, sup.valid, temperature=temperature)
     assert isinstance(pi, Tensor)
@@ -332,8 +366,8 @@ def _gradient_pass(
     micro_batch: int | None,
 ) -> tuple[dict[str, Tensor | None], Tensor]:
     """G = Σ_t c_t ∇ℓ_t over every response token (the trainable parameters' names -> gradient, None where the
-    loss does not reach a parameter), and the logits [N, V] of ``tokens``; the model's own forward and dtype, rows
-    in chunks of ``chunk``. G is the same in both steps of a counterfactual, so its own rounding cancels there."""
+    loss does not reach a parameter), and the logits [N, V] of ``tokens``; the model's own forward and dtype,
+    ``micro_batch`` rows at a time. G is the same in both steps of a counterfactual, so its own rounding cancels there."""
     named = {k: p for k, p in model.named_parameters() if p.requires_grad}
     grad: dict[str, Tensor | None] = dict.fromkeys(named)
     picked = []
@@ -368,8 +402,10 @@ def _given_gradient(gradient: Mapping[str, Tensor | None], theta: Params) -> dic
         )
     bad = [k for k, g in gradient.items() if g is not None and g.shape != theta[k].shape]
     if bad:
-        raise ValueError(f"gradient of {bad[0]} has shape {tuple(gradient[bad[0]].shape)}, "  # type: ignore[union-attr]
-                         f"the parameter {tuple(theta[bad[0]].shape)}")
+        raise ValueError(
+            f"gradient of {bad[0]} has shape {tuple(gradient[bad[0]].shape)}, "  # type: ignore[union-attr]
+            f"the parameter {tuple(theta[bad[0]].shape)}"
+        )
     return {k: None if g is None else g.detach().to(theta[k].dtype) for k, g in gradient.items()}
 
 
@@ -408,7 +444,9 @@ def _context_ids(rows: _Rows, seq: Tensor, pos: Tensor) -> Tensor:
     return halves[0] * 2**31 + halves[1]
 
 
-def _distinct(rows: _Rows, support: TopKSupport, weights: Tensor, seq: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+def _distinct(
+    rows: _Rows, support: TopKSupport, weights: Tensor, seq: Tensor, pos: Tensor
+) -> tuple[Tensor, Tensor]:
     """Tokens whose ground truths are the same computation: the same context and sampled token, the same support
     (ids, μ, validity, sampled slot) and the same loss weight c_t. Returns the first token of each distinct kind
     (indices into ``seq``/``pos``, ascending) and, per token, the position of its kind in that list. Every GRPO
@@ -416,18 +454,29 @@ def _distinct(rows: _Rows, support: TopKSupport, weights: Tensor, seq: Tensor, p
     are 237 distinct computations."""
     index = rows.logit_index[seq, pos]
     width = int(index.max()) + 2
-    ctx = torch.where(torch.arange(width, device=seq.device)[None, :] <= index[:, None] + 1, rows.ids[seq, :width], -1)
+    ctx = torch.where(
+        torch.arange(width, device=seq.device)[None, :] <= index[:, None] + 1, rows.ids[seq, :width], -1
+    )
 
     def bits(x: Tensor) -> Tensor:
         return x.to(torch.float64).view(torch.int64).reshape(x.shape[0], -1)
 
-    key = torch.cat([ctx, support.ids[seq, pos], bits(support.mu_logprobs[seq, pos]),
-                     support.valid[seq, pos].long(), support.sampled_index[seq, pos].long()[:, None],
-                     bits(weights[seq, pos])], 1)
+    key = torch.cat(
+        [
+            ctx,
+            support.ids[seq, pos],
+            bits(support.mu_logprobs[seq, pos]),
+            support.valid[seq, pos].long(),
+            support.sampled_index[seq, pos].long()[:, None],
+            bits(weights[seq, pos]),
+        ],
+        1,
+    )
     _, kind = torch.unique(key, dim=0, return_inverse=True)
     n = int(seq.numel())
     first = torch.full((int(kind.max()) + 1,), n, device=seq.device).scatter_reduce(
-        0, kind, torch.arange(n, device=seq.device), "amin")
+        0, kind, torch.arange(n, device=seq.device), "amin"
+    )
     order = torch.argsort(first)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel(), device=order.device)
@@ -468,16 +517,20 @@ def _chunk(p: _Pass, ids: Tensor, index: Tensor, u: Tensor, w: Tensor, c: Tensor
     flat_l = {k: g.flatten(1) for k, g in g_l.items()}
     out = {"ddot_net": sum(torch.linalg.vecdot(flat_d[k], flat_l[k]) for k in p.theta)}
     if p.precond is not None:
-        out["ddot_net_adam"] = sum(torch.linalg.vecdot(flat_d[k] * p.precond[k].reshape(-1), flat_l[k])
-                                   for k in p.theta)
+        out["ddot_net_adam"] = sum(
+            torch.linalg.vecdot(flat_d[k] * p.precond[k].reshape(-1), flat_l[k]) for k in p.theta
+        )
     del g_d, flat_d, flat_l
-    without = {k: None if g is None else torch.addcmul(g, g_l[k], c.view(-1, *([1] * g.ndim)), value=-1.0)
-               for k, g in p.grad.items()}
+    without = {
+        k: None if g is None else torch.addcmul(g, g_l[k], c.view(-1, *([1] * g.ndim)), value=-1.0)
+        for k, g in p.grad.items()
+    }
     del g_l
     for m, consts in p.consts.items():
         with _precision(p.dtype):
             out[f"z_{m}"], out[f"zf_{m}"] = vmap(logits_pair, in_dims=(0, None, 0, 0))(
-                _step(consts, without), p.full[m], ids, index)
+                _step(consts, without), p.full[m], ids, index
+            )
     return out
 
 
@@ -514,8 +567,10 @@ def ground_truths(
     micro_batch:         rows per forward of the whole-batch passes (None: all at once)
     dtype:               of the counterfactual forwards and of the results (float64: see the module docstring)
 
-    Returns float tensors [n] on the model's device, in the order of ``tokens.nonzero()``: ``d`` (D_t at θ, this
-    module's forward), ``ddot_net``, ``ddot_net_adam`` (with ``adam_preconditioner``), ``dd_cf_<mode>`` per mode.
+    Returns tensors [n] on the model's device, in the order of ``tokens.nonzero()``: ``context_id`` (int64, the
+    (context, sampled token) pair's id) and, in ``dtype``, ``d`` (D_t at θ, this module's forward), ``ddot_net``,
+    ``ddot_net_adam`` (with ``adam_preconditioner``) and ``dd_cf_<mode>`` per mode of ``cf_modes``. The model and
+    the optimiser are left as they were.
     """
     bad = [m for m in cf_modes if m not in CF_MODES]
     if bad:
@@ -532,7 +587,9 @@ def ground_truths(
     rule = StepRule.of(optimizer, grad_clip)
     named = dict(model.named_parameters())
     trainable = {k: p for k, p in named.items() if p.requires_grad}
-    work = next(iter(trainable.values())).dtype  # per-token gradients and optimiser updates: the model's dtype
+    work = next(
+        iter(trainable.values())
+    ).dtype  # per-token gradients and optimiser updates: the model's dtype
     theta = {k: p.detach() for k, p in trainable.items()}
     carried = _adam_state(optimizer, trainable, work)
     states = {"adam_carried": carried, "adam_reset": _fresh(carried), "sgd": carried}
@@ -547,10 +604,17 @@ def ground_truths(
     seq, pos = all_seq[reps], all_pos[reps]
     picked = torch.zeros_like(tokens)
     picked[seq, pos] = True
-    sup = support.select((seq, pos))
+    sup = TopKSupport(
+        support.ids[seq, pos],
+        support.mu_logprobs[seq, pos],
+        support.valid[seq, pos],
+        support.sampled_index[seq, pos],
+    )
     with _evaluation_mode(model), _precision(work):
         if gradient is None:
-            grad, z_pre = _gradient_pass(model, rows, batch, support, weights, picked, temperature, micro_batch)
+            grad, z_pre = _gradient_pass(
+                model, rows, batch, support, weights, picked, temperature, micro_batch
+            )
         else:
             grad = _given_gradient(gradient, theta)
             z_pre = _token_logits(model, rows, picked, micro_batch)
@@ -587,13 +651,17 @@ def ground_truths(
     inverse[order] = torch.arange(order.numel(), device=order.device)
     res = {k: torch.cat(v)[inverse].to(dtype) for k, v in parts.items()}
     a = advantages[all_seq, all_pos].to(dtype)
-    out = {"context_id": _context_ids(rows, all_seq, all_pos), "d": d_pre.detach()[kind],
-           "ddot_net": a * res["ddot_net"][kind]}
+    out = {
+        "context_id": _context_ids(rows, all_seq, all_pos),
+        "d": d_pre.detach()[kind],
+        "ddot_net": a * res["ddot_net"][kind],
+    }
     if precond is not None:
         out["ddot_net_adam"] = a * res["ddot_net_adam"][kind]
+    shared = c != 0  # a token without a share of G (A = 0) leaves the step unchanged: its counterfactual is 0
     with torch.no_grad():
         for m in cf_modes:
             d_full, _ = _token_terms(res[f"zf_{m}"], sup, temperature, divergence)
             d_without, _ = _token_terms(res[f"z_{m}"], sup, temperature, divergence)
-            out[f"dd_cf_{m}"] = (d_full - d_without)[kind]
+            out[f"dd_cf_{m}"] = torch.where(shared, d_full - d_without, 0.0)[kind]
     return out
