@@ -26,7 +26,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
 from predmask.config import ConfigError, compose, conf_dir, group_options, stable_id
-from predmask.rl.vr_schema import DATA_MODES, STAGES
+from predmask.rl.vr_schema import DATA_MODES
+from predmask.vr_stages import STAGE_INPUTS, STAGES, stage_inputs, with_upstream
 from sweeps.compose import (
     SEED_KEYS,
     RunSpec,
@@ -78,11 +79,6 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
 }
 #: the further sections of a final recipe's config beyond STAGE_SECTIONS["final"]
 RECIPE_SECTIONS: dict[str, tuple[str, ...]] = {"rft": ("rft",)}
-#: the stage runs each stage reads (a final: by recipe, ``vr`` for every vr_* recipe)
-STAGE_INPUTS: dict[str, tuple[str, ...]] = {"prior": (), "posterior": (), "traces": ("posterior",),
-                                            "weights": ("prior", "traces")}
-#: (rft samples pi_theta0 = the cached base model inside its own job: it reads no run)
-RECIPE_INPUTS: dict[str, tuple[str, ...]] = {"sft": (), "rft": (), "vr": ("traces", "weights")}
 #: what each stage run is, for its ``method.label``
 STAGE_LABELS: dict[str, str] = {
     "prior": "pi_theta0 (the cached base model, stand-in)",
@@ -172,13 +168,10 @@ def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str]
     first = next(iter(composed.values()))
     full = config_at_seed(first["cfg"], seed)
     ovs = [*first["overrides"], f"seed={seed}"]
-    prior = _spec(sweep, [*ovs, "stage=prior"], stage_config(full, "prior", {}))
-    posterior = _spec(sweep, [*ovs, "stage=posterior"], stage_config(full, "posterior", {}))
-    traces = _spec(sweep, [*ovs, "stage=traces"], stage_config(full, "traces", {"posterior": posterior.run_id}))
-    weights = _spec(sweep, [*ovs, "stage=weights"],
-                    stage_config(full, "weights", {"prior": prior.run_id, "traces": traces.run_id}))
-    ids = {"prior": prior.run_id, "posterior": posterior.run_id, "traces": traces.run_id,
-           "weights": weights.run_id}
+    stages: dict[str, RunSpec] = {}
+    for stage in STAGE_INPUTS:  # pipeline order: a stage reads only earlier ones
+        inputs = {need: stages[need].run_id for need in stage_inputs(stage)}
+        stages[stage] = _spec(sweep, [*ovs, f"stage={stage}"], stage_config(full, stage, inputs))
     finals: list[RunSpec] = []
     needed: set[str] = set()
     for key, item in composed.items():
@@ -192,18 +185,14 @@ def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str]
             finals += [spec for _, spec in cell_runs(sweep, batch_ovs, [seed], sweep_file=False)]
             continue
         cfg = config_at_seed(item["cfg"], seed)
-        wanted = RECIPE_INPUTS["vr" if _is_vr(method) else method]
+        wanted = stage_inputs("final", method)
         needed.update(wanted)
         finals.append(_spec(sweep, [*item["overrides"], f"seed={seed}", "stage=final"],
-                            stage_config(cfg, "final", {k: ids[k] for k in wanted})))
-    # the stage runs some final reads, and what they read in turn
-    for stage in ("weights", "traces"):
-        if stage in needed:
-            needed.update(STAGE_INPUTS[stage])
+                            stage_config(cfg, "final", {k: stages[k].run_id for k in wanted})))
     if any(spec.stage == "final" for spec in finals):
         needed.add("prior")  # pi_theta0's own evaluation: the baseline every final is compared with
-    stages = [spec for spec in (prior, posterior, traces, weights) if spec.config["stage"] in needed]
-    return [*stages, *finals]
+    needed = with_upstream(needed)  # the stage runs some final reads, and what they read in turn
+    return [*(spec for stage, spec in stages.items() if stage in needed), *finals]
 
 
 def cluster_skipped(overrides: Sequence[str]) -> list[str]:

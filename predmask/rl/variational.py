@@ -9,7 +9,7 @@ at rate ``data.noise`` (rng seeded by ``data.seed`` only). q_phi is the base mod
 sampled from q_phi with the hint = the correct answer.
 
 RUN_DIR/config.yaml (written by the sweep) says the stage (``stage``) and, in ``inputs``, the run ids of the
-upstream stages (sibling run directories: ``RUN_DIR.parent / <run id>``):
+upstream stages it reads (``predmask.vr_stages``; sibling run directories: ``RUN_DIR.parent / <run id>``):
 
 - ``prior``     (no input)              ``model.pt`` = pi_theta0 + its evaluation (step 0)
 - ``posterior`` (no input)              ``model.pt`` = q_phi: SFT of the base model on hint prompts
@@ -78,6 +78,7 @@ from predmask.rundir import (
     truncate_metrics,
     write_status,
 )
+from predmask.vr_stages import stage_inputs
 
 __all__ = [
     "DECOY_OFFSET",
@@ -91,7 +92,6 @@ __all__ = [
     "Question",
     "hint_prompt",
     "main",
-    "needed_inputs",
     "original_data",
     "prepare_stage",
     "run_stage",
@@ -234,17 +234,6 @@ class Stage:
         return task_response_budget(self.task)
 
 
-def needed_inputs(vr: VRConfig) -> tuple[str, ...]:
-    """The upstream stages whose outputs a stage reads."""
-    if vr.stage == "traces":
-        return ("posterior",)
-    if vr.stage == "weights":
-        return ("prior", "traces")
-    if vr.stage == "final" and vr.method.name.startswith("vr_"):
-        return ("traces", "weights")
-    return ()
-
-
 def _load_config(run_dir: Path) -> dict[str, Any]:
     path = run_dir / CONFIG_FILE
     if not path.is_file():
@@ -272,7 +261,7 @@ def prepare_stage(run_dir: str | Path) -> Stage:
     except ValueError as err:
         raise ValueError(f"hint.template = {vr.hint.template!r} does not tokenise: {err}") from None
     inputs: dict[str, Path] = {}
-    for stage in needed_inputs(vr):
+    for stage in stage_inputs(vr.stage, vr.method.name):
         run_id = vr.inputs.get(stage)
         if not run_id:
             raise StageInputError(f"stage {vr.stage} ({vr.method.name}) needs inputs.{stage} (the run id of its "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from predmask.rl.schema import check_known_keys
+from predmask.vr_stages import STAGES
 
 __all__ = [
     "DATA_MODES",
@@ -35,8 +36,6 @@ __all__ = [
 ]
 
 FAMILY = "variational"
-#: the stages, in pipeline order (one run directory each; the ``stage`` key of a run's config)
-STAGES: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "final")
 #: ``method.name`` of the stage runs that are not final (set by the sweep)
 STAGE_METHODS: tuple[str, ...] = ("prior", "posterior", "traces", "weights")
 #: ``method.name`` of the final recipes: conf/vr_method/<name>.yaml

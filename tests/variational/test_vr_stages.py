@@ -1,0 +1,26 @@
+"""The variational stage graph (predmask.vr_stages): what each stage reads, in pipeline order, against a table written
+out here from the family's definition (math.md §8: q_phi's traces, weighted with pi_theta0, feed the vr_* finals)."""
+
+from __future__ import annotations
+
+import pytest
+
+from predmask.rl.vr_schema import FINAL_RECIPES
+from predmask.vr_stages import STAGES, stage_inputs, with_upstream
+
+READS = {"prior": set(), "posterior": set(), "traces": {"posterior"}, "weights": {"prior", "traces"}}
+
+
+def test_each_stage_reads_only_earlier_stages_as_the_family_defines() -> None:
+    for stage, reads in READS.items():
+        assert set(stage_inputs(stage)) == reads
+        assert all(STAGES.index(r) < STAGES.index(stage) for r in reads)
+    for recipe in FINAL_RECIPES:
+        assert set(stage_inputs("final", recipe)) == ({"traces", "weights"} if recipe.startswith("vr_") else set())
+
+
+def test_upstream_closure_and_unknown_stage() -> None:
+    assert with_upstream(["weights"]) == {"weights", "prior", "traces", "posterior"}
+    assert with_upstream(["traces"]) == {"traces", "posterior"} and with_upstream([]) == set()
+    with pytest.raises(ValueError, match="unknown stage 'dpo'; allowed: prior, posterior, traces, weights, final"):
+        stage_inputs("dpo")
