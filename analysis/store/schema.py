@@ -81,6 +81,7 @@ SEED_COLUMNS: dict[str, str] = {
     "seconds_rollout": "DOUBLE",
     "seconds_stale": "DOUBLE",
     "seconds_masks": "DOUBLE",
+    "seconds_ground_truth": "DOUBLE",
     "seconds": "DOUBLE",
     "cpu_seconds": "DOUBLE",
     "host": "VARCHAR",

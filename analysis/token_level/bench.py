@@ -89,6 +89,23 @@ def bench(overrides: list[str], sequences: list[int], seeds: int, threads: int =
     }
 
 
+def ground_truth_ratio(rows: list[dict[str, Any]]) -> float | None:
+    """Seconds of the study with its per-token ground truths over the same seeds without them (measured in one run:
+    each seed's wall time over that time less its ground-truth pass); None when no seed computed them."""
+    with_gt = sum(r["wall"] for r in rows)
+    gt = sum(r.get("seconds_ground_truth", 0.0) for r in rows)
+    return with_gt / (with_gt - gt) if gt > 0 and with_gt > gt else None
+
+
+def ground_truth_ratio_line(rows: list[dict[str, Any]]) -> str:
+    """The ratio against the issue's target (the study with ground truths at most 1.5x the study without)."""
+    ratio = ground_truth_ratio(rows)
+    if ratio is None:
+        return "ground truths: not computed (ground_truth=false or an FP8 training forward)"
+    verdict = "PASS" if ratio <= 1.5 else "FAIL"
+    return f"ground truths: the study takes {ratio:.2f}x its time without them (target <= 1.5x): {verdict}"
+
+
 def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least squares ``y = a + b x`` (b = 0 with a single x)."""
     if len(set(xs)) < 2:
@@ -162,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "rollout s",
         "stale s",
         "masks s",
+        "truth s",
         "tokens",
         "outside",
         "disagree",
@@ -176,11 +194,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['seconds_rollout']:.2f}",
             f"{r['seconds_stale']:.2f}",
             f"{r['seconds_masks']:.2f}",
+            f"{r.get('seconds_ground_truth', 0.0):.2f}",
             str(r["n_tokens"]),
             str(r["n_outside"]),
             str(r["n_disagree"]),
         )
     console.print(table)
+    console.print(ground_truth_ratio_line(rows))
     console.print(
         f"CPU time per seed ≈ {a_cpu:.2f} s + {1000 * b_cpu:.2f} ms × sequences; "
         f"{args.target_seeds} seeds × {args.target_sequences} sequences on {args.workers} single-threaded "

@@ -68,6 +68,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 from torch.overrides import TorchFunctionMode
 
+from analysis.token_level.compute.settings import CF_MODES
 from predmask.divergence import topk_divergence
 from predmask.methods import MethodParams
 from predmask.rl.algo import TrainLogprobs, rollout_policy_loss
@@ -76,8 +77,6 @@ from predmask.support import TopKSupport, gather_support_logprobs
 
 __all__ = ["CF_MODES", "StepRule", "ground_truths", "loss_weights"]
 
-#: optimiser-state modes of the same-token counterfactual
-CF_MODES: tuple[str, ...] = ("adam_carried", "adam_reset", "sgd")
 #: torch.nn.utils.clip_grad_norm_'s guard: clip factor = max_norm / (total_norm + 1e-6), at most 1
 _CLIP_GUARD = 1e-6
 _DTYPES = (torch.float32, torch.float64)

@@ -9,10 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["UPDATE_PATHS", "StepSettings", "require"]
+__all__ = ["CF_MODES", "UPDATE_PATHS", "StepSettings", "require"]
 
 #: how the masked steps are taken (StepSettings.update_path)
 UPDATE_PATHS: tuple[str, ...] = ("auto", "split", "direct")
+#: the optimiser state of the same-token counterfactual (StepSettings.cf_mode; docs/math.md §5.1)
+CF_MODES: tuple[str, ...] = ("adam_carried", "adam_reset", "sgd")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,6 +40,11 @@ class StepSettings:
                     aggregation is seq-mean-token-mean, whose per-sequence normalisation is not linear in the kept
                     tokens, or the training forward is FP8 with per-tensor activation scales, which couple the rows
                     of a forward)
+    ground_truth:   also compute each outside token's own-update ground truths (docs/math.md §5.1): ``ddot_net``,
+                    ``ddot_net_adam`` (after at least one stale update) and ``dd_cf``, the same-token
+                    counterfactual with the optimiser state ``cf_mode`` (one of CF_MODES; not for an FP8 training
+                    forward, whose per-tensor activation scales couple the rows)
+    ground_truth_chunk: tokens per vectorised pass of the ground truths (memory: about 8 parameter copies each)
     """
 
     delta: float
@@ -56,6 +63,9 @@ class StepSettings:
     micro_batch: int | None
     temperature: float
     update_path: str
+    ground_truth: bool
+    cf_mode: str
+    ground_truth_chunk: int
 
 
 def require(ok: bool, key: str, value: Any, allowed: str) -> None:

@@ -27,7 +27,8 @@ import polars as pl
 import torch
 from torch import Tensor, nn
 
-from analysis.token_level.compute.settings import UPDATE_PATHS, StepSettings, require
+from analysis.token_level.compute.ground_truth import ground_truths, loss_weights
+from analysis.token_level.compute.settings import CF_MODES, UPDATE_PATHS, StepSettings, require
 from predmask import MethodParams, get_method, predicted_divergence_change, topk_divergence
 from predmask.metrics import CLIPFRAC
 from predmask.precisions import Precision
@@ -114,6 +115,10 @@ class StudySettings(StepSettings):
             self.micro_batch is None or self.micro_batch >= 1, "micro_batch", self.micro_batch, "an integer >= 1 or null"
         )
         require(self.update_path in UPDATE_PATHS, "update_path", self.update_path, f"one of {', '.join(UPDATE_PATHS)}")
+        require(self.cf_mode in CF_MODES, "cf_mode", self.cf_mode, f"one of {', '.join(CF_MODES)}")
+        require(
+            self.ground_truth_chunk >= 1, "ground_truth_chunk", self.ground_truth_chunk, "an integer >= 1"
+        )
         if self.update_path == "split" and self.loss_agg_mode == "seq-mean-token-mean":
             raise ValueError(
                 "update_path=split needs a loss aggregation linear in the kept tokens; "
@@ -465,7 +470,7 @@ def _steps_direct(
     adv_tok: Tensor,
     s: StudySettings,
     snap: tuple[dict[str, Tensor], dict[str, Any]],
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+) -> tuple[dict[str, Tensor], dict[str, Tensor], None]:
     """Each mask's step taken on its own (restore, forward, backward, step); D_post on every response token."""
     lp_pre: TrainLogprobs | None = None
     d_post: dict[str, Tensor] = {}
@@ -475,7 +480,7 @@ def _steps_direct(
         lp_pre = lp if lp_pre is None else lp_pre
         d_post[name] = _d_post_on(model, batch, support, batch.response_mask, s)
     assert lp_pre is not None
-    return token_quantities(batch, support, lp_pre, adv_tok, s), d_post
+    return token_quantities(batch, support, lp_pre, adv_tok, s), d_post, None
 
 
 def _steps_split(
@@ -486,10 +491,12 @@ def _steps_split(
     adv_tok: Tensor,
     s: StudySettings,
     snap: tuple[dict[str, Tensor], dict[str, Any]],
-) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor | None] | None]:
     """The same steps, sharing work: the loss is linear in the keep mask, so each mask's gradient is the gradient
     on the tokens every mask keeps (one whole-batch backward) plus the gradient on that mask's other kept tokens
     (a backward over the few rows holding them). D_post is evaluated on the rows holding outside tokens only.
+    Also returns the unmasked reference step's unclipped gradient by parameter name (None without that step), which
+    the ground truths reuse.
     """
     masks = s.masks()
     info = _batch_info(batch)
@@ -516,6 +523,7 @@ def _steps_split(
     params = [p for p in model.parameters() if p.requires_grad]
     g_common = [None if p.grad is None else p.grad.detach().clone() for p in params]
     d_post: dict[str, Tensor] = {}
+    g_ref: dict[str, Tensor | None] | None = None
     for name, (method, overrides) in masks.items():
         _restore(model, optimizer, snap)
         for p, g in zip(params, g_common):
@@ -539,9 +547,15 @@ def _steps_split(
                 raise SplitMismatch(
                     f"mask {name}: the loss dropped {dropped} tokens this study records as kept"
                 )
+        if name == REFERENCE_MASK:
+            g_ref = {
+                n: None if p.grad is None else p.grad.detach().clone()
+                for n, p in model.named_parameters()
+                if p.requires_grad
+            }
         _clip_and_step(model, optimizer, s)
         d_post[name] = _d_post_on(model, batch, support, q["outside"], s)
-    return q, d_post
+    return q, d_post, g_ref
 
 
 def _check_masks(
@@ -567,11 +581,54 @@ def _check_masks(
             )
 
 
+def _ground_truth_columns(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    support: TopKSupport,
+    adv_tok: Tensor,
+    q: Mapping[str, Tensor],
+    s: StudySettings,
+    g_ref: Mapping[str, Tensor | None] | None,
+) -> dict[str, Tensor]:
+    """The outside tokens' own-update ground truths (docs/math.md §5.1) at ``pi_pre`` with the stale optimiser
+    state: ``ddot_net``, ``ddot_net_adam`` (after a stale update), ``dd_cf`` (mode ``s.cf_mode``), ``context_id``.
+    The counterfactual's base step is the unmasked reference step (every response token kept), so both criteria
+    are judged against one truth per token."""
+    method, overrides = MASKS["ratio"], dict(_NO_TRUST_REGION)
+    lp = TrainLogprobs(q["pi"], q["pi_tail_sq"], q["log_prob"])
+    weights = loss_weights(
+        method, batch, support, lp, adv_tok, s.method_params, global_batch_info=_batch_info(batch), **overrides
+    )
+    gt = ground_truths(
+        model,
+        batch,
+        support,
+        adv_tok,
+        weights,
+        q["outside"],
+        optimizer,
+        grad_clip=s.grad_clip,
+        temperature=s.temperature,
+        cf_modes=(s.cf_mode,),
+        adam_preconditioner=s.staleness > 0,
+        gradient=g_ref,
+        chunk_size=s.ground_truth_chunk,
+        micro_batch=s.micro_batch,
+    )
+    out = {"ddot_net": gt["ddot_net"].double(), "dd_cf": gt[f"dd_cf_{s.cf_mode}"].double()}
+    if "ddot_net_adam" in gt:
+        out["ddot_net_adam"] = gt["ddot_net_adam"].double()
+    out["context_id"] = gt["context_id"].long()
+    return out
+
+
 def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> SeedStudy:
     """The study on one scored rollout batch (``batch.rewards`` filled); ``model`` is left at ``pi_pre``.
 
     Returns one row per response token with ``D_pre > delta`` (columns of ``analysis.store.TOKEN_COLUMNS`` without
-    ``study_id``/``seed``, plus ``dd_all`` when ``s.reference_update``).
+    ``study_id``/``seed``, plus ``dd_all`` when ``s.reference_update`` and the ground truths ``ddot_net``,
+    ``ddot_net_adam``, ``dd_cf`` and ``context_id`` when ``s.ground_truth``).
     """
     t0 = time.perf_counter()
     support = batch.support()
@@ -583,12 +640,12 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
     snap = _snapshot(model, optimizer)
     if s.update_path_resolved == "split":
         try:
-            q, d_post = _steps_split(model, optimizer, batch, support, adv_tok, s, snap)
+            q, d_post, g_ref = _steps_split(model, optimizer, batch, support, adv_tok, s, snap)
         except SplitMismatch as err:  # every step again on the whole batch, where decisions and loss share a forward
             log.warning("%s; taking this seed's steps on the direct path", err)
-            q, d_post = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
+            q, d_post, g_ref = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
     else:
-        q, d_post = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
+        q, d_post, g_ref = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
     _restore(model, optimizer, snap)
     if s.check_masks:
         lp = TrainLogprobs(q["pi"], q["pi_tail_sq"], q["log_prob"])
@@ -602,6 +659,9 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
         cols[keep] = q[keep][outside]
     for name, d in d_post.items():
         cols[f"dd_{name}"] = (d - q["d_pre"])[outside].double()
+    t_steps = time.perf_counter()
+    if s.ground_truth and not s.precision.train_fp8:
+        cols.update(_ground_truth_columns(model, optimizer, batch, support, adv_tok, q, s, g_ref))
     frame = pl.DataFrame({k: v.cpu().numpy() for k, v in cols.items()})
     mask = batch.response_mask
     t_end = time.perf_counter()
@@ -610,6 +670,7 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
         "d_pre_mean": float(q["d_pre"][mask].mean()) if bool(mask.any()) else 0.0,
         "nonzero_adv_frac": float((adv_tok != 0)[mask].float().mean()) if bool(mask.any()) else 0.0,
         "seconds_stale": t_stale - t0,
-        "seconds_masks": t_end - t_stale,
+        "seconds_masks": t_steps - t_stale,
+        "seconds_ground_truth": t_end - t_steps,
     }
     return SeedStudy(tokens=frame, n_tokens=int(mask.sum()), facts=facts)
