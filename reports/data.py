@@ -12,7 +12,7 @@ import duckdb
 import polars as pl
 
 from analysis.results import curves
-from analysis.store import table_exists
+from analysis.store import STUDY_RESULT_KEYS, table_exists
 from reports import labels
 
 
@@ -263,6 +263,16 @@ def seed_rows(con: duckdb.DuckDBPyConnection, study_id: str) -> pl.DataFrame:
         return pl.DataFrame()
     sql = "SELECT * EXCLUDE (study_id) FROM token_level_seeds WHERE study_id = ? ORDER BY seed"
     return con.sql(sql, params=[study_id]).pl()
+
+
+def study_table(con: duckdb.DuckDBPyConnection, table: str, study_id: str) -> pl.DataFrame:
+    """One study's rows of a study-level table (``analysis.store.STUDY_RESULT_KEYS``: the criteria judged on its
+    tokens), as stored, without ``study_id``; empty when the database has no such table yet."""
+    if table not in STUDY_RESULT_KEYS:
+        raise ValueError(f"unknown study-level table {table!r}; valid: {', '.join(STUDY_RESULT_KEYS)}")
+    if not table_exists(con, table):
+        return pl.DataFrame()
+    return con.sql(f"SELECT * EXCLUDE (study_id) FROM {table} WHERE study_id = ?", params=[study_id]).pl()
 
 
 #: the sweeps the training figures and Table 2 draw by default (conf/sweep/<name>.yaml)

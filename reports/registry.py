@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from types import ModuleType
 
@@ -49,12 +50,17 @@ def is_variational(name: str) -> bool:
     return name.startswith(VR_PREFIX)
 
 
+def _name_order(name: str) -> tuple[str | int, ...]:
+    """A name as a sort key with its numbers as numbers: fig2 before fig10."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
 def artefacts(kind: Kind | None = None) -> list[Artefact]:
-    """Declared artefacts in the paper's order (by name: fig1..fig8, table1, ...), then the variational family's
-    (figures, then its table), optionally of one kind."""
+    """Declared artefacts in the paper's order (by name, numbers as numbers: fig1..fig10, table1, ...), then the
+    variational family's (figures, then its table), optionally of one kind."""
     return sorted(
         (a for a in ARTEFACTS.values() if kind is None or a.kind == kind),
-        key=lambda a: (is_variational(a.name), a.kind, a.name),
+        key=lambda a: (is_variational(a.name), a.kind, _name_order(a.name)),
     )
 
 

@@ -1,7 +1,12 @@
-"""Token-level figures: unsafe-keep rates per seed (3), pooled corrective fractions (4), and the statistics against
-the measured drift over the drift grid (9, beyond the paper), as the study's stats say."""
+"""Token-level figures: unsafe-keep rates per seed (3), pooled corrective fractions (4), each beside both criteria
+judged on the same tokens; and the statistics against the measured drift over the drift grid (9, 10; beyond the
+paper), as the study's stats say."""
 
 from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from matplotlib.lines import Line2D
@@ -9,7 +14,7 @@ from matplotlib.patches import Patch
 
 from analysis.store.token_level import grid_cells
 from analysis.token_level.summary import stats
-from reports import data, labels
+from reports import labels, same_tokens
 from reports.artefact import (
     DRIFT_COMMAND,
     STUDY_COMMAND,
@@ -19,7 +24,16 @@ from reports.artefact import (
     Series,
     figure,
 )
-from reports.figures.draw import empty_panel, legend_below, new_figure, save_figure, suptitle
+from reports.figures.draw import (
+    LEGEND_ROW_IN,
+    empty_panel,
+    legend_below,
+    legend_rows,
+    new_figure,
+    save_figure,
+    suptitle,
+    wrap_lines,
+)
 from reports.style import CRITERION_STYLE, GREY, OKABE_ITO
 
 NO_STUDY = f"no token-level study in the database\n({STUDY_COMMAND})"
@@ -41,25 +55,125 @@ def _mean_label(m: stats.MeanSE) -> str:
     return f"{100 * mean:.1f}%{spread}\n(n = {m.n} {m.over})"
 
 
-@figure("fig3_unsafe_keep", "Figure 3: unsafe-keep rate per seed, ratio vs predictive", source="study")
+#: the panels drawn as the paper defines its statistics: each criterion on the disagreement tokens it keeps
+PAPER_DEFINITION = "paper's definition (different token sets per criterion)"
+#: the panels of both criteria judged on the same tokens (docs/math.md §5.1)
+SAME_TOKENS = f"same tokens: disagreement set, against the own update ({stats.OWN_UPDATE})"
+SAME_TOKENS_CAPTION = (
+    "Beyond the paper (docs/math.md §5.1): both criteria judged on the same tokens, the disagreement set of the "
+    f"ratio and aggregated-tail predictive criteria, against each token's own update ({stats.OWN_UPDATE} > 0: "
+    "keeping the token's update raises its D, to first order through the network). A criterion is right when it "
+    "drops exactly the tokens whose own update raises D; balanced accuracy is the mean of the share of rising "
+    "tokens dropped and of falling tokens kept, so the constant predictor (one decision for every token) scores "
+    "50%. Pooled values carry 95% seed-cluster bootstrap intervals (seeds resampled), not Wilson intervals. On "
+    "the disagreement set the two criteria decide oppositely on every token, so their balanced accuracies sum to "
+    "100%."
+)
+
+
+def _where(ctx: ReportContext) -> str:
+    """The share outside the chosen study was measured at ("" without a study)."""
+    return "measured " + same_tokens.measured(ctx.con, ctx.study.study_id) if ctx.study else ""
+
+
+def _same(ctx: ReportContext) -> same_tokens.SameTokens | None:
+    return same_tokens.same_tokens(ctx.con, ctx.study.study_id) if ctx.study else None
+
+
+def _not_judged_note(ctx: ReportContext) -> str:
+    """Why the same-token panels are empty, wrapped to a panel's width."""
+    if ctx.study is None:
+        return NO_STUDY
+    return "\n".join(textwrap.wrap(same_tokens.not_judged(f"study {ctx.study.study_id}"), 48))
+
+
+def _estimate_label(e: stats.Estimate, extra: str = "") -> str:
+    """A pooled rate on two lines: value, then its interval (as ``stats.Estimate.pct`` prints them)."""
+    value, _, interval = e.pct().partition(" ")
+    return f"{value}\n{interval}{extra}" if interval else f"{value}{extra}"
+
+
+def _paired_dots(
+    ax, values: dict[str, np.ndarray], centre: dict[str, tuple[float, float, float]], notes: dict[str, str]
+) -> None:
+    """Each seed's value of both criteria joined by a grey line, and beside them a summary with its interval
+    (percent: ``centre`` is value, low, high; ``notes`` the summary's label)."""
+    for a, b in zip(values["ratio"], values["predictive"]):
+        ax.plot([0, 1], [a, b], color=GREY, alpha=0.35, linewidth=0.7)
+    for x, crit in enumerate(same_tokens.PAIR):
+        colour = CRITERION_STYLE[crit][1]
+        at = -0.2 if x == 0 else 1.2
+        ax.scatter(np.full(len(values[crit]), x), values[crit], s=10, color=colour, alpha=0.6, zorder=3)
+        mid, lo, hi = centre[crit]
+        if not np.isfinite(mid):
+            continue
+        _draw_interval(ax, at, lo, hi, colour)
+        ax.plot([at], [mid], marker="D", color=colour, markersize=6, linestyle="", zorder=4)
+        ax.annotate(
+            notes[crit],
+            (at, mid),
+            xytext=(-10 if x == 0 else 10, 0),
+            textcoords="offset points",
+            fontsize=7,
+            color=colour,
+            va="center",
+            ha="right" if x == 0 else "left",
+        )
+    ax.set_xticks([0, 1], [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in same_tokens.PAIR])
+    ax.set_xlim(-1.3, 2.3)
+
+
+def _sorted_bars(ax, diff_pp: np.ndarray, good: str, text: str, ylabel: str) -> None:
+    """Per-seed differences predictive − ratio (percentage points), sorted; coloured by which criterion each seed
+    favours (``good``: "negative" when a lower value favours the predictive criterion, else "positive")."""
+    better = diff_pp < 0 if good == "negative" else diff_pp > 0
+    worse = diff_pp > 0 if good == "negative" else diff_pp < 0
+    colours = [
+        OKABE_ITO["blue"] if b else OKABE_ITO["vermillion"] if w else GREY for b, w in zip(better, worse)
+    ]
+    ax.bar(np.arange(len(diff_pp)), diff_pp, color=colours, width=0.85)
+    ax.axhline(0, color="black", linewidth=0.8)
+    low, high = min(0.0, float(np.min(diff_pp, initial=0.0))), max(0.0, float(np.max(diff_pp, initial=0.0)))
+    span = (high - low) or 1.0
+    lines = text.count("\n") + 1
+    ax.set_ylim(low - 0.05 * span, high + (0.12 + 0.1 * lines) * span)  # room for the text above the bars
+    ax.set_xlabel("seeds, sorted by difference")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks([])
+    ax.text(0.02, 0.97, text, transform=ax.transAxes, va="top", fontsize=7)
+
+
+@figure(
+    "fig3_unsafe_keep",
+    "Figure 3: unsafe-keep rate per seed, ratio vs predictive, beside both criteria on the same tokens",
+    source="study",
+)
 def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
+    where = _where(ctx)
     result = ArtefactResult(
-        name="fig3_unsafe_keep",
         command=STUDY_COMMAND,
-        title="Figure 3: unsafe-keep rate on the disagreement set",
+        title="Figure 3: unsafe-keep rate on the disagreement set, and both criteria judged on the same tokens",
         caption=(
-            "Per seed, among disagreement tokens (outside the trust region, where the ratio and predictive "
-            "(aggregated-tail) criteria decide differently) that a criterion keeps, the fraction whose divergence "
-            "grew after one optimiser step with that criterion's mask (ΔD > 0). Left: each seed's pair joined by a "
-            "grey line, mean ± standard error over the paired seeds (those where both criteria kept a "
-            "disagreement token). Right: per-seed difference predictive − ratio, sorted. Seeds where a criterion "
-            "kept no disagreement token have no rate and are left out of both."
+            f"Top, the {PAPER_DEFINITION}: per seed, among disagreement tokens (outside the trust region, where "
+            "the ratio and predictive (aggregated-tail) criteria decide differently) that a criterion keeps, the "
+            "fraction whose divergence grew after one optimiser step with that criterion's mask (ΔD > 0). Left: "
+            "each seed's pair joined by a grey line, mean ± standard error over the paired seeds (those where both "
+            "criteria kept a disagreement token). Right: per-seed difference predictive − ratio, sorted. Seeds "
+            "where a criterion kept no disagreement token have no rate and are left out of both. Bottom: "
+            + SAME_TOKENS_CAPTION
+            + " Left: each seed's balanced accuracy of both criteria joined by a grey line (seeds where both are "
+            "defined), the pooled value with its interval. Right: the per-seed difference predictive − ratio, "
+            "sorted, with the seeds where the predictive criterion is higher / tied / lower and the two-sided sign "
+            "and Wilcoxon signed-rank tests." + (f" This study was {where}." if where else "")
         ),
         study=ctx.study,
         selection_rule=_selection(ctx),
     )
-    left, right = Panel(title="unsafe-keep rate per seed"), Panel(title="predictive − ratio per seed")
-    result.panels = [left, right]
+    left = Panel(title=f"{PAPER_DEFINITION}:\nunsafe-keep rate per seed")
+    right = Panel(title=f"{PAPER_DEFINITION}:\npredictive − ratio per seed")
+    same_left = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy per seed")
+    same_right = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy, predictive − ratio per seed")
+    result.panels = [left, right, same_left, same_right]
     headline = ctx.summary.headline if ctx.summary is not None else None
     if ctx.study is None:
         left.note = right.note = NO_STUDY
@@ -75,89 +189,162 @@ def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
         order = np.argsort(diff, kind="stable")
         right.series = [Series("difference", pair.seeds[order], diff[order])]
         result.has_data = True
+    same = _same(ctx)
+    if same is None:
+        same_left.note = same_right.note = _not_judged_note(ctx)
+    else:
+        both = same.paired
+        seeds = same.seeds[both]
+        per_seed = {c: same.balanced[c][both] for c in same_tokens.PAIR}
+        same_left.series = [Series(c, seeds, per_seed[c], method=c) for c in same_tokens.PAIR]
+        same_left.series.append(_pooled_series(same))
+        if same.constant_balanced is not None:
+            same_left.series.append(
+                Series("constant predictor", np.array([0.0, 1.0]), np.full(2, same.constant_balanced))
+            )
+        diff = per_seed["predictive"] - per_seed["ratio"]
+        order = np.argsort(diff, kind="stable")
+        same_right.series = [Series("difference", seeds[order], diff[order])]
+        if not both.any():
+            same_left.note = same_right.note = "no seed has both balanced accuracies"
+        result.has_data = True
     if ctx.draw:
-        result.files = _draw_fig3(ctx, result)
+        result.files = _draw_fig3(ctx, result, same, where)
     return result
 
 
-def _draw_fig3(ctx: ReportContext, result: ArtefactResult) -> list:
-    fig, (ax, bx) = new_figure(1, 2, panel_w=3.6, panel_h=3.0)
-    left, right = result.panels
+def _pooled_series(same: same_tokens.SameTokens) -> Series:
+    """Both criteria's pooled balanced accuracy with its seed-cluster interval (NaN where there is none)."""
+    point = same.point
+    est = [point.balanced_ratio, point.balanced_predictive]
+    y = np.array([np.nan if e is None or e.value is None else e.value for e in est], dtype=float)
+    lo = np.array([np.nan if e is None or e.lo is None else e.lo for e in est], dtype=float)
+    hi = np.array([np.nan if e is None or e.hi is None else e.hi for e in est], dtype=float)
+    return Series("pooled", np.array(same_tokens.PAIR, dtype=object), y, yerr=np.stack([y - lo, hi - y]))
+
+
+def _estimates(same: same_tokens.SameTokens) -> dict[str, stats.Estimate]:
+    p = same.point
+    empty = stats.Estimate(None, None, None)
+    return {"ratio": p.balanced_ratio or empty, "predictive": p.balanced_predictive or empty}
+
+
+def _p_value(p: float | None) -> str:
+    return "—" if p is None else f"{p:.3g}"
+
+
+def _paired_text(same: same_tokens.SameTokens) -> str:
+    """The paired difference as the figures print it: seeds higher / tied / lower, mean Δ, the two tests."""
+    d = same.point.balanced_difference
+    if d is None:
+        return "no seed has both balanced accuracies"
+    lines = [
+        f"predictive higher on {d.n_higher}, tied {d.n_tied}, lower {d.n_lower} of {d.n_seeds} seeds",
+        f"mean Δ {d.pp()} (95% t)",
+        f"sign test p = {_p_value(d.sign_p)}, Wilcoxon p = {_p_value(d.wilcoxon_p)}",
+    ]
+    if same.paired_note:
+        lines.extend(textwrap.wrap(same.paired_note, 60))
+    return "\n".join(lines)
+
+
+def _draw_same_per_seed(ax, bx, result: ArtefactResult, same: same_tokens.SameTokens | None) -> None:
+    """Fig 3's bottom row: balanced accuracy per seed, paired, with the pooled values; the sorted differences."""
+    panel, diff_panel = result.panels[2], result.panels[3]
+    for axis, p in ((ax, panel), (bx, diff_panel)):
+        axis.set_title(p.title, fontsize=8)
+    if same is None or not panel.series or panel.note:
+        for axis, p in ((ax, panel), (bx, diff_panel)):
+            empty_panel(axis, p.note or "no data")
+        return
+    values = {c: 100 * panel.get(c).y for c in same_tokens.PAIR}
+    est = _estimates(same)
+    centre = {
+        c: tuple(100 * (np.nan if v is None else v) for v in (est[c].value, est[c].lo, est[c].hi))
+        for c in same_tokens.PAIR
+    }
+    n = same.point.judged_disagree or 0
+    notes = {c: _estimate_label(est[c], f"\n(pooled, {n:,} tokens)") for c in same_tokens.PAIR}
+    _paired_dots(ax, values, centre, notes)
+    if same.constant_balanced is not None:
+        ax.axhline(100 * same.constant_balanced, color="black", linestyle=":", linewidth=1)
+        ax.text(0.5, 100 * same.constant_balanced, "constant predictor", ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(-5, 105)
+    ax.set_ylabel("balanced accuracy (%)")
+    _sorted_bars(
+        bx,
+        100 * diff_panel.series[0].y,
+        "positive",
+        _paired_text(same),
+        "predictive − ratio (percentage points)",
+    )
+
+
+def _draw_fig3(
+    ctx: ReportContext, result: ArtefactResult, same: same_tokens.SameTokens | None, where: str
+) -> list:
+    fig, (ax, bx, cx, dx) = new_figure(2, 2, panel_w=4.2, panel_h=3.3)
+    left, right = result.panels[:2]
     for axis, panel in ((ax, left), (bx, right)):
-        axis.set_title(panel.title)
+        axis.set_title(panel.title, fontsize=8)
         if not panel.series:
             empty_panel(axis, panel.note or "no data")
     if left.series:
         pair: stats.Paired = result.stats
-        r, p = 100 * pair.ratio, 100 * pair.pred
-        for a, b in zip(r, p):
-            ax.plot([0, 1], [a, b], color=GREY, alpha=0.35, linewidth=0.7)
-        for x, vals, crit, m in ((0, r, "ratio", pair.ratio_mean), (1, p, "predictive", pair.pred_mean)):
-            colour = CRITERION_STYLE[crit][1]
+        means = {"ratio": pair.ratio_mean, "predictive": pair.pred_mean}
+        centre = {}
+        for crit, m in means.items():
             mean, se = m.value()
-            at = x + (-0.18 if x == 0 else 0.18)
-            ax.scatter(np.full(len(vals), x), vals, s=10, color=colour, alpha=0.6, zorder=3)
-            ax.errorbar(
-                [at],
-                [100 * mean],
-                yerr=[100 * se if np.isfinite(se) else 0],
-                fmt="D",
-                color=colour,
-                capsize=4,
-                markersize=6,
-                zorder=4,
-            )
-            ax.annotate(
-                _mean_label(m),
-                (at, 100 * mean),
-                xytext=(-10 if x == 0 else 10, 0),
-                textcoords="offset points",
-                fontsize=7,
-                color=colour,
-                va="center",
-                ha="right" if x == 0 else "left",
-            )
-        ax.set_xticks([0, 1], [CRITERION_STYLE["ratio"][0], CRITERION_STYLE["predictive"][0]])
-        ax.set_xlim(-0.6, 1.6)
-        ax.set_ylabel("unsafe-keep rate (%)")
-        d = 100 * right.series[0].y
-        colours = [OKABE_ITO["blue"] if v < 0 else OKABE_ITO["vermillion"] if v > 0 else GREY for v in d]
-        bx.bar(np.arange(len(d)), d, color=colours, width=0.85)
-        bx.axhline(0, color="black", linewidth=0.8)
-        bx.set_xlabel("seeds, sorted by difference")
-        bx.set_ylabel("predictive − ratio (percentage points)")
-        bx.set_xticks([])
-        bx.text(
-            0.02,
-            0.97,
-            f"predictive lower on {pair.n_lower} of {pair.n_paired} paired seeds",
-            transform=bx.transAxes,
-            va="top",
-            fontsize=8,
+            se = se if np.isfinite(se) else 0.0
+            centre[crit] = (100 * mean, 100 * (mean - se), 100 * (mean + se))
+        _paired_dots(
+            ax,
+            {"ratio": 100 * pair.ratio, "predictive": 100 * pair.pred},
+            centre,
+            {c: _mean_label(m) for c, m in means.items()},
         )
-    suptitle(fig, result.title, _study_title(ctx))
+        ax.set_ylabel("unsafe-keep rate (%)")
+        _sorted_bars(
+            bx,
+            100 * right.series[0].y,
+            "negative",
+            f"predictive lower on {pair.n_lower} of {pair.n_paired} paired seeds",
+            "predictive − ratio (percentage points)",
+        )
+    _draw_same_per_seed(cx, dx, result, same)
+    suptitle(fig, result.title, _study_title(ctx), where)
     fig.tight_layout()
-    return save_figure(fig, ctx.out, result.name, ctx.formats)
+    return save_figure(fig, ctx.out, fig3_unsafe_keep.name, ctx.formats)
 
 
-@figure("fig4_corrective", "Figure 4: pooled corrective fraction per criterion", source="study")
+@figure(
+    "fig4_corrective",
+    "Figure 4: pooled corrective fraction per criterion, beside both criteria on the same tokens",
+    source="study",
+)
 def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
+    where = _where(ctx)
     result = ArtefactResult(
-        name="fig4_corrective",
         command=STUDY_COMMAND,
-        title="Figure 4: corrective fraction of kept disagreement tokens, pooled over seeds",
+        title="Figure 4: corrective fraction of kept disagreement tokens, pooled over seeds, and both criteria "
+        "judged on the same tokens",
         caption=(
-            "Pooled over all seeds: among disagreement tokens a criterion keeps, the fraction whose divergence "
-            "shrank after one optimiser step with that criterion's mask (ΔD < 0), with 95% Wilson intervals. "
-            "The ratio criterion is judged on its disagreement set with the aggregated-tail predictive criterion; "
-            "each predictive criterion on its own disagreement set with the ratio criterion. Pooled, so not the "
-            "complement of Figure 3's per-seed mean. Counts from the per-seed rows (token_level_seeds)."
+            f"Left, the {PAPER_DEFINITION}: pooled over all seeds, among disagreement tokens a criterion keeps, "
+            "the fraction whose divergence shrank after one optimiser step with that criterion's mask (ΔD < 0), "
+            "with 95% Wilson intervals. The ratio criterion is judged on its disagreement set with the "
+            "aggregated-tail predictive criterion; each predictive criterion on its own disagreement set with the "
+            "ratio criterion. Pooled, so not the complement of Figure 3's per-seed mean. Counts from the per-seed "
+            "rows (token_level_seeds). Right: "
+            + SAME_TOKENS_CAPTION
+            + " Bars: each criterion's balanced accuracy pooled over seeds (token_level_criteria); dotted line: "
+            "the constant predictor." + (f" This study was {where}." if where else "")
         ),
         study=ctx.study,
         selection_rule=_selection(ctx),
     )
-    panel = Panel(title="corrective fraction (pooled)")
-    result.panels = [panel]
+    panel = Panel(title=f"{PAPER_DEFINITION}:\ncorrective fraction (pooled)")
+    same_panel = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy (pooled)")
+    result.panels = [panel, same_panel]
     if ctx.summary is None:
         panel.note = NO_STUDY
     else:
@@ -177,18 +364,35 @@ def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
                 )
             ]
             result.has_data = True
+    same = _same(ctx)
+    if same is None:
+        same_panel.note = _not_judged_note(ctx)
+    else:
+        same_panel.series = [_pooled_series(same)]
+        if same.constant_balanced is not None:
+            same_panel.series.append(
+                Series(
+                    "constant predictor",
+                    np.array(same_tokens.PAIR, dtype=object),
+                    np.full(2, same.constant_balanced),
+                )
+            )
+        result.has_data = True
     if ctx.draw:
-        result.files = _draw_fig4(ctx, result)
+        result.files = _draw_fig4(ctx, result, same, where)
     return result
 
 
-def _draw_fig4(ctx: ReportContext, result: ArtefactResult) -> list:
-    fig, (ax,) = new_figure(1, 1, panel_w=6.0, panel_h=3.2)
-    panel = result.panels[0]
-    ax.set_title(panel.title)
-    if not panel.series:
-        empty_panel(ax, panel.note or "no data")
-    else:
+def _draw_fig4(
+    ctx: ReportContext, result: ArtefactResult, same: same_tokens.SameTokens | None, where: str
+) -> list:
+    fig, (ax, bx) = new_figure(1, 2, panel_w=4.6, panel_h=3.4)
+    panel, same_panel = result.panels
+    for axis, p in ((ax, panel), (bx, same_panel)):
+        axis.set_title(p.title, fontsize=8)
+        if not p.series:
+            empty_panel(axis, p.note or "no data")
+    if panel.series:
         s = panel.series[0]
         crits = list(s.x)
         xs = np.arange(len(crits))
@@ -215,9 +419,33 @@ def _draw_fig4(ctx: ReportContext, result: ArtefactResult) -> list:
         ax.set_xticks(xs, [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in crits])
         ax.set_ylim(0, 100)
         ax.set_ylabel("corrective fraction (%)")
-    suptitle(fig, result.title, _study_title(ctx))
+    if same is not None and same_panel.series:
+        s = same_panel.get("pooled")
+        xs = np.arange(len(s.x))
+        bx.bar(xs, np.nan_to_num(100 * s.y), width=0.6, color=[CRITERION_STYLE[c][1] for c in s.x])
+        for x, y, a, b in zip(xs, 100 * s.y, 100 * s.yerr[0], 100 * s.yerr[1]):
+            _draw_interval(bx, x, y - a, y + b, "black")
+        est = _estimates(same)
+        for x, c in zip(xs, s.x):
+            bx.text(x, 2, _estimate_label(est[c]), ha="center", va="bottom", fontsize=7, color="white")
+        if same.constant_balanced is not None:
+            bx.axhline(100 * same.constant_balanced, color="black", linestyle=":", linewidth=1)
+            bx.text(-0.45, 100 * same.constant_balanced, "constant predictor", va="bottom", fontsize=7)
+        n, k = same.point.judged_disagree or 0, same.point.n_seeds
+        bx.text(
+            0.02,
+            0.97,
+            f"{n:,} disagreement tokens judged, {k} seeds",
+            transform=bx.transAxes,
+            va="top",
+            fontsize=7,
+        )
+        bx.set_xticks(xs, [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in s.x])
+        bx.set_ylim(0, 105)
+        bx.set_ylabel("balanced accuracy (%)")
+    suptitle(fig, result.title, _study_title(ctx), where)
     fig.tight_layout()
-    return save_figure(fig, ctx.out, result.name, ctx.formats)
+    return save_figure(fig, ctx.out, fig4_corrective.name, ctx.formats)
 
 
 # ------------------------------------------------------------------------------------- fig9: drift grid
@@ -233,6 +461,10 @@ FIG9_PANELS: dict[str, dict[str, str]] = {
     },
     "corrective fraction (pooled)": {"predictive": "corrective_predictive", "ratio": "corrective_ratio"},
 }
+#: fig9's panel of the paired difference on the same tokens (its series: each cell's ``balanced_difference``)
+DIFFERENCE_PANEL = (
+    "same tokens, against the own update:\nbalanced accuracy, predictive − ratio (mean over seeds)"
+)
 #: the paper's value of each statistic (analysis.token_level.summary.stats owns the numbers)
 _PAPER_VALUE = {
     "disagreement": stats.paper_disagreement_share,
@@ -241,6 +473,44 @@ _PAPER_VALUE = {
     "corrective_predictive": lambda: stats.PAPER_TOKEN_LEVEL["corrective_predictive"],
     "corrective_ratio": lambda: stats.PAPER_TOKEN_LEVEL["corrective_ratio"],
 }
+
+
+@dataclass(frozen=True)
+class GridCell:
+    """One cell of the drift grid as the drift figures read it: its row of token_level_grid, its study's drift
+    point (with the stored judgement) and its same-token judgement (None when the study has none)."""
+
+    row: dict[str, Any]
+    point: stats.DriftPoint
+    same: same_tokens.SameTokens | None
+
+    @property
+    def precision(self) -> str:
+        return str(self.row["precision"])
+
+    @property
+    def share(self) -> float:
+        """Its share of response tokens outside the trust region (0 without any)."""
+        return self.point.share_outside.fraction or 0.0
+
+    @property
+    def name(self) -> str:
+        """ "BF16, lr 0.0003, 7 stale updates" """
+        r = self.row
+        return f"{labels.precision_label(r['precision'])}, lr {r['lr']:g}, {r['staleness']} stale updates"
+
+
+def grid(ctx: ReportContext) -> tuple[str, list[GridCell]]:
+    """The selection rule and the cells of the drift grid stored last (no cell without a grid)."""
+    cells = grid_cells(ctx.con)
+    if cells.height == 0:
+        return "the drift grid stored last (token_level_grid)", []
+    out = []
+    for row in cells.iter_rows(named=True):
+        same = same_tokens.same_tokens(ctx.con, row["study_id"])
+        point = same.point if same is not None else same_tokens.drift_point(ctx.con, row["study_id"])
+        out.append(GridCell(row, point, same))
+    return f"drift grid {cells['grid_name'][0]} {cells['grid_id'][0]} (the one stored last)", out
 
 
 def _statistic(point: stats.DriftPoint, name: str) -> float:
@@ -253,6 +523,39 @@ def _series_label(precision: str, part: str) -> str:
     return f"{labels.precision_label(precision)}: {part}" if part else labels.precision_label(precision)
 
 
+def _interval_series(
+    label: str, cells: list[GridCell], values: list[tuple[Any, Any, Any]], method: str
+) -> Series:
+    """Cells' (value, low, high) against their share outside, ascending; NaN where a bound is missing."""
+    x = np.array([c.share for c in cells], dtype=float)
+    v = np.array([[np.nan if b is None else b for b in t] for t in values], dtype=float).reshape(-1, 3)
+    order = np.argsort(x, kind="stable")
+    y, lo, hi = v[order, 0], v[order, 1], v[order, 2]
+    return Series(label, x[order], y, yerr=np.stack([y - lo, hi - y]), method=method)
+
+
+def left_out(cells: list[GridCell], has_value: Any) -> str:
+    """Which cells a same-token panel leaves out, and why ("" when none): not judged, no outside token (off the
+    log axis), or judged without the statistic (``has_value(cell)`` False: no disagreement token, or one class)."""
+    reasons: dict[str, list[str]] = {}
+    for c in cells:
+        if c.same is None:
+            why = f"not judged, its tokens carry no own-update truth ({stats.OWN_UPDATE})"
+        elif c.share <= 0:
+            why = "no outside token"
+        elif not has_value(c):
+            why = "no balanced accuracy (disagreement set empty or of one class)"
+        else:
+            continue
+        reasons.setdefault(why, []).append(c.name)
+    return "; ".join(f"left out, {why}: {', '.join(names)}" for why, names in reasons.items())
+
+
+def _has_difference(c: GridCell) -> bool:
+    d = c.point.balanced_difference
+    return d is not None and d.mean is not None
+
+
 @figure(
     "fig9_drift_sensitivity",
     "Figure 9: the token-level statistics against the measured drift",
@@ -261,7 +564,6 @@ def _series_label(precision: str, part: str) -> str:
 def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
     lo, hi = stats.paper_share_outside()
     result = ArtefactResult(
-        name="fig9_drift_sensitivity",
         command=DRIFT_COMMAND,
         title="Figure 9 (beyond the paper): token-level statistics against the share of tokens outside the trust region",
         caption=(
@@ -274,29 +576,27 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
             "value of each statistic drawn across a grey band of x: the paper does not report its share outside, "
             f"only 1,435 outside tokens per 1,024 responses; the band is 1,435 / (1,024 × L) = {100 * lo:.3f}%–"
             f"{100 * hi:.3f}% for an ASSUMED mean response length L of {stats.PAPER_RESPONSE_LENGTHS[1]:,}–"
-            f"{stats.PAPER_RESPONSE_LENGTHS[0]:,} tokens."
+            f"{stats.PAPER_RESPONSE_LENGTHS[0]:,} tokens. Last panel, beyond the paper (docs/math.md §5.1): both "
+            "criteria judged on the same tokens (the disagreement set) against each token's own update "
+            f"({stats.OWN_UPDATE}); per cell, the per-seed difference of balanced accuracy predictive − ratio, mean "
+            "over the seeds where both are defined with its 95% Student-t interval (the paper has no such number); "
+            "cells whose study was not judged are left out and named in the subtitle. Figure 10 draws each "
+            "criterion's balanced accuracy."
         ),
         study=None,
         selection_rule="the drift grid stored last (token_level_grid)",
     )
-    result.panels = [Panel(title=t) for t in FIG9_PANELS]
-    cells = grid_cells(ctx.con)
-    if cells.height == 0:
+    result.panels = [Panel(title=t) for t in FIG9_PANELS] + [Panel(title=DIFFERENCE_PANEL)]
+    result.selection_rule, cells = grid(ctx)
+    if not cells:
         for p in result.panels:
             p.note = NO_GRID
     else:
-        result.selection_rule = (
-            f"drift grid {cells['grid_name'][0]} {cells['grid_id'][0]} (the one stored last)"
-        )
-        points = [
-            (row["precision"], stats.drift_point(data.seed_rows(ctx.con, row["study_id"])))
-            for row in cells.iter_rows(named=True)
-        ]
-        result.stats = points
-        precisions = list(dict.fromkeys(p for p, _ in points))
+        result.stats = [(c.precision, c.point) for c in cells]
+        precisions = list(dict.fromkeys(c.precision for c in cells))
         for panel, parts in zip(result.panels, FIG9_PANELS.values()):
             for prec in precisions:
-                pts = [pt for p, pt in points if p == prec]
+                pts = [c.point for c in cells if c.precision == prec]
                 x = np.array([pt.share_outside.fraction or 0.0 for pt in pts])
                 keep = x > 0
                 order = np.argsort(x[keep], kind="stable")
@@ -317,22 +617,71 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
                         method=name,
                     )
                 )
+        diff = result.panels[-1]
+        for prec in precisions:
+            shown = [c for c in cells if c.precision == prec and c.share > 0 and _has_difference(c)]
+            d = [c.point.balanced_difference for c in shown]
+            diff.series.append(
+                _interval_series(
+                    _series_label(prec, ""), shown, [(e.mean, e.lo, e.hi) for e in d], "balanced_difference"
+                )
+            )
+        diff.text = left_out(cells, _has_difference)
+        if not any(s.x.size for s in diff.series):
+            diff.note = "no cell judged on the same tokens"
         result.has_data = any(s.x.size for s in result.panels[0].series[: len(precisions)])
     if ctx.draw:
         result.files = _draw_fig9(ctx, result)
     return result
 
 
+def _draw_interval(ax, x: float, lo: float, hi: float, colour: str) -> None:
+    """A vertical interval from lo to hi with caps (nothing where a bound is missing)."""
+    if np.isfinite(lo) and np.isfinite(hi):
+        ax.plot([x, x], [lo, hi], color=colour, linewidth=1, marker="_", markersize=7, zorder=2)
+
+
+def _precision_marker(precisions: list[str], prec: str) -> str:
+    if prec not in precisions:
+        precisions.append(prec)
+    return PRECISION_MARKERS[precisions.index(prec) % len(PRECISION_MARKERS)]
+
+
+def _draw_difference(ax, panel: Panel, precisions: list[str]) -> None:
+    """Fig 9's last panel: each cell's mean paired difference (percentage points) with its t-interval."""
+    ax.axhline(0, color="black", linewidth=0.8)
+    tops = [1.0]
+    for s in panel.series:
+        if not s.x.size:
+            continue
+        marker = _precision_marker(precisions, s.label)
+        ax.plot(100 * s.x, 100 * s.y, marker=marker, color="black", markersize=4, linewidth=0.9, alpha=0.85)
+        lo, hi = 100 * (s.y - s.yerr[0]), 100 * (s.y + s.yerr[1])
+        for x, a, b in zip(100 * s.x, lo, hi):
+            _draw_interval(ax, x, a, b, "black")
+        tops.append(float(np.nanmax(np.abs(np.concatenate([lo, hi, 100 * s.y])))))
+    top = min(105.0, 1.15 * max(tops))  # a difference of two balanced accuracies lies within ±100 points
+    ax.set_ylim(-top, top)
+    ax.set_ylabel("predictive − ratio (percentage points)", fontsize=7)
+
+
 def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> list:
-    fig, axes = new_figure(1, len(result.panels), panel_w=3.9, panel_h=3.4)
+    fig, axes = new_figure(2, 2, panel_w=4.6, panel_h=3.3)
     lo, hi = stats.paper_share_outside()
     precisions: list[str] = []
     for ax, panel in zip(axes, result.panels):
         ax.set_title(panel.title, fontsize=8)
-        if not panel.series:
+        if not any(s.x.size for s in panel.series):
             empty_panel(ax, panel.note or "no data")
             continue
         ax.axvspan(100 * lo, 100 * hi, color=GREY, alpha=0.18, linewidth=0)
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens outside the trust region (% of response tokens)", fontsize=7)
+        if panel.note:
+            ax.text(0.02, 0.97, panel.note, transform=ax.transAxes, va="top", fontsize=6)
+        if panel.title == DIFFERENCE_PANEL:
+            _draw_difference(ax, panel, precisions)
+            continue
         for s in panel.series:
             is_paper = s.label.startswith(stats.PAPER_LABEL)
             crit = "ratio" if s.label.endswith("ratio") else "predictive"
@@ -342,10 +691,7 @@ def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> list:
                 mid = 100 * np.sqrt(lo * hi)
                 ax.plot([mid], [100 * s.y[0]], marker="*", color=colour, markersize=11, linestyle="")
                 continue
-            prec = s.label.split(":")[0]
-            if prec not in precisions:
-                precisions.append(prec)
-            marker = PRECISION_MARKERS[precisions.index(prec) % len(PRECISION_MARKERS)]
+            marker = _precision_marker(precisions, s.label.split(":")[0])
             style = "--" if crit == "ratio" and s.label.endswith("ratio") else "-"
             ax.plot(
                 100 * s.x,
@@ -358,14 +704,10 @@ def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> list:
                 alpha=0.85,
                 label=s.label,
             )
-        ax.set_xscale("log")
-        ax.set_xlabel("tokens outside the trust region (% of response tokens)", fontsize=7)
         ax.set_ylabel("%")
         ys = np.concatenate([100 * x.y for x in panel.series])
         top = float(np.nanmax(ys)) if np.isfinite(ys).any() else 100.0
         ax.set_ylim(0, 100 if top > 30 else 1.25 * top)
-        if panel.note:
-            ax.text(0.02, 0.97, panel.note, transform=ax.transAxes, va="top", fontsize=6)
     handles: dict[str, object] = {}
     for ax in axes:
         for line in ax.get_lines():
@@ -376,7 +718,143 @@ def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> list:
         f"{stats.PAPER_LABEL}: reported value (★), over the band of x it implies (assumed response length)"
     ] = Line2D([0], [0], marker="*", color="black", linestyle="", markersize=9)
     handles["band: paper's share outside, 1,435 / (1,024 × L), L assumed"] = Patch(color=GREY, alpha=0.18)
-    fig.subplots_adjust(top=0.8, bottom=0.36, wspace=0.28)
+    fig.subplots_adjust(top=0.84, bottom=0.2, wspace=0.28, hspace=0.5)
     legend_below(fig, handles, ncol=3)
-    suptitle(fig, result.title, f"{result.selection_rule}; CPU stand-in with emulated precision vs the paper")
-    return save_figure(fig, ctx.out, result.name, ctx.formats)
+    notes = [t for t in (result.panels[-1].text,) if t]
+    suptitle(
+        fig,
+        result.title,
+        f"{result.selection_rule}; CPU stand-in with emulated precision vs the paper",
+        *notes,
+    )
+    return save_figure(fig, ctx.out, fig9_drift_sensitivity.name, ctx.formats)
+
+
+# ------------------------------------------------------------------------------- fig10: criteria against drift
+
+
+def _has_balanced(c: GridCell) -> bool:
+    p = c.point
+    return all(e is not None and e.value is not None for e in (p.balanced_predictive, p.balanced_ratio))
+
+
+@figure(
+    "fig10_criteria_vs_drift",
+    "Figure 10: both criteria judged on the same tokens against the measured drift",
+    source="study",
+)
+def fig10_criteria_vs_drift(ctx: ReportContext) -> ArtefactResult:
+    lo, hi = stats.paper_share_outside()
+    result = ArtefactResult(
+        command=DRIFT_COMMAND,
+        title="Figure 10 (beyond the paper): both criteria judged on the same tokens against the share of tokens "
+        "outside the trust region",
+        caption=(
+            f"Each point is one cell of the drift grid ({DRIFT_COMMAND}: lr × staleness, one marker per "
+            "precision), a token-level study of its own; x is its measured share of response tokens outside the "
+            "trust region, pooled over its seeds, log scale. y: each criterion's balanced accuracy on the cell's "
+            "disagreement set (the tokens where the ratio and aggregated-tail predictive criteria decide "
+            f"differently) against each token's own update ({stats.OWN_UPDATE} > 0: keeping its update raises its "
+            "D, to first order through the network; docs/math.md §5.1), pooled over the cell's seeds, with its 95% "
+            "seed-cluster bootstrap interval (seeds resampled; a cell of one seed has none). Both criteria are "
+            "judged on the same tokens, which decide oppositely on every token of the set, so their balanced "
+            "accuracies sum to 100%. Dotted line: the constant predictor (one decision for every token), 50%. "
+            "Grey band: the paper's regime, the share outside implied by its 1,435 outside tokens per 1,024 "
+            f"responses for an ASSUMED mean response length of {stats.PAPER_RESPONSE_LENGTHS[1]:,}–"
+            f"{stats.PAPER_RESPONSE_LENGTHS[0]:,} tokens ({100 * lo:.3f}%–{100 * hi:.3f}%); the paper reports no "
+            "balanced accuracy. Cells whose study was not judged (tokens without the own-update truth), without an "
+            "outside token or without a balanced accuracy are left out and named in the subtitle."
+        ),
+        study=None,
+    )
+    panel = Panel(
+        title="balanced accuracy on the disagreement set, against the own update (pooled over seeds)"
+    )
+    result.panels = [panel]
+    result.selection_rule, cells = grid(ctx)
+    if not cells:
+        panel.note = NO_GRID
+    else:
+        shown = [c for c in cells if c.same is not None and c.share > 0 and _has_balanced(c)]
+        result.stats = [(c.name, c.point) for c in shown]
+        for prec in dict.fromkeys(c.precision for c in cells):
+            mine = [c for c in shown if c.precision == prec]
+            for crit, field in (("predictive", "balanced_predictive"), ("ratio", "balanced_ratio")):
+                est = [getattr(c.point, field) for c in mine]
+                panel.series.append(
+                    _interval_series(
+                        _series_label(prec, crit), mine, [(e.value, e.lo, e.hi) for e in est], crit
+                    )
+                )
+        constants = sorted({c.same.constant_balanced for c in shown if c.same.constant_balanced is not None})
+        for value in constants:
+            panel.series.append(Series("constant predictor", np.array([lo, 1.0]), np.full(2, value)))
+        panel.text = left_out(cells, _has_balanced)
+        result.has_data = bool(shown)
+        if not shown:
+            panel.note = "no cell judged on the same tokens"
+    if ctx.draw:
+        result.files = _draw_fig10(ctx, result)
+    return result
+
+
+def _draw_fig10(ctx: ReportContext, result: ArtefactResult) -> list:
+    fig, (ax,) = new_figure(1, 1, panel_w=9.2, panel_h=4.2)
+    panel = result.panels[0]
+    ax.set_title(panel.title, fontsize=8)
+    lo, hi = stats.paper_share_outside()
+    handles: dict[str, object] = {}
+    if not result.has_data:
+        empty_panel(ax, panel.note or "no data")
+    else:
+        ax.axvspan(100 * lo, 100 * hi, color=GREY, alpha=0.18, linewidth=0)
+        ax.text(
+            100 * np.sqrt(lo * hi),
+            97,
+            f"paper's regime\n{100 * lo:.3f}–{100 * hi:.2f}%\n(assumed)",
+            ha="center",
+            va="top",
+            fontsize=7,
+        )
+        handles["paper's regime: 1,435 / (1,024 × L) of tokens outside, L assumed 1,024–8,192"] = Patch(
+            color=GREY, alpha=0.18
+        )
+        precisions: list[str] = []
+        xs = [100 * lo]
+        for s in panel.series:
+            if s.label == "constant predictor":
+                line = ax.axhline(100 * s.y[0], color="black", linestyle=":", linewidth=1)
+                handles[f"constant predictor (one decision for every token), {100 * s.y[0]:.0f}%"] = line
+                continue
+            if not s.x.size:
+                continue
+            crit = s.method or "predictive"
+            colour = CRITERION_STYLE[crit][1]
+            marker = _precision_marker(precisions, s.label.split(":")[0])
+            (line,) = ax.plot(
+                100 * s.x,
+                100 * s.y,
+                marker=marker,
+                linestyle="--" if crit == "ratio" else "-",
+                color=colour,
+                markersize=5,
+                linewidth=1,
+            )
+            for x, y, a, b in zip(100 * s.x, 100 * s.y, 100 * (s.y - s.yerr[0]), 100 * (s.y + s.yerr[1])):
+                _draw_interval(ax, x, a, b, colour)
+            handles[f"{s.label.split(':')[0]}: {CRITERION_STYLE[crit][0]}"] = line
+            xs.extend(100 * s.x)
+        ax.set_xscale("log")
+        ax.set_xlim(min(xs) / 2, max(xs) * 2)
+        ax.set_ylim(0, 100)
+        ax.set_xlabel("tokens outside the trust region (% of response tokens, pooled over seeds)")
+        ax.set_ylabel("balanced accuracy (%)")
+    notes = [t for t in (panel.text,) if t]
+    head = [result.title, f"{result.selection_rule}; CPU stand-in with emulated precision", *notes]
+    height = fig.get_figheight()
+    title_in = 0.35 + 0.17 * len(wrap_lines(head, fig.get_figwidth()))
+    legend_in = 0.75 + legend_rows(len(handles), 2) * LEGEND_ROW_IN
+    fig.subplots_adjust(top=1 - title_in / height, bottom=legend_in / height, left=0.08, right=0.98)
+    legend_below(fig, handles, ncol=2)
+    suptitle(fig, *head)
+    return save_figure(fig, ctx.out, fig10_criteria_vs_drift.name, ctx.formats)

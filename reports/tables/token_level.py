@@ -1,85 +1,232 @@
 """The token-level study's summary table: each quantity the study measures, the paper's number beside this
-database's (analysis.token_level.summary.stats computes both; this module only lays them out)."""
+database's (analysis.token_level.summary.stats computes both; this module only lays them out). The paper's
+statistics come first, under the paper's definitions; then both criteria judged on the same tokens (docs/math.md
+§5.1; the stored judgement as reports.same_tokens reads it), which the paper does not report."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from analysis.token_level.summary import stats
+from reports import data, same_tokens
 from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext, table
 from reports.tables.render import TextTable, write_tables
 
 NOT_REPORTED = "not reported"
 
-SummaryRow = tuple[str, str | None, Callable[[stats.StudySummary], str]]
+
+@dataclass(frozen=True)
+class StudyNumbers:
+    """What the table reads of one study: its statistics under the paper's definitions, its share of response
+    tokens outside the trust region, and its same-token judgement (None: not judged, ``unjudged`` says why)."""
+
+    summary: stats.StudySummary
+    share: stats.Pooled | None = None
+    same: same_tokens.SameTokens | None = None
+    unjudged: str = "—"
 
 
-def _pooled(crit: str) -> Callable[[stats.StudySummary], str]:
-    return lambda s: s.corrective[crit].pct() if crit in s.corrective else "—"
+SummaryRow = tuple[str, Callable[[], str], Callable[[StudyNumbers], str]]
 
 
-def _paired_mean(crit: str, side: str) -> Callable[[stats.StudySummary], str]:
-    def cell(s: stats.StudySummary) -> str:
-        pair = s.pairs.get(crit)
+def _paper(key: str) -> Callable[[], str]:
+    return lambda: stats.paper_text(key)
+
+
+def _none() -> str:
+    return NOT_REPORTED
+
+
+def _heading() -> str:
+    return ""
+
+
+def _of(cell: Callable[[stats.StudySummary], str]) -> Callable[[StudyNumbers], str]:
+    return lambda n: cell(n.summary)
+
+
+def _pooled(crit: str) -> Callable[[StudyNumbers], str]:
+    return lambda n: n.summary.corrective[crit].pct() if crit in n.summary.corrective else "—"
+
+
+def _paired_mean(crit: str, side: str) -> Callable[[StudyNumbers], str]:
+    def cell(n: StudyNumbers) -> str:
+        pair = n.summary.pairs.get(crit)
         return "—" if pair is None else getattr(pair.unsafe_keep, side).pct()
 
     return cell
 
 
-def _lower(s: stats.StudySummary) -> str:
-    if s.headline is None:
+def _lower(n: StudyNumbers) -> str:
+    if n.summary.headline is None:
         return "—"
-    pair = s.headline.unsafe_keep
+    pair = n.summary.headline.unsafe_keep
     return f"{pair.n_lower} of {pair.n_paired} paired seeds"
 
 
-# (quantity, key of the paper's number or None when the paper does not report it, this study's value)
+def _paper_share() -> str:
+    lo, hi = stats.paper_share_outside()
+    long, short = stats.PAPER_RESPONSE_LENGTHS[1], stats.PAPER_RESPONSE_LENGTHS[0]
+    return (
+        f"{NOT_REPORTED}; {100 * lo:.3f}%–{100 * hi:.2f}% for an assumed mean response length of "
+        f"{short:,}–{long:,} tokens"
+    )
+
+
+def _share(n: StudyNumbers) -> str:
+    f = n.share.fraction if n.share is not None else None
+    return (
+        "—"
+        if f is None
+        else f"{100 * f:.3g}% ({n.share.k:,} of {n.share.n:,} response tokens, pooled over seeds)"
+    )
+
+
+def _judged(n: StudyNumbers) -> str:
+    if n.same is None:
+        return n.unjudged
+    p = n.same.point
+    return f"{p.judged_disagree or 0:,} tokens, {p.n_seeds} seeds"
+
+
+def _same(cell: Callable[[same_tokens.SameTokens], str]) -> Callable[[StudyNumbers], str]:
+    return lambda n: "—" if n.same is None else cell(n.same)
+
+
+def _balanced(field: str) -> Callable[[same_tokens.SameTokens], str]:
+    def cell(s: same_tokens.SameTokens) -> str:
+        e: stats.Estimate | None = getattr(s.point, field)
+        return "—" if e is None else e.pct()
+
+    return cell
+
+
+def _constant(s: same_tokens.SameTokens) -> str:
+    decision = (
+        "drop every token (most rise)" if s.constant_class == "rises" else "keep every token (most fall)"
+    )
+    value = "—" if s.constant_balanced is None else f"{100 * s.constant_balanced:.1f}%"
+    return f"{value}, {decision}"
+
+
+def _difference(s: same_tokens.SameTokens) -> str:
+    d = s.point.balanced_difference
+    return "—" if d is None else f"{d.pp()} (n = {d.n_seeds} seeds)"
+
+
+def _counts(s: same_tokens.SameTokens) -> str:
+    d = s.point.balanced_difference
+    return "—" if d is None else f"{d.n_lower} / {d.n_tied} / {d.n_higher} of {d.n_seeds} seeds"
+
+
+def _p_values(s: same_tokens.SameTokens) -> str:
+    d = s.point.balanced_difference
+    if d is None:
+        return "—"
+    p = ["—" if v is None else f"{v:.3g}" for v in (d.sign_p, d.wilcoxon_p)]
+    return f"{p[0]}; {p[1]}" + (f" ({s.paired_note})" if s.paired_note else "")
+
+
+PAPER_HEADING = "by the paper's definitions (different token sets per criterion):"
+SAME_HEADING = (
+    f"both criteria on the same tokens, the disagreement set, against the own update ({stats.OWN_UPDATE}), "
+    "beyond the paper:"
+)
+
+# (quantity, the paper's cell, this study's cell)
 SUMMARY_ROWS: tuple[SummaryRow, ...] = (
-    ("seeds", "seeds", lambda s: str(s.n_seeds)),
-    ("tokens outside the trust region per seed (mean ± SE)", "outside_per_seed", lambda s: s.outside.count()),
+    ("seeds", _paper("seeds"), lambda n: str(n.summary.n_seeds)),
+    ("share of response tokens outside the trust region (pooled over seeds)", _paper_share, _share),
+    (PAPER_HEADING, _heading, lambda n: ""),
+    (
+        "tokens outside the trust region per seed (mean ± SE)",
+        _paper("outside_per_seed"),
+        _of(lambda s: s.outside.count()),
+    ),
     (
         "disagreement set per seed (mean ± SE)",
-        "disagree_per_seed",
-        lambda s: s.headline.disagree.count() if s.headline else "—",
+        _paper("disagree_per_seed"),
+        _of(lambda s: s.headline.disagree.count() if s.headline else "—"),
     ),
     (
         "unsafe-keep rate, predictive aggregated (mean ± SE over paired seeds)",
-        "unsafe_keep_predictive",
+        _paper("unsafe_keep_predictive"),
         _paired_mean("predictive", "pred_mean"),
     ),
     (
         "unsafe-keep rate, ratio (mean ± SE over paired seeds)",
-        "unsafe_keep_ratio",
+        _paper("unsafe_keep_ratio"),
         _paired_mean("predictive", "ratio_mean"),
     ),
-    ("seeds where predictive is lower", "seeds_predictive_lower", _lower),
-    ("corrective fraction, predictive aggregated (pooled)", "corrective_predictive", _pooled("predictive")),
-    ("corrective fraction, ratio (pooled)", "corrective_ratio", _pooled("ratio")),
+    ("seeds where predictive is lower", _paper("seeds_predictive_lower"), _lower),
+    (
+        "corrective fraction, predictive aggregated (pooled)",
+        _paper("corrective_predictive"),
+        _pooled("predictive"),
+    ),
+    ("corrective fraction, ratio (pooled)", _paper("corrective_ratio"), _pooled("ratio")),
     (
         "unsafe-keep rate, predictive uniform (mean ± SE over paired seeds)",
-        None,
+        _none,
         _paired_mean("predictive_uniform", "pred_mean"),
     ),
     (
         "unsafe-keep rate, predictive exact tail (mean ± SE over paired seeds)",
-        None,
+        _none,
         _paired_mean("predictive_exact", "pred_mean"),
     ),
-    ("corrective fraction, predictive uniform (pooled)", None, _pooled("predictive_uniform")),
-    ("corrective fraction, predictive exact tail (pooled)", None, _pooled("predictive_exact")),
+    ("corrective fraction, predictive uniform (pooled)", _none, _pooled("predictive_uniform")),
+    ("corrective fraction, predictive exact tail (pooled)", _none, _pooled("predictive_exact")),
+    (SAME_HEADING, _heading, lambda n: ""),
+    ("disagreement tokens judged (pooled over seeds)", _none, _judged),
+    (
+        "balanced accuracy, predictive aggregated (pooled, 95% seed-cluster bootstrap interval)",
+        _none,
+        _same(_balanced("balanced_predictive")),
+    ),
+    (
+        "balanced accuracy, ratio (pooled, 95% seed-cluster bootstrap interval)",
+        _none,
+        _same(_balanced("balanced_ratio")),
+    ),
+    ("balanced accuracy, constant predictor (one decision for every token)", _none, _same(_constant)),
+    (
+        "balanced accuracy, predictive − ratio per seed (mean, 95% t-interval)",
+        _none,
+        _same(_difference),
+    ),
+    ("seeds where predictive's balanced accuracy is lower / tied / higher", _none, _same(_counts)),
+    ("p-values of predictive vs ratio: two-sided sign test; Wilcoxon signed-rank", _none, _same(_p_values)),
 )
 
 
-def summary_rows(summary: stats.StudySummary | None) -> list[list[str]]:
-    """One row per quantity: its name, the paper's number, this study's number ("—" without a study)."""
+def summary_rows(numbers: StudyNumbers | stats.StudySummary | None) -> list[list[str]]:
+    """One row per quantity: its name, the paper's number, this study's number ("—" without a study; a heading
+    row has empty cells). A bare StudySummary fills the paper's statistics only."""
+    if isinstance(numbers, stats.StudySummary):
+        numbers = StudyNumbers(numbers)
     return [
         [
             quantity,
-            stats.paper_text(key) if key is not None else NOT_REPORTED,
-            value(summary) if summary is not None else "—",
+            paper(),
+            value(numbers) if numbers is not None else ("" if paper is _heading else "—"),
         ]
-        for quantity, key, value in SUMMARY_ROWS
+        for quantity, paper, value in SUMMARY_ROWS
     ]
+
+
+def study_numbers(ctx: ReportContext) -> StudyNumbers | None:
+    """The chosen study's numbers (None without a study)."""
+    if ctx.study is None or ctx.summary is None:
+        return None
+    sid = ctx.study.study_id
+    return StudyNumbers(
+        summary=ctx.summary,
+        share=stats.share_outside(data.seed_rows(ctx.con, sid)),
+        same=same_tokens.same_tokens(ctx.con, sid),
+        unjudged=same_tokens.not_judged(f"study {sid}"),
+    )
 
 
 @table("token_level_summary", "Token-level study beside the paper's numbers", source="study")
@@ -91,12 +238,13 @@ def token_level_summary(ctx: ReportContext) -> ArtefactResult:
         selection_rule=f"study {ctx.study.study_id}" if ctx.study else "no token-level study",
         command=STUDY_COMMAND,
     )
-    if ctx.study is None or ctx.summary is None:
+    numbers = study_numbers(ctx)
+    if numbers is None:
         note = f"No token-level study in this database ({STUDY_COMMAND}); only the paper's column."
         db_label = "this database"
     else:
         result.stats = ctx.summary
-        result.has_data = ctx.summary.n_seeds > 0
+        result.has_data = numbers.summary.n_seeds > 0
         note = (
             "Left column: the paper's published numbers (Qwen3 scale, 61 seeds, docs/math.md §5). Right column: this "
             "database only. A small CPU model reproduces the mechanism, not the paper's numbers. Means of "
@@ -108,7 +256,7 @@ def token_level_summary(ctx: ReportContext) -> ArtefactResult:
         title=result.title,
         note=note,
         header=["quantity", stats.PAPER_LABEL, db_label],
-        rows=summary_rows(ctx.summary),
+        rows=summary_rows(numbers),
     )
     result.tables = {"summary": text}
     if ctx.draw:
