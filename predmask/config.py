@@ -3,9 +3,10 @@
 - ``compose(config_name, overrides)`` composes a primary config of conf/ (``train``, ``token_level``,
   ``variational``) with Hydra's compose API after storing the structured-config schemas in Hydra's ConfigStore: the
   engine's dataclasses (task, base, rollout, trainer sections, and the variational family's sections of
-  ``predmask.rl.vr_schema``) always, and a caller's own (the study passes ``schemas={"token_level_schema": ...}``).
-  The YAML files name their schema in their defaults list and only select values; unknown keys and wrong types
-  fail at compose time with one line (``ConfigError``).
+  ``predmask.rl.vr_schema``), the cluster side's (``predmask.cluster_schema``: clusters, cluster models) always, and
+  a caller's own (the study passes ``schemas={"token_level_schema": ...}``). The YAML files name their schema in
+  their defaults list and only select values; unknown keys and wrong types fail at compose time with one line
+  (``ConfigError``); ``typed_view`` checks a run config's section against its schema the same way.
 - ``stable_id(config)`` is the identity of a run or a study: a hash of the resolved config minus launcher keys and
   display labels.
 - ``group_options``, ``group_entry``, ``option_choices``, ``label`` read conf/<group>/<name>.yaml for reports and checks;
@@ -22,7 +23,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -43,11 +44,13 @@ __all__ = [
     "store_schemas",
     "sweep_params",
     "to_container",
+    "typed_view",
 ]
 
 #: config keys that say where/how a run is launched or watched, not what it computes: excluded from the run id
 #: (a dotted key names a nested one: the trackers a run logs to are not part of it)
 LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "run_dir", "cache_dir", "hydra", "trainer.logger")
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -61,6 +64,12 @@ def conf_dir() -> Path:
 
 def _engine_schemas() -> dict[tuple[str | None, str], Any]:
     """(group, name) -> node of the engine's schemas, as named in the defaults lists of conf/."""
+    from predmask.cluster_schema import (
+        ClusterConfig,
+        ClusterModelConfig,
+        SlurmClusterConfig,
+        VerlClusterConfig,
+    )
     from predmask.rl.schema import BaseConfig, RolloutConfig, TrainerConfig
     from predmask.rl.task import TaskConfig
     from predmask.rl.vr_schema import section_schemas
@@ -68,6 +77,10 @@ def _engine_schemas() -> dict[tuple[str | None, str], Any]:
     return {
         ("task", "schema"): TaskConfig,
         ("base", "schema"): BaseConfig,
+        ("model", "cluster_schema"): ClusterModelConfig,
+        ("cluster", "schema"): ClusterConfig,
+        ("cluster", "slurm_schema"): SlurmClusterConfig,
+        ("cluster", "verl_schema"): VerlClusterConfig,
         (None, "train_schema"): {"rollout": RolloutConfig, "trainer": TrainerConfig},
         (None, "variational_schema"): section_schemas(),
     }
@@ -198,6 +211,26 @@ def _check_schema_keys(cfg: DictConfig, path: str = "") -> None:
         node = cfg._get_node(key)  # type: ignore[union-attr]
         if isinstance(node, DictConfig) and str(key) != "hydra":
             _check_schema_keys(node, f"{path}.{key}" if path else str(key))
+
+
+def typed_view(schema: type[T], values: Any, key: str, needed_for: str) -> T:
+    """``values`` (a run config's section ``key``: a mapping or a DictConfig) as the dataclass ``schema``, its checks
+    run; a missing, unknown or mistyped field raises one ConfigError line naming it (``key.<field>``)."""
+    from omegaconf.errors import ConfigKeyError, MissingMandatoryValue, ValidationError
+
+    if not isinstance(values, Mapping | DictConfig):
+        raise ConfigError(f"run config is missing {key} (needed for {needed_for})")
+    plain = OmegaConf.to_container(values, resolve=True) if isinstance(values, DictConfig) else values
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), plain))  # type: ignore[return-value]
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"run config is missing {key}.{err.full_key} (needed for {needed_for})") from None
+    except ConfigKeyError as err:
+        section = f"{key}.{err.full_key}".rsplit(".", 1)[0]
+        allowed = ", ".join(f.name for f in dataclasses.fields(err.object_type))  # type: ignore[arg-type]
+        raise ConfigError(f"unknown {section} key {err.key!r}; allowed: {allowed}") from None
+    except ValidationError as err:
+        raise ConfigError(f"bad value for {key}.{err.full_key}: {_one_line(err)}") from None
 
 
 def _one_line(err: BaseException) -> str:

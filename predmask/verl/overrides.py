@@ -1,38 +1,18 @@
 """Translate a composed predmask run config into verl 0.9.1 Hydra overrides (pure; imports no verl).
 
-``verl_overrides(run_cfg)`` returns the overrides for ``python -m predmask.verl.launch`` (verl's ``main_ppo``).
-Keys read from ``run_cfg`` (a mapping or an OmegaConf DictConfig, shaped like the composed ``conf/`` tree;
-``?`` = optional, default in brackets):
+``verl_overrides(run_cfg)`` returns the overrides for ``python -m predmask.verl.launch`` (verl's ``main_ppo``), built
+per verl section by one small function each; :func:`verl_command` is the full argv of one run. ``run_cfg`` is the
+composed conf/train.yaml (a mapping or a DictConfig) with a cluster model and a verl cluster, whose keys are the
+dataclasses of :mod:`predmask.cluster_schema`; further keys read: ``method``, ``delta``, ``top_k``, ``precision``
+(``predmask.precisions.CLUSTER_PRECISIONS``), ``seed``, ``trainer.logger`` and ``trainer.val_n`` (the CPU engine's
+own), and optionally ``data`` (``train_files`` and ``val_files``, or ``dir``; else ``cluster.data_dir``: the files of
+``python -m sweeps.data prepare``), ``run_dir``, ``run_id``, ``sweep`` (verl's project name), ``verl`` (raw verl
+overrides, applied after ``model.verl``).
 
-- ``method``: a method name, or a mapping with ``name`` and optionally ``delta``, ``eps_low``, ``eps_high``,
-  ``ratio_cap``, ``loss_agg_mode`` (defaults: ``predmask.MethodParams``)
-- ``delta``: the trust-region threshold when ``method.delta`` is absent; ``top_k``: K of the rollout support
-- ``precision``: a precision of ``predmask.precisions`` that runs on the cluster (``bf16`` | ``fp8_rollout`` |
-  ``fp8_e2e``; a name, or a mapping with ``name``): ``rollout_fp8`` -> vLLM FP8, ``train_fp8`` -> Megatron FP8
-- ``model``: ``path`` (HF id or local directory, required), ``engine`` [megatron] | fsdp,
-  ``parallel``: ``tensor`` [1], ``pipeline`` [1], ``expert`` [1] (Megatron only: verl's FSDP engine has no
-  tensor/pipeline/expert parallelism), ``sequence`` [1] (FSDP's Ulysses sequence parallelism), ``rollout_tensor`` [1];
-  ``batch``: ``train_prompts`` [256], ``responses_per_prompt`` [16], ``ppo_mini_batch_prompts`` [64],
-  ``max_prompt_length`` [1024], ``max_response_length`` [8192], ``max_token_len_per_gpu`` [2 (prompt + response)],
-  ``lr`` [1e-6], ``temperature`` [1.0], ``val_temperature`` [temperature], ``val_top_p`` [1.0],
-  ``total_steps`` [500], ``val_every`` [10], ``save_every`` [20], ``gpu_memory_utilization`` [0.6];
-  ``verl`` [{}]: extra raw verl overrides ``{dotted.key: value}`` (applied after ours)
-- ``cluster``: ``nodes`` and ``gpus_per_node``; ``data_dir``?
-- ``data``?: ``train_files`` and ``val_files`` (a path or a list), or ``dir``; else ``cluster.data_dir``. A
-  directory means the files of ``python -m sweeps.data prepare`` (:data:`DATA_FILES`).
-- ``trainer``?: ``logger`` [console, file]: verl's ``trainer.logger``, the same list as the CPU engine's
-  (:mod:`predmask.rl.trackers`; the launcher points TensorBoard and W&B at the run directory)
-- ``seed`` [0], ``val_n`` [16], ``run_id``?, ``sweep``? (verl's project name, [predmask]), ``run_dir``?
-  (checkpoints under ``<run_dir>/checkpoints``, Hydra's output under ``<run_dir>/hydra``), ``verl`` [{}]
-
-predmask's own parameters travel under predmask's own keys (``predmask.delta``, ``predmask.ratio_cap``,
-``predmask.anchor``, ``predmask.top_k``, ``predmask.stats_dir``; :mod:`predmask.verl.settings`), so no verl key
-changes meaning: verl's ``clip_ratio_low`` / ``clip_ratio_high`` are grpo_clip_higher's PPO eps, as in verl, and
-``rollout.calculate_log_probs=true`` keeps verl's meaning (rollout log-probs). ``python -m predmask.verl.launch``
-takes the ``predmask.*`` keys off verl's argv and hands them to every process.
-
-``file_logger_path`` goes into every Ray worker's environment (verl's FileLogger reads ``VERL_FILE_LOGGER_PATH``
-in the trainer process, a Ray actor). :func:`verl_command` is the full argv of one run.
+predmask's own parameters travel under predmask's own keys (:mod:`predmask.verl.settings`), so no verl key changes
+meaning: verl's ``clip_ratio_low`` / ``clip_ratio_high`` are grpo_clip_higher's PPO eps, as in verl, and
+``rollout.calculate_log_probs=true`` keeps verl's meaning (rollout log-probs). The launcher takes the ``predmask.*``
+keys off verl's argv and hands them to every process.
 """
 
 from __future__ import annotations
@@ -40,17 +20,19 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from predmask.methods import METHODS, MethodParams, get_method
+from predmask.cluster_schema import ClusterModelConfig, VerlClusterConfig
+from predmask.config import typed_view
+from predmask.methods import METHODS, Method, MethodParams, get_method
 from predmask.metrics import LOSS_STATS_DIR
 from predmask.precisions import CLUSTER_PRECISIONS, Precision, get_precision
-from predmask.rl.trackers import DEFAULT_LOGGERS, check_loggers
+from predmask.rl.trackers import check_loggers
 from predmask.verl.settings import PREFIX
 
 __all__ = [
     "DATA_FILES",
-    "ENGINES",
     "HYDRA_SUBDIR",
     "PLUGIN_ENV",
     "PLUGIN_MODULE",
@@ -58,11 +40,11 @@ __all__ = [
     "data_files",
     "hydra_value",
     "plain_value",
+    "require",
     "verl_command",
     "verl_overrides",
 ]
 
-ENGINES: tuple[str, ...] = ("megatron", "fsdp")
 #: verl's Hydra output directory inside a run directory (how the launcher finds the run directory it writes)
 HYDRA_SUBDIR = "hydra"
 #: the module every verl process must import (it installs the hooks), and verl's env var that makes it do so
@@ -133,10 +115,17 @@ def plain_value(value: Any) -> Any:
     return value
 
 
-def _require(cfg: Any, key: str, where: str) -> Any:
-    value = config_get(cfg, key)
+#: what a missing key is needed for, in the one-line errors
+VERL_RUN = "a VeRL run"
+
+
+def require(cfg: Any, dotted: str, needed_for: str = VERL_RUN) -> Any:
+    """The value at ``dotted`` of a run config; one line when it is missing or empty."""
+    value = cfg
+    for part in dotted.split("."):
+        value = config_get(value, part)
     if value is None or value == "":
-        raise ValueError(f"run config is missing {where}.{key} (needed for a VeRL run)")
+        raise ValueError(f"run config is missing {dotted} (needed for {needed_for})")
     return value
 
 
@@ -165,7 +154,7 @@ def data_files(run_cfg: Any) -> tuple[list[str], list[str]]:
     """(train files, validation files) a VeRL run of ``run_cfg`` reads (see the module docstring's ``data``)."""
     data = config_get(run_cfg, "data")
     if config_get(data, "train_files") is not None:
-        return _files(_require(data, "train_files", "data")), _files(_require(data, "val_files", "data"))
+        return _files(require(run_cfg, "data.train_files")), _files(require(run_cfg, "data.val_files"))
     data_dir = config_get(data, "dir") or config_get(config_get(run_cfg, "cluster"), "data_dir")
     if not data_dir:
         raise ValueError(
@@ -190,165 +179,157 @@ def _method_params(run_cfg: Any) -> tuple[str, MethodParams]:
 
 
 def _precision(run_cfg: Any) -> Precision:
-    precision = get_precision(_name(config_get(run_cfg, "precision", "bf16"), "precision"))
+    precision = get_precision(_name(require(run_cfg, "precision"), "precision"))
     if not precision.cluster:
         allowed = ", ".join(CLUSTER_PRECISIONS)
         raise ValueError(f"precision {precision.name!r} does not run on the cluster; allowed: {allowed}")
     return precision
 
 
-def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list[str]:
-    """verl Hydra overrides for one run (see the module docstring for the keys read); raises on bad input."""
+@dataclass(frozen=True)
+class _Run:
+    """What the section builders read, checked."""
+
+    name: str
+    method: Method
+    params: MethodParams
+    precision: Precision
+    model: ClusterModelConfig
+    cluster: VerlClusterConfig
+    top_k: int
+    seed: int
+    val_n: int
+    run_dir: str | None
+    cfg: Any  # the run config itself: data files, trainer.logger, sweep, run_id, verl
+
+    @property
+    def anchor(self) -> str:
+        return self.method.anchor(self.params)
+
+    @property
+    def wants_topk(self) -> bool:
+        return self.method.needs_support or self.anchor == "rollout"
+
+    @property
+    def token_len(self) -> int:
+        b = self.model.batch
+        return b.max_token_len_per_gpu or 2 * (b.max_prompt_length + b.max_response_length)
+
+
+def _run(run_cfg: Any) -> _Run:
     name, params = _method_params(run_cfg)
-    method = get_method(name)
     top_k = _positive_int(config_get(run_cfg, "top_k"), "top_k")
     precision = _precision(run_cfg)
-    model = config_get(run_cfg, "model")
-    if model is None:
-        raise ValueError("run config is missing model (needed for a VeRL run)")
-    path = str(_require(model, "path", "model"))
-    engine = str(config_get(model, "engine", "megatron"))
-    if engine not in ENGINES:
-        raise ValueError(f"unknown model.engine {engine!r}; allowed: {', '.join(ENGINES)}")
-    if precision.train_fp8 and engine != "megatron":
+    model = typed_view(ClusterModelConfig, config_get(run_cfg, "model"), "model", VERL_RUN)
+    if precision.train_fp8 and model.engine != "megatron":
         raise ValueError(f"precision {precision.name} (FP8 training) needs model.engine=megatron")
-    cluster = config_get(run_cfg, "cluster")
-    nnodes = _positive_int(config_get(cluster, "nodes"), "cluster.nodes")
-    gpus = _positive_int(config_get(cluster, "gpus_per_node"), "cluster.gpus_per_node")
-    train_files, val_files = data_files(run_cfg)
-    seed = int(config_get(run_cfg, "seed", 0))
-    val_n = _positive_int(config_get(run_cfg, "val_n", 16), "val_n")
-    parallel, batch_cfg = config_get(model, "parallel"), config_get(model, "batch")
-
-    def b(key: str, default: Any) -> Any:
-        value = config_get(batch_cfg, key)
-        return default if value is None else value
-
-    def par(key: str) -> int:
-        value = config_get(parallel, key)
-        return _positive_int(1 if value is None else value, f"model.parallel.{key}")
-
-    prompt_len = _positive_int(b("max_prompt_length", 1024), "model.batch.max_prompt_length")
-    response_len = _positive_int(b("max_response_length", 8192), "model.batch.max_response_length")
-    token_len = _positive_int(b("max_token_len_per_gpu", 2 * (prompt_len + response_len)),
-                              "model.batch.max_token_len_per_gpu")
-    tp, pp, ep, rollout_tp = par("tensor"), par("pipeline"), par("expert"), par("rollout_tensor")
-    sp = par("sequence")
-    temperature = float(b("temperature", 1.0))
-
-    actor = "actor_rollout_ref.actor"
-    rollout = "actor_rollout_ref.rollout"
-    o: dict[str, Any] = {}
-    o["model_engine"] = "megatron" if engine == "megatron" else "dp"
-    # -- data and reward (reward: verl's default dispatch on data_source -> DAPO math scoring)
-    o["data.train_files"] = train_files
-    o["data.val_files"] = val_files
-    o["data.prompt_key"] = "prompt"
-    o["data.max_prompt_length"] = prompt_len
-    o["data.max_response_length"] = response_len
-    o["data.train_batch_size"] = _positive_int(b("train_prompts", 256), "model.batch.train_prompts")
-    o["data.filter_overlong_prompts"] = True
-    o["data.truncation"] = "error"
-    o["data.seed"] = seed
-    # -- algorithm: GRPO advantages, no KL, one PPO epoch per batch (paper)
-    o["algorithm.adv_estimator"] = "grpo"
-    o["algorithm.use_kl_in_reward"] = False
-    # -- model
-    o["actor_rollout_ref.model.path"] = path
-    o["actor_rollout_ref.model.use_remove_padding"] = True
-    o["actor_rollout_ref.model.use_fused_kernels"] = False  # the support gather needs the logits
-    # -- actor: the loss and its parameters (see predmask.verl.loss for the key mapping)
-    o[f"{actor}.policy_loss.loss_mode"] = name
-    o[f"{actor}.loss_agg_mode"] = params.loss_agg_mode
-    if method.kind == "clip":  # verl's PPO clip range, in verl's meaning
-        o[f"{actor}.clip_ratio_low"] = params.eps_low
-        o[f"{actor}.clip_ratio_high"] = params.eps_high
-    o[f"{actor}.ppo_epochs"] = 1
-    o[f"{actor}.ppo_mini_batch_size"] = _positive_int(b("ppo_mini_batch_prompts", 64), "model.batch.ppo_mini_batch_prompts")
-    o[f"{actor}.use_dynamic_bsz"] = True
-    o[f"{actor}.ppo_max_token_len_per_gpu"] = token_len
-    o[f"{actor}.use_kl_loss"] = False
-    o[f"{actor}.entropy_coeff"] = 0
-    o[f"{actor}.optim.lr"] = float(b("lr", 1e-6))
-    o[f"{actor}.data_loader_seed"] = seed
-    if engine == "megatron":
-        o[f"{actor}.megatron.tensor_model_parallel_size"] = tp
-        o[f"{actor}.megatron.pipeline_model_parallel_size"] = pp
-        o[f"{actor}.megatron.expert_model_parallel_size"] = ep
-        o[f"{actor}.megatron.context_parallel_size"] = 1
-        o[f"{actor}.megatron.seed"] = seed
-        if sp != 1:
-            raise ValueError("model.parallel.sequence (Ulysses) applies to engine=fsdp; Megatron runs with CP=1 here")
-    else:
-        if tp != 1 or pp != 1 or ep != 1:
-            raise ValueError(
-                f"model.engine=fsdp has no tensor/pipeline/expert parallelism in verl 0.9.1 (got tensor={tp}, "
-                f"pipeline={pp}, expert={ep}): set them to 1 or use model.engine=megatron"
-            )
-        o[f"{actor}.fsdp_config.seed"] = seed
-        o[f"{actor}.fsdp_config.ulysses_sequence_parallel_size"] = sp
-    if precision.train_fp8:
-        o[f"+{actor}.megatron.override_transformer_config.fp8"] = "hybrid"
-        o[f"+{actor}.megatron.override_transformer_config.fp8_recipe"] = "blockwise"
-        o[f"+{actor}.optim.override_optimizer_config.fp8_recipe"] = "blockwise"
-    # -- rollout: vLLM; with predmask.top_k the plugin's hook also returns the top-K (see predmask.verl.rollout)
-    anchor = method.anchor(params)
-    wants_topk = method.needs_support or anchor == "rollout"
-    o[f"{rollout}.name"] = "vllm"
-    o[f"{rollout}.mode"] = "async"
-    o[f"{rollout}.calculate_log_probs"] = True
-    o[f"{rollout}.logprobs_mode"] = "processed_logprobs"
-    if wants_topk and top_k > VLLM_DEFAULT_MAX_LOGPROBS:
-        o[f"+{rollout}.engine_kwargs.vllm.max_logprobs"] = top_k
-    o[f"{rollout}.n"] = _positive_int(b("responses_per_prompt", 16), "model.batch.responses_per_prompt")
-    o[f"{rollout}.temperature"] = temperature
-    o[f"{rollout}.top_p"] = 1.0
-    o[f"{rollout}.top_k"] = -1
-    o[f"{rollout}.tensor_model_parallel_size"] = rollout_tp
-    o[f"{rollout}.gpu_memory_utilization"] = float(b("gpu_memory_utilization", 0.6))
-    o[f"{rollout}.log_prob_max_token_len_per_gpu"] = token_len
-    o[f"{rollout}.seed"] = seed
-    o[f"{rollout}.val_kwargs.n"] = val_n
-    o[f"{rollout}.val_kwargs.do_sample"] = True
-    o[f"{rollout}.val_kwargs.temperature"] = float(b("val_temperature", temperature))
-    o[f"{rollout}.val_kwargs.top_p"] = float(b("val_top_p", 1.0))
-    if precision.rollout_fp8:
-        o[f"{rollout}.quantization"] = "fp8"
-    # -- trainer
-    run_id = config_get(run_cfg, "run_id")
+    cluster = typed_view(VerlClusterConfig, config_get(run_cfg, "cluster"), "cluster", VERL_RUN)
     run_dir = config_get(run_cfg, "run_dir")
-    o["trainer.use_v1"] = False  # the top-K plumbing rides verl's DataProto path (the v1 trainer needs TransferQueue)
-    o["trainer.nnodes"] = nnodes
-    o["trainer.n_gpus_per_node"] = gpus
-    o["trainer.logger"] = list(check_loggers(plain_value(config_get(config_get(run_cfg, "trainer"), "logger")) or DEFAULT_LOGGERS))
-    o["trainer.project_name"] = str(config_get(run_cfg, "sweep", "predmask") or "predmask")
-    o["trainer.experiment_name"] = str(run_id or name)
-    o["trainer.val_before_train"] = True
-    o["trainer.test_freq"] = _positive_int(b("val_every", 10), "model.batch.val_every")
-    o["trainer.save_freq"] = _positive_int(b("save_every", 20), "model.batch.save_every")
-    o["trainer.resume_mode"] = "auto"
-    o["trainer.total_training_steps"] = _positive_int(b("total_steps", 500), "model.batch.total_steps")
-    o["trainer.total_epochs"] = 1000  # an upper bound: total_training_steps ends the run
-    if run_dir:
-        o["trainer.default_local_dir"] = f"{str(run_dir).rstrip('/')}/checkpoints"
-        o["hydra.run.dir"] = f"{str(run_dir).rstrip('/')}/{HYDRA_SUBDIR}"
-    # -- every Ray worker imports the plugin (verl/__init__.py honours VERL_USE_EXTERNAL_MODULES)
-    o[f"{RUNTIME_ENV}.{PLUGIN_ENV}"] = PLUGIN_MODULE
+    return _Run(name, get_method(name), params, precision, model, cluster, top_k, int(require(run_cfg, "seed")),
+                _positive_int(require(run_cfg, "trainer.val_n"), "trainer.val_n"),
+                str(run_dir).rstrip("/") if run_dir else None, run_cfg)
+
+
+def _data(r: _Run) -> dict[str, Any]:
+    """Data, reward (verl's default dispatch on data_source: DAPO math scoring) and GRPO advantages without KL."""
+    train_files, val_files = data_files(r.cfg)
+    b = r.model.batch
+    return {"data.train_files": train_files, "data.val_files": val_files, "data.prompt_key": "prompt",
+            "data.max_prompt_length": b.max_prompt_length, "data.max_response_length": b.max_response_length,
+            "data.train_batch_size": b.train_prompts, "data.filter_overlong_prompts": True,
+            "data.truncation": "error", "data.seed": r.seed,
+            "algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": False}
+
+
+def _actor(r: _Run) -> dict[str, Any]:
+    """The model and the actor: the loss and its parameters (predmask.verl.loss maps them), one PPO epoch per batch
+    (paper), no KL, the engine's parallelism, FP8 training."""
+    actor, b, p = "actor_rollout_ref.actor", r.model.batch, r.model.parallel
+    o: dict[str, Any] = {"actor_rollout_ref.model.path": r.model.path,
+                         "actor_rollout_ref.model.use_remove_padding": True,
+                         "actor_rollout_ref.model.use_fused_kernels": False,  # the support gather needs the logits
+                         f"{actor}.policy_loss.loss_mode": r.name, f"{actor}.loss_agg_mode": r.params.loss_agg_mode}
+    if r.method.kind == "clip":  # verl's PPO clip range, in verl's meaning
+        o |= {f"{actor}.clip_ratio_low": r.params.eps_low, f"{actor}.clip_ratio_high": r.params.eps_high}
+    o |= {f"{actor}.ppo_epochs": 1, f"{actor}.ppo_mini_batch_size": b.ppo_mini_batch_prompts,
+          f"{actor}.use_dynamic_bsz": True, f"{actor}.ppo_max_token_len_per_gpu": r.token_len,
+          f"{actor}.use_kl_loss": False, f"{actor}.entropy_coeff": 0, f"{actor}.optim.lr": b.lr,
+          f"{actor}.data_loader_seed": r.seed}
+    if r.model.engine == "megatron":
+        mg = f"{actor}.megatron"
+        o |= {f"{mg}.tensor_model_parallel_size": p.tensor, f"{mg}.pipeline_model_parallel_size": p.pipeline,
+              f"{mg}.expert_model_parallel_size": p.expert, f"{mg}.context_parallel_size": 1, f"{mg}.seed": r.seed}
+    else:
+        o |= {f"{actor}.fsdp_config.seed": r.seed, f"{actor}.fsdp_config.ulysses_sequence_parallel_size": p.sequence}
+    if r.precision.train_fp8:
+        o |= {f"+{actor}.megatron.override_transformer_config.fp8": "hybrid",
+              f"+{actor}.megatron.override_transformer_config.fp8_recipe": "blockwise",
+              f"+{actor}.optim.override_optimizer_config.fp8_recipe": "blockwise"}
+    return o
+
+
+def _rollout(r: _Run) -> dict[str, Any]:
+    """vLLM with verl's rollout log-probs; with predmask.top_k the plugin's hook also returns the top-K
+    (predmask.verl.rollout); validation avg@``trainer.val_n``."""
+    ro, b = "actor_rollout_ref.rollout", r.model.batch
+    o: dict[str, Any] = {f"{ro}.name": "vllm", f"{ro}.mode": "async", f"{ro}.calculate_log_probs": True,
+                         f"{ro}.logprobs_mode": "processed_logprobs"}
+    if r.wants_topk and r.top_k > VLLM_DEFAULT_MAX_LOGPROBS:
+        o[f"+{ro}.engine_kwargs.vllm.max_logprobs"] = r.top_k
+    o |= {f"{ro}.n": b.responses_per_prompt, f"{ro}.temperature": b.temperature, f"{ro}.top_p": 1.0,
+          f"{ro}.top_k": -1, f"{ro}.tensor_model_parallel_size": r.model.parallel.rollout_tensor,
+          f"{ro}.gpu_memory_utilization": b.gpu_memory_utilization,
+          f"{ro}.log_prob_max_token_len_per_gpu": r.token_len, f"{ro}.seed": r.seed,
+          f"{ro}.val_kwargs.n": r.val_n, f"{ro}.val_kwargs.do_sample": True,
+          f"{ro}.val_kwargs.temperature": b.val_temperature, f"{ro}.val_kwargs.top_p": b.val_top_p}
+    if r.precision.rollout_fp8:
+        o[f"{ro}.quantization"] = "fp8"
+    return o
+
+
+def _trainer(r: _Run, file_logger_path: str | None) -> dict[str, Any]:
+    """The trainer: the cluster's shape, trackers, names, schedule, the run directory's places, and what every Ray
+    worker's environment holds (the plugin, verl's file logger path)."""
+    b = r.model.batch
+    o: dict[str, Any] = {
+        "trainer.use_v1": False,  # the top-K plumbing rides verl's DataProto path (the v1 trainer needs TransferQueue)
+        "trainer.nnodes": r.cluster.nodes, "trainer.n_gpus_per_node": r.cluster.gpus_per_node,
+        "trainer.logger": list(check_loggers(plain_value(require(r.cfg, "trainer.logger")))),
+        "trainer.project_name": str(config_get(r.cfg, "sweep") or "predmask"),
+        "trainer.experiment_name": str(config_get(r.cfg, "run_id") or r.name),
+        "trainer.val_before_train": True, "trainer.test_freq": b.val_every, "trainer.save_freq": b.save_every,
+        "trainer.resume_mode": "auto", "trainer.total_training_steps": b.total_steps,
+        "trainer.total_epochs": 1000,  # an upper bound: total_training_steps ends the run
+    }
+    if r.run_dir:
+        o |= {"trainer.default_local_dir": f"{r.run_dir}/checkpoints", "hydra.run.dir": f"{r.run_dir}/{HYDRA_SUBDIR}"}
+    o[f"{RUNTIME_ENV}.{PLUGIN_ENV}"] = PLUGIN_MODULE  # verl/__init__.py imports it in every Ray worker
     if file_logger_path:
         o[f"{RUNTIME_ENV}.VERL_FILE_LOGGER_PATH"] = str(file_logger_path)
-    # -- predmask's own keys (predmask.verl.settings; the launcher hands them to every process)
-    if method.kind != "clip":
-        o[f"{PREFIX}delta"] = params.delta
-        o[f"{PREFIX}ratio_cap"] = params.ratio_cap
-    o[f"{PREFIX}anchor"] = anchor
-    if wants_topk:
-        o[f"{PREFIX}top_k"] = top_k
-    if run_dir:
-        o[f"{PREFIX}stats_dir"] = f"{str(run_dir).rstrip('/')}/{LOSS_STATS_DIR}"
-    # -- raw extras: model.verl, then run_cfg.verl
-    for extra in (config_get(model, "verl"), config_get(run_cfg, "verl")):
-        for key, value in (plain_value(extra) or {}).items():
-            o[str(key)] = plain_value(value)
+    return o
+
+
+def _predmask(r: _Run) -> dict[str, Any]:
+    """predmask's own keys (predmask.verl.settings; the launcher hands them to every process)."""
+    o: dict[str, Any] = {}
+    if r.method.kind != "clip":
+        o |= {f"{PREFIX}delta": r.params.delta, f"{PREFIX}ratio_cap": r.params.ratio_cap}
+    o[f"{PREFIX}anchor"] = r.anchor
+    if r.wants_topk:
+        o[f"{PREFIX}top_k"] = r.top_k
+    if r.run_dir:
+        o[f"{PREFIX}stats_dir"] = f"{r.run_dir}/{LOSS_STATS_DIR}"
+    return o
+
+
+def verl_overrides(run_cfg: Any, *, file_logger_path: str | None = None) -> list[str]:
+    """verl Hydra overrides for one run (module docstring), then the raw extras ``model.verl`` and the run config's
+    ``verl``; raises ValueError (one line) on bad input."""
+    r = _run(run_cfg)
+    o = {"model_engine": "megatron" if r.model.engine == "megatron" else "dp", **_data(r), **_actor(r),
+         **_rollout(r), **_trainer(r, file_logger_path), **_predmask(r)}
+    for extra in (r.model.verl, plain_value(config_get(run_cfg, "verl")) or {}):
+        o.update({str(key): plain_value(value) for key, value in extra.items()})
     return [f"{key}={hydra_value(value)}" for key, value in o.items()]
 
 

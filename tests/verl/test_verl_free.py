@@ -46,12 +46,13 @@ def test_overrides_and_data_preparation_run_without_verl(tmp_path) -> None:
         from pathlib import Path
 
         import predmask.verl
+        from predmask.config import compose
         from predmask.verl.overrides import verl_command
         from sweeps.data import prepare
 
-        cfg = {{"method": "predmask_kl_agg", "top_k": 20, "precision": "fp8_rollout", "seed": 1,
-               "model": {{"path": "Qwen/Qwen3-4B-Base", "engine": "fsdp"}},
-               "cluster": {{"nodes": 1, "gpus_per_node": 8, "data_dir": "/data"}}}}
+        cfg = compose("train", ["method=predmask_kl_agg", "precision=fp8_rollout", "seed=1", "cluster=h20_4x8",
+                                "model=qwen3_4b_base", "model.path=Qwen/Qwen3-4B-Base", "model.engine=fsdp",
+                                "cluster.nodes=1", "cluster.data_dir=/data"])
         argv = verl_command(cfg, "/runs/r1", python="python3")
         assert argv[:3] == ["python3", "-m", "predmask.verl.launch"], argv[:3]
         assert "actor_rollout_ref.rollout.quantization=fp8" in argv

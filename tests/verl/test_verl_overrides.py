@@ -1,13 +1,15 @@
 """verl_overrides: golden command lines per method and precision, composed against verl 0.9.1's real Hydra config.
 
 Golden files (tests/verl/golden/*.txt, one override per line) were reviewed by eye; regenerate with
-``PREDMASK_UPDATE_GOLDEN=1 pytest tests/verl/test_verl_overrides.py`` and review the diff. The run configs are
-test fixtures shaped like the composed predmask config (the project's conf/model files may differ in values).
+``PREDMASK_UPDATE_GOLDEN=1 pytest tests/verl/test_verl_overrides.py`` and review the diff. The run configs are the
+project's composed conf/train.yaml on cluster=h20_4x8 with the fixture's model, batch and cluster values given as
+overrides (so the golden lines do not move when conf/model's values do).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import subprocess
 from pathlib import Path
@@ -16,6 +18,8 @@ import pytest
 from verl_helpers import GOLDEN, require_verl
 
 import predmask
+from predmask import config
+from predmask.config import to_container
 from predmask.verl.launch import launch_argv
 from predmask.verl.overrides import DATA_FILES, PLUGIN_MODULE, hydra_value, verl_command, verl_overrides
 from predmask.verl.settings import SETTINGS_ENV, PluginSettings, current_settings
@@ -23,14 +27,17 @@ from predmask.verl.settings import SETTINGS_ENV, PluginSettings, current_setting
 pytestmark = pytest.mark.verl
 
 BATCH = {"train_prompts": 256, "responses_per_prompt": 16, "ppo_mini_batch_prompts": 64, "max_prompt_length": 1024,
-         "max_response_length": 8192, "lr": 1.0e-6, "temperature": 1.0, "total_steps": 500, "val_every": 10}
+         "max_response_length": 8192, "max_token_len_per_gpu": None, "lr": 1.0e-6, "temperature": 1.0,
+         "val_temperature": 1.0, "val_top_p": 1.0, "total_steps": 500, "val_every": 10, "save_every": 20,
+         "gpu_memory_utilization": 0.6}
+PARALLEL = {"pipeline": 1, "sequence": 1}
 MODELS = {
-    "qwen3_4b_base": {"name": "qwen3_4b_base", "path": "/models/Qwen3-4B-Base", "engine": "megatron",
-                      "parallel": {"tensor": 2, "pipeline": 1, "expert": 1, "rollout_tensor": 1}, "batch": BATCH},
-    "qwen3_8b_base": {"name": "qwen3_8b_base", "path": "/models/Qwen3-8B-Base", "engine": "megatron",
-                      "parallel": {"tensor": 4, "pipeline": 1, "expert": 1, "rollout_tensor": 2}, "batch": BATCH},
-    "qwen3_30b_a3b_base": {"name": "qwen3_30b_a3b_base", "path": "/models/Qwen3-30B-A3B-Base", "engine": "megatron",
-                           "parallel": {"tensor": 4, "pipeline": 1, "expert": 8, "rollout_tensor": 4}, "batch": BATCH},
+    "qwen3_4b_base": {"path": "/models/Qwen3-4B-Base", "engine": "megatron",
+                      "parallel": {**PARALLEL, "tensor": 2, "expert": 1, "rollout_tensor": 1}, "batch": BATCH},
+    "qwen3_8b_base": {"path": "/models/Qwen3-8B-Base", "engine": "megatron",
+                      "parallel": {**PARALLEL, "tensor": 4, "expert": 1, "rollout_tensor": 2}, "batch": BATCH},
+    "qwen3_30b_a3b_base": {"path": "/models/Qwen3-30B-A3B-Base", "engine": "megatron",
+                           "parallel": {**PARALLEL, "tensor": 4, "expert": 8, "rollout_tensor": 4}, "batch": BATCH},
 }
 #: the paper's four model-precision settings
 SETTINGS = [("qwen3_4b_base", "bf16"), ("qwen3_8b_base", "bf16"), ("qwen3_30b_a3b_base", "fp8_rollout"),
@@ -41,22 +48,26 @@ CASES = [(m, model, prec) for m in MAIN_METHODS for model, prec in SETTINGS] + [
 ]
 
 
-def method_cfg(name: str) -> dict:
-    method = predmask.get_method(name)
-    if method.kind == "clip":  # the method's own clip range (grpo 0.2 / 0.2, grpo_clip_higher 0.2 / 0.28)
-        params = predmask.methods.method_params({"name": name})
-        return {"name": name, "eps_low": params.eps_low, "eps_high": params.eps_high, "loss_agg_mode": "token-mean"}
-    return {"name": name, "delta": 0.15, "ratio_cap": 10.0, "loss_agg_mode": "token-mean"}
+def dotted(prefix: str, values: dict) -> list[str]:
+    """``values`` as Hydra overrides under ``prefix`` (nested mappings as dotted keys)."""
+    out = []
+    for key, value in values.items():
+        out += dotted(f"{prefix}.{key}", value) if isinstance(value, dict) else [f"{prefix}.{key}={hydra_value(value)}"]
+    return out
+
+
+@functools.cache
+def composed(method: str, model: str, precision: str) -> dict:
+    return to_container(config.compose("train", [
+        f"method={method}", f"model={model}", f"precision={precision}", "cluster=h20_4x8", "seed=1", "delta=0.15",
+        "top_k=20", *dotted("model", MODELS[model]), "cluster.nodes=4", "cluster.gpus_per_node=8",
+        "cluster.data_dir=/shared/predmask/data"]))
 
 
 def run_cfg(method: str, model: str, precision: str) -> dict:
-    return {
-        "method": method_cfg(method), "delta": 0.15, "top_k": 20, "seed": 1, "precision": {"name": precision},
-        "model": copy.deepcopy(MODELS[model]),
-        "cluster": {"name": "h20_4x8", "nodes": 4, "gpus_per_node": 8, "data_dir": "/shared/predmask/data"},
-        "run_id": f"{method}-{model}-{precision}", "sweep": "main_comparison",
-        "run_dir": f"/shared/predmask/runs/main_comparison/{method}-{model}-{precision}",
-    }
+    run = f"{method}-{model}-{precision}"
+    return {**copy.deepcopy(composed(method, model, precision)), "run_id": run, "sweep": "main_comparison",
+            "run_dir": f"/shared/predmask/runs/main_comparison/{run}"}
 
 
 def golden_path(method: str, model: str, precision: str) -> Path:
@@ -92,17 +103,22 @@ def compose():
     import verl
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        def run(overrides: list[str]):
-            verl_argv, _ = launch_argv(overrides, {})
-            cfg = hydra_compose(config_name="ppo_trainer", overrides=[o for o in verl_argv if not o.startswith("hydra.")])
-            OmegaConf.resolve(cfg)
-            return cfg
 
-        yield run
+    def run(overrides: list[str]):
+        # on verl's config directory afresh each time: composing a predmask run config clears Hydra's global state
+        GlobalHydra.instance().clear()
+        initialize_config_dir(config_dir=config_dir, version_base=None)
+        verl_argv, _ = launch_argv(overrides, {})
+        cfg = hydra_compose(config_name="ppo_trainer", overrides=[o for o in verl_argv if not o.startswith("hydra.")])
+        OmegaConf.resolve(cfg)
+        return cfg
+
+    yield run
+    GlobalHydra.instance().clear()
 
 
 @pytest.mark.parametrize(("method", "model", "precision"), CASES)
@@ -191,8 +207,8 @@ def test_grpo_takes_its_own_clip_range_even_from_a_bare_method_section() -> None
 
 def test_fsdp_engine_and_explicit_data_files(compose) -> None:
     cfg = run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16")
-    cfg["model"].update(engine="fsdp", parallel={"tensor": 1},
-                        verl={"actor_rollout_ref.actor.fsdp_config.param_offload": True})
+    cfg["model"]["parallel"]["tensor"] = 1
+    cfg["model"].update(engine="fsdp", verl={"actor_rollout_ref.actor.fsdp_config.param_offload": True})
     cfg["data"] = {"train_files": "/d/train.parquet", "val_files": ["/d/a.parquet"]}
     cfg["verl"] = {"trainer.total_training_steps": 3}
     composed = compose(verl_overrides(cfg))
@@ -215,8 +231,8 @@ def test_fsdp_engine_and_explicit_data_files(compose) -> None:
         (lambda c: c["cluster"].pop("nodes"), "cluster.nodes"),
         (lambda c: c["model"].update(engine="fsdp"), "engine=megatron"),
         (lambda c: c["model"].update(engine="deepspeed"), "unknown model.engine"),
-        (lambda c: c.update(trainer={"logger": ["console", "file", "mlflow"]}), "unknown trainer.logger 'mlflow'"),
-        (lambda c: c.update(trainer={"logger": ["console", "wandb"]}), "lacks 'file'"),
+        (lambda c: c["trainer"].update(logger=["console", "file", "mlflow"]), "unknown trainer.logger 'mlflow'"),
+        (lambda c: c["trainer"].update(logger=["console", "wandb"]), "lacks 'file'"),
     ],
 )
 def test_bad_run_configs_fail_with_one_line(change, match) -> None:
@@ -244,8 +260,8 @@ def test_trackers_reach_verl_with_the_run_directorys_places(compose, tmp_path) -
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    cfg = {**run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16"), "run_dir": str(run_dir),
-           "trainer": {"logger": ["console", "file", "tensorboard", "wandb"], "steps": 60}}
+    cfg = {**run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16"), "run_dir": str(run_dir)}
+    cfg["trainer"]["logger"] = ["console", "file", "tensorboard", "wandb"]
     overrides = verl_overrides(cfg)
     assert "trainer.logger=[console,file,tensorboard,wandb]" in overrides
     attempts = []
@@ -277,7 +293,8 @@ def test_every_launch_of_a_run_directory_hands_verl_the_same_wandb_run(tmp_path)
     stops): one ``wandb_id`` file, the same WANDB_RUN_ID in both attempts' Ray worker environment."""
     require_verl("verl.trainer.main_ppo")
     run_dir = tmp_path / "run"
-    cfg = {**run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16"), "trainer": {"logger": ["console", "file", "wandb"]}}
+    cfg = run_cfg("predmask_kl_agg", "qwen3_4b_base", "bf16")
+    cfg["trainer"]["logger"] = ["console", "file", "wandb"]
     argv = verl_command(cfg, run_dir)
     run_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "VERL_USE_EXTERNAL_MODULES")}
@@ -292,20 +309,18 @@ def test_every_launch_of_a_run_directory_hands_verl_the_same_wandb_run(tmp_path)
     assert ids == [(run_dir / "wandb_id").read_text().strip()] * 2
 
 
-CONF_MODELS = sorted((Path(__file__).resolve().parents[2] / "conf" / "model").glob("qwen3_*.yaml"))
+CONF_MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "model").glob("qwen3_*.yaml"))
 
 
-@pytest.mark.parametrize("path", CONF_MODELS, ids=[p.stem for p in CONF_MODELS])
-def test_project_model_configs_translate_and_compose(compose, path: Path) -> None:
-    """The project's own conf/model files (whatever their current values) give overrides verl accepts."""
-    from omegaconf import OmegaConf
-
-    model = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    precision = "fp8_e2e" if model.get("engine") == "megatron" else "bf16"
+@pytest.mark.parametrize("name", CONF_MODELS)
+def test_project_model_configs_translate_and_compose(compose, name: str) -> None:
+    """The project's own conf/model files (whatever their current values), composed, give overrides verl accepts."""
+    model = to_container(config.compose("train", [f"model={name}"]))["model"]
+    precision = "fp8_e2e" if model["engine"] == "megatron" else "bf16"
     cfg = {**run_cfg("predmask_kl_agg", "qwen3_4b_base", precision), "model": model}
     composed = compose(verl_overrides(cfg))
     assert composed.actor_rollout_ref.model.path == model["path"]
-    assert composed.actor_rollout_ref.actor.strategy == model.get("engine", "megatron")
+    assert composed.actor_rollout_ref.actor.strategy == model["engine"]
 
 
 def test_omegaconf_run_config_is_accepted() -> None:

@@ -23,27 +23,31 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from omegaconf import OmegaConf
 from verl_helpers import REPO, require_verl, run_without
 
-from predmask.verl.variational import (
-    CLUSTER_RECIPES,
-    DEFAULTS,
-    STAGE_INPUTS,
-    VR_DATA_FILES,
-    stage_command,
-)
+from predmask.config import compose as compose_config
+from predmask.config import to_container
+from predmask.verl.variational import CLUSTER_RECIPES, VR_DATA_FILES, stage_command
+from predmask.vr_stages import FINAL_INPUTS, STAGE_INPUTS
 
 pytestmark = pytest.mark.verl
 
 RUN_DIR = "/shared/runs/variational_reasoning/r-final"
 INPUTS = {"prior": "r-prior", "posterior": "r-post", "traces": "r-traces", "weights": "r-weights"}
+#: the composed stage config on the paper's cluster (its cluster.variational: conf/cluster/h20_4x8.yaml)
+BASE = to_container(compose_config("variational", [
+    "cluster=h20_4x8", "model=qwen3_4b_base", "model.path=/models/Qwen3-4B-Base", "cluster.nodes=4",
+    "cluster.gpus_per_node=8", "cluster.data_dir=/data/predmask"]))
+SETTINGS = BASE["cluster"]["variational"]
 
 
 def cfg(stage: str, method: dict | None = None, **cluster) -> dict:
+    """A stage config: BASE with the stage, its method and inputs, and ``cluster`` merged into its cluster section."""
+    reads = FINAL_INPUTS if stage == "final" else STAGE_INPUTS.get(stage, ())
     return {
-        "family": "variational", "stage": stage, "seed": 2, "method": method or {"name": stage},
-        "inputs": {k: INPUTS[k] for k in STAGE_INPUTS.get(stage, ())}, "model": {"path": "/models/Qwen3-4B-Base"},
-        "cluster": {"name": "h20_4x8", "nodes": 4, "gpus_per_node": 8, "data_dir": "/data/predmask", **cluster},
+        **BASE, "stage": stage, "seed": 2, "method": method or {"name": stage}, "inputs": {k: INPUTS[k] for k in reads},
+        "cluster": OmegaConf.to_container(OmegaConf.merge(BASE["cluster"], cluster)),
         "sweep": "variational_reasoning", "run_id": "r-final",
     }
 
@@ -87,13 +91,13 @@ def test_sft_stage_commands_compose_with_verl_sft_config(compose, stage: str, me
     engine = omega_conf_to_dataclass(c.engine)
     optim = omega_conf_to_dataclass(c.optim)
     ckpt = omega_conf_to_dataclass(c.checkpoint)
-    settings = DEFAULTS[stage]
+    settings = SETTINGS[stage]
     assert type(engine).__name__ == "FSDPEngineConfig" and engine.ulysses_sequence_parallel_size == 2
     assert optim.lr == settings["lr"] and c.data.train_batch_size == settings["batch"]
     assert c.trainer.total_epochs == settings["epochs"] and (c.trainer.nnodes, c.trainer.n_gpus_per_node) == (4, 8)
     assert "hf_model" in ckpt.save_contents and c.trainer.default_local_dir == f"{RUN_DIR}/checkpoints"
     assert c.data.pad_mode == "no_padding" and c.model.path == "/models/Qwen3-4B-Base"
-    assert keys["normaliser"] == DEFAULTS["normaliser_tokens"] * settings["batch"] and keys["stage"] == stage
+    assert keys["normaliser"] == SETTINGS["normaliser_tokens"] * settings["batch"] and keys["stage"] == stage
     # the custom dataset verl will load is ours, found through verl's own loader
     cls = load_extern_object(c.data.custom_cls.path, c.data.custom_cls.name)
     assert cls.__name__ == "WeightedSFTDataset" and cls.__mro__[1].__name__ == "MultiTurnSFTDataset"
@@ -142,10 +146,12 @@ def test_stage_command_and_data_preparation_need_no_verl(tmp_path: Path) -> None
         from pathlib import Path
         from sweeps.data import prepare_variational
         assert prepare_variational(Path({str(tmp_path)!r}), bespoke_file=Path({str(fixture)!r}))["rows"] == 4
+        from predmask.config import compose, to_container
         from predmask.verl.variational import stage_command
-        c = {{"stage": "final", "method": {{"name": "vr_gml", "data": "best_mixed"}}, "seed": 0,
-             "inputs": {{"traces": "t", "weights": "w"}}, "model": {{"path": "/m"}},
-             "cluster": {{"nodes": 1, "gpus_per_node": 8, "data_dir": "/d"}}}}
+        c = to_container(compose("variational", ["cluster=h20_4x8", "model=qwen3_4b_base", "model.path=/m",
+                                                 "cluster.nodes=1", "cluster.data_dir=/d", "stage=final",
+                                                 "vr_method@method=vr_gml", "method.data=best_mixed"]))
+        c["inputs"] = {{"traces": "t", "weights": "w"}}
         print(stage_command(c, "/runs/s/f", "python3")[2])
     """)
     assert proc.returncode == 0 and proc.stdout.strip() == "predmask.verl.vr_sft", proc.stderr[-2000:]
@@ -396,10 +402,9 @@ def test_traces_and_weights_through_a_stub_vllm(tmp_path: Path, stub_env: dict) 
     post_hf = _hf_export(sweep / "r-post" / "checkpoints", (1, 3), 3)
     prior_hf = _hf_export(sweep / "r-prior" / "checkpoints", (2,), 2)
     k, m = 3, 8
-    argv = stage_command({**cfg("traces"), "cluster": {"nodes": 1, "gpus_per_node": 4, "data_dir": str(data),
-                                                       "variational": {"vllm": {"tensor_parallel": 2},
-                                                                       "traces": {"k": k}, "weights": {"m": m}}}},
-                         sweep / "r-traces", sys.executable)
+    argv = stage_command(cfg("traces", nodes=1, gpus_per_node=4, variational={
+        "data_dir": str(data), "vllm": {"tensor_parallel": 2}, "traces": {"k": k}, "weights": {"m": m}}),
+        sweep / "r-traces", sys.executable)
     proc = _sample(stub_env, *argv[3:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     traces = pq.read_table(sweep / "r-traces" / "traces.parquet").to_pylist()
@@ -419,10 +424,8 @@ def test_traces_and_weights_through_a_stub_vllm(tmp_path: Path, stub_env: dict) 
     assert t["prompt"] == f"<s>{q['system']}<u>{q['prompt']}<a>"
 
     stub_env["log"].unlink()
-    argv = stage_command({**cfg("weights"), "cluster": {"nodes": 1, "gpus_per_node": 4, "data_dir": str(data),
-                                                        "variational": {"vllm": {"tensor_parallel": 4},
-                                                                        "weights": {"m": m}}}},
-                         sweep / "r-weights", sys.executable)
+    argv = stage_command(cfg("weights", nodes=1, gpus_per_node=4, variational={
+        "data_dir": str(data), "vllm": {"tensor_parallel": 4}, "weights": {"m": m}}), sweep / "r-weights", sys.executable)
     proc = _sample(stub_env, *argv[3:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [json.loads(line)["model"] for line in stub_env["log"].read_text().splitlines()] == [str(prior_hf)]
@@ -465,7 +468,7 @@ def test_vr_sample_missing_upstream_exits_2_and_writes_nothing(tmp_path: Path, s
 
     prepare_variational(data, bespoke_file=REPO / "tests" / "fixtures" / "bespoke_stratos" / "bespoke_stratos_tiny.jsonl")
     (tmp_path / "r-post" / "checkpoints").mkdir(parents=True)
-    argv = stage_command({**cfg("traces"), "cluster": {"nodes": 1, "gpus_per_node": 1, "data_dir": str(data)}},
+    argv = stage_command(cfg("traces", nodes=1, gpus_per_node=1, variational={"data_dir": str(data)}),
                          tmp_path / "r-traces", sys.executable)
     proc = _sample(stub_env, *argv[3:])
     assert proc.returncode == 2
@@ -474,7 +477,7 @@ def test_vr_sample_missing_upstream_exits_2_and_writes_nothing(tmp_path: Path, s
         "(no config.json, no global_step_<n>/huggingface export); run the posterior stage first")]
     assert not (tmp_path / "r-traces").exists()
     _hf_export(tmp_path / "r-prior" / "checkpoints", (1,), 1)
-    argv = stage_command({**cfg("weights"), "cluster": {"nodes": 1, "gpus_per_node": 1, "data_dir": str(data)}},
+    argv = stage_command(cfg("weights", nodes=1, gpus_per_node=1, variational={"data_dir": str(data)}),
                          tmp_path / "r-weights", sys.executable)
     proc = _sample(stub_env, *argv[3:])
     assert proc.returncode == 2 and proc.stderr.strip() == (

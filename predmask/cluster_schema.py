@@ -1,0 +1,236 @@
+"""The cluster side's config sections as dataclasses: the Hydra schemas of conf/cluster/*.yaml and of the cluster
+models conf/model/qwen3_*.yaml (stored by ``predmask.config.store_schemas``; stdlib and omegaconf only, so composing
+imports no torch). Every value lives in conf/: a field here is typed and MISSING. The verl commands build them from a
+run's config with ``predmask.config.typed_view``, which runs the range checks below (one line naming the key)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from omegaconf import MISSING
+
+__all__ = [
+    "ENGINES",
+    "BatchConfig",
+    "ClusterConfig",
+    "ClusterModelConfig",
+    "ParallelConfig",
+    "SlurmClusterConfig",
+    "VariationalClusterConfig",
+    "VerlClusterConfig",
+]
+
+#: verl's training engines
+ENGINES: tuple[str, ...] = ("megatron", "fsdp")
+
+
+def _positive(section: str, obj: Any, *names: str) -> None:
+    """One line naming the first of ``names`` (fields of ``obj``) that is set and not > 0."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"{section}.{name} must be a positive {type(value).__name__}, got {value!r}")
+
+
+@dataclass
+class ParallelConfig:
+    """Megatron's ``tensor`` / ``pipeline`` / ``expert`` parallelism, FSDP's Ulysses ``sequence`` parallelism, vLLM's
+    ``rollout_tensor`` parallelism."""
+
+    tensor: int = MISSING
+    pipeline: int = MISSING
+    expert: int = MISSING
+    sequence: int = MISSING
+    rollout_tensor: int = MISSING
+
+    def __post_init__(self) -> None:
+        _positive("model.parallel", self, *(f.name for f in fields(self)))
+
+
+@dataclass
+class BatchConfig:
+    """One GRPO run's sizes and schedule: prompts per rollout batch, responses per prompt (the group), prompts per
+    mini-batch, token lengths, the dynamic-batch budget per GPU (null: 2 x (prompt + response)), AdamW's lr, sampling
+    and validation sampling, steps, validation and checkpoint intervals, vLLM's share of GPU memory."""
+
+    train_prompts: int = MISSING
+    responses_per_prompt: int = MISSING
+    ppo_mini_batch_prompts: int = MISSING
+    max_prompt_length: int = MISSING
+    max_response_length: int = MISSING
+    max_token_len_per_gpu: int | None = MISSING
+    lr: float = MISSING
+    temperature: float = MISSING
+    val_temperature: float = MISSING
+    val_top_p: float = MISSING
+    total_steps: int = MISSING
+    val_every: int = MISSING
+    save_every: int = MISSING
+    gpu_memory_utilization: float = MISSING
+
+    def __post_init__(self) -> None:
+        _positive("model.batch", self, "train_prompts", "responses_per_prompt", "ppo_mini_batch_prompts",
+                  "max_prompt_length", "max_response_length", "max_token_len_per_gpu", "total_steps", "val_every",
+                  "save_every")
+
+
+@dataclass
+class ClusterModelConfig:
+    """A real model of the cluster path: ``path`` its local checkpoint, ``engine`` verl's training engine (ENGINES),
+    its parallelism and batch, ``verl`` raw verl overrides applied after ours; ``cpu_standin`` trains in its place on
+    the CPU engine."""
+
+    name: str = MISSING
+    backend: str = MISSING
+    label: str = MISSING
+    hf_id: str = MISSING
+    path: str = MISSING
+    cpu_standin: str = MISSING
+    stands_in_for: str = MISSING
+    engine: str = MISSING
+    parallel: ParallelConfig = MISSING
+    batch: BatchConfig = MISSING
+    verl: dict[str, Any] = MISSING
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("run config is missing model.path (needed for a VeRL run)")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown model.engine {self.engine!r}; allowed: {', '.join(ENGINES)}")
+        p = self.parallel
+        if self.engine == "fsdp" and (p.tensor, p.pipeline, p.expert) != (1, 1, 1):
+            raise ValueError(f"model.engine=fsdp has no tensor/pipeline/expert parallelism in verl 0.9.1 (got tensor="
+                             f"{p.tensor}, pipeline={p.pipeline}, expert={p.expert}): set them to 1 or use "
+                             "model.engine=megatron")
+        if self.engine == "megatron" and p.sequence != 1:
+            raise ValueError("model.parallel.sequence (Ulysses) applies to engine=fsdp; Megatron runs with CP=1 here")
+
+
+@dataclass
+class ClusterConfig:
+    """Where a sweep's runs go: ``backend`` local | slurm, ``trainer`` cpu | verl, runs at once, seeds per cell (an
+    int or a list), whether a missing input path stops the submission, the OMP/MKL threads of a CPU-engine job."""
+
+    name: str = MISSING
+    backend: str = MISSING
+    trainer: str = MISSING
+    max_parallel: int = MISSING
+    seeds: Any = MISSING
+    check_paths: bool = MISSING
+    threads: int = MISSING
+
+
+@dataclass
+class SlurmClusterConfig(ClusterConfig):
+    """A Slurm cluster (launch/): the job's shape and limits, its environment lines, the Ray cluster inside each job
+    (``ray``: ``launch.ray_slurm.RayOptions``)."""
+
+    python: str | None = MISSING
+    partition: str | None = MISSING
+    nodes: int = MISSING
+    tasks_per_node: int = MISSING
+    gpus_per_node: int = MISSING
+    cpus_per_task: int | None = MISSING
+    mem_gb: int | None = MISSING
+    timeout_min: int = MISSING
+    max_num_timeout: int = MISSING
+    signal_delay_s: int = MISSING
+    slurm_additional_parameters: dict[str, Any] = MISSING
+    modules: list[str] = MISSING
+    activate: str | None = MISSING
+    conda: str | None = MISSING
+    setup: list[str] = MISSING
+    env: dict[str, str] = MISSING
+    ray: dict[str, Any] = MISSING
+
+    def __post_init__(self) -> None:
+        _positive("cluster", self, "nodes", "gpus_per_node")
+
+
+@dataclass
+class SFTStageConfig:
+    """One SFT stage: epochs over its data, global batch (samples), peak lr."""
+
+    epochs: int = MISSING
+    batch: int = MISSING
+    lr: float = MISSING
+
+
+@dataclass
+class TracesSamplingConfig:
+    """``k`` traces per question from q_phi."""
+
+    k: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    max_tokens: int = MISSING
+
+
+@dataclass
+class WeightsSamplingConfig:
+    """``m`` answers per trace from pi_theta0."""
+
+    m: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    max_tokens: int = MISSING
+
+
+@dataclass
+class EvalSamplingConfig:
+    """``n`` samples per problem of an evaluation."""
+
+    n: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+
+
+@dataclass
+class VLLMConfig:
+    """One vLLM engine per ``tensor_parallel`` GPUs of the head node."""
+
+    tensor_parallel: int = MISSING
+    gpu_memory_utilization: float = MISSING
+    max_model_len: int = MISSING
+
+
+@dataclass
+class VariationalClusterConfig:
+    """The variational family's stages on a cluster (``predmask.verl.variational``): the prepared data, SFT lengths,
+    budget, normaliser, Ulysses parallelism, checkpoint interval and warm-up; each SFT stage's epochs/batch/lr; the
+    sampling of traces, weights and evaluation; the vLLM engines."""
+
+    data_dir: str | None = MISSING
+    max_length: int = MISSING
+    max_token_len_per_gpu: int = MISSING
+    normaliser_tokens: int = MISSING
+    sequence_parallel: int = MISSING
+    save_every: int = MISSING
+    warmup_ratio: float = MISSING
+    prior: SFTStageConfig = MISSING
+    posterior: SFTStageConfig = MISSING
+    final: SFTStageConfig = MISSING
+    traces: TracesSamplingConfig = MISSING
+    weights: WeightsSamplingConfig = MISSING
+    eval: EvalSamplingConfig = MISSING
+    vllm: VLLMConfig = MISSING
+
+    def __post_init__(self) -> None:
+        at = "cluster.variational"
+        _positive(at, self, "max_length", "max_token_len_per_gpu", "normaliser_tokens", "sequence_parallel",
+                  "save_every")
+        for stage in ("prior", "posterior", "final"):
+            _positive(f"{at}.{stage}", getattr(self, stage), "epochs", "batch", "lr")
+        _positive(f"{at}.traces", self.traces, "k", "max_tokens")
+        _positive(f"{at}.weights", self.weights, "m", "max_tokens")
+        _positive(f"{at}.vllm", self.vllm, "tensor_parallel", "max_model_len")
+
+
+@dataclass
+class VerlClusterConfig(SlurmClusterConfig):
+    """A Slurm cluster whose runs are verl jobs: the prepared data (``python -m sweeps.data prepare``) and the
+    variational family's settings."""
+
+    data_dir: str | None = MISSING
+    variational: VariationalClusterConfig = MISSING
