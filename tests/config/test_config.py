@@ -12,6 +12,8 @@ import pytest
 import yaml
 from omegaconf import MISSING
 
+from predmask import cluster_schema
+from predmask.cluster_schema import ClusterConfig, ClusterModelConfig, SlurmClusterConfig, VerlClusterConfig
 from predmask.config import (
     LAUNCHER_KEYS,
     ConfigError,
@@ -26,6 +28,7 @@ from predmask.config import (
     option_choices,
     stable_id,
     to_container,
+    typed_view,
 )
 from sweeps.compose import TRAIN_FAMILY, sweep_family
 
@@ -114,6 +117,10 @@ def test_a_study_schema_is_applied_to_the_study_config() -> None:
     (["base.lr=fast"], "bad value for base.lr: 'fast' is not a float"),
     (["task.train_ops=oops"], "task.train_ops=oops"),
     (["method=nope"], "Could not find 'method/nope'"),
+    (["cluster=h20_4x8", "cluster.nodes=many"], "bad value for cluster.nodes: 'many' is not an integer"),
+    (["cluster=h20_4x8", "+cluster.variational.bogus=1"], "unknown cluster.variational keys ['bogus']"),
+    (["model=qwen3_4b_base", "model.batch.lr=fast"], "bad value for model.batch.lr: 'fast' is not a float"),
+    (["model=qwen3_4b_base", "+model.parallel.bogus=1"], "unknown model.parallel keys ['bogus']"),
 ])
 def test_the_schemas_reject_unknown_keys_and_wrong_types_in_one_line(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -133,6 +140,30 @@ def test_an_unknown_key_names_the_closest_known_keys(override: str, suggested: s
     assert "did you mean" in text and suggested in text.split("did you mean")[1] and "\n" not in text
     key = override.split("=")[0]
     assert config_keys(compose("train")).count(suggested) == 1 and key not in config_keys(compose("train"))
+
+
+def test_cluster_settings_live_only_in_conf_and_run_configs_are_checked_against_them() -> None:
+    """Every field of the cluster schemas is MISSING in Python; the composed conf files give them all, and a run
+    config's section missing, adding or mistyping a field fails in one line naming it."""
+    for schema in [v for v in vars(cluster_schema).values() if dataclasses.is_dataclass(v)]:
+        assert all(f.default is MISSING for f in dataclasses.fields(schema)), schema
+    for name, schema in (("local", ClusterConfig), ("slurm_emulated", SlurmClusterConfig), ("h20_4x8", VerlClusterConfig)):
+        assert isinstance(typed_view(schema, compose("train", [f"cluster={name}"]).cluster, "cluster", "x"), schema)
+    for name in [m for m in group_options("model") if m.startswith("qwen3_")]:
+        model = to_container(compose("train", [f"model={name}"]))["model"]
+        assert typed_view(ClusterModelConfig, model, "model", "x").batch.val_temperature == model["batch"]["temperature"]
+    cluster = to_container(compose("train", ["cluster=h20_4x8"]))["cluster"]
+    for change, message in [
+        (lambda c: c["variational"]["prior"].pop("lr"), "run config is missing cluster.variational.prior.lr (needed for x)"),
+        (lambda c: c["variational"]["vllm"].update(tp=2), "unknown cluster.variational.vllm key 'tp'; allowed: tensor_parallel"),
+        (lambda c: c.update(nodes="four"), "bad value for cluster.nodes: Value 'four' of type 'str' could not be converted"),
+        (lambda c: c["variational"]["traces"].update(k=0), "cluster.variational.traces.k must be a positive int, got 0"),
+    ]:
+        bad = json.loads(json.dumps(cluster))
+        change(bad)
+        with pytest.raises(ValueError) as err:
+            typed_view(VerlClusterConfig, bad, "cluster", "x")
+        assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_closest_keys_prefers_the_whole_path_then_the_last_part() -> None:
