@@ -64,12 +64,7 @@ def conf_dir() -> Path:
 
 def _engine_schemas() -> dict[tuple[str | None, str], Any]:
     """(group, name) -> node of the engine's schemas, as named in the defaults lists of conf/."""
-    from predmask.cluster_schema import (
-        ClusterConfig,
-        ClusterModelConfig,
-        SlurmClusterConfig,
-        VerlClusterConfig,
-    )
+    from predmask import cluster_schema as cs
     from predmask.rl.schema import BaseConfig, RolloutConfig, TrainerConfig
     from predmask.rl.task import TaskConfig
     from predmask.rl.vr_schema import section_schemas
@@ -77,10 +72,10 @@ def _engine_schemas() -> dict[tuple[str | None, str], Any]:
     return {
         ("task", "schema"): TaskConfig,
         ("base", "schema"): BaseConfig,
-        ("model", "cluster_schema"): ClusterModelConfig,
-        ("cluster", "schema"): ClusterConfig,
-        ("cluster", "slurm_schema"): SlurmClusterConfig,
-        ("cluster", "verl_schema"): VerlClusterConfig,
+        ("model", "cluster_schema"): cs.ClusterModelConfig,
+        ("cluster", "schema"): cs.ClusterConfig,
+        ("cluster", "slurm_schema"): cs.SlurmClusterConfig,
+        ("cluster", "verl_schema"): cs.VerlClusterConfig,
         (None, "train_schema"): {"rollout": RolloutConfig, "trainer": TrainerConfig},
         (None, "variational_schema"): section_schemas(),
     }
