@@ -200,3 +200,20 @@ def test_bad_input_is_one_clear_line(call, message):
     with pytest.raises(ValueError) as err:
         call(hand_frame())
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_keep_column_stored_as_all_null_is_not_judged() -> None:
+    """A database gives a study the columns another study carries, as NULL: such a criterion is left out, not judged
+    wrong on every token."""
+    import polars as pl
+
+    from analysis.token_level.summary.criteria import _criteria
+
+    frame = pl.DataFrame({
+        "seed": [0, 0, 1],
+        "keep_ratio": [True, False, True],
+        "keep_pred_agg": [False, True, True],
+        "keep_pred_exact": pl.Series([None, None, None], dtype=pl.Boolean),
+    })
+    assert "predictive_exact" not in _criteria(frame)
+    assert {"ratio", "predictive"} <= set(_criteria(frame))

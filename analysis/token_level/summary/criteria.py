@@ -186,8 +186,16 @@ class Judgement:
         return _rates(self.counts)[1]
 
 
+def _carried(tokens: pl.DataFrame, column: str) -> bool:
+    """The study recorded ``column``: present with a value (a database gives a study that never computed a column,
+    because another study did, an all-NULL one)."""
+    if column not in tokens.columns:
+        return False
+    return tokens.height == 0 or tokens.get_column(column).null_count() < tokens.height
+
+
 def _criteria(tokens: pl.DataFrame) -> list[str]:
-    return [c for c, (keep, _dd) in CRITERIA.items() if keep in tokens.columns]
+    return [c for c, (keep, _dd) in CRITERIA.items() if _carried(tokens, keep)]
 
 
 def judge(
@@ -333,7 +341,7 @@ def _can_form(tokens: pl.DataFrame, name: str) -> bool:
     if name == OUTSIDE:
         return True
     crit = next(c for c, (_d, s) in PREDICTIVE.items() if f"disagree{s}" == name)
-    return CRITERIA[crit][0] in tokens.columns
+    return _carried(tokens, CRITERIA[crit][0])
 
 
 def judge_all(
