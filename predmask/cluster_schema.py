@@ -16,6 +16,7 @@ __all__ = [
     "ClusterConfig",
     "ClusterModelConfig",
     "ParallelConfig",
+    "SFTStageConfig",
     "SlurmClusterConfig",
     "VariationalClusterConfig",
     "VerlClusterConfig",
