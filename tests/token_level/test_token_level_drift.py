@@ -351,3 +351,60 @@ def test_a_bad_database_path_is_refused_before_any_cell_runs(
     assert err == f"error: cannot create results database {db}: {tmp_path / 'plain'} is a file, not a folder"
     assert "to run" not in captured.out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+
+
+# ------------------------------------------------------------------------------------------- the printed grid
+
+#: the grid table, default line and benchmark line of a synthetic grid, printed before the table code was split
+GRID_PRINTOUT = Path(__file__).with_name("drift_grid_printout.txt")
+
+
+def _criteria(pred: float, ratio: float) -> pl.DataFrame:
+    """criteria_table rows on the disagreement set against the own update, with a paired predictive - ratio row."""
+    from analysis.token_level.summary.stats import DISAGREE_SET, OWN_UPDATE
+
+    paired = {"mean": pred - ratio, "lo": -0.01, "hi": 0.2, "seeds": 2, "lower": 0, "tied": 1, "higher": 1,
+              "sign_p": 0.5, "wilcoxon_p": 0.5}
+    rows = [
+        {"criterion": c, "balanced_accuracy": v, "balanced_accuracy_lo": v - 0.1, "balanced_accuracy_hi": v + 0.1,
+         **{f"vs_ratio_balanced_{k}": (x if c == "predictive" else None) for k, x in paired.items()}}
+        for c, v in (("predictive", pred), ("ratio", ratio))
+    ]
+    return pl.DataFrame(rows).with_columns(token_set=pl.lit(DISAGREE_SET), truth=pl.lit(OWN_UPDATE), n_tokens=12)
+
+
+def test_the_printed_grid_keeps_its_table_default_and_benchmark_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rich.console import Console
+
+    frames = {
+        "s_high": _seed_frame([0, 1], [1000, 1000], [200, 100], [20, 10], [0.2, 0.4], [0.6, 0.3],
+                              [(10, 8, 5, 2), (5, 3, 4, 1)]).with_columns(cpu_seconds=pl.Series([3.0, 4.0])),
+        "s_low": _seed_frame([0, 1], [1000, 3000], [10, 30], [2, 4], [0.5, None], [0.25, 1.0],
+                             [(2, 1, 4, 3), (0, 0, 1, 0)]).with_columns(cpu_seconds=pl.Series([1.0, 2.0])),
+        "s_none": _seed_frame([0], [500], [0], [0], [None], [None], [(0, 0, 0, 0)]),
+    }
+    db = tmp_path / "db.duckdb"
+    con = connect(db)
+    try:
+        for sid, frame in frames.items():
+            upsert_token_level(con, sid, {"lr": 1}, frame, None)
+    finally:
+        con.close()
+    cells = [
+        drift.Cell(i, {"precision": prec, "staleness": st}, (), {"precision": {"name": prec}}, sid)
+        for i, (sid, prec, st) in enumerate([("s_high", "bf16", 1), ("s_low", "bf16", 2), ("s_none", "fp8_e2e", 1)])
+    ]
+    criteria = {0: _criteria(0.75, 0.625), 1: None, 2: None}
+    calls = iter(range(len(cells) * 2))
+    monkeypatch.setattr(drift, "cell_criteria", lambda tokens: criteria[next(calls) % len(cells)])
+    grid = {"name": "tiny", "fixed": {"sequences": 16, "minibatches": 2},
+            "axes": {"precision": ["bf16", "fp8_e2e"], "staleness": [1, 2]},
+            "rule": {"precision": "bf16", "pooled_over_seeds": 61, "min_pooled_disagree": 500}}
+    console = Console(record=True, width=320, color_system=None)
+    missing = drift._print_grid(db, grid, "g1", cells, [0, 1], console, 75.0)
+    unmeasurable = {**grid, "rule": {**grid["rule"], "min_pooled_disagree": 10**6}}
+    assert drift._print_grid(db, unmeasurable, "g1", cells, [0, 1], console, 75.0) == missing == 1
+    printed = [line.rstrip() for line in console.export_text().splitlines()]
+    assert printed == GRID_PRINTOUT.read_text().splitlines()
