@@ -466,33 +466,9 @@ def _pct(v: float | None, digits: int = 2) -> str:
     return "—" if v is None else f"{100 * v:.{digits}f}%"
 
 
-def _print_grid(
-    db: Path,
-    grid: Mapping[str, Any],
-    grid_id: str,
-    cells: Sequence[Cell],
-    seeds: Sequence[int],
-    console: Console,
-    elapsed: float,
-) -> int:
-    """The grid table, the chosen default and the benchmark line; returns the number of missing cell seeds."""
-    from analysis.store import connect
-    from analysis.token_level.summary.report import load_study
-    from analysis.token_level.summary.stats import drift_point
-
-    con = connect(db, read_only=True)
-    try:
-        studies = {c.index: load_study(con, c.study_id, seeds) for c in cells}
-    finally:
-        con.close()
-    frames = {i: study.seeds for i, study in studies.items()}
+def _grid_table(grid: Mapping[str, Any], grid_id: str, axes: Sequence[str]) -> Table:
+    """The grid table's title, caption and columns (no rows)."""
     rule = grid["rule"]
-    rows, points = [], {}
-    for c in cells:
-        points[c.index] = drift_point(frames[c.index], cell_criteria(studies[c.index].tokens))
-        rows.append(cell_row({"cell": c.index, "precision": c.precision, **c.params}, points[c.index]))
-    chosen = choose_default(rows, rule)
-    axes = [k for k in grid["axes"] if k != "precision"]
     at = rule["pooled_over_seeds"]
     t = Table(
         title=escape(
@@ -518,77 +494,101 @@ def _print_grid(
         ),
         caption_justify="left",
     )
-    for col in ("cell", "precision", *axes, "seeds", "share outside", "outside/seed", "disagree/seed (min)"):
+    for col in ("cell", "precision", *axes, "seeds", "share outside", "outside/seed", "disagree/seed (min)",
+                f"x{at}", "bal. acc. pred", "bal. acc. ratio", "Δ bal. acc. [95% t]", "lower/tied/higher",
+                "disagree share", "paired", "pred lower", "unsafe-keep pred", "ratio", "corrective pred", "ratio",
+                "cpu s"):
         t.add_column(col, justify="right")
-    for col in (f"x{at}", "bal. acc. pred", "bal. acc. ratio", "Δ bal. acc. [95% t]", "lower/tied/higher"):
-        t.add_column(col, justify="right")
-    for col in (
-        "disagree share",
-        "paired",
-        "pred lower",
-        "unsafe-keep pred",
-        "ratio",
-        "corrective pred",
-        "ratio",
-    ):
-        t.add_column(col, justify="right")
-    t.add_column("cpu s", justify="right")
     t.add_column("rule", justify="left")
+    return t
+
+
+def _row_cells(c: Cell, p: DriftPoint, row: Mapping[str, Any], rule: Mapping[str, Any], axes: Sequence[str],
+               cpu: float | None, mark: str) -> list[str]:
+    """One cell's row of the grid table, in ``_grid_table``'s column order."""
+    outside, disagree = p.outside_per_seed.mean, p.disagree_per_seed.mean
+    pooled, diff = pooled_disagree(row, rule), p.balanced_difference
+    return [
+        str(c.index),
+        c.precision,
+        *[_value(c.params[k]) for k in axes],
+        str(p.n_seeds),
+        _pct(p.share_outside.fraction, 3),
+        "—" if outside is None else f"{outside:,.1f}",
+        "—" if disagree is None else f"{disagree:.1f} ({p.min_disagree})",
+        "—" if pooled is None else f"{pooled:,.0f}",
+        "—" if p.balanced_predictive is None else p.balanced_predictive.pct(),
+        "—" if p.balanced_ratio is None else p.balanced_ratio.pct(),
+        "—" if diff is None else diff.pp(),
+        "—" if diff is None else f"{diff.n_lower}/{diff.n_tied}/{diff.n_higher}",
+        _pct(p.disagreement.fraction, 1),
+        f"{p.n_paired}/{p.n_seeds}",
+        f"{p.n_lower}/{p.n_paired}",
+        _pct(p.unsafe_keep_predictive.mean, 1),
+        _pct(p.unsafe_keep_ratio.mean, 1),
+        _pct(p.corrective_predictive.fraction, 1),
+        _pct(p.corrective_ratio.fraction, 1),
+        "—" if cpu is None else f"{cpu:.0f}",
+        mark,
+    ]
+
+
+def _notes(chosen: Mapping[str, Any] | None, cells: Sequence[Cell], grid: Mapping[str, Any], elapsed: float,
+           cpu: Mapping[int, float]) -> list[str]:
+    """The lines under the table: the cell the rule chose as the study's default (or why none), the benchmark."""
+    rule, cpu_total = grid["rule"], sum(cpu.values())
+    if chosen is None:
+        default = f"no {rule['precision']} cell is measurable by the rule: raise the drift or the sequences"
+    else:
+        c = cells[chosen["cell"]]
+        default = escape(
+            f"default by the rule: cell {c.index} ({c.describe()}; {' '.join(_flatten('', grid['fixed']))}): share "
+            f"outside {_pct(chosen['share_outside'], 3)}, {chosen['disagree_per_seed']:.1f} disagreement tokens per "
+            f"seed ({pooled_disagree(chosen, rule):,.0f} pooled over {rule['pooled_over_seeds']} seeds) in "
+            f"{chosen['n_seeds']} seeds"
+        )
+    per_cell = ", ".join(f"{i}: {v:.0f}" for i, v in cpu.items())
+    benchmark = (f"benchmark: elapsed {elapsed:.0f} s ({elapsed / 60:.1f} min) for {len(cells)} cells; worker CPU "
+                 f"seconds {cpu_total:.0f} in all, {cpu_total / max(1, len(cells)):.0f} per cell on average; per "
+                 f"cell: {per_cell}")
+    return [default, benchmark]
+
+
+def _print_grid(
+    db: Path,
+    grid: Mapping[str, Any],
+    grid_id: str,
+    cells: Sequence[Cell],
+    seeds: Sequence[int],
+    console: Console,
+    elapsed: float,
+) -> int:
+    """The grid table, the chosen default and the benchmark line; returns the number of missing cell seeds."""
+    from analysis.store import connect
+    from analysis.token_level.summary.report import load_study
+    from analysis.token_level.summary.stats import drift_point
+
+    con = connect(db, read_only=True)
+    try:
+        studies = {c.index: load_study(con, c.study_id, seeds) for c in cells}
+    finally:
+        con.close()
+    frames = {i: study.seeds for i, study in studies.items()}
+    rule = grid["rule"]
+    points = {c.index: drift_point(frames[c.index], cell_criteria(studies[c.index].tokens)) for c in cells}
+    rows = [cell_row({"cell": c.index, "precision": c.precision, **c.params}, points[c.index]) for c in cells]
+    chosen = choose_default(rows, rule)
+    axes = [k for k in grid["axes"] if k != "precision"]
     cpu = {  # worker CPU seconds of each cell's stored seeds (the benchmark)
         c.index: float(frames[c.index].get_column("cpu_seconds").sum())
         for c in cells
         if frames[c.index].height and "cpu_seconds" in frames[c.index].columns
     }
+    t = _grid_table(grid, grid_id, axes)
     for c, row in zip(cells, rows):
-        p = points[c.index]
-        outside, disagree = p.outside_per_seed.mean, p.disagree_per_seed.mean
-        pooled, diff = pooled_disagree(row, rule), p.balanced_difference
-        mark = (
-            "default"
-            if chosen is not None and chosen["cell"] == c.index
-            else ("ok" if measurable(row, rule) else "")
-        )
-        t.add_row(
-            str(c.index),
-            c.precision,
-            *[_value(c.params[k]) for k in axes],
-            str(p.n_seeds),
-            _pct(p.share_outside.fraction, 3),
-            "—" if outside is None else f"{outside:,.1f}",
-            "—" if disagree is None else f"{disagree:.1f} ({p.min_disagree})",
-            "—" if pooled is None else f"{pooled:,.0f}",
-            "—" if p.balanced_predictive is None else p.balanced_predictive.pct(),
-            "—" if p.balanced_ratio is None else p.balanced_ratio.pct(),
-            "—" if diff is None else diff.pp(),
-            "—" if diff is None else f"{diff.n_lower}/{diff.n_tied}/{diff.n_higher}",
-            _pct(p.disagreement.fraction, 1),
-            f"{p.n_paired}/{p.n_seeds}",
-            f"{p.n_lower}/{p.n_paired}",
-            _pct(p.unsafe_keep_predictive.mean, 1),
-            _pct(p.unsafe_keep_ratio.mean, 1),
-            _pct(p.corrective_predictive.fraction, 1),
-            _pct(p.corrective_ratio.fraction, 1),
-            f"{cpu[c.index]:.0f}" if c.index in cpu else "—",
-            mark,
-        )
+        mark = "default" if chosen is not None and chosen["cell"] == c.index else "ok" if measurable(row, rule) else ""
+        t.add_row(*_row_cells(c, points[c.index], row, rule, axes, cpu.get(c.index), mark))
     console.print(t)
-    if chosen is None:
-        console.print(
-            f"no {rule['precision']} cell is measurable by the rule: raise the drift or the sequences"
-        )
-    else:
-        c = cells[chosen["cell"]]
-        console.print(
-            escape(
-                f"default by the rule: cell {c.index} ({c.describe()}; {' '.join(_flatten('', grid['fixed']))}): share outside "
-                f"{_pct(chosen['share_outside'], 3)}, {chosen['disagree_per_seed']:.1f} disagreement tokens per seed "
-                f"({pooled_disagree(chosen, rule):,.0f} pooled over {at} seeds) in {chosen['n_seeds']} seeds"
-            )
-        )
-    cpu_total = sum(cpu.values())
-    per_cell = ", ".join(f"{i}: {v:.0f}" for i, v in cpu.items())
-    console.print(
-        f"benchmark: elapsed {elapsed:.0f} s ({elapsed / 60:.1f} min) for {len(cells)} cells; worker CPU seconds "
-        f"{cpu_total:.0f} in all, {cpu_total / max(1, len(cells)):.0f} per cell on average; per cell: {per_cell}"
-    )
+    for line in _notes(chosen, cells, grid, elapsed, cpu):
+        console.print(line)
     return sum(len(seeds) - frames[c.index].height for c in cells)
