@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,28 +42,25 @@ from torch import Tensor, nn
 from predmask import metrics as M
 from predmask import variational as V
 from predmask.io import atomic_write
-from predmask.progress import progress as show_progress
-from predmask.rl.algo import response_logits
 from predmask.rl.base import load_base_model, sft_batch, single_thread, task_response_budget
 from predmask.rl.engine import resolve_cpu_model, validation_metrics
 from predmask.rl.model import build_policy
 from predmask.rl.rollout import encode_prompts, generate, rollout_problems
 from predmask.rl.schema import BaseConfig
-from predmask.rl.task import (
-    EVAL_SPLITS,
-    STANDIN_LABEL,
-    Problem,
-    TaskConfig,
-    format_solution,
-    make_split,
-    noisy_steps,
-    reward,
-)
+from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, TaskConfig, make_split, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
-from predmask.rl.train import latest_checkpoint, setup_logging
+from predmask.rl.train import setup_logging
+from predmask.rl.vr_questions import (
+    Question,
+    answer_text,
+    hint_prompt,
+    join_response,
+    original_data,
+    split_trace,
+)
 from predmask.rl.vr_schema import VRConfig
+from predmask.rl.weighted_sft import Row, token_logprobs, train_sft
 from predmask.rundir import (
-    CHECKPOINT_DIR,
     CONFIG_FILE,
     METRICS_FILE,
     MetricsWriter,
@@ -89,13 +84,9 @@ __all__ = [
     "TRACES_FILE",
     "WEIGHTS_COLUMNS",
     "WEIGHTS_FILE",
-    "Question",
-    "hint_prompt",
     "main",
-    "original_data",
     "prepare_stage",
     "run_stage",
-    "split_trace",
 ]
 
 MODEL_FILE = "model.pt"
@@ -123,59 +114,6 @@ class StageInputError(ValueError):
     """A stage's upstream output is missing (one line: the stage, the path, how to produce it)."""
 
 
-# ----------------------------------------------------------------------------------------------- data
-@dataclass(frozen=True)
-class Question:
-    """One question of the original data: its index, problem and the noisy worked solution written for it."""
-
-    index: int
-    problem: Problem
-    steps: tuple[int, ...]
-
-    @property
-    def solution(self) -> str:
-        return format_solution(self.steps)
-
-    @property
-    def original_answer(self) -> int:
-        """The original solution's own final answer (wrong when a slip happened): q_phi's hint in training."""
-        return self.steps[-1]
-
-
-def original_data(task: TaskConfig, questions: int, noise: float, seed: int) -> list[Question]:
-    """The first ``questions`` train problems, each with one solution with slips at rate ``noise`` (rng: ``seed``)."""
-    rng = random.Random(seed)
-    return [Question(i, p, noisy_steps(p, rng, noise, task.max_number))
-            for i, p in enumerate(make_split(task, "train", questions))]
-
-
-def hint_prompt(template: str, question_prompt: str, hint: int) -> str:
-    """q_phi's prompt: ``template`` with the question and the hinted answer."""
-    return template.format(prompt=question_prompt, hint=hint)
-
-
-def answer_text(answer: int) -> str:
-    """The answer segment y of a response (without <eos>, which the tokenizer appends)."""
-    return f"\\boxed{{{answer}}}"
-
-
-def join_response(trace_text: str, answer: int) -> str:
-    """A response text: the trace z, then the boxed answer."""
-    return f"{trace_text} {answer_text(answer)}" if trace_text else answer_text(answer)
-
-
-def split_trace(tokenizer: ArithmeticTokenizer, ids: Sequence[int]) -> tuple[list[int], list[int]]:
-    """(trace z, answer part) of a sampled response: z = the tokens before the first ``\\boxed{`` (all tokens
-    before <eos> when there is none); the answer part is the rest up to <eos> (empty without a box)."""
-    row = [int(i) for i in ids]
-    if tokenizer.eos_id in row:
-        row = row[: row.index(tokenizer.eos_id)]
-    row = [i for i in row if i not in (tokenizer.pad_id, tokenizer.bos_id)]  # specials the text cannot hold
-    box = tokenizer.token_id("\\boxed{")
-    cut = row.index(box) if box in row else len(row)
-    return row[:cut], row[cut:]
-
-
 # ----------------------------------------------------------------------------------------------- log-probs
 @torch.no_grad()
 def segment_logprobs(model: nn.Module, tokenizer: ArithmeticTokenizer, prompts: Sequence[str],
@@ -187,7 +125,7 @@ def segment_logprobs(model: nn.Module, tokenizer: ArithmeticTokenizer, prompts: 
     for s in range(0, len(prompts), _CHUNK):
         p, f, t = prompts[s:s + _CHUNK], firsts[s:s + _CHUNK], seconds[s:s + _CHUNK]
         batch = sft_batch(tokenizer, p, [f"{a} {b}".strip() for a, b in zip(f, t)])
-        token_logp = _token_logprobs(model, batch)
+        token_logp = token_logprobs(model, batch)
         n_first = torch.tensor([len(tokenizer.encode(a)) for a in f], dtype=torch.long)
         total = batch.response_mask.sum(-1)
         pos = torch.arange(token_logp.shape[1]).unsqueeze(0)
@@ -197,12 +135,6 @@ def segment_logprobs(model: nn.Module, tokenizer: ArithmeticTokenizer, prompts: 
                     n_first, total - n_first))
     model.train()
     return tuple(torch.cat([o[i] for o in out]) for i in range(4))  # type: ignore[return-value]
-
-
-def _token_logprobs(model: nn.Module, batch: Any) -> Tensor:
-    """log p of every response token [B, R] (teacher forcing, with the graph when grad is on)."""
-    logits = response_logits(model, batch)
-    return torch.log_softmax(logits, -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
 
 
 # ----------------------------------------------------------------------------------------------- the stage context
@@ -312,112 +244,14 @@ def evaluate(st: Stage, model: nn.Module) -> dict[str, float]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------- SFT
-@dataclass(frozen=True)
-class Row:
-    """One supervised example: its question, prompt, response (without <eos>) and loss weight."""
-
-    question: int
-    prompt: str
-    response: str
-    weight: float
-
-
-def step_plan(n_questions: int, per_step: int, epochs: int, seed: int) -> list[list[int]]:
-    """The question indices of every step: one shuffled pass per epoch (rng from ``seed`` and the epoch), cut into
-    batches of ``per_step`` questions (the last one of an epoch may be smaller)."""
-    plan: list[list[int]] = []
-    for epoch in range(epochs):
-        order = list(range(n_questions))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        plan += [order[s:s + per_step] for s in range(0, n_questions, per_step)]
-    return plan
-
-
-def _lr(step: int, lr: float, warmup: int) -> float:
-    """Linear warmup over ``warmup`` steps (step 1 = lr / warmup), constant after."""
-    return lr * min(1.0, step / warmup) if warmup > 0 else lr
-
-
-def _save_sft_checkpoint(run_dir: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer,
-                         plan: list[list[int]]) -> None:
-    path = run_dir / CHECKPOINT_DIR / f"step_{step:06d}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    blob = {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(), "plan": plan,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
-    atomic_write(path, lambda tmp: torch.save(blob, tmp))
-    for old in sorted(path.parent.glob("step_*.pt"))[:-2]:
-        old.unlink(missing_ok=True)
-
-
-def train_sft(st: Stage, model: nn.Module, rows: Sequence[Row], n_questions: int, epochs: int,
-              final_metrics: Any = None) -> dict[str, Any]:
-    """Weighted SFT of ``model`` on ``rows`` (``predmask.variational.weighted_sft_loss``, normaliser
-    sft.normaliser x sft.questions_per_step), resuming from the run's newest checkpoint. ``final_metrics(model)``
-    adds its metrics to the last step's line. Returns ``{"step", "resumed", **last metrics}``."""
-    s = st.vr.sft
-    by_question: dict[int, list[Row]] = {}
-    for r in rows:
-        by_question.setdefault(r.question, []).append(r)
-    plan = step_plan(n_questions, s.questions_per_step, epochs, st.vr.seed)
-    total = len(plan)
-    normaliser = float(s.normaliser * s.questions_per_step)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
-    metrics_path = st.run_dir / METRICS_FILE
-    ckpt = latest_checkpoint(st.run_dir)
-    start = 0
-    if ckpt is not None:
-        blob = torch.load(ckpt, map_location="cpu", weights_only=False)
-        model.load_state_dict(blob["model"])
-        opt.load_state_dict(blob["optimizer"])
-        torch.set_rng_state(blob["rng"]["torch"])
-        random.setstate(blob["rng"]["python"])
-        if blob["plan"] != plan:
-            raise ValueError(f"checkpoint {ckpt} was written with another data order; use a fresh run directory")
-        start = int(blob["step"])
-        log.info("resuming from %s (step %d of %d)", ckpt, start, total)
-    cut = truncate_metrics(metrics_path, start if ckpt is not None else -1)
-    if cut.dropped:
-        log.info("dropped %d metrics lines past step %d", cut.dropped, start)
-    writer = MetricsWriter(metrics_path)
-    data: dict[str, Any] = {}
-    try:
-        model.train()
-        title = f"{st.vr.stage} {st.vr.method.name} SFT"
-        with show_progress(title, total=total, completed=start, unit="steps", bar=None) as bar:
-            for step in range(start + 1, total + 1):
-                t0 = time.perf_counter()
-                lr = _lr(step, s.lr, s.warmup)
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                batch_rows = [r for q in plan[step - 1] for r in by_question.get(q, [])]
-                data = {M.TRAIN_LOSS: 0.0, M.ACTOR_LR: lr, M.ACTOR_GRAD_NORM: 0.0}
-                if batch_rows:
-                    batch = sft_batch(st.tokenizer, [r.prompt for r in batch_rows], [r.response for r in batch_rows])
-                    weights = torch.tensor([r.weight for r in batch_rows], dtype=torch.float32)
-                    loss = V.weighted_sft_loss(_token_logprobs(model, batch), batch.response_mask, weights,
-                                               normaliser)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    grad_norm = nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-                    opt.step()
-                    data.update({M.TRAIN_LOSS: float(loss.detach()), M.ACTOR_GRAD_NORM: float(grad_norm)})
-                if step == total and final_metrics is not None:
-                    data.update(final_metrics(model))
-                data[M.GLOBAL_STEP] = step
-                data[M.TIMING_STEP] = time.perf_counter() - t0
-                writer.log(data, step)
-                log.info("step %d loss=%.4f lr=%.3g", step, data[M.TRAIN_LOSS], lr, extra={"console": False})
-                if (s.save_every and step % s.save_every == 0) or step == total:
-                    _save_sft_checkpoint(st.run_dir, step, model, opt, plan)
-                write_status(st.run_dir, "running", step, total)
-                bar.advance(status=f"loss {data[M.TRAIN_LOSS]:.3f}")
-    finally:
-        writer.close()
-    return {"step": total, "resumed": ckpt is not None, **data}
-
-
 # ----------------------------------------------------------------------------------------------- stages
+def _train(st: Stage, model: nn.Module, rows: Sequence[Row], epochs: int, final_metrics: Any = None) -> dict[str, Any]:
+    """``train_sft`` of ``model`` on ``rows`` over the stage's questions, in its run directory."""
+    return train_sft(model, rows, run_dir=st.run_dir, sft=st.vr.sft, tokenizer=st.tokenizer, seed=st.vr.seed,
+                     n_questions=st.vr.data.questions, epochs=epochs, title=f"{st.vr.stage} {st.vr.method.name} SFT",
+                     log=log, final_metrics=final_metrics)
+
+
 def _log_metrics(st: Stage, data: Mapping[str, Any], step: int = 0) -> None:
     """One metrics line for a stage without training steps (a rerun replaces it)."""
     path = st.run_dir / METRICS_FILE
@@ -452,10 +286,26 @@ def run_posterior(st: Stage) -> dict[str, Any]:
             for q in qs]
     log.info("q_phi: base model fine-tuned on %d hint prompts, e.g. %r -> %r", len(rows), rows[0].prompt,
              rows[0].response)
-    summary = train_sft(st, model, rows, len(qs), st.vr.posterior.epochs)
+    summary = _train(st, model, rows, st.vr.posterior.epochs)
     _save_model(st.output, model, {"base": info.get("cache_path"), "stage": "posterior",
                                    "role": "q_phi: base model fine-tuned on hint prompts"})
     return summary
+
+
+def _generator(st: Stage, salt: int) -> torch.Generator:
+    """The sampling rng of one draw of a stage: from the run's seed and the draw's own ``salt``."""
+    return torch.Generator().manual_seed(st.vr.seed * 1_000_003 + salt)
+
+
+def _sample(st: Stage, model: nn.Module, prompts: Sequence[str], temperature: float, salt: int) -> list[list[int]]:
+    """The response ids of one sample per prompt (chunks of _CHUNK drawn in order from ``_generator(st, salt)``)."""
+    tok, gen = st.tokenizer, _generator(st, salt)
+    out: list[list[int]] = []
+    for s in range(0, len(prompts), _CHUNK):
+        ids, mask = encode_prompts(tok, prompts[s:s + _CHUNK])
+        out += generate(model, ids, mask, max_new_tokens=st.response_budget, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                        temperature=temperature, generator=gen).response_ids.tolist()
+    return out
 
 
 def run_traces(st: Stage) -> dict[str, Any]:
@@ -464,22 +314,15 @@ def run_traces(st: Stage) -> dict[str, Any]:
     model.eval()
     qs, k, tok = st.questions, st.vr.traces.k, st.tokenizer
     prompts = [hint_prompt(st.vr.hint.template, q.problem.prompt, q.problem.answer) for q in qs for _ in range(k)]
-    gen = torch.Generator().manual_seed(st.vr.seed * 1_000_003 + 11)
     rows: list[dict[str, Any]] = []
     texts: list[str] = []
-    for s in range(0, len(prompts), _CHUNK):
-        ids, mask = encode_prompts(tok, prompts[s:s + _CHUNK])
-        b = generate(model, ids, mask, max_new_tokens=st.response_budget, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                     temperature=st.vr.traces.temperature, generator=gen)
-        for j, resp in enumerate(b.response_ids.tolist()):
-            i = s + j
-            q = qs[i // k]
-            z, a = split_trace(tok, resp)
-            texts.append(tok.decode(z))
-            rows.append({"question": q.index, "trace": i % k, "prompt": q.problem.prompt, "hint": q.problem.answer,
-                         "trace_text": texts[-1], "answer_text": tok.decode(a),
-                         "posterior_correct": bool(reward(tok.decode(a), q.problem.answer) > 0),
-                         "trace_tokens": len(z)})
+    for i, resp in enumerate(_sample(st, model, prompts, st.vr.traces.temperature, salt=11)):
+        q = qs[i // k]
+        z, a = split_trace(tok, resp)
+        texts.append(tok.decode(z))
+        rows.append({"question": q.index, "trace": i % k, "prompt": q.problem.prompt, "hint": q.problem.answer,
+                     "trace_text": texts[-1], "answer_text": tok.decode(a),
+                     "posterior_correct": bool(reward(tok.decode(a), q.problem.answer) > 0), "trace_tokens": len(z)})
     log_z, _, n_z, _ = segment_logprobs(model, tok, prompts, texts, [answer_text(r["hint"]) for r in rows])
     if not torch.equal(n_z, torch.tensor([r["trace_tokens"] for r in rows])):
         raise RuntimeError("trace token counts changed in a decode/encode round trip")
@@ -512,16 +355,9 @@ def _decoy_rates(st: Stage, model: nn.Module, qs: Sequence[Question]) -> tuple[f
     decoys = [q.problem.answer + (DECOY_OFFSET if q.problem.answer + DECOY_OFFSET <= top else -DECOY_OFFSET)
               for q in qs]
     prompts = [hint_prompt(st.vr.hint.template, q.problem.prompt, d) for q, d in zip(qs, decoys)]
-    gen = torch.Generator().manual_seed(st.vr.seed * 1_000_003 + 13)
-    hit = correct = 0
-    for s in range(0, len(prompts), _CHUNK):
-        ids, mask = encode_prompts(tok, prompts[s:s + _CHUNK])
-        b = generate(model, ids, mask, max_new_tokens=st.response_budget, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                     temperature=st.vr.traces.temperature, generator=gen)
-        for j, resp in enumerate(b.response_ids.tolist()):
-            text = tok.decode(split_trace(tok, resp)[1])
-            hit += int(reward(text, decoys[s + j]) > 0)
-            correct += int(reward(text, qs[s + j].problem.answer) > 0)
+    texts = [tok.decode(split_trace(tok, r)[1]) for r in _sample(st, model, prompts, st.vr.traces.temperature, salt=13)]
+    hit = sum(reward(t, d) > 0 for t, d in zip(texts, decoys))
+    correct = sum(reward(t, q.problem.answer) > 0 for t, q in zip(texts, qs))
     return hit / len(qs), correct / len(qs)
 
 
@@ -529,16 +365,10 @@ def _decoy_rates(st: Stage, model: nn.Module, qs: Sequence[Question]) -> tuple[f
 def _answer_correctness(st: Stage, model: nn.Module, prompts: Sequence[str], answers: Sequence[int],
                         m: int) -> Tensor:
     """[N, M]: whether each of M answers sampled from pi_theta0(. | x, z) is correct (prompts are ``x z``)."""
-    tok = st.tokenizer
-    gen = torch.Generator().manual_seed(st.vr.seed * 1_000_003 + 29)
     flat_p = [p for p in prompts for _ in range(m)]
     flat_a = [a for a in answers for _ in range(m)]
-    hits: list[float] = []
-    for s in range(0, len(flat_p), _CHUNK):
-        ids, mask = encode_prompts(tok, flat_p[s:s + _CHUNK])
-        b = generate(model, ids, mask, max_new_tokens=st.response_budget, eos_id=tok.eos_id, pad_id=tok.pad_id,
-                     temperature=st.vr.weights.temperature, generator=gen)
-        hits += [reward(tok.decode(r), a) for r, a in zip(b.response_ids.tolist(), flat_a[s:s + _CHUNK])]
+    responses = _sample(st, model, flat_p, st.vr.weights.temperature, salt=29)
+    hits = [reward(st.tokenizer.decode(r), a) for r, a in zip(responses, flat_a)]
     return torch.tensor(hits, dtype=torch.float64).view(-1, m) > 0.5
 
 
@@ -590,11 +420,10 @@ def run_weights(st: Stage) -> dict[str, Any]:
 def _rft_rows(st: Stage, model: nn.Module, qs: Sequence[Question]) -> list[Row]:
     """rft.samples responses per question from pi_theta0; the correct ones, each weighted 1/rft.samples."""
     n, tok = st.vr.rft.samples, st.tokenizer
-    gen = torch.Generator().manual_seed(st.vr.seed * 1_000_003 + 43)
     with torch.no_grad():
         model.eval()
         b = rollout_problems(model, tok, [q.problem for q in qs], n=n, max_new_tokens=st.response_budget,
-                             temperature=1.0, generator=gen)
+                             temperature=1.0, generator=_generator(st, salt=43))
         model.train()
     rows = []
     for i, (resp, ok) in enumerate(zip(b.response_ids.tolist(), b.rewards.tolist())):
@@ -644,8 +473,7 @@ def run_final(st: Stage) -> dict[str, Any]:
     else:
         rows = _vr_rows(st, qs)
     log.info("final %s: %d training rows over %d questions", name, len(rows), len(qs))
-    summary = train_sft(st, model, rows, len(qs), st.vr.final.epochs,
-                        final_metrics=lambda mdl: {**evaluate(st, mdl), **extra})
+    summary = _train(st, model, rows, st.vr.final.epochs, final_metrics=lambda mdl: {**evaluate(st, mdl), **extra})
     _save_model(st.output, model, {"base": info.get("cache_path"), "stage": "final", "recipe": name})
     log.info("final evaluation: %s", _summary_line(summary))
     return summary
