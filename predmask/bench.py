@@ -1,39 +1,33 @@
-"""Benchmark of the whole loss (support gather from logits, mask, backward) of the predictive masks against
-DPPO-TopK-KL: time ratio, peak memory, and the closed forms at the benchmark's precision against float64.
+"""The loss benchmark (support gather from logits, mask, backward) of the predictive masks against DPPO-TopK-KL:
+time ratio, peak memory, and the closed forms at the benchmark's precision against float64; and the measuring
+helpers every benchmark shares (``stopwatch``, the PASS/FAIL ``target`` row).
 
-    python -m predmask.bench [--device cpu|cuda] [--dtype float32|bfloat16] [--tokens 4096[,8192,...]]
-                             [--vocab 32000] [--topk 20] [--repeats 7] [--no-memory] [--out DIR]
-
-Every method runs the path a trainer runs: gather the training log-probs on the support from the logits
+Run by ``python scripts/bench.py loss`` (and ``scripts/device_check.sh`` at Qwen3 scale). Every method runs the path
+a trainer runs: gather the training log-probs on the support from the logits
 (log-sum-exp), the masked loss, and the backward pass to the logits. Timings interleave the methods in one process
 (median of the repeats). Peak memory is the most memory allocated above the inputs during one step, in units of the
 logits' own size (numel x element size): on CUDA ``torch.cuda.max_memory_allocated`` in this process, on CPU the
 peak RSS of a fresh subprocess per method. The closed forms (D and its predicted change Ddot, both tails) are
 computed from the benchmark's logits as the trainer computes them and again with the same logits and rollout
 log-probs in float64; their largest absolute and relative differences and the tokens whose mask decision differs
-are printed. Each size ends with PASS/FAIL against the targets (``TIME_RATIO_MAX``, ``PEAK_EXTRA_MAX``); the exit
-status is 1 when a target fails. ``--out`` writes the printed text and a JSON record (bench.txt, bench.json).
+are printed. Each size ends with PASS/FAIL against the targets (``TIME_RATIO_MAX``, ``PEAK_EXTRA_MAX``).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import os
 import platform
 import statistics
-import sys
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from predmask.divergence import predicted_divergence_change, topk_divergence
-from predmask.io import atomic_write_text
 from predmask.methods import MethodParams, policy_loss
 from predmask.support import build_support, gather_support_logprobs
 
@@ -48,12 +42,13 @@ __all__ = [
     "TIME_RATIO_MAX",
     "bench_size",
     "closed_form_errors",
-    "main",
+    "environment",
     "make_inputs",
     "median_times",
     "peak_extra_bytes",
-    "report_lines",
     "step_fn",
+    "stopwatch",
+    "target",
     "targets",
 ]
 
@@ -82,6 +77,20 @@ _MMAP_THRESHOLD = "131072"
 #: the closed forms compared against float64: (name in the output, tail estimator or None for D itself)
 _CLOSED_FORMS: tuple[tuple[str, str | None], ...] = (("D", None), ("Ddot_aggregated", "aggregated"),
                                                      ("Ddot_uniform", "uniform"))
+
+
+@contextmanager
+def stopwatch() -> Iterator[dict[str, float]]:
+    """Wall and CPU seconds of the block (``{"wall", "cpu"}``), filled in when it ends."""
+    seconds: dict[str, float] = {}
+    wall, cpu = time.perf_counter(), time.process_time()
+    yield seconds
+    seconds.update(wall=time.perf_counter() - wall, cpu=time.process_time() - cpu)
+
+
+def target(name: str, value: float, limit: float) -> dict[str, Any]:
+    """One PASS/FAIL row: ``value`` passes when it is at most ``limit``."""
+    return {"target": name, "value": value, "limit": limit, "pass": bool(value <= limit)}
 
 
 def make_inputs(tokens: int, vocab: int, topk: int, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
@@ -257,11 +266,10 @@ def closed_form_errors(x: dict[str, Tensor], vocab: int, delta: float = DELTA) -
 def targets(record: dict[str, Any]) -> list[dict[str, Any]]:
     """The PASS/FAIL targets of one size's record: each predictive mask's time ratio against the baseline, and
     each method's peak extra memory (when measured)."""
-    rows = [{"target": f"time {m} / {BASELINE}", "value": record["time_ratio"][m], "limit": TIME_RATIO_MAX}
+    rows = [target(f"time {m} / {BASELINE}", record["time_ratio"][m], TIME_RATIO_MAX)
             for m in METHODS if m != BASELINE]
-    rows += [{"target": f"peak extra memory {m} (x logits)", "value": record["peak_extra"][m],
-              "limit": PEAK_EXTRA_MAX} for m in METHODS if m in record["peak_extra"]]
-    return [{**r, "pass": bool(r["value"] <= r["limit"])} for r in rows]
+    return rows + [target(f"peak extra memory {m} (x logits)", record["peak_extra"][m], PEAK_EXTRA_MAX)
+                   for m in METHODS if m in record["peak_extra"]]
 
 
 def bench_size(tokens: int, *, vocab: int, topk: int, device: str, dtype: torch.dtype, repeats: int,
@@ -293,81 +301,3 @@ def environment(device: str) -> dict[str, Any]:
         env.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
     return env
 
-
-def report_lines(env: dict[str, Any], dtype: str, records: Sequence[dict[str, Any]], repeats: int) -> list[str]:
-    """The printed report: per size the step times, ratios, peak memory, closed-form errors and targets."""
-    where = env.get("gpu", f"CPU, {env['cpu_threads']} threads")
-    lines = [f"predmask.bench: {where}, torch {env['torch']}, {dtype} logits, delta {DELTA}, median of {repeats}"]
-    for r in records:
-        lines.append(f"{r['tokens']} tokens x vocab {r['vocab']}, K={r['topk']} "
-                     f"(logits {r['logits_bytes'] / 2**30:.3f} GiB)")
-        for n, t in r["median_s"].items():
-            line = f"  {n:22s} fwd+bwd {t * 1e3:9.2f} ms"
-            if n in r["time_ratio"]:
-                line += f"   x{r['time_ratio'][n]:.3f} of {BASELINE}"
-            if n in r["peak_extra"]:
-                line += f"   peak extra memory {r['peak_extra'][n]:5.2f} x logits"
-            lines.append(line)
-        lines.append(f"  closed forms from {dtype} logits vs float64 (same logits and rollout log-probs):")
-        for name, e in r["closed_forms"].items():
-            lines.append(f"    {name:16s} max abs {e['max_abs']:.3e}  max rel {e['max_rel']:.3e}  "
-                         f"decision flips {int(e['decision_flips'])} of {r['tokens']}")
-        for t in r["targets"]:
-            lines.append(f"  {'PASS' if t['pass'] else 'FAIL'} {t['target']}: {t['value']:.3f} (limit {t['limit']})")
-    failed = sum(not t["pass"] for r in records for t in r["targets"])
-    total = sum(len(r["targets"]) for r in records)
-    lines.append(f"{'PASS' if failed == 0 else 'FAIL'}: {total - failed} of {total} targets met")
-    return lines
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(t) for t in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--tokens takes positive integers separated by commas, got {text!r}")
-    if not sizes or min(sizes) <= 0:
-        raise argparse.ArgumentTypeError(f"--tokens takes positive integers separated by commas, got {text!r}")
-    return sizes
-
-
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m predmask.bench", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
-    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="logits dtype (default float32)")
-    ap.add_argument("--tokens", type=_sizes, default=[4096], help="token counts, comma-separated (default 4096)")
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--topk", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
-    ap.add_argument("--out", type=Path, help="also write the report (bench.txt) and the record (bench.json) here")
-    return ap
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = parser()
-    args = ap.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error(f"--device {args.device}: no CUDA device is visible (allowed: cpu, or cuda on a GPU machine)")
-    if not args.device.startswith(("cpu", "cuda")):
-        ap.error(f"--device {args.device!r}: allowed cpu or cuda[:N]")
-    if args.topk + 1 >= args.vocab:
-        ap.error(f"--topk {args.topk} must be below --vocab - 1 ({args.vocab - 1})")
-    env = environment(args.device)
-    records = []
-    for tokens in args.tokens:
-        records.append(bench_size(tokens, vocab=args.vocab, topk=args.topk, device=args.device,
-                                  dtype=DTYPES[args.dtype], repeats=args.repeats, memory=not args.no_memory))
-        print(f"predmask.bench: {tokens} tokens measured", file=sys.stderr, flush=True)
-    text = "\n".join(report_lines(env, args.dtype, records, args.repeats)) + "\n"
-    print(text, end="")
-    if args.out is not None:
-        doc = {"environment": env, "dtype": args.dtype, "delta": DELTA, "repeats": args.repeats,
-               "time_ratio_max": TIME_RATIO_MAX, "peak_extra_max": PEAK_EXTRA_MAX, "sizes": records}
-        atomic_write_text(args.out / "bench.json", json.dumps(doc, indent=2) + "\n")
-        atomic_write_text(args.out / "bench.txt", text)
-    return 0 if all(t["pass"] for r in records for t in r["targets"]) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
-"""`python -m reports.bench`: time every figure on a synthetic database (88 runs × 500 steps × 30 metrics, 61 seeds).
+"""Time every figure on a synthetic database (88 runs × 500 steps × 30 metrics, 61 seeds); run by
+``python scripts/bench.py reports``.
 
 The runs are written as run directories (config.yaml, status.json, metrics.jsonl) and loaded through the real
 ingest; the study through upsert_token_level. Only `paper` (all figures, tables and the page) is timed against
@@ -7,12 +8,8 @@ the target; the ingest time is printed beside it. Synthetic numbers, never a res
 
 from __future__ import annotations
 
-import argparse
-import math
-import sys
-import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -21,6 +18,7 @@ import pyarrow as pa
 from analysis.store import connect, ingest_paths, upsert_token_level
 from analysis.token_level.summary import stats
 from predmask import config, metrics
+from predmask.bench import stopwatch, target
 from predmask.precisions import get_precision
 from predmask.rl.task import EVAL_SPLITS
 from predmask.rundir import METRICS_FILE, metrics_line, run_path, write_config, write_status
@@ -41,29 +39,12 @@ def _seeds(sweep: str) -> tuple[int, ...]:
 A24, A25 = (metrics.val_acc(split, 16) for split in EVAL_SPLITS)  # the CPU engine's AIME stand-ins
 CORE_METRICS = (metrics.SCORE_MEAN, metrics.RESPONSE_LENGTH_MEAN, metrics.PPO_KL, metrics.CLIPFRAC, A24, A25)
 FILLER_METRICS = (
-    metrics.CLIPFRAC_LOWER,
-    metrics.MASK_TOKENS,
-    metrics.MASK_DIVERGENCE_MEAN,
-    metrics.MASK_DIVERGENCE_MAX,
-    metrics.MASK_OUTSIDE_FRAC,
-    metrics.MASK_MU_TAIL_CLAMPED,
-    metrics.MASK_PI_TAIL_CLAMPED,
-    metrics.MASK_DIRECTION_DISAGREE,
-    metrics.ACTOR_PG_LOSS,
-    metrics.ACTOR_GRAD_NORM,
-    metrics.ACTOR_LR,
-    metrics.SCORE_MAX,
-    metrics.SCORE_MIN,
-    metrics.ADVANTAGES_MEAN,
-    metrics.ADVANTAGES_MAX,
-    metrics.ADVANTAGES_MIN,
-    metrics.RESPONSE_LENGTH_MAX,
-    metrics.RESPONSE_LENGTH_MIN,
-    metrics.RESPONSE_LENGTH_CLIP_RATIO,
-    metrics.TIMING_STEP,
-    metrics.TIMING_GEN,
-    metrics.TIMING_UPDATE_ACTOR,
-    metrics.PERF_THROUGHPUT,
+    metrics.CLIPFRAC_LOWER, metrics.MASK_TOKENS, metrics.MASK_DIVERGENCE_MEAN, metrics.MASK_DIVERGENCE_MAX,
+    metrics.MASK_OUTSIDE_FRAC, metrics.MASK_MU_TAIL_CLAMPED, metrics.MASK_PI_TAIL_CLAMPED,
+    metrics.MASK_DIRECTION_DISAGREE, metrics.ACTOR_PG_LOSS, metrics.ACTOR_GRAD_NORM, metrics.ACTOR_LR,
+    metrics.SCORE_MAX, metrics.SCORE_MIN, metrics.ADVANTAGES_MEAN, metrics.ADVANTAGES_MAX, metrics.ADVANTAGES_MIN,
+    metrics.RESPONSE_LENGTH_MAX, metrics.RESPONSE_LENGTH_MIN, metrics.RESPONSE_LENGTH_CLIP_RATIO,
+    metrics.TIMING_STEP, metrics.TIMING_GEN, metrics.TIMING_UPDATE_ACTOR, metrics.PERF_THROUGHPUT,
     metrics.GLOBAL_STEP,
 )
 
@@ -220,9 +201,8 @@ def build_db(root: Path, steps: int = 500) -> tuple[Path, float]:
     write_runs(root, steps)
     con = connect(db)
     try:
-        t0 = time.perf_counter()
-        summary = ingest_paths(con, [root / "runs"])
-        ingest_s = time.perf_counter() - t0
+        with stopwatch() as ingest:
+            summary = ingest_paths(con, [root / "runs"])
         n_runs = len(run_grid())
         assert len(summary.runs) == n_runs, f"expected {n_runs} runs, ingested {len(summary.runs)}"
         seeds, tokens = synthetic_study()
@@ -239,38 +219,16 @@ def build_db(root: Path, steps: int = 500) -> tuple[Path, float]:
         upsert_token_level(con, "synthetic-61", study_cfg, seeds, tokens)
     finally:
         con.close()
-    return db, ingest_s
+    return db, ingest["wall"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m reports.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=500, help="steps per run (default 500)")
-    p.add_argument(
-        "--keep", type=Path, default=None, help="build in this folder and keep it (default: a temp dir)"
-    )
-    args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="predmask-bench-") as tmp:
-        root = args.keep or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
-        db, ingest_s = build_db(root, args.steps)
-        t0, c0 = time.perf_counter(), time.process_time()
+
+def bench(root: Path, steps: int = 500) -> dict[str, Any]:
+    """Build the synthetic database under ``root`` and time the paper on it: the sizes, the ingest's wall seconds,
+    the paper's wall and CPU seconds, its failures and its wall time against ``TARGET_S``."""
+    db, ingest_s = build_db(root, steps)
+    with stopwatch() as paper_s:
         paper = build_paper(db, root / "out")
-        paper_s, paper_cpu = time.perf_counter() - t0, time.process_time() - c0
-    n_metrics = len(CORE_METRICS) + len(FILLER_METRICS)
-    print(
-        f"synthetic database: {len(run_grid())} runs x {args.steps} steps x {n_metrics} metrics + 61-seed study"
-    )
-    print(f"ingest: {ingest_s:.2f} s")
-    verdict = "within" if paper_s <= TARGET_S else "OVER"
-    print(
-        f"all figures, tables and index: {paper_s:.2f} s wall, {paper_cpu:.2f} s CPU "
-        f"({verdict} the {TARGET_S:g} s target; wall time grows when other processes share the cores)"
-    )
-    if paper.failures:
-        print(f"failures: {paper.failures}")
-        return 1
-    return 0 if math.isfinite(paper_s) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"runs": len(run_grid()), "steps": steps, "metrics": len(CORE_METRICS) + len(FILLER_METRICS),
+            "ingest_s": ingest_s, "paper_s": paper_s, "failures": paper.failures,
+            "target": target("all figures, tables and index, wall s", paper_s["wall"], TARGET_S)}

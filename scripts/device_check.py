@@ -1,7 +1,7 @@
 """The device check: the whole loss of DPPO-TopK-KL and the predictive masks at Qwen3 scale on one GPU, through
-``predmask.bench`` (time ratio, peak memory against the logits, bf16 closed forms against float64).
+``scripts/bench.py loss`` (time ratio, peak memory against the logits, bf16 closed forms against float64).
 
-    python scripts/device_check.py [--out DIR] [any predmask.bench option, e.g. --device cpu --tokens 256 --vocab 4096]
+    python scripts/device_check.py [--out DIR] [any option of scripts/bench.py loss, e.g. --device cpu --tokens 256 --vocab 4096]
 
 Defaults: CUDA, bf16 logits, 8,192, 32,768 and 65,536 tokens, Qwen3's vocabulary of 151,936, K = 20; the output
 directory is ``--out``, else ``$OUT``, else ``results/device_check``. Needs torch only (no verl, vLLM, Ray or
@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a plain copy of the repository, without installing it
 
+import bench as entry  # scripts/bench.py, beside this file
 import torch
 
 from predmask import bench
@@ -47,7 +48,7 @@ def preset(argv: Sequence[str]) -> list[str]:
 
 def fits(args: Sequence[str]) -> str | None:
     """None when the largest size fits the chosen CUDA device, else one line saying why not."""
-    ns = bench.parser().parse_args(list(args))
+    ns = entry.parser().parse_args(["loss", *args])
     if not ns.device.startswith("cuda"):
         return None
     if not torch.cuda.is_available():
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 2
     start = time.perf_counter()
-    status = bench.main(args)
+    status = entry.main(["loss", *args])
     print(f"device_check: {time.perf_counter() - start:.0f} s, exit status {status}")
     return status
 

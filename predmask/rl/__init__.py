@@ -4,7 +4,7 @@ Modules: ``task`` (data, reward), ``tokenizer``, ``model`` (Qwen3 / Qwen3-MoE po
 emulation of ``predmask.precisions``' settings), ``schema`` (the rollout and trainer config sections), ``base``
 (cached pretrained base model), ``rollout`` (KV-cache sampling with top-K log-probs),
 ``algo`` (support log-probs, GRPO advantages, masked update), ``engine`` (everything of a run as one object),
-``train`` (``python -m predmask.rl.train``), ``bench`` (``python -m predmask.rl.bench``), ``vr_schema`` (the
+``train`` (``python -m predmask.rl.train``), ``bench`` (``python scripts/bench.py engine``), ``vr_schema`` (the
 variational family's config sections) and ``variational`` (its stages: ``python -m predmask.rl.variational RUN_DIR``).
 
 Imports are lazy so that ``import predmask`` stays light; the names below are the public API.

@@ -1,4 +1,4 @@
-"""scripts/device_check.sh on CPU at a tiny size, in a real subprocess: the report and the JSON record have the
+"""scripts/device_check.sh (``scripts/bench.py loss`` with the device presets) on CPU at a tiny size, in a real subprocess: the report and the JSON record have the
 promised shape, the exit status follows the targets, and the float64 comparison matches one written out here.
 
 No GPU here: the script runs with ``--device cpu``; on the GPU machine the same code runs at Qwen3 scale.
@@ -6,6 +6,7 @@ No GPU here: the script runs with ``--device cpu``; on the GPU machine the same 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -92,26 +93,31 @@ def test_float64_comparison(run) -> None:
         assert 0 <= e["decision_flips"] <= TOKENS
 
 
-def test_preset_keeps_given_options_and_fills_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+def import_script(name: str):
+    """A module of scripts/ imported as scripts/device_check.py imports its neighbour."""
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
-        import device_check
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "scripts"))
+
+
+def test_preset_keeps_given_options_and_fills_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    device_check, entry = import_script("device_check"), import_script("bench")
     monkeypatch.setenv("OUT", "/some/out")
     args = device_check.preset(["--device", "cpu", "--tokens=64"])
-    ns = bench.parser().parse_args(args)
+    ns = entry.parser().parse_args(["loss", *args])
     assert (ns.device, ns.tokens, ns.dtype, ns.vocab) == ("cpu", [64], "bfloat16", 151_936)
     assert ns.out == Path("/some/out")
     assert device_check.fits(args) is None  # nothing to check on CPU
-    assert bench.parser().parse_args(device_check.preset([])).tokens == [8192, 32768, 65536]
+    assert entry.parser().parse_args(["loss", *device_check.preset([])]).tokens == [8192, 32768, 65536]
 
 
 @pytest.mark.parametrize("argv", [["--tokens", "0"], ["--tokens", "8k"], ["--device", "tpu"],
-                                  ["--topk", "40", "--vocab", "32"]])
+                                  ["--topk", "40", "--vocab", "32"], ["--repeats", "0"]])
 def test_bad_options_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        bench.main(argv)
+        import_script("bench").main(["loss", *argv])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert argv[0] in err or argv[-2] in err

@@ -1,0 +1,263 @@
+"""The project's one benchmark entry: ``python scripts/bench.py <loss|engine|study|reports> [options]``.
+
+The measuring code lives beside what it measures (predmask/bench.py, predmask/rl/bench.py,
+analysis/token_level/bench.py, reports/bench.py; each sub-command's ``--help`` shows that module's account); this
+file parses the options, prints the tables and PASS/FAIL lines, and writes the JSON records. Exit status: 0, 1 when
+a target the sub-command enforces is missed (loss) or the paper fails (reports), 2 on bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a plain copy of the repository, without installing it
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from predmask import bench as loss
+from predmask.io import atomic_write_text
+
+
+def positive_ints(text: str) -> list[int]:
+    """An option's comma-separated positive integers."""
+    try:
+        values = [int(t) for t in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"takes positive integers separated by commas, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    """An option's one positive integer."""
+    values = positive_ints(text) if "," not in text else []
+    if not values:
+        raise argparse.ArgumentTypeError(f"takes one positive integer, got {text!r}")
+    return values[0]
+
+
+def names(text: str) -> list[str]:
+    return [n for n in text.split(",") if n]
+
+
+def target_line(row: dict[str, Any]) -> str:
+    """The printed line of a PASS/FAIL row (``predmask.bench.target``)."""
+    return f"{'PASS' if row['pass'] else 'FAIL'} {row['target']}: {row['value']:.3f} (limit {row['limit']})"
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A right-aligned rich table on stdout (200 columns wide when stdout is not a terminal)."""
+    table = Table(title=title, title_justify="left")
+    for col in columns:
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    Console(highlight=False, width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def loss_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--dtype", default="float32", choices=sorted(loss.DTYPES), help="logits dtype (default float32)")
+    p.add_argument("--tokens", type=positive_ints, default=[4096], help="token counts, comma-separated (default 4096)")
+    p.add_argument("--vocab", type=positive_int, default=32000)
+    p.add_argument("--topk", type=positive_int, default=20)
+    p.add_argument("--repeats", type=positive_int, default=7)
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--out", type=Path, help="also write the report (bench.txt) and the record (bench.json) here")
+
+
+def loss_report(env: dict[str, Any], dtype: str, records: Sequence[dict[str, Any]], repeats: int) -> list[str]:
+    """Per size the step times, ratios, peak memory, closed-form errors and targets; last the verdict."""
+    where = env.get("gpu", f"CPU, {env['cpu_threads']} threads")
+    lines = [f"bench loss: {where}, torch {env['torch']}, {dtype} logits, delta {loss.DELTA}, median of {repeats}"]
+    for r in records:
+        lines.append(f"{r['tokens']} tokens x vocab {r['vocab']}, K={r['topk']} "
+                     f"(logits {r['logits_bytes'] / 2**30:.3f} GiB)")
+        for n, t in r["median_s"].items():
+            line = f"  {n:22s} fwd+bwd {t * 1e3:9.2f} ms"
+            if n in r["time_ratio"]:
+                line += f"   x{r['time_ratio'][n]:.3f} of {loss.BASELINE}"
+            if n in r["peak_extra"]:
+                line += f"   peak extra memory {r['peak_extra'][n]:5.2f} x logits"
+            lines.append(line)
+        lines.append(f"  closed forms from {dtype} logits vs float64 (same logits and rollout log-probs):")
+        for name, e in r["closed_forms"].items():
+            lines.append(f"    {name:16s} max abs {e['max_abs']:.3e}  max rel {e['max_rel']:.3e}  "
+                         f"decision flips {int(e['decision_flips'])} of {r['tokens']}")
+        lines += [f"  {target_line(t)}" for t in r["targets"]]
+    failed = sum(not t["pass"] for r in records for t in r["targets"])
+    total = sum(len(r["targets"]) for r in records)
+    lines.append(f"{'PASS' if failed == 0 else 'FAIL'}: {total - failed} of {total} targets met")
+    return lines
+
+
+def run_loss(args: argparse.Namespace) -> int:
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        args.parser.error(f"--device {args.device}: no CUDA device is visible (allowed: cpu, or cuda on a GPU machine)")
+    if not args.device.startswith(("cpu", "cuda")):
+        args.parser.error(f"--device {args.device!r}: allowed cpu or cuda[:N]")
+    if args.topk + 1 >= args.vocab:
+        args.parser.error(f"--topk {args.topk} must be below --vocab - 1 ({args.vocab - 1})")
+    env = loss.environment(args.device)
+    records = []
+    for tokens in args.tokens:
+        records.append(loss.bench_size(tokens, vocab=args.vocab, topk=args.topk, device=args.device,
+                                       dtype=loss.DTYPES[args.dtype], repeats=args.repeats,
+                                       memory=not args.no_memory))
+        print(f"bench loss: {tokens} tokens measured", file=sys.stderr, flush=True)
+    text = "\n".join(loss_report(env, args.dtype, records, args.repeats)) + "\n"
+    print(text, end="")
+    if args.out is not None:
+        write_json(args.out / "bench.json", {
+            "environment": env, "dtype": args.dtype, "delta": loss.DELTA, "repeats": args.repeats,
+            "time_ratio_max": loss.TIME_RATIO_MAX, "peak_extra_max": loss.PEAK_EXTRA_MAX, "sizes": records})
+        atomic_write_text(args.out / "bench.txt", text)
+    return 0 if all(t["pass"] for r in records for t in r["targets"]) else 1
+
+
+def engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", type=names, default="cpu_s,cpu_m,cpu_moe", help="comma-separated conf/model names")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed GRPO steps per model (after 2 warm-up)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+    p.add_argument("--mismatch", action="store_true",
+                   help="measure the rollout-vs-training mismatch of each precision and the top-K tail mass")
+    p.add_argument("--sequences", type=positive_int, default=512, help="sampled sequences per precision (--mismatch)")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides applied to every model")
+
+
+def run_engine(args: argparse.Namespace) -> int:
+    from predmask.rl.bench import bench_model, measure_mismatch
+
+    torch.set_num_threads(args.threads)
+    if args.mismatch:
+        cols = ("model", "precision", "tokens", "topk_kl_mean", "topk_kl_max", "sampled_kl", "frac_outside",
+                "tail_mean", "tail_median", "tail_p90", "tail_frac_gt_1e-3")
+        rows = [[v if isinstance(v, str) else (f"{int(v)}" if c == "tokens" else f"{v:.3g}")
+                 for c, v in ((c, row[c]) for c in cols)]
+                for model in args.models for row in measure_mismatch(model, args.overrides, args.sequences)]
+        print_table("rollout vs training mismatch on the base policy (CPU emulation of the precisions)", cols, rows)
+        return 0
+    rows = []
+    for model in args.models:
+        r = bench_model(model, args.overrides, args.steps)
+        rows.append([model, f"{int(r['params']):,}", f"{r['s_per_step']:.3f}", f"{r['steps_per_s']:.2f}",
+                     f"{r['gen_tokens_per_s']:,.0f}", f"{r['train_tokens_per_s']:,.0f}", f"{r['val_s']:.2f}",
+                     f"{r['run_s']:.0f} ({int(r['run_steps'])} steps)"])
+    print_table(f"predmask.rl CPU engine benchmark ({args.threads} thread(s); {' '.join(args.overrides)})",
+                ("model", "params", "s/step", "steps/s", "gen tok/s", "train tok/s", "val s", "run s (projected)"),
+                rows)
+    return 0
+
+
+def study_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seeds", type=positive_int, default=2, help="seeds measured per batch size (default 2)")
+    p.add_argument("--sequences", type=positive_ints, default=[256, 512, 1024],
+                   help="comma-separated batch sizes (default 256,512,1024)")
+    p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="cores of the extrapolated run")
+    p.add_argument("--target-seeds", type=positive_int, default=61, help="seeds of the extrapolated run (default 61)")
+    p.add_argument("--target-sequences", type=positive_int, default=1024,
+                   help="sequences per seed of the extrapolated run")
+    p.add_argument("--json", type=Path, default=Path("results/token_level/bench.json"),
+                   help="where to write the numbers")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="study config overrides")
+
+
+def run_study(args: argparse.Namespace) -> int:
+    from analysis.token_level import bench as study
+    from analysis.token_level.compute.config import StudyInputError
+
+    try:
+        result = study.bench(args.overrides, args.sequences, args.seeds)
+    except StudyInputError as err:
+        args.parser.error(str(err))
+    study.extrapolate(result, args.target_seeds, args.target_sequences, args.workers)
+    cols = ("sequences", "seed", "wall s", "cpu s", "rollout s", "stale s", "masks s", "truth s", "tokens",
+            "outside", "disagree")
+    print_table(f"token-level study, per seed, 1 thread: {result['label']}", cols, [
+        [str(r["sequences"]), str(r["seed"]), *(f"{r.get(k, 0.0):.2f}" for k in (
+            "wall", "cpu", "seconds_rollout", "seconds_stale", "seconds_masks", "seconds_ground_truth")),
+         str(r["n_tokens"]), str(r["n_outside"]), str(r["n_disagree"])] for r in result["seeds"]])
+    row = study.ground_truth_target(result["seeds"])
+    print(target_line(row) if row else "ground truths: not computed (ground_truth=false or an FP8 training forward)")
+    fit, x = result["fit"]["cpu"], result["extrapolation"]
+    print(f"CPU time per seed ≈ {fit['a']:.2f} s + {1000 * fit['b_per_sequence']:.2f} ms × sequences; "
+          f"{x['seeds']} seeds × {x['sequences']} sequences on {x['workers']} single-threaded workers ≈ "
+          f"{x['seeds_per_worker']} × {x['cpu_per_seed']:.1f} s + start-up {result['startup_wall']:.1f} s + model "
+          f"load {result['backend_load']['wall']:.1f} s ≈ {x['wall_estimate'] / 60:.1f} min (if each worker gets a "
+          "whole core)")
+    write_json(args.json, result)
+    print(f"wrote {args.json}")
+    return 0
+
+
+def reports_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=positive_int, default=500, help="steps per run (default 500)")
+    p.add_argument("--keep", type=Path, default=None, help="build in this folder and keep it (default: a temp dir)")
+
+
+def run_reports(args: argparse.Namespace) -> int:
+    from reports.bench import bench
+
+    with tempfile.TemporaryDirectory(prefix="predmask-bench-") as tmp:
+        root = args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        r = bench(root, args.steps)
+    print(f"synthetic database: {r['runs']} runs x {r['steps']} steps x {r['metrics']} metrics + 61-seed study")
+    print(f"ingest: {r['ingest_s']:.2f} s")
+    print(f"{target_line(r['target'])}; {r['paper_s']['cpu']:.2f} s CPU (wall time grows when other processes "
+          "share the cores)")
+    if r["failures"]:
+        print(f"failures: {r['failures']}")
+    return 1 if r["failures"] else 0
+
+
+#: sub-command: (one line of help, the module that measures, its options, its run)
+SUBCOMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
+                             Callable[[argparse.Namespace], int]]] = {
+    "loss": ("the whole loss of the predictive masks against DPPO-TopK-KL: time, peak memory, float64 error",
+             "predmask/bench.py", loss_options, run_loss),
+    "engine": ("the CPU engine's steps/s and tokens/s per model, or each precision's mismatch (--mismatch)",
+               "predmask/rl/bench.py", engine_options, run_engine),
+    "study": ("the token-level study's per-seed cost, its 61-seed extrapolation and the ground truths' cost",
+              "analysis/token_level/bench.py", study_options, run_study),
+    "reports": ("all figures, tables and the page on a synthetic database of the paper's size",
+                "reports/bench.py", reports_options, run_reports),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python scripts/bench.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    subs = ap.add_subparsers(title="sub-commands", dest="command", required=True, metavar="SUB")
+    for name, (summary, module, options, run) in SUBCOMMANDS.items():
+        doc = ast.get_docstring(ast.parse((ROOT / module).read_text()))
+        p = subs.add_parser(name, help=summary, description=f"{summary}.\n\n{module}: {doc}",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        options(p)
+        p.set_defaults(run=run, parser=p)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
