@@ -380,16 +380,71 @@ def _prepare(cells: Sequence[Cell], out: Path, console: Console) -> None:
             shown.add(info.get("cache_path"))
 
 
+def _run_pending(
+    args: argparse.Namespace, grid_id: str, cells: list[Cell], out: Path, pending: Mapping[int, list[int]],
+    console: Console,
+) -> tuple[list[str], bool]:
+    """Run the pending seeds of every cell (inline or through the launch layer's workers), with a progress bar:
+    (the workers' failures, whether it was interrupted)."""
+    import logging
+
+    from analysis.token_level.cli import worker_count
+    from analysis.token_level.compute.fanout import SeedFiles, run_specs, submit_shares
+    from predmask.progress import progress
+
+    n_pending = sum(map(len, pending.values()))
+    failures: list[str] = []
+    _prepare(cells, out, console)
+    workers = 1 if args.inline else worker_count(args, cells[0].config, n_pending)
+    shares = _shares(cells, out, pending, workers)
+    todo = [(SeedFiles(out / c.study_id), pending[c.index]) for c in cells]
+
+    def finished() -> int:
+        return sum(len(files.finished(p)) for files, p in todo)
+
+    log = logging.getLogger("analysis.drift")
+    log_file = out / "jobs" / grid_id / "drift.log"
+    console.print(f"progress: {log_file}", markup=False)
+    with progress(f"drift grid {grid_id}: cell seeds", n_pending, log=log, unit="seeds", stream=sys.stdout,
+                  log_file=log_file) as bar:
+        try:
+            if args.inline:
+                for spec in shares[0]:
+                    try:
+                        run_specs([spec])
+                    except RuntimeError as exc:
+                        failures.append(f"inline worker: {exc}")
+                    bar.advance_to(finished())
+            else:
+                console.print(f"{len(shares)} worker(s) on {cells[0].config['cluster'].get('name', 'local')}")
+                failures = submit_shares(cells[0].config, out / "jobs" / grid_id, shares, finished, bar.advance_to)
+        except KeyboardInterrupt:
+            return failures, True
+    return failures, False
+
+
+def _store_cells(db: Path, out: Path, grid: Mapping[str, Any], grid_id: str, cells: list[Cell],
+                 seeds: Sequence[int]) -> None:
+    """Ingest every cell's seeds not yet stored and link the cells to their studies (``token_level_grid``)."""
+    from analysis.store import connect
+    from analysis.store.token_level import upsert_grid
+    from analysis.token_level.cli import ingest, stored_in
+
+    for c in cells:
+        stored = stored_in(db, c.study_id)
+        ingest(db, c.study_id, c.config, out / c.study_id, [s for s in seeds if s not in stored])
+    con = connect(db)
+    try:
+        upsert_grid(con, grid_id, grid_rows(cells, grid["name"]))
+    finally:
+        con.close()
+
+
 def _run(
     args: argparse.Namespace, grid: Mapping[str, Any], grid_id: str, cells: list[Cell], console: Console
 ) -> int:
-    import logging
-
-    from analysis.store import StoreError, check_db_path, connect, paper_command
-    from analysis.store.token_level import upsert_grid
-    from analysis.token_level.cli import ERR, db_path, ingest, out_root, stored_in, worker_count
-    from analysis.token_level.compute.fanout import SeedFiles, run_specs, submit_shares
-    from predmask.progress import progress
+    from analysis.store import StoreError, check_db_path, paper_command
+    from analysis.token_level.cli import ERR, db_path, out_root
 
     t0 = time.perf_counter()
     db, out = db_path(args.db), out_root(args.out)
@@ -404,48 +459,9 @@ def _run(
     console.print(
         f"{len(cells) * len(seeds) - n_pending} of {len(cells) * len(seeds)} cell seeds done; {n_pending} to run"
     )
-    failures: list[str] = []
-    interrupted = False
-    if n_pending:
-        _prepare(cells, out, console)
-        workers = 1 if args.inline else worker_count(args, cells[0].config, n_pending)
-        shares = _shares(cells, out, pending, workers)
-        todo = [(SeedFiles(out / c.study_id), pending[c.index]) for c in cells]
-
-        def finished() -> int:
-            return sum(len(files.finished(p)) for files, p in todo)
-
-        log = logging.getLogger("analysis.drift")
-        log_file = out / "jobs" / grid_id / "drift.log"
-        console.print(f"progress: {log_file}", markup=False)
-        with progress(f"drift grid {grid_id}: cell seeds", n_pending, log=log, unit="seeds", stream=sys.stdout,
-                      log_file=log_file) as bar:
-            try:
-                if args.inline:
-                    for spec in shares[0]:
-                        try:
-                            run_specs([spec])
-                        except RuntimeError as exc:
-                            failures.append(f"inline worker: {exc}")
-                        bar.advance_to(finished())
-                else:
-                    console.print(
-                        f"{len(shares)} worker(s) on {cells[0].config['cluster'].get('name', 'local')}"
-                    )
-                    failures = submit_shares(
-                        cells[0].config, out / "jobs" / grid_id, shares, finished, bar.advance_to
-                    )
-            except KeyboardInterrupt:
-                interrupted = True
+    failures, interrupted = _run_pending(args, grid_id, cells, out, pending, console) if n_pending else ([], False)
     try:
-        for c in cells:
-            stored = stored_in(db, c.study_id)
-            ingest(db, c.study_id, c.config, out / c.study_id, [s for s in seeds if s not in stored])
-        con = connect(db)
-        try:
-            upsert_grid(con, grid_id, grid_rows(cells, grid["name"]))
-        finally:
-            con.close()
+        _store_cells(db, out, grid, grid_id, cells, seeds)
     except StoreError as err:
         ERR.print(escape(f"error: {err}"))
         return 1
