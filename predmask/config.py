@@ -1,11 +1,11 @@
 """The one config layer: the installed conf/ tree, Hydra compose with structured schemas, stable ids, option entries.
 
 - ``compose(config_name, overrides)`` composes a primary config of conf/ (``train``, ``token_level``,
-  ``variational``) with Hydra's compose API after storing the structured-config schemas in Hydra's ConfigStore: the
-  engine's dataclasses (task, base, rollout, trainer sections, and the variational family's sections of
-  ``predmask.rl.vr_schema``), the cluster side's (``predmask.cluster_schema``: clusters, cluster models) always, and
-  a caller's own (the study passes ``schemas={"token_level_schema": ...}``). The YAML files name their schema in
-  their defaults list and only select values; unknown keys and wrong types fail at compose time with one line
+  ``variational``) with Hydra's compose API after storing the structured-config schemas of ``predmask.schemas`` in
+  Hydra's ConfigStore: the engine's dataclasses (task, base, rollout, trainer sections, and the variational family's
+  sections), the cluster side's (clusters, cluster models) always, and a caller's own (the study passes
+  ``schemas={"token_level_schema": ...}``). The YAML files name their schema in their defaults list and only select
+  values; unknown keys and wrong types fail at compose time with one line
   (``ConfigError``); ``typed_view`` checks a run config's section against its schema the same way.
 - ``stable_id(config)`` is the identity of a run or a study: a hash of the resolved config minus launcher keys and
   display labels.
@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
-from predmask.rl.schema import check_known_keys
+from predmask.schemas.unknown_keys import check_known_keys
 
 __all__ = [
     "DISPLAY_KEYS",
@@ -64,10 +64,10 @@ def conf_dir() -> Path:
 
 def _engine_schemas() -> dict[tuple[str | None, str], Any]:
     """(group, name) -> node of the engine's schemas, as named in the defaults lists of conf/."""
-    from predmask import cluster_schema as cs
-    from predmask.rl.schema import BaseConfig, RolloutConfig, TrainerConfig
-    from predmask.rl.task import TaskConfig
-    from predmask.rl.vr_schema import section_schemas
+    from predmask.schemas import cluster_schema as cs
+    from predmask.schemas.task_schema import TaskConfig
+    from predmask.schemas.train_schema import BaseConfig, RolloutConfig, TrainerConfig
+    from predmask.schemas.variational_schema import section_schemas
 
     return {
         ("task", "schema"): TaskConfig,

@@ -225,7 +225,7 @@ def validate_runs(specs: list[RunSpec], root: Path) -> None:
     parameters, ...) or the VeRL translation's, and its command composes. The first bad run raises one SweepError
     line naming its cell and the trainer's message (the bad value and what is allowed)."""
     from predmask.rl.engine import prepare_config
-    from predmask.rl.vr_schema import VRConfig
+    from predmask.schemas.variational_schema import VRConfig
 
     for spec in specs:
         try:

@@ -26,7 +26,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
 from predmask.config import ConfigError, compose, conf_dir, group_options, stable_id
-from predmask.rl.vr_schema import DATA_MODES
+from predmask.schemas.variational_schema import DATA_MODES
 from predmask.vr_stages import STAGE_INPUTS, STAGES, stage_inputs, with_upstream
 from sweeps.compose import (
     SEED_KEYS,

@@ -128,9 +128,9 @@ def load_model(cfg: Mapping[str, Any]) -> tuple[Any, str]:
 
     from predmask.rl.base import load_base_model
     from predmask.rl.model import build_policy
-    from predmask.rl.schema import BaseConfig
-    from predmask.rl.task import TaskConfig
     from predmask.rl.tokenizer import ArithmeticTokenizer
+    from predmask.schemas.task_schema import TaskConfig
+    from predmask.schemas.train_schema import BaseConfig
 
     task = TaskConfig.from_mapping(cfg["task"])
     base = BaseConfig.from_mapping(cfg["base"])
@@ -172,12 +172,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int:
     import torch
+    from predmask.cli import command, with_db
 
     from analysis.accuracy_weighting.measure import bandit_rows, model_rows
     from analysis.store import StoreError, check_db_path, connect, default_db_path, upsert_accuracy_weighting
-    from predmask.cli import command, with_db
     from predmask.progress import progress
-    from predmask.rl.task import TaskConfig
+    from predmask.schemas.task_schema import TaskConfig
 
     db = args.db if args.db is not None else default_db_path()
     try:

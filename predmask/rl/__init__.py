@@ -1,11 +1,11 @@
 """predmask.rl: the CPU-scale GRPO engine (tiny Qwen3 policy, synthetic verifiable arithmetic, emulated precision).
 
 Modules: ``task`` (data, reward), ``tokenizer``, ``model`` (Qwen3 / Qwen3-MoE policy), ``precision`` (bf16 / FP8
-emulation of ``predmask.precisions``' settings), ``schema`` (the rollout and trainer config sections), ``base``
-(cached pretrained base model), ``rollout`` (KV-cache sampling with top-K log-probs),
-``algo`` (support log-probs, GRPO advantages, masked update), ``engine`` (everything of a run as one object),
-``train`` (``python -m predmask.rl.train``), ``bench`` (``python scripts/bench.py engine``), ``vr_schema`` (the
-variational family's config sections) and ``variational`` (its stages: ``python -m predmask.rl.variational RUN_DIR``).
+emulation of ``predmask.precisions``' settings), ``base`` (cached pretrained base model), ``rollout`` (KV-cache
+sampling with top-K log-probs), ``algo`` (support log-probs, GRPO advantages, masked update), ``engine`` (everything
+of a run as one object), ``train`` (``python -m predmask.rl.train``), ``bench`` (``python scripts/bench.py engine``)
+and ``variational`` (the variational family's stages: ``python -m predmask.rl.variational RUN_DIR``). Their config
+sections are the dataclasses of ``predmask.schemas``.
 
 Imports are lazy so that ``import predmask`` stays light; the names below are the public API.
 """
@@ -16,7 +16,6 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "TaskConfig": "task",
     "Problem": "task",
     "EVAL_SPLITS": "task",
     "STANDIN_LABEL": "task",
@@ -30,7 +29,6 @@ _EXPORTS = {
     "make_rollout_model": "precision",
     "sync_rollout_model": "precision",
     "fake_quant_e4m3": "precision",
-    "BaseConfig": "schema",
     "load_base_model": "base",
     "RolloutBatch": "rollout",
     "generate": "rollout",

@@ -33,11 +33,9 @@ from predmask.io import atomic_write
 from predmask.progress import progress as show_progress
 from predmask.rl.model import build_policy, hf_config
 from predmask.rl.rollout import encode_prompts, rollout_problems
-from predmask.rl.schema import BaseConfig
 from predmask.rl.task import (
     EVAL_SPLITS,
     Problem,
-    TaskConfig,
     format_solution,
     guess_solution,
     iter_train_prompts,
@@ -45,6 +43,8 @@ from predmask.rl.task import (
     noisy_steps,
 )
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.schemas.task_schema import TaskConfig
+from predmask.schemas.train_schema import BaseConfig
 
 __all__ = [
     "CACHE_VERSION",

@@ -41,9 +41,10 @@ from predmask.rl.base import load_base_model
 from predmask.rl.model import check_cpu_model_config, count_parameters
 from predmask.rl.precision import make_rollout_model, precision_of, sync_rollout_model
 from predmask.rl.rollout import RolloutBatch, rollout_problems
-from predmask.rl.schema import BaseConfig, RolloutConfig, TrainerConfig
-from predmask.rl.task import EVAL_SPLITS, Problem, TaskConfig, make_split
+from predmask.rl.task import EVAL_SPLITS, Problem, make_split
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.schemas.task_schema import TaskConfig
+from predmask.schemas.train_schema import BaseConfig, RolloutConfig, TrainerConfig
 from predmask.support import TopKSupport
 
 __all__ = [

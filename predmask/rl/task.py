@@ -28,16 +28,15 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-from predmask.rl.schema import check_known_keys
+from predmask.schemas.task_schema import TaskConfig
 
 __all__ = [
     "EVAL_SPLITS",
     "SPLITS",
     "STANDIN_LABEL",
     "Problem",
-    "TaskConfig",
     "extract_answer",
     "format_solution",
     "guess_solution",
@@ -52,66 +51,6 @@ EVAL_SPLITS: tuple[str, ...] = ("aime24_standin", "aime25_standin")
 SPLITS: tuple[str, ...] = ("train", "pretrain", *EVAL_SPLITS)
 #: how every output labels the evaluation splits
 STANDIN_LABEL = "synthetic arithmetic stand-in for the paper's AIME24/AIME25 (not the real benchmarks)"
-
-
-@dataclass(frozen=True)
-class TaskConfig:
-    """Shape of the arithmetic task; every field changes the data (and so the base-model cache key).
-
-    max_number:    largest number token (results never leave ``[0, max_number]``)
-    operand_max:   operands are drawn from ``[0, operand_max]``
-    train_ops:     inclusive range of the number of operations of ``train`` problems
-    pretrain_ops:  the same for the base model's supervised data
-    eval_ops:      number of operations of (aime24_standin, aime25_standin)
-    eval_size:     problems per evaluation split (AIME has 30)
-    slots:         prompts are written as a fixed form of ``slots`` operation slots, unused ones blank (``_ _``),
-                   so every prompt has the same length (0: no blanks, variable-length prompts)
-    seed:          seed of every split
-    label:         how outputs describe the task (display text; not part of the data, nor of any cache key)
-    """
-
-    max_number: int = 255
-    operand_max: int = 9
-    train_ops: tuple[int, int] = (1, 4)
-    pretrain_ops: tuple[int, int] = (1, 5)
-    eval_ops: tuple[int, int] = (4, 5)
-    eval_size: int = 30
-    slots: int = 5
-    seed: int = 1234
-    label: str = field(default="", compare=False)
-
-    def __post_init__(self) -> None:
-        if self.max_number < 20:
-            raise ValueError(f"task.max_number must be >= 20, got {self.max_number}")
-        if not 1 <= self.operand_max <= self.max_number:
-            raise ValueError(f"task.operand_max must lie in [1, max_number={self.max_number}], got {self.operand_max}")
-        for name in ("train_ops", "pretrain_ops", "eval_ops"):
-            v = getattr(self, name)
-            if len(v) != 2 or min(v) < 1:
-                raise ValueError(f"task.{name} needs two values >= 1, got {v}")
-        for name in ("train_ops", "pretrain_ops"):
-            lo, hi = getattr(self, name)
-            if lo > hi:
-                raise ValueError(f"task.{name} must be an increasing range [lo, hi], got {(lo, hi)}")
-        if self.eval_size < 1:
-            raise ValueError(f"task.eval_size must be >= 1, got {self.eval_size}")
-        most = max(self.train_ops[1], self.pretrain_ops[1], *self.eval_ops)
-        if self.slots and self.slots < most:
-            raise ValueError(f"task.slots ({self.slots}) must be 0 or >= the most operations of any split ({most})")
-
-    @classmethod
-    def from_mapping(cls, values: dict) -> TaskConfig:
-        """Build from a config mapping (lists become tuples); unknown keys raise an error."""
-        check_known_keys(cls, values, "task")
-        v = dict(values)
-        for k in ("train_ops", "pretrain_ops", "eval_ops"):
-            if k in v:
-                v[k] = tuple(int(x) for x in v[k])
-        return cls(**v)
-
-    def to_dict(self) -> dict:
-        """The fields that determine the data (the base-model cache key): all but ``label``."""
-        return {k: v for k, v in asdict(self).items() if k != "label"}
 
 
 @dataclass(frozen=True)

@@ -35,25 +35,19 @@ from typing import Any, Protocol
 from predmask.io import atomic_write_text
 
 __all__ = [
-    "DEFAULT_LOGGERS",
     "EXTRA_HINT",
-    "LOGGERS",
     "TENSORBOARD_ENV",
     "TENSORBOARD_SUBDIR",
     "WANDB_DIR_ENV",
     "WANDB_ID_FILE",
     "WANDB_PROJECT",
     "Trackers",
-    "check_loggers",
     "require_installed",
     "tensorboard_dir",
     "wandb_dir",
     "wandb_run_id",
 ]
 
-#: the ``trainer.logger`` names both engines honour (verl's names; verl knows more, the CPU engine only these)
-LOGGERS: tuple[str, ...] = ("console", "file", "tensorboard", "wandb")
-DEFAULT_LOGGERS: tuple[str, ...] = ("console", "file")
 #: the optional trackers and the module each needs
 _EXTRA_MODULES: dict[str, str] = {"tensorboard": "tensorboard", "wandb": "wandb"}
 EXTRA_HINT = "pip install -e '.[trackers]'"
@@ -68,21 +62,6 @@ WANDB_PROJECT = "predmask"
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
 log = logging.getLogger("predmask.rl.train")
-
-
-def check_loggers(value: str | Iterable[str]) -> tuple[str, ...]:
-    """``trainer.logger`` as a tuple (a single name allowed, as in verl; duplicates dropped, order kept); one
-    ValueError line for an unknown name or a list without ``file``."""
-    names = (value,) if isinstance(value, str) else tuple(value)
-    bad = [n for n in names if n not in LOGGERS]
-    if bad:
-        raise ValueError(f"unknown trainer.logger {', '.join(map(repr, bad))}; allowed: {', '.join(LOGGERS)}")
-    if "file" not in names:
-        raise ValueError(
-            f"trainer.logger={list(names)} lacks 'file': metrics.jsonl is the run's record (ingest, reports, resume "
-            "read it); add file, e.g. trainer.logger=[console,file,tensorboard]"
-        )
-    return tuple(dict.fromkeys(names))
 
 
 def require_installed(loggers: Iterable[str]) -> None:

@@ -50,7 +50,7 @@ from predmask.config import store_schemas
 from predmask.io import atomic_write
 from predmask.progress import progress as show_progress
 from predmask.rl.engine import Engine, prepare_config
-from predmask.rl.task import STANDIN_LABEL, Problem, TaskConfig, iter_train_prompts
+from predmask.rl.task import STANDIN_LABEL, Problem, iter_train_prompts
 from predmask.rl.trackers import Trackers, require_installed
 from predmask.rundir import (
     CHECKPOINT_DIR,
@@ -68,6 +68,7 @@ from predmask.rundir import (
     write_config,
     write_status,
 )
+from predmask.schemas.task_schema import TaskConfig
 
 __all__ = ["latest_checkpoint", "main", "run", "setup_logging"]
 

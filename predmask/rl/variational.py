@@ -46,8 +46,7 @@ from predmask.rl.base import load_base_model, sft_batch, single_thread, task_res
 from predmask.rl.engine import resolve_cpu_model, validation_metrics
 from predmask.rl.model import build_policy
 from predmask.rl.rollout import encode_prompts, generate, rollout_problems
-from predmask.rl.schema import BaseConfig
-from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, TaskConfig, make_split, reward
+from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, make_split, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.rl.train import setup_logging
 from predmask.rl.vr_questions import (
@@ -58,7 +57,6 @@ from predmask.rl.vr_questions import (
     original_data,
     split_trace,
 )
-from predmask.rl.vr_schema import VRConfig
 from predmask.rl.weighted_sft import Row, token_logprobs, train_sft
 from predmask.rundir import (
     CONFIG_FILE,
@@ -73,6 +71,9 @@ from predmask.rundir import (
     truncate_metrics,
     write_status,
 )
+from predmask.schemas.task_schema import TaskConfig
+from predmask.schemas.train_schema import BaseConfig
+from predmask.schemas.variational_schema import VRConfig
 from predmask.vr_stages import stage_inputs
 
 __all__ = [

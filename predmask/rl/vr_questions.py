@@ -9,8 +9,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from predmask.rl.task import Problem, TaskConfig, format_solution, make_split, noisy_steps
+from predmask.rl.task import Problem, format_solution, make_split, noisy_steps
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.schemas.task_schema import TaskConfig
 
 __all__ = ["Question", "answer_text", "hint_prompt", "join_response", "original_data", "split_trace"]
 

@@ -25,8 +25,8 @@ from predmask.rl.algo import response_logits
 from predmask.rl.base import sft_batch
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.rl.train import latest_checkpoint
-from predmask.rl.vr_schema import SFTConfig
 from predmask.rundir import CHECKPOINT_DIR, METRICS_FILE, MetricsWriter, truncate_metrics, write_status
+from predmask.schemas.variational_schema import SFTConfig
 
 __all__ = ["Row", "step_plan", "token_logprobs", "train_sft"]
 

@@ -3,7 +3,7 @@
 ``verl_overrides(run_cfg)`` returns the overrides for ``python -m predmask.verl.launch`` (verl's ``main_ppo``), built
 per verl section by one small function each; :func:`verl_command` is the full argv of one run. ``run_cfg`` is the
 composed conf/train.yaml (a mapping or a DictConfig) with a cluster model and a verl cluster, whose keys are the
-dataclasses of :mod:`predmask.cluster_schema`; further keys read: ``method``, ``delta``, ``top_k``, ``precision``
+dataclasses of :mod:`predmask.schemas.cluster_schema`; further keys read: ``method``, ``delta``, ``top_k``, ``precision``
 (``predmask.precisions.CLUSTER_PRECISIONS``), ``seed``, ``trainer.logger`` and ``trainer.val_n`` (the CPU engine's
 own), and optionally ``data`` (``train_files`` and ``val_files``, or ``dir``; else ``cluster.data_dir``: the files of
 ``python -m sweeps.data prepare``), ``run_dir``, ``run_id``, ``sweep`` (verl's project name), ``verl`` (raw verl
@@ -23,12 +23,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from predmask.cluster_schema import ClusterModelConfig, VerlClusterConfig
 from predmask.config import typed_view
 from predmask.methods import METHODS, Method, MethodParams, get_method
 from predmask.metrics import LOSS_STATS_DIR
 from predmask.precisions import CLUSTER_PRECISIONS, Precision, get_precision
-from predmask.rl.trackers import check_loggers
+from predmask.schemas.cluster_schema import ClusterModelConfig, VerlClusterConfig
+from predmask.schemas.train_schema import check_loggers
 from predmask.verl.settings import PREFIX
 
 __all__ = [

@@ -10,7 +10,7 @@ cluster=h20_4x8 --dry-run`` prints it), for the stages of ``predmask.vr_stages``
 - ``traces`` / ``weights``: ``python -m predmask.verl.vr_sample`` with vLLM on the head node's GPUs.
 
 ``config`` is the composed stage config of conf/variational.yaml with a cluster model and a verl cluster (its
-``cluster.variational`` settings: ``predmask.cluster_schema.VariationalClusterConfig``): ``stage``, ``method``,
+``cluster.variational`` settings: ``predmask.schemas.cluster_schema.VariationalClusterConfig``): ``stage``, ``method``,
 ``seed``, ``inputs`` (upstream stage -> run id, a sibling of ``run_dir``), ``model.path``, ``sweep``?, ``run_id``?.
 Bad input raises ValueError with one line naming the value and what is allowed.
 """
@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from predmask.cluster_schema import SFTStageConfig, VerlClusterConfig
 from predmask.config import group_entry, typed_view
-from predmask.rl.vr_schema import DATA_MODES, FINAL_RECIPES
+from predmask.schemas.cluster_schema import SFTStageConfig, VerlClusterConfig
+from predmask.schemas.variational_schema import DATA_MODES, FINAL_RECIPES
 from predmask.verl.overrides import config_get, hydra_value, plain_value, require
 from predmask.vr_stages import STAGES, stage_inputs
 

@@ -14,8 +14,9 @@ import torch
 from analysis.accuracy_weighting.measure import model_rows, question_weights
 from predmask.rl.model import build_policy
 from predmask.rl.rollout import rollout_problems
-from predmask.rl.task import TaskConfig, make_split
+from predmask.rl.task import make_split
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.schemas.task_schema import TaskConfig
 
 TINY_MODEL = {
     "name": "tiny", "backend": "cpu", "arch": "qwen3", "hidden_size": 32, "intermediate_size": 64,

@@ -12,8 +12,6 @@ import pytest
 import yaml
 from omegaconf import MISSING
 
-from predmask import cluster_schema
-from predmask.cluster_schema import ClusterConfig, ClusterModelConfig, SlurmClusterConfig, VerlClusterConfig
 from predmask.config import (
     LAUNCHER_KEYS,
     ConfigError,
@@ -29,6 +27,13 @@ from predmask.config import (
     stable_id,
     to_container,
     typed_view,
+)
+from predmask.schemas import cluster_schema
+from predmask.schemas.cluster_schema import (
+    ClusterConfig,
+    ClusterModelConfig,
+    SlurmClusterConfig,
+    VerlClusterConfig,
 )
 from sweeps.compose import TRAIN_FAMILY, sweep_family
 
@@ -300,8 +305,9 @@ def test_every_variational_recipe_composes_into_variational(recipe: str) -> None
 def test_variational_recipes_and_their_files_are_one_list() -> None:
     """Every final recipe of the stage runner has its conf/vr_method file and the reverse; each vr_<e> recipe names
     the registered estimator <e> (predmask.variational.ESTIMATORS), and every estimator has its recipe."""
-    from predmask.rl.vr_schema import FINAL_RECIPES
     from predmask.variational import ESTIMATORS
+
+    from predmask.schemas.variational_schema import FINAL_RECIPES
 
     assert sorted(FINAL_RECIPES) == group_options("vr_method")
     named = {r: group_entry("vr_method", r).get("estimator") for r in FINAL_RECIPES if r.startswith("vr_")}

@@ -6,8 +6,8 @@ import pytest
 import torch
 from rl_helpers import peaked_policy
 
-from predmask.rl.task import TaskConfig
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.schemas.task_schema import TaskConfig
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,8 @@ from predmask.rl.algo import (
     token_advantages,
 )
 from predmask.rl.rollout import rollout_problems
-from predmask.rl.task import TaskConfig, make_split
+from predmask.rl.task import make_split
+from predmask.schemas.task_schema import TaskConfig
 from predmask.support import gather_support_logprobs
 
 
@@ -154,7 +155,7 @@ def test_engine_computes_pi_old_only_when_the_anchor_is_old(rollout, tokenizer) 
     from predmask.methods import get_method
     from predmask.precisions import get_precision
     from predmask.rl.engine import Engine
-    from predmask.rl.schema import RolloutConfig
+    from predmask.schemas.train_schema import RolloutConfig
 
     _, b = rollout
     s = b.support()

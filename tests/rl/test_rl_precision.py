@@ -4,12 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rl_helpers import TINY_MODEL, peaked_policy
-
-from predmask.config import group_entry, group_options
-from predmask.divergence import topk_divergence
-from predmask.precisions import PRECISIONS, get_precision
-from predmask.rl.algo import support_logprobs
 from predmask.rl.precision import (
     E4M3_MAX,
     fake_quant_e4m3,
@@ -19,8 +13,15 @@ from predmask.rl.precision import (
     sync_rollout_model,
     training_precision,
 )
+from rl_helpers import TINY_MODEL, peaked_policy
+
+from predmask.config import group_entry, group_options
+from predmask.divergence import topk_divergence
+from predmask.precisions import PRECISIONS, get_precision
+from predmask.rl.algo import support_logprobs
 from predmask.rl.rollout import rollout_problems
-from predmask.rl.task import TaskConfig, make_split
+from predmask.rl.task import make_split
+from predmask.schemas.task_schema import TaskConfig
 
 
 def _e4m3_grid() -> torch.Tensor:

@@ -8,7 +8,6 @@ import pytest
 
 from predmask.rl.task import (
     EVAL_SPLITS,
-    TaskConfig,
     extract_answer,
     format_solution,
     guess_solution,
@@ -18,6 +17,7 @@ from predmask.rl.task import (
     reward,
 )
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.schemas.task_schema import TaskConfig
 
 
 def _python_value(prompt: str) -> int:

@@ -27,10 +27,10 @@ import pytest
 from test_rl_train import TINY, _cli, _kill_at_step, _overrides, cache_dir  # noqa: F401 - cache_dir: the tiny base-model fixture
 
 from predmask.config import compose
-from predmask.rl.schema import TrainerConfig
-from predmask.rl.trackers import LOGGERS, WANDB_ID_FILE, Trackers, check_loggers
+from predmask.rl.trackers import WANDB_ID_FILE, Trackers
 from predmask.rl.train import run
 from predmask.rundir import read_metrics
+from predmask.schemas.train_schema import LOGGERS, TrainerConfig, check_loggers
 
 BOTH = "trainer.logger=[console,file,tensorboard,wandb]"
 

@@ -17,8 +17,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny policy pretrained for a few seconds (so that some rollouts are correct), saved as a state dict."""
     from predmask.rl.base import pretrain
     from predmask.rl.model import build_policy
-    from predmask.rl.schema import BaseConfig
     from predmask.rl.tokenizer import ArithmeticTokenizer
+    from predmask.schemas.train_schema import BaseConfig
 
     torch.set_num_threads(1)
     tok = ArithmeticTokenizer(TINY_TASK.max_number)

@@ -18,8 +18,8 @@ from analysis.token_level.compute.study import StudySettings
 from predmask.precisions import get_precision
 from predmask.rl.model import build_policy
 from predmask.rl.rollout import RolloutBatch
-from predmask.rl.task import TaskConfig
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.schemas.task_schema import TaskConfig
 
 TINY_TASK = TaskConfig(
     max_number=20, operand_max=9, train_ops=(1, 1), pretrain_ops=(1, 1), eval_ops=(2, 2), eval_size=4

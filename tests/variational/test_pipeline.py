@@ -18,8 +18,7 @@ from vr_stage_helpers import cli, stage_config, write_stage
 from predmask import metrics as M
 from predmask.rl.base import load_base_model
 from predmask.rl.model import build_policy
-from predmask.rl.schema import BaseConfig
-from predmask.rl.task import EVAL_SPLITS, TaskConfig, make_split, reward
+from predmask.rl.task import EVAL_SPLITS, make_split, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.rl.variational import (
     MODEL_FILE,
@@ -31,6 +30,8 @@ from predmask.rl.variational import (
     run_stage,
 )
 from predmask.rundir import read_metrics
+from predmask.schemas.task_schema import TaskConfig
+from predmask.schemas.train_schema import BaseConfig
 
 #: final runs of the pipeline: run dir name -> (recipe, extra overrides)
 FINALS = {"sft": ("sft", ()), "rft": ("rft", ()), "vr_acc": ("vr_acc", ()),

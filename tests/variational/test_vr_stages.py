@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from predmask.rl.vr_schema import FINAL_RECIPES
+from predmask.schemas.variational_schema import FINAL_RECIPES
 from predmask.vr_stages import STAGES, stage_inputs, with_upstream
 
 READS = {"prior": set(), "posterior": set(), "traces": {"posterior"}, "weights": {"prior", "traces"}}

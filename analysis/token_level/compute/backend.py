@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from predmask.rl.precision import make_rollout_model
 from torch import nn
 
 from analysis.token_level.compute.config import StudyInputError, model_label, precision_of, task_of
 from analysis.token_level.compute.study import SeedStudy, StudySettings, study_batch
 from predmask.precisions import Precision
-from predmask.rl.precision import make_rollout_model
 from predmask.rl.rollout import RolloutBatch, rollout_problems
-from predmask.rl.task import Problem, TaskConfig, iter_train_prompts
+from predmask.rl.task import Problem, iter_train_prompts
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.schemas.task_schema import TaskConfig
 
 __all__ = [
     "Backend",
@@ -145,7 +146,7 @@ class CpuEngineBackend:
 def base_model(cfg: Mapping[str, Any], *, progress: bool = False) -> tuple[nn.Module, dict[str, Any]]:
     """The CPU engine's pretrained base policy for ``cfg.model`` (built once, then loaded from the engine's cache)."""
     from predmask.rl.base import load_base_model
-    from predmask.rl.schema import BaseConfig
+    from predmask.schemas.train_schema import BaseConfig
 
     return load_base_model(
         cfg["model"],

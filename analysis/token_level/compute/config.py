@@ -19,7 +19,7 @@ from predmask.config import ConfigError, compose, group_options, stable_id, to_c
 if TYPE_CHECKING:  # the engine's modules import torch: loaded only when a config is turned into them
     from analysis.token_level.compute.study import StudySettings
     from predmask.precisions import Precision
-    from predmask.rl.task import TaskConfig
+    from predmask.schemas.task_schema import TaskConfig
 
 __all__ = [
     "LAUNCHER_KEYS",
@@ -213,7 +213,7 @@ def _check_model(cfg: Mapping[str, Any]) -> None:
 
 def task_of(cfg: Mapping[str, Any]) -> TaskConfig:
     """The task of a composed study config."""
-    from predmask.rl.task import TaskConfig
+    from predmask.schemas.task_schema import TaskConfig
 
     return TaskConfig.from_mapping(dict(cfg.get("task") or {}))
 

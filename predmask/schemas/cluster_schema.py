@@ -230,7 +230,7 @@ class VariationalClusterConfig:
 
 @dataclass
 class VerlClusterConfig(SlurmClusterConfig):
-    """A Slurm cluster whose runs are verl jobs: the prepared data (``python -m sweeps.data prepare``) and the
+    """A Slurm cluster whose runs are verl jobs: the prepared data (``python -m sweeps.datasets prepare``) and the
     variational family's settings."""
 
     data_dir: str | None = MISSING

@@ -1,24 +1,35 @@
 """The engine's config sections as dataclasses: the Hydra schemas of conf/train.yaml's ``base``, ``rollout`` and
 ``trainer`` (stored in Hydra's ConfigStore by ``predmask.config``; pure stdlib, so composing imports no torch), and
-the one unknown-key check of every section."""
+the tracker names ``trainer.logger`` takes (``predmask.rl.trackers`` writes them)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from predmask.rl.trackers import DEFAULT_LOGGERS, check_loggers
+from predmask.schemas.unknown_keys import check_known_keys
 
-__all__ = ["BaseConfig", "RolloutConfig", "TrainerConfig", "check_known_keys"]
+__all__ = ["DEFAULT_LOGGERS", "LOGGERS", "BaseConfig", "RolloutConfig", "TrainerConfig", "check_loggers"]
+
+#: the ``trainer.logger`` names both engines honour (verl's names; verl knows more, the CPU engine only these)
+LOGGERS: tuple[str, ...] = ("console", "file", "tensorboard", "wandb")
+DEFAULT_LOGGERS: tuple[str, ...] = ("console", "file")
 
 
-def check_known_keys(cls: type, values: Mapping[str, Any], section: str) -> None:
-    """Raise one ValueError line naming the keys of ``values`` that are not fields of the dataclass ``cls``."""
-    known = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
-    bad = sorted(set(values) - known)
+def check_loggers(value: str | Iterable[str]) -> tuple[str, ...]:
+    """``trainer.logger`` as a tuple (a single name allowed, as in verl; duplicates dropped, order kept); one
+    ValueError line for an unknown name or a list without ``file``."""
+    names = (value,) if isinstance(value, str) else tuple(value)
+    bad = [n for n in names if n not in LOGGERS]
     if bad:
-        raise ValueError(f"unknown {section} keys {bad}; allowed: {sorted(known)}")
+        raise ValueError(f"unknown trainer.logger {', '.join(map(repr, bad))}; allowed: {', '.join(LOGGERS)}")
+    if "file" not in names:
+        raise ValueError(
+            f"trainer.logger={list(names)} lacks 'file': metrics.jsonl is the run's record (ingest, reports, resume "
+            "read it); add file, e.g. trainer.logger=[console,file,tensorboard]"
+        )
+    return tuple(dict.fromkeys(names))
 
 
 @dataclass(frozen=True)

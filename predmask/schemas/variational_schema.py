@@ -1,6 +1,6 @@
 """The variational-reasoning family's config sections as dataclasses: the Hydra schema ``variational_schema`` of
 conf/variational.yaml (stored by ``predmask.config.store_schemas``; pure stdlib, so composing imports no torch),
-each with its range checks and ``from_mapping`` (unknown keys: one line, ``predmask.rl.schema.check_known_keys``).
+each with its range checks and ``from_mapping`` (unknown keys: one line, ``predmask.schemas.unknown_keys.check_known_keys``).
 
 The stage runner (``predmask.rl.variational``) builds ``VRConfig.from_mapping(config)`` from a run's resolved config.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from predmask.rl.schema import check_known_keys
+from predmask.schemas.unknown_keys import check_known_keys
 from predmask.vr_stages import STAGES
 
 __all__ = [
@@ -196,7 +196,7 @@ class EvalConfig(_Section):
 @dataclass(frozen=True)
 class VRMethodConfig(_Section):
     """The ``method`` section of a variational run: a final recipe (conf/vr_method) or a stage's name; the vr_*
-    recipes name their ``estimator`` (``predmask.variational.ESTIMATORS``) and ``data`` mode (DATA_MODES)."""
+    recipes name their ``estimator`` (``predmask.vr_weights.ESTIMATORS``) and ``data`` mode (DATA_MODES)."""
 
     _name = "method"
     name: str = "vr_acc"
@@ -210,7 +210,7 @@ class VRMethodConfig(_Section):
             raise ValueError(f"method.name = {self.name!r} is not allowed; allowed: {', '.join(allowed)}")
         if self.name.startswith("vr_"):
             if self.estimator is None:
-                raise ValueError(f"method {self.name!r} needs method.estimator (predmask.variational.ESTIMATORS)")
+                raise ValueError(f"method {self.name!r} needs method.estimator (predmask.vr_weights.ESTIMATORS)")
             if self.data not in DATA_MODES:
                 raise ValueError(f"method.data = {self.data!r} is not allowed; allowed: {', '.join(DATA_MODES)}")
 
