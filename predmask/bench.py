@@ -2,7 +2,7 @@
 time ratio, peak memory, and the closed forms at the benchmark's precision against float64; and the measuring
 helpers every benchmark shares (``stopwatch``, the PASS/FAIL ``target`` row).
 
-Run by ``python scripts/bench.py loss`` (and ``scripts/device_check.sh`` at Qwen3 scale). Every method runs the path
+Run by ``python scripts/benchmark.py loss`` (and ``scripts/device_check.sh`` at Qwen3 scale). Every method runs the path
 a trainer runs: gather the training log-probs on the support from the logits
 (log-sum-exp), the masked loss, and the backward pass to the logits. Timings interleave the methods in one process
 (median of the repeats). Peak memory is the most memory allocated above the inputs during one step, in units of the

@@ -152,9 +152,9 @@ VAL_ACC_RE = re.compile(r"^val-core/(?P<source>.+)/acc/mean@(?P<n>\d+)$")
 #: pass@k of a data source: the unbiased estimate from the validation samples (predmask.evaluation.pass_at_k)
 VAL_PASS = "val-core/{source}/pass@{k}"
 VAL_PASS_RE = re.compile(r"^val-core/(?P<source>.+)/pass@(?P<k>\d+)$")
-#: supervised stages (the variational-reasoning family, predmask.rl.variational): the weighted SFT loss of a step
+#: supervised stages (the variational-reasoning family, predmask.rl.vr_runner): the weighted SFT loss of a step
 TRAIN_LOSS = "train/loss"
-#: variational-reasoning stage metrics (predmask.rl.variational)
+#: variational-reasoning stage metrics (predmask.rl.vr_runner)
 VR_POSTERIOR_CORRECT = "vr/posterior_correct/mean"
 VR_DECOY_HIT = "vr/posterior_decoy_hit/mean"
 VR_DECOY_CORRECT = "vr/posterior_decoy_correct/mean"
@@ -222,7 +222,7 @@ _CATALOGUE: tuple[Metric, ...] = (
     Metric(VAL_RESPONSE_LENGTH, "mean", "mean validation response length on a data source"),
     Metric(VAL_PASS, "mean", "validation pass@k on a data source: mean over problems of the unbiased estimate "
                              "1 - C(n-c, k) / C(n, k) from n samples with c correct (k = 1..n)"),
-    # the variational-reasoning family (predmask.rl.variational; stand-in scale)
+    # the variational-reasoning family (predmask.rl.vr_runner; stand-in scale)
     Metric(TRAIN_LOSS, "mean", "the supervised (weighted) SFT loss of a step: -sum_b w_b sum_t log p / normaliser"),
     Metric(VR_POSTERIOR_CORRECT, "mean", "share of q_phi's traces whose own answer equals the hinted (correct) answer"),
     Metric(VR_DECOY_HIT, "mean", "share of q_phi's traces sampled with a decoy hint (the answer +-3) whose own answer "

@@ -1,5 +1,5 @@
 """The precision catalogue: each rollout/training precision setting by name, what it is on the cluster, and what the
-CPU engine emulates for it (``predmask.rl.precision`` implements the emulation, ``predmask.verl`` the real thing).
+CPU engine emulates for it (``predmask.rl.emulated_precision`` implements the emulation, ``predmask.verl`` the real thing).
 
 ``conf/precision/<name>.yaml`` selects an entry by name (and gives its display label); the facts live here.
 """

@@ -1,7 +1,7 @@
 """The variational family's stage graph: which upstream stages' outputs each stage reads, per final recipe.
 
-One owner for the sweep's expansion (``sweeps.variational``), the CPU stage runner (``predmask.rl.variational``) and
-the cluster commands (``predmask.verl.variational``); what a stage writes is each backend's own.
+One owner for the sweep's expansion (``sweeps.vr_chain``), the CPU stage runner (``predmask.rl.vr_runner``) and
+the cluster commands (``predmask.verl.vr_cluster``); what a stage writes is each backend's own.
 """
 
 from __future__ import annotations

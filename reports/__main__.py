@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.store import StoreError, default_db_path
-from reports import registry
+from reports import artefact_registry
+from reports.artefact_registry import is_variational
 from reports.figures.variational import MISSING_HINT
 from reports.paper import PaperResult, availability, build_paper
-from reports.registry import is_variational
 
 DEFAULT_OUT = Path("reports") / "out"
 
@@ -111,7 +111,7 @@ def cmd_paper(args: argparse.Namespace) -> int:
 
 def variational_names() -> list[str]:
     """The variational family's artefacts, in the registry's order."""
-    return [a.name for a in registry.artefacts() if is_variational(a.name)]
+    return [a.name for a in artefact_registry.artefacts() if is_variational(a.name)]
 
 
 def cmd_variational(args: argparse.Namespace) -> int:
@@ -159,7 +159,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     except (StoreError, ValueError) as exc:
         # no database: still list what exists, saying there is no data
         _console(stderr=True).print(f"note: {exc.args[0] if exc.args else exc}")
-        rows = [(a, "no database", False) for a in registry.artefacts()]
+        rows = [(a, "no database", False) for a in artefact_registry.artefacts()]
     table = Table(title=f"report artefacts ({db})")
     for col in ("name", "kind", "title", "data", "draws from"):
         table.add_column(col)

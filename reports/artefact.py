@@ -1,7 +1,7 @@
 """What every report artefact shares: the context it reads, the data it returns, and the decorators that declare it.
 
 Artefact modules (reports/figures/*, reports/tables/*) declare their figures and tables with `figure` / `table`;
-reports/registry.py imports those modules and collects what they declared.
+reports/artefact_registry.py imports those modules and collects what they declared.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import duckdb
 import numpy as np
 
 from analysis.token_level.summary import stats
-from predmask.cli import DRIFT, STUDY, command
-from reports import data
+from predmask.command_text import DRIFT, STUDY, command
+from reports import queries
 
 Kind = Literal["figure", "table"]
 Source = Literal["runs", "study"]
@@ -41,22 +41,22 @@ class ReportContext:
     draw: bool = True  # False: compute the data only (`list`)
 
     @cached_property
-    def runs(self) -> list[data.RunInfo]:
-        return data.load_runs(self.con)
+    def runs(self) -> list[queries.RunInfo]:
+        return queries.load_runs(self.con)
 
     @cached_property
-    def studies(self) -> list[data.StudyInfo]:
-        return data.load_studies(self.con)
+    def studies(self) -> list[queries.StudyInfo]:
+        return queries.load_studies(self.con)
 
     @cached_property
-    def study(self) -> data.StudyInfo | None:
-        return data.pick_study(self.studies, self.study_id)
+    def study(self) -> queries.StudyInfo | None:
+        return queries.pick_study(self.studies, self.study_id)
 
     @cached_property
     def summary(self) -> stats.StudySummary | None:
         """The chosen study's numbers as the study's statistics define them (None without a study)."""
         return (
-            None if self.study is None else stats.study_summary(data.seed_rows(self.con, self.study.study_id))
+            None if self.study is None else stats.study_summary(queries.seed_rows(self.con, self.study.study_id))
         )
 
 
@@ -108,9 +108,9 @@ class ArtefactResult:
     name: str = ""
     panels: list[Panel] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
-    runs: list[data.RunInfo] = field(default_factory=list)
+    runs: list[queries.RunInfo] = field(default_factory=list)
     selection_rule: str = ""
-    study: data.StudyInfo | None = None
+    study: queries.StudyInfo | None = None
     stats: Any = None  # the statistics behind a token-level artefact, as analysis returned them
     tables: dict[str, Any] = field(default_factory=dict)  # tables: rendered text / rows
     has_data: bool = False

@@ -1,5 +1,5 @@
 """Time every figure on a synthetic database (88 runs × 500 steps × 30 metrics, 61 seeds); run by
-``python scripts/bench.py reports``.
+``python scripts/benchmark.py reports``.
 
 The runs are written as run directories (config.yaml, status.json, metrics.jsonl) and loaded through the real
 ingest; the study through upsert_token_level. Only `paper` (all figures, tables and the page) is timed against

@@ -9,9 +9,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from predmask.io import atomic_write_text
-from reports import data
+from reports import queries
 from reports.artefact import ArtefactResult
-from reports.registry import is_variational
+from reports.artefact_registry import is_variational
 from reports.summary import PageSummary
 from reports.tables.render import TextTable
 
@@ -44,7 +44,7 @@ OPEN_SECTIONS: tuple[str, ...] = (
 )
 
 
-#: the variational-reasoning family's sections (reports.registry.is_variational) sit under one heading
+#: the variational-reasoning family's sections (reports.artefact_registry.is_variational) sit under one heading
 VR_SECTION = "variational"
 VR_HEADING = (
     f"<h2 id='{VR_SECTION}'>Variational reasoning: accuracy, pass@k, accuracy weighting and length bias</h2>"
@@ -232,4 +232,4 @@ def render_index(
 def run_steps(con, results: Sequence[ArtefactResult]) -> dict[str, tuple[int, int]]:
     """(steps logged, last step) of every run any artefact drew from."""
     ids = sorted({r.run_id for res in results for r in res.runs})
-    return data.last_steps(con, ids)
+    return queries.last_steps(con, ids)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.store import StoreError, connect, missing_db_hint
-from reports import data, registry
+from reports import artefact_registry, queries
 from reports.artefact import Artefact, ArtefactResult, ReportContext
 from reports.html import render_index, run_steps
 from reports.summary import page_summary
@@ -32,8 +32,8 @@ def check_exists(db: Path) -> None:
 
 
 def check_not_empty(con, db: Path) -> None:
-    n_runs = data.count_rows(con, "runs")
-    n_seeds = data.count_rows(con, "token_level_seeds")
+    n_runs = queries.count_rows(con, "runs")
+    n_seeds = queries.count_rows(con, "token_level_seeds")
     if n_runs == 0 and n_seeds == 0:
         raise EmptyDatabase(
             f"results database {db} is empty (no runs, no token-level studies): {missing_db_hint(db)}"
@@ -69,8 +69,8 @@ def build_paper(
             formats=tuple(formats),
         )
         _ = ctx.study  # an unknown --study fails here, before anything is drawn
-        chosen = registry.artefacts() if not only else [registry.get(n) for n in only]
-        drawn = None if draw is None else {registry.get(n).name for n in draw}
+        chosen = artefact_registry.artefacts() if not only else [artefact_registry.get(n) for n in only]
+        drawn = None if draw is None else {artefact_registry.get(n).name for n in draw}
         data_only = ReportContext(con=con, out=out, sweeps=ctx.sweeps, study_id=study_id, raw=raw, draw=False)
         paper = PaperResult()
         for art in chosen:
@@ -117,7 +117,7 @@ def availability(
             con=con, out=Path("."), sweeps=tuple(sweeps) if sweeps else None, study_id=study_id, draw=False
         )
         rows = []
-        for art in registry.artefacts() if names is None else [registry.get(n) for n in names]:
+        for art in artefact_registry.artefacts() if names is None else [artefact_registry.get(n) for n in names]:
             res = art(ctx)
             if art.source == "study":
                 what = (

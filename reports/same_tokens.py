@@ -13,7 +13,7 @@ import polars as pl
 
 from analysis.token_level.summary import stats
 from analysis.token_level.summary.report import StudyData, measured_at
-from reports import data
+from reports import queries
 
 __all__ = ["PAIR", "SameTokens", "drift_point", "measured", "not_judged", "same_tokens"]
 
@@ -33,7 +33,7 @@ def not_judged(what: str) -> str:
 def measured(con: duckdb.DuckDBPyConnection, study_id: str) -> str:
     """The share of response tokens outside the trust region the study was measured at, beside the paper's band
     (``analysis.token_level.summary.report.measured_at``)."""
-    seeds = data.seed_rows(con, study_id)
+    seeds = queries.seed_rows(con, study_id)
     if stats.share_outside(seeds).fraction is None:
         return "at a share of response tokens outside the trust region it did not store (no token counts)"
     return measured_at(StudyData(study_id, {}, seeds, pl.DataFrame()))
@@ -41,7 +41,7 @@ def measured(con: duckdb.DuckDBPyConnection, study_id: str) -> str:
 
 def drift_point(con: duckdb.DuckDBPyConnection, study_id: str) -> stats.DriftPoint:
     """The study's drift point with its stored judgement (the balanced accuracies are None when it has none)."""
-    return stats.drift_point(data.seed_rows(con, study_id), data.study_table(con, CRITERIA_TABLE, study_id))
+    return stats.drift_point(queries.seed_rows(con, study_id), queries.study_table(con, CRITERIA_TABLE, study_id))
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,8 @@ def _rows(frame: pl.DataFrame, criterion: str) -> pl.DataFrame:
 def same_tokens(con: duckdb.DuckDBPyConnection, study_id: str) -> SameTokens | None:
     """The study's same-token judgement as stored; None when it has none (``not_judged`` says why)."""
     point = drift_point(con, study_id)
-    criteria = data.study_table(con, CRITERIA_TABLE, study_id)
-    per_seed = data.study_table(con, SEEDS_TABLE, study_id)
+    criteria = queries.study_table(con, CRITERIA_TABLE, study_id)
+    per_seed = queries.study_table(con, SEEDS_TABLE, study_id)
     if point.balanced_ratio is None or criteria.height == 0 or per_seed.height == 0:
         return None
     ratio = _rows(criteria, PAIR[0]).row(0, named=True)

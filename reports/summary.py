@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 
 from analysis.token_level.summary import stats
 from predmask import config
-from predmask.cli import sweep_command
-from reports import data, labels
+from predmask.command_text import sweep_command
+from reports import labels, queries
 from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext
 from reports.tables import main_results
 from reports.tables import token_level as token_level_table
@@ -42,20 +42,20 @@ class PageSummary:
     token_level: TextTable
 
 
-def _where(runs: Sequence[data.RunInfo]) -> str:
+def _where(runs: Sequence[queries.RunInfo]) -> str:
     backends = sorted({r.describe_backend() for r in runs})
     return ", ".join(backends) if backends else "—"
 
 
-def _seeds(runs: Sequence[data.RunInfo]) -> str:
+def _seeds(runs: Sequence[queries.RunInfo]) -> str:
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     return f"{len(seeds)} ({', '.join(str(s) for s in seeds)})" if seeds else "—"
 
 
-def sweeps_table(runs: Sequence[data.RunInfo]) -> TextTable:
+def sweeps_table(runs: Sequence[queries.RunInfo]) -> TextTable:
     """One row per sweep of conf/sweep (those without runs too, naming the command that runs them) and per other
     sweep the database holds."""
-    by_sweep: dict[str, list[data.RunInfo]] = {s: [] for s in config.group_options("sweep")}
+    by_sweep: dict[str, list[queries.RunInfo]] = {s: [] for s in config.group_options("sweep")}
     for r in runs:
         by_sweep.setdefault(r.sweep or NO_SWEEP, []).append(r)
     rows = []
@@ -83,11 +83,11 @@ def sweeps_table(runs: Sequence[data.RunInfo]) -> TextTable:
     )
 
 
-def _where_line(runs: Sequence[data.RunInfo]) -> str:
+def _where_line(runs: Sequence[queries.RunInfo]) -> str:
     if not runs:
         return (
             f"No training runs in this database: {sweep_command('smoke')} (a few minutes) or "
-            f"{sweep_command(data.MAIN_SWEEP)} runs them."
+            f"{sweep_command(queries.MAIN_SWEEP)} runs them."
         )
     n_cpu = sum(r.is_cpu for r in runs)
     parts = []
@@ -107,9 +107,9 @@ def _studies_line(ctx: ReportContext) -> str:
     )
 
 
-def _training_label(runs: Sequence[data.RunInfo]) -> str:
+def _training_label(runs: Sequence[queries.RunInfo]) -> str:
     if not runs:
-        return f"ours: no runs with validation yet ({sweep_command(data.MAIN_SWEEP)})"
+        return f"ours: no runs with validation yet ({sweep_command(queries.MAIN_SWEEP)})"
     cpu = all(r.is_cpu for r in runs)
     where = "small-scale, CPU engine stand-in models, emulated precision" if cpu else "cluster runs"
     return (

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 
 from analysis.training import stats as training_stats
 from predmask import metrics
-from predmask.cli import sweep_command
+from predmask.command_text import sweep_command
 from predmask.rl.task import EVAL_SPLITS
-from reports import data
+from reports import queries
 from reports.artefact import ReportContext
 from reports.style import method_rank
 
 AT_N = 16  # avg@16, pass@1..16
-SWEEP_COMMAND = sweep_command(data.VR_SWEEP)
+SWEEP_COMMAND = sweep_command(queries.VR_SWEEP)
 
 
 def acc_name(split: str) -> str:
@@ -32,30 +32,30 @@ class VrScores:
     value of every val-core metric; the selection rule; the runs used."""
 
     rule: str
-    runs: list[data.RunInfo] = field(default_factory=list)
-    by_key: dict[data.VrKey, dict[Hashable, dict[str, float]]] = field(default_factory=dict)
+    runs: list[queries.RunInfo] = field(default_factory=list)
+    by_key: dict[queries.VrKey, dict[Hashable, dict[str, float]]] = field(default_factory=dict)
 
-    def values(self, key: data.VrKey, name: str) -> dict[Hashable, float]:
+    def values(self, key: queries.VrKey, name: str) -> dict[Hashable, float]:
         """seed -> final value of one metric (the seeds that logged it)."""
         return {s: m[name] for s, m in self.by_key.get(key, {}).items() if name in m}
 
-    def interval(self, key: data.VrKey, name: str) -> training_stats.Interval:
+    def interval(self, key: queries.VrKey, name: str) -> training_stats.Interval:
         return training_stats.t_interval(self.values(key, name).values())
 
 
-def _key_rank(key: data.VrKey) -> tuple:
+def _key_rank(key: queries.VrKey) -> tuple:
     return (method_rank(key.method), key.method or "", key.data or "", key.estimator or "")
 
 
 def vr_scores(ctx: ReportContext) -> VrScores:
     """The family's runs (default sweep variational_reasoning; --sweep to choose) with an avg@16 evaluation."""
-    sel = data.select_runs(data.variational_runs(ctx.runs), None, ctx.sweeps, data.VR_SWEEP)
-    finals = data.final_values(ctx.con, [r.run_id for r in sel.runs], "val-core/")
+    sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
+    finals = queries.final_values(ctx.con, [r.run_id for r in sel.runs], "val-core/")
     wanted = {acc_name(s) for s in EVAL_SPLITS}
     used = [r for r in sel.runs if wanted & set(finals.get(r.run_id, {}))]
-    grouped: dict[data.VrKey, list[data.RunInfo]] = {}
+    grouped: dict[queries.VrKey, list[queries.RunInfo]] = {}
     for r in used:
-        grouped.setdefault(data.vr_key(r), []).append(r)
+        grouped.setdefault(queries.vr_key(r), []).append(r)
     out = VrScores(sel.rule, used)
     for key in sorted(grouped, key=_key_rank):
         members = sorted(grouped[key], key=lambda r: (r.seed is None, r.seed or 0, r.run_id))
@@ -65,7 +65,7 @@ def vr_scores(ctx: ReportContext) -> VrScores:
     return out
 
 
-def scale_note(runs: Sequence[data.RunInfo]) -> str:
+def scale_note(runs: Sequence[queries.RunInfo]) -> str:
     """Where the runs ran, in words: CPU stand-in scale and π_θ0 stated (or the cluster's models)."""
     if not runs:
         return "no runs yet"

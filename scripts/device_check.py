@@ -1,7 +1,7 @@
 """The device check: the whole loss of DPPO-TopK-KL and the predictive masks at Qwen3 scale on one GPU, through
-``scripts/bench.py loss`` (time ratio, peak memory against the logits, bf16 closed forms against float64).
+``scripts/benchmark.py loss`` (time ratio, peak memory against the logits, bf16 closed forms against float64).
 
-    python scripts/device_check.py [--out DIR] [any option of scripts/bench.py loss, e.g. --device cpu --tokens 256 --vocab 4096]
+    python scripts/device_check.py [--out DIR] [any option of scripts/benchmark.py loss, e.g. --device cpu --tokens 256 --vocab 4096]
 
 Defaults: CUDA, bf16 logits, 8,192, 32,768 and 65,536 tokens, Qwen3's vocabulary of 151,936, K = 20; the output
 directory is ``--out``, else ``$OUT``, else ``results/device_check``. Needs torch only (no verl, vLLM, Ray or
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a plain copy of the repository, without installing it
 
-import bench as entry  # scripts/bench.py, beside this file
+import benchmark as entry  # scripts/benchmark.py, beside this file
 import torch
 
 from predmask import bench

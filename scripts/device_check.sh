@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The device check on a GPU machine that has torch and nothing else of the cluster stack (no verl, vLLM, Ray,
-# network): prints the machine, then runs scripts/device_check.py (scripts/bench.py loss at Qwen3 scale) with the given
+# network): prints the machine, then runs scripts/device_check.py (scripts/benchmark.py loss at Qwen3 scale) with the given
 # options. Output: the printed report, and bench.txt / bench.json in --out, else $OUT, else results/device_check.
 #   scripts/device_check.sh                                        # on the GPU: 8k, 32k, 64k tokens x 151,936
 #   OUT=/tmp/dc scripts/device_check.sh --device cpu --tokens 256 --vocab 4096   # a tiny run on CPU

@@ -26,7 +26,7 @@ stop() { [ "$started_slurm" = 1 ] && bash scripts/slurm-emulated.sh stop >/dev/n
 trap stop EXIT
 
 # the venv's bin first on PATH, as an activated env has it: `python` is then the venv's interpreter, the spelling
-# the commands' printed next steps use (predmask.cli), and tools the tests call (tensorboard, ...) are the venv's
+# the commands' printed next steps use (predmask.command_text), and tools the tests call (tensorboard, ...) are the venv's
 export PATH="$PWD/.venv/bin:$PATH"
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -13,11 +13,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from predmask.cli import command, sweep_command, with_db
+from predmask.command_text import command, sweep_command, with_db
 from predmask.rundir import PLANNED_CONFIG_FILE, read_config, runs_root, sweep_path
 from sweeps.compose import RunSpec, SweepError, sweep_family, sweep_names
 from sweeps.families import describe, expand
-from sweeps.runs import SweepLock, read_state
+from sweeps.run_dirs import SweepLock, read_state
 
 EPILOG = """\
 examples:
@@ -60,11 +60,11 @@ trainer.steps >= 1, the mini-batch dividing the batch, delta finite and > 0, rol
 is checked; a bad one is one line naming the run's cell, exit 2. A failed run is reported with its cause (the
 trainer's error line, or killed by signal 9) and the command that resumes it.
 Before submitting, every data and model path the jobs read must exist, else one error line names the first
-missing one and the command that prepares it (python -m sweeps.data prepare --out DIR for data; for a model,
+missing one and the command that prepares it (python -m sweeps.datasets prepare --out DIR for data; for a model,
 download it there or set model.path=DIR); cluster.check_paths=false skips the check. Slurm jobs are named
 predmask-<sweep>-<run_id> (squeue, sacct). A run whose ingest cannot reach the database (held by another process)
 is deferred, the sweep goes on, and its end tries it again (else: python -m analysis ingest runs/<sweep>).
-Variational family (a sweep file with family: variational; sweeps.variational): per seed a posterior q_phi, its
+Variational family (a sweep file with family: variational; sweeps.vr_chain): per seed a posterior q_phi, its
 traces, their weights and the finals sft, rft, vr_acc, vr_gml, vr_likelihood (each at method.data=best_mixed and
 all_weighted) and grpo (an ordinary train run on the same questions); one prior pi_theta0 (the cached base model) for
 all seeds. Axes: method=, method.data=, seeds, any key of conf/variational.yaml (data.questions=256; a comma list
@@ -181,12 +181,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if len(clusters) > 1:
         raise SweepError(f"one cluster per sweep invocation, got {', '.join(sorted(clusters))}")
     if sweep_family(args.sweep) == "variational":
-        from sweeps.variational import cluster_skipped
+        from sweeps.vr_chain import cluster_skipped
 
         skipped = cluster_skipped([o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "cluster"])
         if skipped and not any(o.startswith("method=") for o in args.overrides):
             print(f"note: {', '.join(skipped)} left out of the method axis: not composed for the "
-                  f"{specs[0].config['cluster']['name']} trainer (predmask.verl.variational)", file=sys.stderr)
+                  f"{specs[0].config['cluster']['name']} trainer (predmask.verl.vr_cluster)", file=sys.stderr)
     validate_runs(specs, root)  # every run as its trainer checks it, before anything is written (dry run included)
     if args.dry_run:
         return cmd_dry_run(args, specs, root)

@@ -109,7 +109,7 @@ TRAIN_FAMILY = "train"
 
 
 def sweep_family(sweep: str) -> str:
-    """The family a sweep file declares (``family: variational``: sweeps.variational expands it), else ``train``."""
+    """The family a sweep file declares (``family: variational``: sweeps.vr_chain expands it), else ``train``."""
     return str(group_entry("sweep", sweep).get("family") or TRAIN_FAMILY)
 
 

@@ -1,12 +1,12 @@
 """Which family a sweep belongs to and how it expands: a grid of train runs (``sweeps.compose``) or the variational
-family's chain of stage runs (``sweeps.variational``); the one entry callers use."""
+family's chain of stage runs (``sweeps.vr_chain``); the one entry callers use."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from sweeps.compose import TRAIN_FAMILY, RunSpec, SweepError, describe_grid, expand_grid, sweep_family, sweep_names
-from sweeps.variational import describe_chain, expand_variational
+from sweeps.vr_chain import describe_chain, expand_variational
 
 __all__ = ["describe", "expand"]
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from predmask.cli import command
+from predmask.command_text import command
 from sweeps.compose import RunSpec, SweepError
 from sweeps.families import describe
 from launch.executor import job_shape
@@ -42,7 +42,7 @@ def input_paths(spec: RunSpec) -> list[InputPath]:
     from predmask.verl.overrides import data_files  # the one owner of where a VeRL run reads its data
 
     train, val = data_files(spec.config)
-    paths = [InputPath("data", f, command(f"sweeps.data prepare --out {shlex.quote(str(Path(f).parent))}"))
+    paths = [InputPath("data", f, command(f"sweeps.datasets prepare --out {shlex.quote(str(Path(f).parent))}"))
              for f in [*train, *val]]
     model = str(spec.config["model"].get("path") or "")
     if model:
@@ -51,12 +51,12 @@ def input_paths(spec: RunSpec) -> list[InputPath]:
 
 
 def _vr_input_paths(spec: RunSpec) -> list[InputPath]:
-    """A variational stage run on VeRL: the prepared Bespoke-Stratos files (``predmask.verl.variational``, the owner
+    """A variational stage run on VeRL: the prepared Bespoke-Stratos files (``predmask.verl.vr_cluster``, the owner
     of their names and directory) and the base model."""
-    from predmask.verl.variational import VR_DATA_FILES, merged_settings  # verl-free: commands only
+    from predmask.verl.vr_cluster import VR_DATA_FILES, merged_settings  # verl-free: commands only
 
     directory = merged_settings(spec.config)["data_dir"]
-    prepare = command("sweeps.data prepare --family variational --bespoke-file PATH_TO_BESPOKE_STRATOS_17K "
+    prepare = command("sweeps.datasets prepare --family variational --bespoke-file PATH_TO_BESPOKE_STRATOS_17K "
                       f"--out {shlex.quote(directory)}")
     paths = [InputPath("data", f"{directory}/{name}", prepare) for name in VR_DATA_FILES.values()]
     model = str(spec.config["model"].get("path") or "")

@@ -30,7 +30,7 @@ from predmask.progress import progress
 from predmask.rundir import JOB_LOG_FILE, read_job_record, run_writer_alive, write_job_record
 from sweeps.compose import RunSpec, SweepError
 from sweeps.jobs import trainer_argv
-from sweeps.runs import (
+from sweeps.run_dirs import (
     failure_cause,
     log_size,
     read_state,
@@ -79,17 +79,17 @@ def job_name(spec: RunSpec) -> str:
 
 
 #: the CPU program of a variational stage run (reads RUN_DIR/config.yaml, which the sweep writes)
-VR_STAGE_MODULE = "predmask.rl.variational"
+VR_STAGE_MODULE = "predmask.rl.vr_runner"
 
 
 def job_command(spec: RunSpec, path: Path) -> list[str]:
     """The exact argv a run executes, with the job's interpreter (the cluster config's ``python``): the CPU
     trainer, or the VeRL launcher with every override spelled out; a variational stage run: its stage program
-    (``python -m predmask.rl.variational RUN_DIR`` on the CPU, ``predmask.verl.variational.stage_command`` on VeRL)."""
+    (``python -m predmask.rl.vr_runner RUN_DIR`` on the CPU, ``predmask.verl.vr_cluster.stage_command`` on VeRL)."""
     python = job_python(spec.config["cluster"])
     if spec.stage is not None:
         if trainer_of(spec) == "verl":
-            from predmask.verl.variational import stage_command  # verl-free: commands only
+            from predmask.verl.vr_cluster import stage_command  # verl-free: commands only
 
             return stage_command(spec.config, path.resolve(), python)
         return [python or sys.executable, "-m", VR_STAGE_MODULE, str(path.resolve())]
@@ -283,7 +283,7 @@ def run_waves(
     """Run a sweep whose runs read each other's outputs (a variational sweep's stage chain) in waves: each wave
     through :func:`run_sweep`, a run only once every run it reads has completed. A run whose input failed (or was
     itself blocked) does not start; its message names the failed run and ``resume``, the command that resumes."""
-    from sweeps.variational import waves
+    from sweeps.vr_chain import waves
 
     outcome = Outcome()
     by_id = {spec.run_id: spec for spec in specs}

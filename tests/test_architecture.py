@@ -13,7 +13,8 @@ from __future__ import annotations
 import ast
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from fnmatch import fnmatch
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -33,11 +34,11 @@ VERL_FREE: tuple[str, ...] = (
     "predmask.verl.overrides",
     "predmask.verl.packing",
     "predmask.verl.records",
-    "predmask.verl.rollout",
+    "predmask.verl.rollout_hook",
     "predmask.verl.settings",
-    "predmask.verl.stats",
-    "predmask.verl.variational",
-    "sweeps.data",
+    "predmask.verl.loss_stats",
+    "predmask.verl.vr_cluster",
+    "sweeps.datasets",
 )
 
 #: what the notebook library analysis.results may import of the project (docs/architecture.md, "may import")
@@ -83,6 +84,18 @@ ANALYSIS_ROLES: dict[str, str] = {
 KNOWN_PACKAGE_CYCLES: dict[str, str] = {}
 #: the package markers (``__init__``) of ``analysis``, shared by name only (their sub-modules need a role of their own)
 ANALYSIS_PACKAGES: tuple[str, ...] = ("analysis", "analysis.token_level", "analysis.accuracy_weighting")
+#: the files that may share a basename, as families of the same role in parallel places (fnmatch patterns relative to
+#: the root, each with why); two files of one basename outside one family are a naming defect: each is named by its role
+PARALLEL_FAMILIES: dict[tuple[str, ...], str] = {
+    ("*/__init__.py",): "a package's marker",
+    ("*/__main__.py",): "a package's `python -m` entry",
+    ("reports/figures/*.py", "reports/tables/*.py"): "one report family's figures and its tables (token_level, variational)",
+    ("predmask/bench.py", "predmask/rl/bench.py", "analysis/token_level/bench.py", "reports/bench.py"):
+        "the measurements of one part, each printed by the one entry scripts/benchmark.py",
+    ("analysis/*/cli.py",): "a study's command line (`python -m analysis <study>`)",
+    ("analysis/training/stats.py", "analysis/token_level/summary/stats.py"):
+        "the statistics of one kind of results (training runs over seeds; the token-level study)",
+}
 
 Graph = dict[str, set[str]]
 
@@ -266,6 +279,26 @@ def package_cycles(graph: Mapping[str, set[str]]) -> list[str]:
             for parent, children in sorted(package_graphs(graph).items()) for cycle in cycles(children)]
 
 
+def project_files(root: Path, packages: Iterable[str] = PACKAGES) -> list[str]:
+    """Every Python file of the project's packages, as a path relative to ``root``."""
+    return sorted(p.relative_to(root).as_posix() for pkg in packages if (root / pkg).is_dir()
+                  for p in (root / pkg).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def family_of(path: str) -> tuple[str, ...] | None:
+    """The first family of ``PARALLEL_FAMILIES`` whose patterns match ``path``; None for a file in none."""
+    return next((family for family in PARALLEL_FAMILIES if any(fnmatch(path, pat) for pat in family)), None)
+
+
+def shared_basenames(paths: Iterable[str]) -> list[str]:
+    """Every basename that files outside one parallel family share, one line each ("name: path, path, ...")."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for path in paths:
+        by_name[PurePosixPath(path).name].append(path)
+    return [f"{name}: {', '.join(group)}" for name, group in sorted(by_name.items())
+            if len(group) > 1 and (len({family_of(p) for p in group}) > 1 or family_of(group[0]) is None)]
+
+
 @pytest.fixture(scope="module")
 def graph() -> Graph:
     g = build_graph(ROOT)
@@ -290,6 +323,33 @@ def test_no_import_cycle_between_packages_at_any_level(graph: Graph) -> None:
     assert set(KNOWN_PACKAGE_CYCLES) <= set(found), "a known package cycle is gone: remove it from KNOWN_PACKAGE_CYCLES"
     root = package_graphs(graph)[""]
     assert {"predmask", "launch", "analysis", "sweeps", "reports"} <= set(root).union(*root.values())
+
+
+def test_no_two_files_share_a_basename_outside_a_parallel_family() -> None:
+    files = project_files(ROOT)
+    found = shared_basenames(files)
+    assert not found, "files sharing a basename (name each by its role, or declare a PARALLEL_FAMILIES family):\n" + \
+        "\n".join(found)
+    unused = [family for family in PARALLEL_FAMILIES
+              if not any(len([f for f in files if family_of(f) == family and PurePosixPath(f).name == name]) > 1
+                         for name in {PurePosixPath(f).name for f in files})]
+    assert not unused, f"families no two files share a basename in (remove them from PARALLEL_FAMILIES): {unused}"
+
+
+def test_a_shared_basename_is_caught_in_a_made_up_tree(tmp_path: Path) -> None:
+    for path in ("predmask/__init__.py", "predmask/stats.py", "predmask/verl/__init__.py", "predmask/verl/stats.py",
+                 "analysis/__init__.py", "analysis/store/token_level.py", "reports/__init__.py",
+                 "reports/figures/token_level.py", "reports/tables/token_level.py", "reports/figures/draw.py",
+                 "reports/tables/draw.py", "analysis/training/stats.py", "analysis/token_level/summary/stats.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    assert shared_basenames(project_files(tmp_path)) == [
+        ("stats.py: analysis/token_level/summary/stats.py, analysis/training/stats.py, predmask/stats.py, "
+         "predmask/verl/stats.py"),
+        "token_level.py: analysis/store/token_level.py, reports/figures/token_level.py, reports/tables/token_level.py",
+    ]
+    assert shared_basenames(["analysis/training/stats.py", "analysis/token_level/summary/stats.py",
+                             "reports/figures/draw.py", "reports/tables/draw.py", "a/__init__.py", "b/c/__init__.py"]) == []
 
 
 def test_the_layers_hold_every_room_once() -> None:
@@ -363,7 +423,7 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         ("reports.paper", "analysis.calibrate", "reports reads results"),
         ("analysis.new_study", "numpy", "a module of analysis without a role"),
         ("sweeps.submit", "analysis.token_level.summary.stats", "sweeps uses only the results store"),
-        ("launch.follow", "sweeps.runs", "a room imports only its own and lower rooms"),
+        ("launch.follow", "sweeps.run_dirs", "a room imports only its own and lower rooms"),
         ("predmask.rl.engine", "verl.utils", "only predmask/verl/ imports verl"),
         ("analysis.store.ingest", "predmask.verl.overrides", "only the cluster launcher"),
         ("reports.tables", "launch.slurm", "reports runs nothing"),
@@ -371,7 +431,7 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         ("sweeps.submit", "reports.paper", "rooms of one tier never import each other"),
         ("reports.tables.main_results", "reports.figures.training", "a table never imports a figure module"),
         ("predmask.verl.packing", "verl.utils", "a verl-free part of the plugin"),
-        ("sweeps.data", "ray", "a verl-free part of the plugin"),
+        ("sweeps.datasets", "ray", "a verl-free part of the plugin"),
         ("predmask.verl.settings", "verl.workers", "a verl-free part of the plugin"),
         ("analysis.results.library", "analysis.token_level.compute.study", "the results library reads only"),
         ("analysis.results.curves", "analysis.calibrate", "the results library reads only"),

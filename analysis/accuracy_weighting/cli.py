@@ -35,7 +35,7 @@ class AnalysisInputError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from predmask.cli import python_command
+    from predmask.command_text import python_command
 
     p = argparse.ArgumentParser(
         prog=f"{python_command()} -m analysis accuracy_weighting",
@@ -107,7 +107,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
         if not path.is_file():
             raise AnalysisInputError(
                 f"checkpoint = {cfg['checkpoint']!r}: {path} does not exist; allowed: a posterior stage's model.pt or "
-                "its run directory (python -m predmask.rl.variational RUN_DIR writes it)")
+                "its run directory (python -m predmask.rl.vr_runner RUN_DIR writes it)")
 
 
 def analysis_id_of(cfg: Mapping[str, Any]) -> str:
@@ -172,10 +172,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int:
     import torch
-    from predmask.cli import command, with_db
 
     from analysis.accuracy_weighting.measure import bandit_rows, model_rows
     from analysis.store import StoreError, check_db_path, connect, default_db_path, upsert_accuracy_weighting
+    from predmask.command_text import command, with_db
     from predmask.progress import progress
     from predmask.schemas.task_schema import TaskConfig
 

@@ -17,7 +17,7 @@ method's weight is <−∇L, ĝ> / <ĝ, ĝ>, the share of its descent direction 
 The losses (one question, n samples y_i, s_i = Σ_t log π(y_i,t | ...) the sequence log-prob, r_i ∈ {0, 1}):
 reinforce −(1/n) Σ r_i s_i; rft the same on the reference model's samples, at θ = θ_ref; grpo −(1/n) Σ min(ρ_i A_i,
 clip(ρ_i, 1 ± 0.2) A_i) with ρ_i = exp(s_i − sg(s_i)) (PPO at θ = θ_old) and A = ``predmask.rl.algo.grpo_advantages``
-over groups of G; vr ``predmask.variational.weighted_sft_loss`` with the normalised weights of the acc estimator
+over groups of G; vr ``predmask.vr_weights.weighted_sft_loss`` with the normalised weights of the acc estimator
 (each sample's own correctness) and a zero log ratio (the samples come from the model itself: q = π), normaliser 1.
 """
 
@@ -97,7 +97,7 @@ def method_loss(
     [B] (the batch's probability in the bandit's exact expectation; default 1). GRPO's groups are rows
     ``j*G .. j*G + G - 1`` (G = ``group_size``, inside a batch). Sequence log-probs throughout."""
     from predmask.rl.algo import grpo_advantages
-    from predmask.variational import (
+    from predmask.vr_weights import (
         log_correct_estimate,
         normalise_weights,
         sequence_logprob,

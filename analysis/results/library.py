@@ -31,7 +31,7 @@ from analysis.token_level.summary import stats as token_stats
 from analysis.token_level.summary.study_tables import STUDY_TABLES
 from analysis.training import stats as training_stats
 from predmask import config
-from predmask.cli import command
+from predmask.command_text import command
 
 __all__ = ["BACKENDS", "LEVELS", "Results", "UnknownNameError", "open_results"]
 

@@ -18,9 +18,9 @@ a writable place), without opening the file.
 
 Parts: ``schema`` (tables), ``connection`` (open, default path, path check, what to run next), ``runs`` (the `runs`
 rows), ``metrics_files`` (file-logger records into the values stored), ``inputs`` (which inputs are run directories),
-``ingest`` (run directories into `runs` and `metrics`), ``token_level`` (the token-level study's rows and the
+``ingest`` (run directories into `runs` and `metrics`), ``token_level_tables`` (the token-level study's rows and the
 study-level results derived from them),
-``variational`` (`vr_traces` from a variational weights stage, the accuracy-weighting analysis's rows).
+``vr_tables`` (`vr_traces` from a variational weights stage, the accuracy-weighting analysis's rows).
 """
 
 from analysis.store.connection import (
@@ -55,14 +55,14 @@ from analysis.store.schema import (
     TOKEN_COLUMNS,
     VR_TRACE_COLUMNS,
 )
-from analysis.store.token_level import (
+from analysis.store.token_level_tables import (
     TokenLevelWrite,
     grid_cells,
     stored_seeds,
     upsert_grid,
     upsert_token_level,
 )
-from analysis.store.variational import (
+from analysis.store.vr_tables import (
     AccuracyWeightingWrite,
     VrTracesWrite,
     ingest_vr_traces,

@@ -18,7 +18,7 @@ import duckdb
 
 from analysis.store.inputs import find_run_dirs
 from analysis.store.schema import SCHEMA_DDL
-from predmask.cli import STUDY, command, sweep_command, with_db
+from predmask.command_text import STUDY, command, sweep_command, with_db
 from predmask.rundir import runs_root
 
 __all__ = [

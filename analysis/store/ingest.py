@@ -7,7 +7,7 @@ step goes backwards are not stored (``metrics_files``); a run directory without 
 (``runs``); a non-finite value stored by an older ingest is deleted when its run is ingested again. A verl run's
 policy-loss metrics are replaced, step by step, by the exact values of its loss statistics (``exact_metrics``).
 A variational-reasoning `weights` stage run (config ``family: variational``, ``stage: weights``) also stores its
-weights.parquet in `vr_traces` (``variational``); a missing or malformed file is one warning, the run stays registered.
+weights.parquet in `vr_traces` (``vr_tables``); a missing or malformed file is one warning, the run stays registered.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from analysis.store.exact_metrics import exact_step_metrics
 from analysis.store.inputs import find_run_dirs
 from analysis.store.metrics_files import parse_metrics_file
 from analysis.store.runs import EMPTY, RunRefusedError, run_row_from_dir, upsert_runs
-from analysis.store.variational import ingest_vr_traces, is_weights_stage
+from analysis.store.vr_tables import ingest_vr_traces, is_weights_stage
 from predmask.progress import progress
 from predmask.rundir import DEAD, METRICS_FILE, attempt_files, merge_attempts
 

@@ -152,7 +152,7 @@ GRID_COLUMNS: dict[str, str] = {
 }
 
 # One row per trace of a variational-reasoning `weights` stage run (docs/math.md §8): the run's weights.parquet
-# (predmask.rl.variational) with the run's id and seed; filled by ingest of the run directory. (run_id, question,
+# (predmask.rl.vr_runner) with the run's id and seed; filled by ingest of the run directory. (run_id, question,
 # trace) is unique.
 VR_TRACE_COLUMNS: dict[str, str] = {
     "run_id": "VARCHAR NOT NULL",

@@ -1,6 +1,6 @@
 """The token-level study of the direction criteria (docs/math.md §5): `python -m analysis token_level`.
 
-Two sub-packages that never import each other: ``compute`` runs the study (``config`` compose, study id and
+Two sub-packages that never import each other: ``compute`` runs the study (``study_config`` compose, study id and
 validation; ``study`` one seed's masked steps and per-token quantities; ``backend`` the CPU engine backend and the
 choice of backend; ``hf`` the Hugging Face / vLLM backend; ``fanout`` per-seed files and workers through the launch
 layer) and imports nothing that reads stored results; ``summary`` reads and summarises stored results (``stats``

@@ -1,6 +1,6 @@
 """Cost of the token-level study: per-seed wall and CPU time single-threaded (split into rollout, stale updates,
 masked steps and ground truths), its scaling with the batch size, the 61-seed extrapolation, and the ground truths'
-cost as a ratio; run by ``python scripts/bench.py study``.
+cost as a ratio; run by ``python scripts/benchmark.py study``.
 
 Seeds run in this process with one torch thread; ``extrapolate`` fits ``time = a + b * sequences`` and estimates the
 full study on single-threaded workers, one per core, plus the measured worker start-up. CPU time is the figure to
@@ -36,7 +36,7 @@ def bench(overrides: list[str], sequences: list[int], seeds: int, threads: int =
     import torch
 
     from analysis.token_level.compute.backend import make_backend, run_seed
-    from analysis.token_level.compute.config import compose_study, settings_of, validate
+    from analysis.token_level.compute.study_config import compose_study, settings_of, validate
     from analysis.token_level.summary.stats import seed_summary
 
     torch.set_num_threads(threads)

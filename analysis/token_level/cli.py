@@ -5,7 +5,7 @@ distribution by emulated precision mismatch and policy staleness, and ONE optimi
 predictive with the aggregated / uniform / exact tail, and the unmasked reference) from the same state; every
 token outside the trust region is stored with its D_pre, r, A, Ddot per tail, keep decisions and ΔD per mask.
 
-The config is composed by ``analysis.token_level.compute.config``. Seeds fan out through
+The config is composed by ``analysis.token_level.compute.study_config``. Seeds fan out through
 ``analysis.token_level.compute.fanout`` (local processes, or a Slurm job array on a cluster config); each seed
 writes its own files; this process alone summarises them into seed rows (``seed_row``), ingests them into
 DuckDB and prints the study's table beside the paper's numbers (``analysis.token_level.summary.report``). A
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from analysis.token_level.compute.config import (
+from analysis.token_level.compute.study_config import (
     StudyInputError,
     compose_study,
     study_config,

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from analysis.token_level.compute.config import StudyInputError, compose_study, study_id_of, validate
+from analysis.token_level.compute.study_config import StudyInputError, compose_study, study_id_of, validate
 from analysis.token_level.summary.stats import DriftPoint
 from predmask.config import ConfigError, compose, stable_id, to_container
 
@@ -427,7 +427,7 @@ def _store_cells(db: Path, out: Path, grid: Mapping[str, Any], grid_id: str, cel
                  seeds: Sequence[int]) -> None:
     """Ingest every cell's seeds not yet stored and link the cells to their studies (``token_level_grid``)."""
     from analysis.store import connect
-    from analysis.store.token_level import upsert_grid
+    from analysis.store.token_level_tables import upsert_grid
     from analysis.token_level.cli import ingest, stored_in
 
     for c in cells:

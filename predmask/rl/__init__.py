@@ -1,10 +1,10 @@
 """predmask.rl: the CPU-scale GRPO engine (tiny Qwen3 policy, synthetic verifiable arithmetic, emulated precision).
 
-Modules: ``task`` (data, reward), ``tokenizer``, ``model`` (Qwen3 / Qwen3-MoE policy), ``precision`` (bf16 / FP8
+Modules: ``task`` (data, reward), ``tokenizer``, ``model`` (Qwen3 / Qwen3-MoE policy), ``emulated_precision`` (bf16 / FP8
 emulation of ``predmask.precisions``' settings), ``base`` (cached pretrained base model), ``rollout`` (KV-cache
 sampling with top-K log-probs), ``algo`` (support log-probs, GRPO advantages, masked update), ``engine`` (everything
-of a run as one object), ``train`` (``python -m predmask.rl.train``), ``bench`` (``python scripts/bench.py engine``)
-and ``variational`` (the variational family's stages: ``python -m predmask.rl.variational RUN_DIR``). Their config
+of a run as one object), ``train`` (``python -m predmask.rl.train``), ``bench`` (``python scripts/benchmark.py engine``)
+and ``vr_runner`` (the variational family's stages: ``python -m predmask.rl.vr_runner RUN_DIR``). Their config
 sections are the dataclasses of ``predmask.schemas``.
 
 Imports are lazy so that ``import predmask`` stays light; the names below are the public API.

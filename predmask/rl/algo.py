@@ -26,7 +26,7 @@ from predmask import metrics as M
 from predmask.divergence import topk_divergence
 from predmask.methods import Method, MethodParams, policy_loss
 from predmask.precisions import Precision, get_precision
-from predmask.rl.precision import training_precision
+from predmask.rl.emulated_precision import training_precision
 from predmask.rl.rollout import RolloutBatch
 from predmask.support import TopKSupport, gather_support_logprobs
 

@@ -1,5 +1,5 @@
 """Steps/s and generated tokens/s of the CPU engine per model size, and the rollout-vs-training mismatch of each
-precision on a model's base policy (measurements, not tests; run by ``python scripts/bench.py engine``).
+precision on a model's base policy (measurements, not tests; run by ``python scripts/benchmark.py engine``).
 
 ``bench_model`` builds the engine from ``conf/train.yaml`` (the cached base model; built on first use), times GRPO
 steps (rollout + mini-batch updates + weight sync) and one validation, and projects the wall time of a

@@ -38,8 +38,8 @@ from predmask.methods import get_method, method_config, method_params
 from predmask.metrics import reduce_metrics
 from predmask.rl.algo import TrainLogprobs, grpo_advantages, mismatch_metrics, policy_update, support_logprobs
 from predmask.rl.base import load_base_model
+from predmask.rl.emulated_precision import make_rollout_model, precision_of, sync_rollout_model
 from predmask.rl.model import check_cpu_model_config, count_parameters
-from predmask.rl.precision import make_rollout_model, precision_of, sync_rollout_model
 from predmask.rl.rollout import RolloutBatch, rollout_problems
 from predmask.rl.task import EVAL_SPLITS, Problem, make_split
 from predmask.rl.tokenizer import ArithmeticTokenizer

@@ -1,7 +1,7 @@
 """The rollout engine: batched KV-cache sampling that reports, per token, the sampled id, its log-prob and the top-K.
 
 ``generate(model, prompt_ids, prompt_mask, ...)`` samples responses from ``mu = softmax(logits / temperature)``
-(top-p 1) of the rollout model (see ``predmask.rl.precision.make_rollout_model`` for its precision) and returns a
+(top-p 1) of the rollout model (see ``predmask.rl.emulated_precision.make_rollout_model`` for its precision) and returns a
 ``RolloutBatch`` whose ``topk_ids``/``topk_logprobs`` [B, R, K] (sorted, highest first) and
 ``sampled_ids``/``sampled_logprobs`` [B, R] are exactly what ``predmask.build_support`` takes
 (``RolloutBatch.support()`` calls it). Log-probs are float32 ``log_softmax`` of the rollout logits, as vLLM's

@@ -1,6 +1,6 @@
 """The variational family's data on the CPU stand-in: the original questions, q_phi's hint prompts, response texts.
 
-What x, z, y and the original data are: ``python -m predmask.rl.variational --help``.
+What x, z, y and the original data are: ``python -m predmask.rl.vr_runner --help``.
 """
 
 from __future__ import annotations

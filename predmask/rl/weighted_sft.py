@@ -1,6 +1,6 @@
 """The variational family's weighted SFT trainer on the CPU engine: step plan, lr schedule, checkpoints, resume.
 
-The loss is ``predmask.variational.weighted_sft_loss``; metrics lines and checkpoints go to the run directory through
+The loss is ``predmask.vr_weights.weighted_sft_loss``; metrics lines and checkpoints go to the run directory through
 ``predmask.rundir``, so a killed stage resumes from its newest checkpoint with the same data order.
 """
 
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from predmask import metrics as M
-from predmask import variational as V
+from predmask import vr_weights as V
 from predmask.io import atomic_write
 from predmask.progress import progress as show_progress
 from predmask.rl.algo import response_logits
@@ -117,7 +117,7 @@ def _sft_step(model: nn.Module, opt: torch.optim.Optimizer, tokenizer: Arithmeti
 def train_sft(model: nn.Module, rows: Sequence[Row], *, run_dir: Path, sft: SFTConfig, tokenizer: ArithmeticTokenizer,
               seed: int, n_questions: int, epochs: int, title: str, log: logging.Logger,
               final_metrics: Callable[[nn.Module], Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Weighted SFT of ``model`` on ``rows`` (``predmask.variational.weighted_sft_loss``, normaliser
+    """Weighted SFT of ``model`` on ``rows`` (``predmask.vr_weights.weighted_sft_loss``, normaliser
     sft.normaliser x sft.questions_per_step), resuming from the run's newest checkpoint. ``final_metrics(model)``
     adds its metrics to the last step's line. Returns ``{"step", "resumed", **last metrics}``."""
     by_question: dict[int, list[Row]] = {}

@@ -198,7 +198,7 @@ class VLLMConfig:
 
 @dataclass
 class VariationalClusterConfig:
-    """The variational family's stages on a cluster (``predmask.verl.variational``): the prepared data, SFT lengths,
+    """The variational family's stages on a cluster (``predmask.verl.vr_cluster``): the prepared data, SFT lengths,
     budget, normaliser, Ulysses parallelism, checkpoint interval and warm-up; each SFT stage's epochs/batch/lr; the
     sampling of traces, weights and evaluation; the vLLM engines."""
 

@@ -7,7 +7,7 @@ order data flows through them:
 - :mod:`predmask.verl.launch` -- ``python -m predmask.verl.launch``: verl's trainer with the plugin in every process;
 - :mod:`predmask.verl.plugin` -- the module verl imports in every process (``VERL_USE_EXTERNAL_MODULES``);
   importing it installs the hooks below, each when its verl module is imported (:mod:`predmask.verl._hooks`);
-- :mod:`predmask.verl.rollout` -- hook on vLLM's server: the rollout returns the top-K log-probs;
+- :mod:`predmask.verl.rollout_hook` -- hook on vLLM's server: the rollout returns the top-K log-probs;
 - :mod:`predmask.verl.records` -- vLLM's log-probs -> one ``TopKRecord`` per sample (pure; no verl);
 - :mod:`predmask.verl.packing` -- records -> response-aligned support -> verl's packed rows (pure; no verl);
 - :mod:`predmask.verl.gather` -- training log-probs on the support, full or vocab-sharded logits (pure torch);

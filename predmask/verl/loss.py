@@ -24,7 +24,7 @@ vocab_size          the logits' width, else ``model.hf_config.vocab_size``  for 
 The anchor defaults to the method's (``Method.default_anchor``: ``old`` for grpo_clip_higher, as verl's GRPO;
 ``rollout`` for the divergence methods, as the paper). Inside a :func:`loss_statistics` block every call also
 hands its micro-batch's metrics, with the count ``actor/mask/adv_tokens`` that weights the clip fractions, to the
-block's sink (:mod:`predmask.verl.stats` writes them).
+block's sink (:mod:`predmask.verl.loss_stats` writes them).
 """
 
 from __future__ import annotations

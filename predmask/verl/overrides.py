@@ -6,7 +6,7 @@ composed conf/train.yaml (a mapping or a DictConfig) with a cluster model and a 
 dataclasses of :mod:`predmask.schemas.cluster_schema`; further keys read: ``method``, ``delta``, ``top_k``, ``precision``
 (``predmask.precisions.CLUSTER_PRECISIONS``), ``seed``, ``trainer.logger`` and ``trainer.val_n`` (the CPU engine's
 own), and optionally ``data`` (``train_files`` and ``val_files``, or ``dir``; else ``cluster.data_dir``: the files of
-``python -m sweeps.data prepare``), ``run_dir``, ``run_id``, ``sweep`` (verl's project name), ``verl`` (raw verl
+``python -m sweeps.datasets prepare``), ``run_dir``, ``run_id``, ``sweep`` (verl's project name), ``verl`` (raw verl
 overrides, applied after ``model.verl``).
 
 predmask's own parameters travel under predmask's own keys (:mod:`predmask.verl.settings`), so no verl key changes
@@ -51,7 +51,7 @@ HYDRA_SUBDIR = "hydra"
 #: (verl/__init__.py imports the comma-separated modules it names)
 PLUGIN_MODULE = "predmask.verl.plugin"
 PLUGIN_ENV = "VERL_USE_EXTERNAL_MODULES"
-#: file names written by ``python -m sweeps.data prepare``
+#: file names written by ``python -m sweeps.datasets prepare``
 DATA_FILES: dict[str, str] = {"train": "dapo_math_13k.parquet", "aime24": "aime24.parquet", "aime25": "aime25.parquet"}
 RUNTIME_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
 #: vLLM's default cap on logprobs per token (engine arg max_logprobs); a larger K raises it
@@ -270,7 +270,7 @@ def _actor(r: _Run) -> dict[str, Any]:
 
 def _rollout(r: _Run) -> dict[str, Any]:
     """vLLM with verl's rollout log-probs; with predmask.top_k the plugin's hook also returns the top-K
-    (predmask.verl.rollout); validation avg@``trainer.val_n``."""
+    (predmask.verl.rollout_hook); validation avg@``trainer.val_n``."""
     ro, b = "actor_rollout_ref.rollout", r.model.batch
     o: dict[str, Any] = {f"{ro}.name": "vllm", f"{ro}.mode": "async", f"{ro}.calculate_log_probs": True,
                          f"{ro}.logprobs_mode": "processed_logprobs"}

@@ -10,7 +10,7 @@ verl modules it uses:
 - ``verl.workers.engine_workers``: the actor's TrainingWorker becomes the top-K-aware subclass
   (:func:`predmask.verl.worker.install_actor`);
 - ``verl.workers.rollout.vllm_rollout.vllm_async_server``: vLLM returns the top-K log-probs
-  (:func:`predmask.verl.rollout.install_rollout`).
+  (:func:`predmask.verl.rollout_hook.install_rollout`).
 
 No other module of ``predmask.verl`` installs anything on import.
 """
@@ -37,7 +37,7 @@ def _install_actor(engine_workers: ModuleType) -> None:
 
 
 def _install_rollout(vllm_async_server: ModuleType) -> None:
-    from predmask.verl.rollout import install_rollout
+    from predmask.verl.rollout_hook import install_rollout
 
     install_rollout(vllm_async_server)
 

@@ -1,6 +1,6 @@
 """verl's reward for a math response: its default dispatch on ``data_source`` (DAPO math scoring, +1 / -1).
 
-The data written by ``python -m sweeps.data prepare`` is scored by verl's trainer through this same dispatch
+The data written by ``python -m sweeps.datasets prepare`` is scored by verl's trainer through this same dispatch
 (``math_dapo`` and ``aime*`` data sources: the last ``Answer: ...`` line, else ``\\boxed{}``); this module lets
 data preparation and its tests check a row's answer contract against verl's own scoring. Imports verl.
 """

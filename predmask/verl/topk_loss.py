@@ -6,7 +6,7 @@ logits: it gathers the training log-probs on the rollout support (packed, shifte
 response token; TP-sharded vocab on Megatron) into ``model_output``. Then, as the loss, it rebuilds the
 response-aligned support and the rollout anchor and calls verl's ``ppo_loss`` inside
 :func:`predmask.verl.loss.rollout_support`, so verl's entropy/KL/aggregation/metrics stay verl's. With a
-:class:`~predmask.verl.stats.LossStatsWriter` (``stats_writer``, set by the worker) every micro-batch's metrics are
+:class:`~predmask.verl.loss_stats.LossStatsWriter` (``stats_writer``, set by the worker) every micro-batch's metrics are
 also written as they are, before verl's mean over micro-batches and ranks. Imports verl; loaded by the worker hook.
 """
 
@@ -24,9 +24,9 @@ from verl.workers.utils.padding import no_padding_2_padding
 from predmask.methods import METHODS, Method
 from predmask.verl.gather import chunked_support_logprobs, vocab_parallel_support_logprobs
 from predmask.verl.loss import RolloutSupport, loss_statistics, rollout_support
+from predmask.verl.loss_stats import LossStatsWriter
 from predmask.verl.packing import pack_response_tensor, sequence_lengths, support_from_records
 from predmask.verl.records import TOPK_KEY, TopKRecord
-from predmask.verl.stats import LossStatsWriter
 
 __all__ = ["PI_KEY_PREFIX", "PI_TAIL_KEY", "TopKPolicyLoss"]
 

@@ -1,6 +1,6 @@
 """``python -m predmask.verl.vr_sample``: the variational family's sampling stages (traces, weights) with vLLM on a cluster.
 
-The job-side program of :func:`predmask.verl.variational.stage_command` for ``traces`` and ``weights``; it runs on
+The job-side program of :func:`predmask.verl.vr_cluster.stage_command` for ``traces`` and ``weights``; it runs on
 the head node of the stage's job, ``--replicas`` vLLM engines of ``--tensor-parallel`` GPUs each (one subprocess per
 engine, ``CUDA_VISIBLE_DEVICES`` set per replica, the questions split between them), and imports vLLM only there.
 
@@ -11,7 +11,7 @@ engine, ``CUDA_VISIBLE_DEVICES`` set per replica, the questions split between th
 - ``weights``: for every trace, under π_θ0 (the prior stage's HF export) and the reasoning prompt x: log π_θ0(z|x)
   and the answer log-likelihood log π_θ0(y′|x,z) (y′ = the reference solution section + <eos>) from one scoring
   pass, and M answers sampled from π_θ0(·|x,z) with their correctness (last ``\\boxed{}`` against the reference:
-  :func:`predmask.verl.variational.answers_match`). Every formula is :mod:`predmask.variational`'s:
+  :func:`predmask.verl.vr_cluster.answers_match`). Every formula is :mod:`predmask.vr_weights`'s:
   ``trace_log_ratio``, ``log_correct_estimate`` (acc, gml, likelihood), ``trace_log_weights``,
   ``normalise_weights`` over the K traces of a question. Writes ``weights.parquet`` (the ``vr_traces`` columns).
   A question without a ``\\boxed{}`` reference answer (e.g. a code problem) has no checkable answer: its acc is 0
@@ -37,10 +37,11 @@ from typing import Any
 
 import torch
 
-from predmask.cli import command
+from predmask.command_text import command
 from predmask.io import atomic_write
 from predmask.rundir import RunDirBusyError, hold_run_lock
-from predmask.variational import (
+from predmask.verl.vr_cluster import answers_match, cut_trace
+from predmask.vr_weights import (
     ESTIMATORS,
     check_counts,
     log_correct_estimate,
@@ -48,7 +49,6 @@ from predmask.variational import (
     trace_log_ratio,
     trace_log_weights,
 )
-from predmask.verl.variational import answers_match, cut_trace
 
 __all__ = ["TRACE_COLUMNS", "WEIGHT_COLUMNS", "main", "resolve_model", "summed_prompt_logprob", "weight_rows"]
 
@@ -102,7 +102,7 @@ def summed_prompt_logprob(prompt_logprobs: Sequence[Mapping[int, Any] | None], t
 
 def weight_rows(raw: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The ``weights.parquet`` rows from the scored traces (``correct``: the M answers' correctness per trace),
-    every formula from :mod:`predmask.variational`."""
+    every formula from :mod:`predmask.vr_weights`."""
     t = {k: torch.tensor([r[k] for r in raw], dtype=torch.float64)
          for k in ("log_prior", "log_posterior", "answer_logp")}
     trace_tokens = torch.tensor([int(r["trace_tokens"]) for r in raw], dtype=torch.long)
@@ -297,7 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         _check(args)
-        how = "prepare it: " + command("sweeps.data prepare --family variational --bespoke-file F --out DIR")
+        how = "prepare it: " + command("sweeps.datasets prepare --family variational --bespoke-file F --out DIR")
         questions = _read_parquet(args.questions, args.mode, how)
         traces = (_read_parquet(args.traces, "weights", "run the traces stage first")
                   if args.mode == "weights" else [])

@@ -1,12 +1,12 @@
 """``python -m predmask.verl.vr_sft``: verl 0.9.1's Ray SFT trainer with per-sample weights and a constant normaliser.
 
 The job-side program of the variational family's SFT stages (prior, posterior, final) on a cluster; its argv is
-:func:`predmask.verl.variational.stage_command`'s. It takes the ``predmask.*`` keys off the argv, then runs verl's
+:func:`predmask.verl.vr_cluster.stage_command`'s. It takes the ``predmask.*`` keys off the argv, then runs verl's
 own Hydra app ``verl.trainer.sft_trainer_ray.main`` (config ``sft_trainer_engine``) with the rest, after two
 changes that verl's SFT trainer does not offer:
 
 - the loss: verl's ``sft_loss`` is the token mean over the global batch (−Σ log p / batch_num_tokens × dp_size);
-  here it is :func:`predmask.variational.weighted_sft_loss` on the same tokens, each token's term times its sample's
+  here it is :func:`predmask.vr_weights.weighted_sft_loss` on the same tokens, each token's term times its sample's
   weight, divided by the constant ``predmask.normaliser`` in place of batch_num_tokens (× dp_size, as verl: FSDP
   averages gradients over data-parallel ranks). It replaces ``verl.workers.utils.losses.sft_loss``, which the
   trainer looks up when it builds its engine; the Ray workers unpickle it from this module;
@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from predmask.variational import best_trace, weighted_sft_loss
+from predmask.vr_weights import best_trace, weighted_sft_loss
 
 __all__ = ["KEYS", "WEIGHT_COLUMN", "final_rows", "main", "nested_weighted_sft_loss", "split_predmask_args"]
 
 PREFIX = "predmask."
-#: the predmask keys this launcher reads (written by predmask.verl.variational)
+#: the predmask keys this launcher reads (written by predmask.verl.vr_cluster)
 KEYS: tuple[str, ...] = ("stage", "run_dir", "normaliser", "recipe", "estimator", "data", "weights_file",
                          "traces_file", "questions_file", "original_file", "train_file")
 WEIGHT_COLUMN = "weight"
@@ -134,13 +134,13 @@ def build_final_data(keys: Mapping[str, Any]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from predmask.cli import command
+    from predmask.command_text import command
     from predmask.io import atomic_write
 
     weights = _read(str(keys["weights_file"]), "final", "run the weights stage first")
     traces = _read(str(keys["traces_file"]), "final", "run the traces stage first")
     questions = _read(str(keys["questions_file"]), "final",
-                      "prepare it: " + command("sweeps.data prepare --family variational --bespoke-file F --out DIR"))
+                      "prepare it: " + command("sweeps.datasets prepare --family variational --bespoke-file F --out DIR"))
     rows = final_rows(questions, traces, weights, estimator=str(keys["estimator"]), data=str(keys["data"]))
     if not rows:
         raise ValueError(f"stage final: no trace has a positive weight_{keys['estimator']}: nothing to train on")

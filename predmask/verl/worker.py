@@ -6,7 +6,7 @@ and, when the batch carries top-K records and the method needs the support, sets
 ``distillation_use_topk`` (``train_batch``) so that the engines call the loss as logits processor first.
 
 With ``predmask.stats_dir`` set (:mod:`predmask.verl.settings`) it also gives the loss a
-:class:`~predmask.verl.stats.LossStatsWriter` on the first rank of each model-parallel group and tells it the step
+:class:`~predmask.verl.loss_stats.LossStatsWriter` on the first rank of each model-parallel group and tells it the step
 and the mini-batch: ``train_mini_batch`` is one training step (verl's ``update_actor``), counted from the step of
 the checkpoint it resumed from (``load_checkpoint``'s ``global_step_<N>`` path; 0 for a fresh run), and
 ``train_batch`` one mini-batch. Imports verl; installed by :mod:`predmask.verl.plugin` when
@@ -21,9 +21,9 @@ from typing import Any
 
 from verl.utils import tensordict_utils as tu
 
+from predmask.verl.loss_stats import LossStatsWriter, checkpoint_step
 from predmask.verl.records import TOPK_KEY
 from predmask.verl.settings import current_settings
-from predmask.verl.stats import LossStatsWriter, checkpoint_step
 from predmask.verl.topk_loss import TopKPolicyLoss
 
 __all__ = ["install_actor", "make_training_worker_cls"]

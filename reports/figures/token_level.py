@@ -12,7 +12,7 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from analysis.store.token_level import grid_cells
+from analysis.store.token_level_tables import grid_cells
 from analysis.token_level.summary import stats
 from reports import labels, same_tokens
 from reports.artefact import (

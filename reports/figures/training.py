@@ -11,12 +11,11 @@ from matplotlib.ticker import MaxNLocator
 from analysis.results import curves
 from analysis.training import stats as training_stats
 from predmask import metrics
-from predmask.cli import sweep_command
+from predmask.command_text import sweep_command
 from predmask.rl.task import EVAL_SPLITS
-from reports import data
+from reports import queries
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
 from reports.cells import detectable, detectable_note
-from reports.data import MAIN_SWEEP, TIGHT_SWEEP
 from reports.figures.draw import (
     LEGEND_ROW_IN,
     empty_panel,
@@ -28,6 +27,7 @@ from reports.figures.draw import (
     wrap_lines,
 )
 from reports.labels import method_label, setting_label, sweep_delta
+from reports.queries import MAIN_SWEEP, TIGHT_SWEEP
 from reports.style import method_rank, method_style
 
 MAX_COLS = 4
@@ -75,7 +75,7 @@ def _line_label(method: str | None, keys: Sequence[Hashable], identical_to: str 
 
 
 def _row_series(
-    ctx: ReportContext, runs: Sequence[data.RunInfo], rows: Sequence[MetricRow]
+    ctx: ReportContext, runs: Sequence[queries.RunInfo], rows: Sequence[MetricRow]
 ) -> dict[tuple[str, str], curves.Series]:
     """(run_id, row label) -> raw series for every row, reading each metric once."""
     ids = [r.run_id for r in runs]
@@ -126,7 +126,7 @@ def _panel_lines(
 
 
 def _detectable_text(
-    key: data.PanelKey, groups: dict[str | None, dict[Hashable, curves.Series]]
+    key: queries.PanelKey, groups: dict[str | None, dict[Hashable, curves.Series]]
 ) -> str | None:
     """ "setting: each predictive mask − its pair: the difference its seeds can detect" from a panel's validation
     curves (the paired final accuracies Table 2 prints); None when no predictive mask has its pair here."""
@@ -153,8 +153,8 @@ def _per_setting_figure(
     with a t-interval band, each seed smoothed with the row's EMA unless raw; the runs at the δ of
     `default_sweep`, from that sweep unless the user chose others. `state_detectable`: each panel of a
     validation row also states the paired difference its seeds can detect (Figure 1)."""
-    sel = data.select_runs(ctx.runs, sweep_delta(default_sweep), ctx.sweeps, default_sweep)
-    keys = data.panel_keys(sel.runs)
+    sel = queries.select_runs(ctx.runs, sweep_delta(default_sweep), ctx.sweeps, default_sweep)
+    keys = queries.panel_keys(sel.runs)
     series = _row_series(ctx, sel.runs, rows)
     note = _method_note(ctx, rows)
     command = sweep_command(default_sweep)
@@ -169,7 +169,7 @@ def _per_setting_figure(
     for row in rows:
         for key in keys:
             panel = Panel(title=key.title, row=row.label)
-            in_panel = data.runs_in_panel(sel.runs, key)
+            in_panel = queries.runs_in_panel(sel.runs, key)
             members = [r for r in in_panel if (r.run_id, row.label) in series]
             groups = curves.by_method_and_seed(
                 members, {r.run_id: series[(r.run_id, row.label)] for r in members}, rank=method_rank

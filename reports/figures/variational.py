@@ -12,9 +12,9 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 
 from analysis.training import stats as training_stats
-from predmask.cli import command
+from predmask.command_text import command
 from predmask.rl.task import EVAL_SPLITS
-from reports import data
+from reports import queries
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
 from reports.figures.draw import (
     LEGEND_ROW_IN,
@@ -47,7 +47,7 @@ def _seeds_text(keys: Sequence[Hashable]) -> str:
     return f"{what}{'' if len(keys) == 1 else 's'} {', '.join(str(k) for k in keys)}"
 
 
-def _style(key: data.VrKey, index: int) -> tuple[str, str, str, bool]:
+def _style(key: queries.VrKey, index: int) -> tuple[str, str, str, bool]:
     """(colour, line style, marker, filled) of a comparison key: the method's colour, the data setting's mark."""
     colour, ls = method_style(key.method, index)
     marker, filled, data_ls = vr_data_style(key.data)
@@ -196,7 +196,7 @@ def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
     return result
 
 
-def _draw_pass(ctx: ReportContext, result: ArtefactResult, keys: list[data.VrKey]) -> list:
+def _draw_pass(ctx: ReportContext, result: ArtefactResult, keys: list[queries.VrKey]) -> list:
     title = [result.title, f"{scale_note(result.runs)}; selection: {result.selection_rule}",
              f"line: {training_stats.interval_note()} (shaded)"]
     labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
@@ -230,7 +230,7 @@ WEIGHT_SOURCES: tuple[str, ...] = ("model", "bandit")
 
 @figure("vr_accuracy_weighting", "Accuracy weighting: measured vs predicted weight against accuracy")
 def vr_accuracy_weighting(ctx: ReportContext) -> ArtefactResult:
-    found = data.latest_weighting(ctx.con)
+    found = queries.latest_weighting(ctx.con)
     result = ArtefactResult(
         name=vr_accuracy_weighting.name,
         title="Accuracy weighting: the weight each objective puts on ∇log p(correct | x), against accuracy p",
@@ -272,7 +272,7 @@ def vr_accuracy_weighting(ctx: ReportContext) -> ArtefactResult:
     return result
 
 
-def _weighting_scale(found: data.WeightingAnalysis | None) -> str:
+def _weighting_scale(found: queries.WeightingAnalysis | None) -> str:
     if found is None:
         return "no analysis yet"
     model = found.config.get("model")
@@ -282,7 +282,7 @@ def _weighting_scale(found: data.WeightingAnalysis | None) -> str:
 
 
 def _draw_weighting(
-    ctx: ReportContext, result: ArtefactResult, found: data.WeightingAnalysis | None, methods: list[str]
+    ctx: ReportContext, result: ArtefactResult, found: queries.WeightingAnalysis | None, methods: list[str]
 ) -> list:
     n_methods = max(1, len(methods))
     title = [result.title, _weighting_scale(found), "dots: measured; line: predicted (closed form)"]
@@ -320,17 +320,17 @@ LENGTH_PANELS: tuple[tuple[str, str, str, str, str], ...] = (
 )
 
 
-def weights_runs(ctx: ReportContext) -> list[data.RunInfo]:
+def weights_runs(ctx: ReportContext) -> list[queries.RunInfo]:
     """The weights-stage runs of the selected sweeps (default variational_reasoning)."""
-    sel = data.select_runs(data.variational_runs(ctx.runs), None, ctx.sweeps, data.VR_SWEEP)
+    sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
     return [r for r in sel.runs if r.config.get("stage") == "weights"]
 
 
 @figure("vr_length_bias", "Variational reasoning: length against log-likelihood (length bias)")
 def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
-    sel = data.select_runs(data.variational_runs(ctx.runs), None, ctx.sweeps, data.VR_SWEEP)
+    sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
     runs = weights_runs(ctx)
-    rows = data.vr_trace_rows(ctx.con, [r.run_id for r in runs])
+    rows = queries.vr_trace_rows(ctx.con, [r.run_id for r in runs])
     result = ArtefactResult(
         name=vr_length_bias.name,
         title="Length bias: trace length vs the per-token log-ratio, answer length vs the answer log-likelihood",

@@ -8,9 +8,9 @@ from functools import cache
 from typing import Any
 
 from predmask import config
-from predmask.cli import sweep_command
+from predmask.command_text import sweep_command
 from predmask.methods import method_anchor
-from reports import data
+from reports import queries
 from reports.artefact import ArtefactResult, ReportContext, table
 from reports.labels import method_label
 from reports.style import method_rank
@@ -117,13 +117,13 @@ APPLIES_RULE = (
 )
 
 
-def hyperparameter_tables(runs: Sequence[data.RunInfo]) -> tuple[TextTable, TextTable, TextTable]:
+def hyperparameter_tables(runs: Sequence[queries.RunInfo]) -> tuple[TextTable, TextTable, TextTable]:
     """(every training hyperparameter per setting, only those that differ between settings where they apply,
     method parameters per method) from the runs' configs."""
-    keys = [k for k in data.panel_keys(runs) if k.model is not None]
+    keys = [k for k in queries.panel_keys(runs) if k.model is not None]
     columns = []
     for k in keys:
-        members = data.runs_in_panel(runs, k)
+        members = queries.runs_in_panel(runs, k)
         flat = [
             {key: v for key, v in flatten(r.config).items() if not key.startswith("method.")} for r in members
         ]
@@ -180,7 +180,7 @@ def hyperparameter_tables(runs: Sequence[data.RunInfo]) -> tuple[TextTable, Text
 
 
 def _differing_rows(
-    row_keys: Sequence[str], columns: Sequence[tuple[data.PanelKey, list[data.RunInfo], list[dict[str, str]]]]
+    row_keys: Sequence[str], columns: Sequence[tuple[queries.PanelKey, list[queries.RunInfo], list[dict[str, str]]]]
 ) -> list[list[str]]:
     """Rows of the keys whose applicable values differ between settings; "" where a key does not apply."""
     rows = []
@@ -197,9 +197,9 @@ def _differing_rows(
 
 @table("table1_hyperparameters", "Table 1: hyperparameters from the runs' configs")
 def table1_hyperparameters(ctx: ReportContext) -> ArtefactResult:
-    sel = data.select_runs(ctx.runs, None, ctx.sweeps, None)
+    sel = queries.select_runs(ctx.runs, None, ctx.sweeps, None)
     # the variational family's stage runs are not RL runs: their parameters are in conf/variational.yaml
-    runs = [r for r in sel.runs if r.config and r.config.get("family") != data.VR_FAMILY]
+    runs = [r for r in sel.runs if r.config and r.config.get("family") != queries.VR_FAMILY]
     result = ArtefactResult(
         title="Table 1: hyperparameters",
         caption=(
@@ -209,7 +209,7 @@ def table1_hyperparameters(ctx: ReportContext) -> ArtefactResult:
         runs=runs,
         selection_rule=sel.rule,
         has_data=bool(runs),
-        command=sweep_command(data.MAIN_SWEEP),
+        command=sweep_command(queries.MAIN_SWEEP),
     )
     train, differing, method_table = hyperparameter_tables(runs)
     result.tables = {"differing": differing, "training": train, "method": method_table}

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from analysis.results import curves
 from analysis.training import stats as training_stats
-from predmask.cli import sweep_command
-from reports import data
+from predmask.command_text import sweep_command
+from reports import queries
 from reports.artefact import ArtefactResult, ReportContext, table
 from reports.cells import DETECTABLE_HEADER, detectable, detectable_note, pct
 from reports.labels import method_label, sweep_delta
@@ -34,23 +34,23 @@ def _collapsed(r: training_stats.MethodResult) -> str:
     return f"{len(seeds)}/{r.n} seeds{which}"
 
 
-SettingResults = list[tuple[data.PanelKey, dict[str, training_stats.MethodResult]]]
+SettingResults = list[tuple[queries.PanelKey, dict[str, training_stats.MethodResult]]]
 
 
 def main_results(
-    ctx: ReportContext, runs: Sequence[data.RunInfo]
-) -> tuple[SettingResults, list[data.RunInfo]]:
+    ctx: ReportContext, runs: Sequence[queries.RunInfo]
+) -> tuple[SettingResults, list[queries.RunInfo]]:
     """Per setting (panel order), each method's results over its seeds from the runs' validation curves; and the
     runs they come from (those with a validation curve)."""
     aime = curves.aime_series(ctx.con, [r.run_id for r in runs])
     val = {rid: s for rid, a in aime.items() if (s := curves.validation_series(a)) is not None and len(s[0])}
     out: SettingResults = []
-    used: list[data.RunInfo] = []
-    for key in data.panel_keys(runs):
+    used: list[queries.RunInfo] = []
+    for key in queries.panel_keys(runs):
         if key.model is None:
             out.append((key, {}))
             continue
-        members = [r for r in data.runs_in_panel(runs, key) if r.run_id in val]
+        members = [r for r in queries.runs_in_panel(runs, key) if r.run_id in val]
         groups = curves.by_method_and_seed(members, val, rank=method_rank)
         results = training_stats.setting_results({str(m): g for m, g in groups.items()})
         out.append((key, results))
@@ -149,9 +149,9 @@ def headline_table(results: SettingResults) -> TextTable:
     )
 
 
-@table("table2_main_results", f"Table 2: main results at δ = {sweep_delta(data.MAIN_SWEEP):g}, over seeds")
+@table("table2_main_results", f"Table 2: main results at δ = {sweep_delta(queries.MAIN_SWEEP):g}, over seeds")
 def table2_main_results(ctx: ReportContext) -> ArtefactResult:
-    sel = data.select_runs(ctx.runs, sweep_delta(data.MAIN_SWEEP), ctx.sweeps, data.MAIN_SWEEP)
+    sel = queries.select_runs(ctx.runs, sweep_delta(queries.MAIN_SWEEP), ctx.sweeps, queries.MAIN_SWEEP)
     results, runs = main_results(ctx, sel.runs)
     text = main_results_table(results, len(runs), sum(r.is_cpu for r in runs))
     result = ArtefactResult(
@@ -166,7 +166,7 @@ def table2_main_results(ctx: ReportContext) -> ArtefactResult:
         stats=results,
         tables={"main": text},
         has_data=any(by_method for _, by_method in results),
-        command=sweep_command(data.MAIN_SWEEP),
+        command=sweep_command(queries.MAIN_SWEEP),
     )
     if ctx.draw:
         result.files = write_tables(ctx.out, table2_main_results.name, text)

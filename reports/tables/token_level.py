@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from analysis.token_level.summary import stats
-from reports import data, same_tokens
+from reports import queries, same_tokens
 from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext, table
 from reports.tables.render import TextTable, write_tables
 
@@ -223,7 +223,7 @@ def study_numbers(ctx: ReportContext) -> StudyNumbers | None:
     sid = ctx.study.study_id
     return StudyNumbers(
         summary=ctx.summary,
-        share=stats.share_outside(data.seed_rows(ctx.con, sid)),
+        share=stats.share_outside(queries.seed_rows(ctx.con, sid)),
         same=same_tokens.same_tokens(ctx.con, sid),
         unjudged=same_tokens.not_judged(f"study {sid}"),
     )

@@ -1,5 +1,5 @@
 """The closed forms of analysis.accuracy_weighting.theory against the exact expectation of each method's real loss
-(the engine's grpo_advantages, predmask.variational's weighted SFT, autograd) on a one-question softmax bandit whose
+(the engine's grpo_advantages, predmask.vr_weights's weighted SFT, autograd) on a one-question softmax bandit whose
 every G-tuple of samples is enumerated, and against limits computed separately."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from analysis.store import VR_TRACE_COLUMNS, connect, ingest_run_dir, upsert_accuracy_weighting
-from predmask.rl.variational import WEIGHTS_COLUMNS
+from predmask.rl.vr_runner import WEIGHTS_COLUMNS
 
 
 def _rows() -> list[dict]:

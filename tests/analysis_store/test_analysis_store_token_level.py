@@ -139,7 +139,7 @@ def _grid_row(cell: int, study: str) -> dict:
 
 
 def test_grid_rows_are_replaced_idempotently_and_bad_rows_write_nothing(tmp_path) -> None:
-    from analysis.store.token_level import grid_cells, upsert_grid
+    from analysis.store.token_level_tables import grid_cells, upsert_grid
 
     con = connect(tmp_path / "db.duckdb")
     try:

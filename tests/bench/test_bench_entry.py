@@ -1,4 +1,4 @@
-"""scripts/bench.py, the one benchmark entry: its help lists every sub-command, bad options exit 2 naming the
+"""scripts/benchmark.py, the one benchmark entry: its help lists every sub-command, bad options exit 2 naming the
 option, and the PASS/FAIL rows and the shared stopwatch measure what they say."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ SUBCOMMANDS = ("loss", "engine", "study", "reports")
 
 
 def bench(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "bench.py"), *argv], capture_output=True,
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmark.py"), *argv], capture_output=True,
                           text=True, timeout=120, check=False)
 
 

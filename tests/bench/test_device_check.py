@@ -1,4 +1,4 @@
-"""scripts/device_check.sh (``scripts/bench.py loss`` with the device presets) on CPU at a tiny size, in a real subprocess: the report and the JSON record have the
+"""scripts/device_check.sh (``scripts/benchmark.py loss`` with the device presets) on CPU at a tiny size, in a real subprocess: the report and the JSON record have the
 promised shape, the exit status follows the targets, and the float64 comparison matches one written out here.
 
 No GPU here: the script runs with ``--device cpu``; on the GPU machine the same code runs at Qwen3 scale.
@@ -103,7 +103,7 @@ def import_script(name: str):
 
 
 def test_preset_keeps_given_options_and_fills_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
-    device_check, entry = import_script("device_check"), import_script("bench")
+    device_check, entry = import_script("device_check"), import_script("benchmark")
     monkeypatch.setenv("OUT", "/some/out")
     args = device_check.preset(["--device", "cpu", "--tokens=64"])
     ns = entry.parser().parse_args(["loss", *args])
@@ -117,7 +117,7 @@ def test_preset_keeps_given_options_and_fills_the_rest(monkeypatch: pytest.Monke
                                   ["--topk", "40", "--vocab", "32"], ["--repeats", "0"]])
 def test_bad_options_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
-        import_script("bench").main(["loss", *argv])
+        import_script("benchmark").main(["loss", *argv])
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert argv[0] in err or argv[-2] in err

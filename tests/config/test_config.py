@@ -90,7 +90,7 @@ def test_training_and_the_study_compose_the_same_task_and_base() -> None:
 
 
 def test_the_study_composes_with_its_own_schema() -> None:
-    from analysis.token_level.compute.config import SCHEMA, StudyConfig
+    from analysis.token_level.compute.study_config import SCHEMA, StudyConfig
 
     cfg = to_container(compose("token_level", ["delta=0.1", "model=cpu_m"], schemas={SCHEMA: StudyConfig}))
     assert sorted(cfg) == sorted(_primary_keys("token_level"))
@@ -304,10 +304,9 @@ def test_every_variational_recipe_composes_into_variational(recipe: str) -> None
 
 def test_variational_recipes_and_their_files_are_one_list() -> None:
     """Every final recipe of the stage runner has its conf/vr_method file and the reverse; each vr_<e> recipe names
-    the registered estimator <e> (predmask.variational.ESTIMATORS), and every estimator has its recipe."""
-    from predmask.variational import ESTIMATORS
-
+    the registered estimator <e> (predmask.vr_weights.ESTIMATORS), and every estimator has its recipe."""
     from predmask.schemas.variational_schema import FINAL_RECIPES
+    from predmask.vr_weights import ESTIMATORS
 
     assert sorted(FINAL_RECIPES) == group_options("vr_method")
     named = {r: group_entry("vr_method", r).get("estimator") for r in FINAL_RECIPES if r.startswith("vr_")}

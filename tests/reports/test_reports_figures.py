@@ -14,7 +14,7 @@ from numpy.testing import assert_allclose
 from report_database import GRPO_VAL, SEEDS, UNI_OFFSET, dppo_val
 
 from analysis.token_level.summary import stats
-from reports import artefact, figures, registry, tables
+from reports import artefact, artefact_registry, figures, tables
 
 QWEN4 = "Qwen3-4B-Base · BF16"
 QWEN8 = "Qwen3-8B-Base · BF16"
@@ -189,7 +189,7 @@ def test_default_smoothing_is_a_labelled_ema_per_seed(ctx_factory):
 
 
 def _stored_seed_rows(report_db, study_id: str):
-    """The study's token_level_seeds rows, read with a query of the test's own (not through reports.data)."""
+    """The study's token_level_seeds rows, read with a query of the test's own (not through reports.queries)."""
     with duckdb.connect(str(report_db), read_only=True) as con:
         return con.sql("SELECT * FROM token_level_seeds WHERE study_id = ?", params=[study_id]).pl()
 
@@ -260,7 +260,7 @@ def test_unknown_study_is_refused(ctx_factory):
 
 
 def test_registry_lists_every_paper_artefact():
-    names = [a.name for a in registry.artefacts()]
+    names = [a.name for a in artefact_registry.artefacts()]
     assert names[:10] == [  # numbers sort as numbers: fig10 after fig9
         "fig1_main_comparison",
         "fig2_tight_threshold",
@@ -277,7 +277,7 @@ def test_registry_lists_every_paper_artefact():
     again = types.ModuleType("again")
     again.fig1 = artefact.figure("fig1_main_comparison", "again")(lambda ctx: None)
     with pytest.raises(ValueError, match="artefact 'fig1_main_comparison' declared twice"):
-        registry.collect([*registry.MODULES, again])
+        artefact_registry.collect([*artefact_registry.MODULES, again])
 
 
 def test_the_declaration_owns_the_name_of_what_an_artefact_returns(ctx_factory):

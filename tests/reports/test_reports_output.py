@@ -10,14 +10,14 @@ from report_database import build_study_only_db
 
 import reports.__main__ as cli
 from analysis.store import connect
-from reports import registry
+from reports import artefact_registry
 from reports.paper import build_paper
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_every_figure_is_a_valid_png_and_pdf(paper):
-    figs = registry.artefacts("figure")
+    figs = artefact_registry.artefacts("figure")
     by_name = {r.name: r for r in paper.results}
     for art in figs:
         files = {f.suffix: f for f in by_name[art.name].files}
@@ -31,7 +31,7 @@ def test_every_figure_is_a_valid_png_and_pdf(paper):
 def test_index_references_every_figure_and_table(paper):
     page = paper.index.read_text()
     refs = set(re.findall(r"(?:src|href)='([^'#]+)'", page))
-    for art in registry.artefacts():
+    for art in artefact_registry.artefacts():
         result = next(r for r in paper.results if r.name == art.name)
         assert result.files, art.name
         for f in result.files:
@@ -112,7 +112,7 @@ def test_cli_paper_one_artefact_and_list(report_db, tmp_path, capsys):
     assert last == f"report page: {tmp_path / 'o' / 'index.html'}"  # the last line names the page, nothing after
     assert cli.main(["list", "--db", str(report_db)]) == 0
     out = capsys.readouterr().out
-    for art in registry.artefacts():
+    for art in artefact_registry.artefacts():
         assert art.name in out
     assert "study st_tokens" in out
 

@@ -15,7 +15,7 @@ from report_database import SEEDS, UNI_OFFSET, build_study_only_db, dppo_val
 
 from analysis.store import connect
 from predmask import config
-from reports import data, registry
+from reports import artefact_registry, queries
 from reports.paper import build_paper
 from reports.summary import page_summary
 from reports.tables import hyperparameters
@@ -55,10 +55,10 @@ def test_the_page_renders_every_image_loads_no_console_errors(paper):
     report = _open(paper.index)
     assert report.errors == []
     pngs = sorted(f.name for r in paper.results for f in r.files if f.suffix == ".png")
-    assert sorted(i["src"] for i in report.images) == pngs and len(pngs) == len(registry.artefacts("figure"))
+    assert sorted(i["src"] for i in report.images) == pngs and len(pngs) == len(artefact_registry.artefacts("figure"))
     assert all(i["complete"] and i["naturalWidth"] > 0 for i in report.images), report.images
     assert report.facts["title"] == "predmask report"
-    assert report.facts["sections"] == ["summary"] + [a.name for a in registry.artefacts()]
+    assert report.facts["sections"] == ["summary"] + [a.name for a in artefact_registry.artefacts()]
     # collapsible: the main comparison and the tables open, the other figures one click away
     assert set(report.facts["open"]) == {
         "fig1_main_comparison",
@@ -151,9 +151,9 @@ def test_summary_of_a_database_without_runs_or_study(tmp_path):
 # ------------------------------------------------------------------------------------------- Table 1
 
 
-def _run(run_id: str, model: dict, precision: dict, lr: float = 1e-4) -> data.RunInfo:
+def _run(run_id: str, model: dict, precision: dict, lr: float = 1e-4) -> queries.RunInfo:
     cfg = {"model": model, "precision": precision, "trainer": {"lr": lr}, "method": {"name": "dppo_topk_kl"}}
-    return data.RunInfo(run_id, "s", "dppo_topk_kl", 0.15, model["name"], precision["name"], 0, "local", "completed", cfg)
+    return queries.RunInfo(run_id, "s", "dppo_topk_kl", 0.15, model["name"], precision["name"], 0, "local", "completed", cfg)
 
 
 def test_table1_shows_only_what_differs_and_applies():

@@ -14,7 +14,7 @@ from numpy.testing import assert_allclose
 from report_database import GRID_CELLS, STUDY_TOKENS
 
 from analysis.token_level.summary.stats import paper_share_outside
-from reports import data, figures, same_tokens, tables
+from reports import figures, queries, same_tokens, tables
 from reports.artefact import ReportContext
 
 PAIR = ("ratio", "predictive")
@@ -255,8 +255,8 @@ def test_the_figures_render_without_warnings(report_db, tmp_path):
 
 def test_a_study_table_is_read_by_its_name_only(report_db):
     with duckdb.connect(str(report_db), read_only=True) as con:
-        assert data.study_table(con, "token_level_criteria", "st_counts").height == 0
+        assert queries.study_table(con, "token_level_criteria", "st_counts").height == 0
         with pytest.raises(ValueError, match="unknown study-level table 'runs'; valid: token_level_criteria"):
-            data.study_table(con, "runs", "st_tokens")
+            queries.study_table(con, "runs", "st_tokens")
         judged = same_tokens.same_tokens(con, "st_tokens")
     assert judged is not None and list(judged.seeds) == [0, 1, 2, 3]

@@ -1,10 +1,16 @@
-"""Emulated precisions (predmask.rl.precision): e4m3 fake-quantisation and the rollout-vs-training mismatch."""
+"""Emulated precisions (predmask.rl.emulated_precision): e4m3 fake-quantisation and the rollout-vs-training mismatch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from predmask.rl.precision import (
+from rl_helpers import TINY_MODEL, peaked_policy
+
+from predmask.config import group_entry, group_options
+from predmask.divergence import topk_divergence
+from predmask.precisions import PRECISIONS, get_precision
+from predmask.rl.algo import support_logprobs
+from predmask.rl.emulated_precision import (
     E4M3_MAX,
     fake_quant_e4m3,
     make_rollout_model,
@@ -13,12 +19,6 @@ from predmask.rl.precision import (
     sync_rollout_model,
     training_precision,
 )
-from rl_helpers import TINY_MODEL, peaked_policy
-
-from predmask.config import group_entry, group_options
-from predmask.divergence import topk_divergence
-from predmask.precisions import PRECISIONS, get_precision
-from predmask.rl.algo import support_logprobs
 from predmask.rl.rollout import rollout_problems
 from predmask.rl.task import make_split
 from predmask.schemas.task_schema import TaskConfig

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from predmask.rl.precision import make_rollout_model
 
 from predmask.precisions import get_precision
 from predmask.rl.algo import response_logits
+from predmask.rl.emulated_precision import make_rollout_model
 from predmask.rl.rollout import concat_batches, encode_prompts, generate, rollout_problems
 from predmask.rl.task import make_split
 from predmask.rl.tokenizer import ArithmeticTokenizer

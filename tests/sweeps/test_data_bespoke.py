@@ -1,4 +1,4 @@
-"""``python -m sweeps.data prepare --family variational``: Bespoke-Stratos-17k into the variational family's SFT files.
+"""``python -m sweeps.datasets prepare --family variational``: Bespoke-Stratos-17k into the variational family's SFT files.
 
 Truth: the hand-written fixture (tests/fixtures/bespoke_stratos, the hub release's columns; its README says which
 rows are malformed and why) read back from the written parquet files, and the real CLI in a subprocess. Nothing is
@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from predmask.verl.variational import VR_DATA_FILES, answers_match, boxed_answer, cut_trace, split_response
-from sweeps.data import VR_MANIFEST, prepare_variational
+from predmask.verl.vr_cluster import VR_DATA_FILES, answers_match, boxed_answer, cut_trace, split_response
+from sweeps.datasets import VR_MANIFEST, prepare_variational
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "tests" / "fixtures" / "bespoke_stratos" / "bespoke_stratos_tiny.jsonl"
@@ -87,11 +87,11 @@ def test_a_directory_of_parquet_shards_reads_like_the_file(tmp_path: Path, prepa
 
 def test_cli_reports_malformed_rows_one_line_each(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "sweeps.data", "prepare", "--family", "variational",
+    proc = subprocess.run([sys.executable, "-m", "sweeps.datasets", "prepare", "--family", "variational",
                            "--bespoke-file", str(FIXTURE), "--out", str(out)],
                           capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.splitlines() == [f"sweeps.data: skipped Bespoke-Stratos {m}" for m in MALFORMED]
+    assert proc.stderr.splitlines() == [f"sweeps.datasets: skipped Bespoke-Stratos {m}" for m in MALFORMED]
     assert sorted(p.name for p in out.iterdir()) == sorted([*VR_DATA_FILES.values(), VR_MANIFEST])
 
 
@@ -99,13 +99,13 @@ def test_nothing_is_written_without_usable_rows(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join(json.dumps(r) for i, r in enumerate(_fixture_rows()) if i in (3, 4, 5, 6)) + "\n")
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "sweeps.data", "prepare", "--family", "variational",
+    proc = subprocess.run([sys.executable, "-m", "sweeps.datasets", "prepare", "--family", "variational",
                            "--bespoke-file", str(bad), "--out", str(out)],
                           capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert proc.returncode == 2
-    assert proc.stderr.splitlines() == [f"sweeps.data: no usable rows in {bad} (4 malformed)"]
+    assert proc.stderr.splitlines() == [f"sweeps.datasets: no usable rows in {bad} (4 malformed)"]
     assert not out.exists()
-    missing = subprocess.run([sys.executable, "-m", "sweeps.data", "prepare", "--family", "variational",
+    missing = subprocess.run([sys.executable, "-m", "sweeps.datasets", "prepare", "--family", "variational",
                               "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     assert missing.returncode == 2 and "needs --bespoke-file" in missing.stderr and not out.exists()
 

@@ -1,4 +1,4 @@
-"""sweeps.runs.failure_cause on run directories written as the trainer and the command job write them: the cause of
+"""sweeps.run_dirs.failure_cause on run directories written as the trainer and the command job write them: the cause of
 the latest attempt only (job.log from the sweep's offset, records no older than the submission)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sweeps.runs import exit_text, failure_cause
+from sweeps.run_dirs import exit_text, failure_cause
 
 
 def _run_dir(tmp_path: Path, *, old_log: str, new_log: str, returncode: int | None, status: dict | None) -> Path:

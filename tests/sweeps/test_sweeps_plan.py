@@ -16,7 +16,7 @@ import pytest
 
 from sweeps.families import expand
 from sweeps.plan import check_paths, max_parallel, plan_summary
-from sweeps.runs import read_state
+from sweeps.run_dirs import read_state
 
 DATA_FILES = ("dapo_math_13k.parquet", "aime24.parquet", "aime25.parquet")
 
@@ -117,7 +117,7 @@ def test_a_missing_path_refuses_the_submission_in_one_line_and_writes_nothing(tm
     no_data = _sweeps(tmp_path, *args)
     assert no_data.returncode == 2
     assert no_data.stderr.strip().splitlines() == [
-        (f"error: data path {tmp_path / 'data' / DATA_FILES[0]} does not exist: python -m sweeps.data prepare --out "
+        (f"error: data path {tmp_path / 'data' / DATA_FILES[0]} does not exist: python -m sweeps.datasets prepare --out "
         f"{tmp_path / 'data'} (3 more missing paths: see --dry-run); nothing submitted "
         "(cluster.check_paths=false skips this check)")]
     _prepare(tmp_path, models=())

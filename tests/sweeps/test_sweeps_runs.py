@@ -103,7 +103,7 @@ def test_local_sweep_killed_midway_then_rerun_completes_without_duplicates(tmp_p
 
 
 def test_second_invocation_on_a_running_sweep_is_refused(tmp_path: Path) -> None:
-    from sweeps.runs import SweepLock
+    from sweeps.run_dirs import SweepLock
 
     with SweepLock(tmp_path / "runs" / "smoke"):
         second = _sweeps(tmp_path, "smoke", METHODS, *TINY, timeout=120)

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from sweeps.families import expand
-from sweeps.runs import read_state, run_dir, write_planned_config
+from sweeps.run_dirs import read_state, run_dir, write_planned_config
 
 HOLD = ("import sys\nfrom pathlib import Path\nfrom predmask.rundir import hold_run_lock\n"
         "with hold_run_lock(Path(sys.argv[1])):\n    print('held', flush=True)\n    sys.stdin.read()")

@@ -17,7 +17,7 @@ import yaml
 
 from sweeps.compose import SweepError
 from sweeps.families import expand
-from sweeps.variational import waves
+from sweeps.vr_chain import waves
 
 SWEEP = "variational_reasoning"
 RECIPES = ["sft", "rft", "vr_acc", "vr_gml", "vr_likelihood", "grpo"]
@@ -147,7 +147,7 @@ def test_dry_run_json_lists_every_stage_with_its_command(tmp_path: Path) -> None
     ids = {rec["run_id"] for rec in runs}
     for rec in runs:
         if rec.get("stage") is not None:
-            assert rec["command"][1:3] == ["-m", "predmask.rl.variational"]
+            assert rec["command"][1:3] == ["-m", "predmask.rl.vr_runner"]
             assert Path(rec["command"][3]).name == rec["run_id"]
             assert set(rec["inputs"].values()) <= ids
         else:

@@ -15,9 +15,9 @@ import pytest
 from token_level_helpers import tiny_study_overrides
 
 from analysis.token_level.cli import ingest, main
-from analysis.token_level.compute.config import compose_study, settings_of, study_id_of
 from analysis.token_level.compute.fanout import SeedFiles, WorkerSpec, run_worker
-from analysis.token_level.compute.settings import StepSettings
+from analysis.token_level.compute.step_settings import StepSettings
+from analysis.token_level.compute.study_config import compose_study, settings_of, study_id_of
 from analysis.token_level.summary.stats import seed_summary, study_summary
 
 

@@ -13,10 +13,10 @@ import pytest
 from token_level_helpers import tiny_study_overrides
 
 from analysis.store import connect, upsert_token_level
-from analysis.store.token_level import grid_cells, upsert_grid
+from analysis.store.token_level_tables import grid_cells, upsert_grid
 from analysis.token_level import cli, drift
-from analysis.token_level.compute.config import compose_study, study_id_of
 from analysis.token_level.compute.fanout import SeedFiles
+from analysis.token_level.compute.study_config import compose_study, study_id_of
 
 GRID_KEYS = ("lr", "staleness", "sequences", "minibatches")
 

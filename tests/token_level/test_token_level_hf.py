@@ -13,9 +13,9 @@ import torch
 from token_level_helpers import TINY_TASK, settings, synthetic_rewards
 
 from analysis.token_level.compute.backend import problems_for_seed
-from analysis.token_level.compute.config import compose_study
 from analysis.token_level.compute.hf import HFBackend, batch_from_vllm
 from analysis.token_level.compute.study import study_batch
+from analysis.token_level.compute.study_config import compose_study
 from predmask.precisions import get_precision
 from predmask.rl.tokenizer import ArithmeticTokenizer
 

@@ -12,9 +12,9 @@ import pytest
 from token_level_helpers import TINY_VOCAB, scored_batch, settings, tiny_backend
 
 from analysis.token_level.cli import ingest
-from analysis.token_level.compute.config import study_id_of
 from analysis.token_level.compute.fanout import SeedFiles
 from analysis.token_level.compute.study import study_batch
+from analysis.token_level.compute.study_config import study_id_of
 from analysis.token_level.summary.report import query_frame
 from analysis.token_level.summary.stats import PREDICTIVE, seed_summary, study_summary
 

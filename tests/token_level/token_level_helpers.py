@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from analysis.token_level.compute.backend import CpuEngineBackend, problems_for_seed
-from analysis.token_level.compute.config import compose_study, settings_of
 from analysis.token_level.compute.study import StudySettings
+from analysis.token_level.compute.study_config import compose_study, settings_of
 from predmask.precisions import get_precision
 from predmask.rl.model import build_policy
 from predmask.rl.rollout import RolloutBatch

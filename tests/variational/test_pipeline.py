@@ -1,4 +1,4 @@
-"""The variational stage runner end to end (predmask.rl.variational) at test size: every stage in sibling run
+"""The variational stage runner end to end (predmask.rl.vr_runner) at test size: every stage in sibling run
 directories as a sweep lays them out, the parquet files checked against independently computed log-probs and a
 separately written weight normalisation, the metric names, resume of a SIGKILLed posterior (real subprocesses)."""
 
@@ -20,7 +20,7 @@ from predmask.rl.base import load_base_model
 from predmask.rl.model import build_policy
 from predmask.rl.task import EVAL_SPLITS, make_split, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
-from predmask.rl.variational import (
+from predmask.rl.vr_runner import (
     MODEL_FILE,
     PRIOR_LABEL,
     TRACES_COLUMNS,

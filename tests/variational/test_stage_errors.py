@@ -1,4 +1,4 @@
-"""Bad input to a variational stage (predmask.rl.variational): one line on stderr, exit 2, nothing written in the
+"""Bad input to a variational stage (predmask.rl.vr_runner): one line on stderr, exit 2, nothing written in the
 run directory (real subprocesses for the command line, ``main`` in-process for the rest)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from vr_stage_helpers import cli, stage_config, write_stage
 
-from predmask.rl.variational import main, run_stage
+from predmask.rl.vr_runner import main, run_stage
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
@@ -29,7 +29,7 @@ def test_a_missing_upstream_output_names_the_stage_the_path_and_the_fix(tmp_path
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert "stage weights" in lines[0] and str(tmp_path / "traces" / "traces.parquet") in lines[0]
-    assert f"python -m predmask.rl.variational {tmp_path / 'traces'}" in lines[0]
+    assert f"python -m predmask.rl.vr_runner {tmp_path / 'traces'}" in lines[0]
     assert _snapshot(d) == before
     assert not (tmp_path / "cache").exists()
 

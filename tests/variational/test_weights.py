@@ -1,6 +1,6 @@
-"""The trace weights and the weighted SFT loss of math.md §8 (predmask.variational) against independent computations.
+"""The trace weights and the weighted SFT loss of math.md §8 (predmask.vr_weights) against independent computations.
 
-The reference never calls predmask.variational: per-token log-probabilities come from a token-by-token loop of full
+The reference never calls predmask.vr_weights: per-token log-probabilities come from a token-by-token loop of full
 forwards of a tiny Qwen3 (one forward per prefix, softmax then log of the next token's probability), the weights are
 formed in probability space with Python floats and divided by their sum, and the gradient of the weighted loss is
 checked against the weighted sum of per-trace gradients, each from its own unpadded forward and backward.
@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import predmask.variational as vr
+import predmask.vr_weights as vr
 from predmask.rl.model import build_policy
 
 EXAMPLES = settings(max_examples=40, deadline=None)

@@ -46,7 +46,7 @@ def write_stage(root: Path, name: str, config: dict) -> Path:
 
 
 def cli(run_dir: Path, **kw) -> subprocess.Popen:
-    """``python -m predmask.rl.variational RUN_DIR`` as a real subprocess."""
+    """``python -m predmask.rl.vr_runner RUN_DIR`` as a real subprocess."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-m", "predmask.rl.variational", str(run_dir)], cwd=run_dir.parent,
+    return subprocess.Popen([sys.executable, "-m", "predmask.rl.vr_runner", str(run_dir)], cwd=run_dir.parent,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)

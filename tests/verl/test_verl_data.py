@@ -1,6 +1,6 @@
 """Data preparation on the tiny fixture files: filter stages, verl RLHF parquet read by verl, verl's reward scoring.
 
-``sweeps.data`` imports no verl (test_verl_free.py prepares the data where verl cannot be imported); verl's own
+``sweeps.datasets`` imports no verl (test_verl_free.py prepares the data where verl cannot be imported); verl's own
 ``RLHFDataset`` reads the files and verl's reward (:mod:`predmask.verl.reward`) scores their answers here.
 
 The fixtures (tests/verl/fixtures) are a handful of hand-written rows shaped like the hub releases (a DAPO-style
@@ -19,7 +19,7 @@ import pytest
 from verl_helpers import FIXTURES, REPO, require_verl
 
 from predmask.verl.overrides import DATA_FILES
-from sweeps.data import (
+from sweeps.datasets import (
     DATA_SOURCES,
     PROMPT_TEMPLATE,
     Problem,
@@ -138,7 +138,7 @@ def test_parquet_and_json_inputs(tmp_path) -> None:
 
 def test_cli_prepare_and_bad_input(tmp_path) -> None:
     env_path = str(REPO)
-    args = [sys.executable, "-m", "sweeps.data", "prepare", "--out", str(tmp_path / "out"),
+    args = [sys.executable, "-m", "sweeps.datasets", "prepare", "--out", str(tmp_path / "out"),
             "--train-file", str(FIXTURES / "dapo_math_tiny.jsonl"), "--aime24-file", str(FIXTURES / "aime24_tiny.jsonl"),
             "--aime25-file", str(FIXTURES / "aime25_tiny.json")]
     ok = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=env_path, check=False)
@@ -146,7 +146,7 @@ def test_cli_prepare_and_bad_input(tmp_path) -> None:
     assert all((tmp_path / "out" / name).is_file() for name in DATA_FILES.values())
     bad = subprocess.run([*args[:-1], str(tmp_path / "missing.jsonl")], capture_output=True, text=True,
                          timeout=120, cwd=env_path, check=False)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"sweeps.data: data file not found: {tmp_path / 'missing.jsonl'}"]
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"sweeps.datasets: data file not found: {tmp_path / 'missing.jsonl'}"]
     wrong = tmp_path / "rows.csv"
     wrong.write_text("a,b\n")
     bad = subprocess.run([*args[:-1], str(wrong)], capture_output=True, text=True, timeout=120, cwd=env_path,

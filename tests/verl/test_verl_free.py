@@ -5,7 +5,7 @@ checks that ``import verl`` fails there and that none of them was imported by th
 the top-K functions (test_verl_topk_pure.py), of the post-import hooks (test_verl_hooks.py), of predmask's own
 keys (test_verl_settings.py) and loss statistics (test_verl_stats.py), the CPU tests of scripts/gpu_check.py, the
 command translation
-(:mod:`predmask.verl.overrides`) and ``python -m sweeps.data prepare``'s functions. And importing the plugin's
+(:mod:`predmask.verl.overrides`) and ``python -m sweeps.datasets prepare``'s functions. And importing the plugin's
 package or its overrides installs nothing: no import hook, no loss in verl's registry.
 """
 
@@ -48,7 +48,7 @@ def test_overrides_and_data_preparation_run_without_verl(tmp_path) -> None:
         import predmask.verl
         from predmask.config import compose
         from predmask.verl.overrides import verl_command
-        from sweeps.data import prepare
+        from sweeps.datasets import prepare
 
         cfg = compose("train", ["method=predmask_kl_agg", "precision=fp8_rollout", "seed=1", "cluster=h20_4x8",
                                 "model=qwen3_4b_base", "model.path=Qwen/Qwen3-4B-Base", "model.engine=fsdp",

@@ -17,7 +17,7 @@ import torch
 import predmask
 from analysis.store.exact_metrics import exact_step_metrics, merge_records, read_records
 from predmask.metrics import LOSS_STATS_DIR, MASK_ADV_TOKENS, merge_micro_batches, reduce_metrics
-from predmask.verl.stats import LossStatsWriter, checkpoint_step
+from predmask.verl.loss_stats import LossStatsWriter, checkpoint_step
 
 
 def _per_token_metrics(values: list[float], adv_nonzero: list[bool], dropped: list[bool]) -> dict[str, float]:

@@ -26,7 +26,8 @@ require_verl("verl.workers.engine_workers")
 
 import predmask
 import predmask.verl.plugin  # installs the hooks, as in every verl process of a run
-from predmask.verl import rollout, worker
+from predmask.verl import rollout_hook, worker
+from predmask.verl.loss_stats import LossStatsWriter
 from predmask.verl.packing import (
     pack_response_tensor,
     packed_response_index,
@@ -35,7 +36,6 @@ from predmask.verl.packing import (
 )
 from predmask.verl.records import TOPK_KEY, parse_vllm_logprobs
 from predmask.verl.settings import SETTINGS_ENV
-from predmask.verl.stats import LossStatsWriter
 from predmask.verl.topk_loss import PI_KEY_PREFIX, TopKPolicyLoss
 
 pytestmark = pytest.mark.verl
@@ -435,8 +435,8 @@ def test_rollout_hook_returns_the_topk_record_in_extra_fields(settings) -> None:
     """K comes from predmask.top_k; verl's calculate_log_probs keeps its bool meaning (the request asks for log-probs)."""
     settings(top_k=6)
     module = fake_vllm_server_module()
-    rollout.install_rollout(module)
-    rollout.install_rollout(module)  # idempotent
+    rollout_hook.install_rollout(module)
+    rollout_hook.install_rollout(module)  # idempotent
     server = module.vLLMHttpServer(calculate_log_probs=True)
     out = asyncio.run(server.generate([1, 2], {"logprobs": True, "temperature": 1.0}, "req-1"))
     rec = out.extra_fields[TOPK_KEY]
@@ -452,7 +452,7 @@ def test_rollout_hook_returns_the_topk_record_in_extra_fields(settings) -> None:
 def test_rollout_hook_leaves_plain_verl_requests_alone(settings, top_k, logprobs, requested) -> None:
     settings(top_k=top_k)
     module = fake_vllm_server_module()
-    rollout.install_rollout(module)
+    rollout_hook.install_rollout(module)
     server = module.vLLMHttpServer(calculate_log_probs=logprobs)
     out = asyncio.run(server.generate([1], {"logprobs": logprobs}, "req-2"))
     assert TOPK_KEY not in out.extra_fields and server.engine.requested == [requested]

@@ -28,7 +28,7 @@ from verl_helpers import REPO, require_verl, run_without
 
 from predmask.config import compose as compose_config
 from predmask.config import to_container
-from predmask.verl.variational import CLUSTER_RECIPES, VR_DATA_FILES, stage_command
+from predmask.verl.vr_cluster import CLUSTER_RECIPES, VR_DATA_FILES, stage_command
 from predmask.vr_stages import FINAL_INPUTS, STAGE_INPUTS
 
 pytestmark = pytest.mark.verl
@@ -144,10 +144,10 @@ def test_stage_command_and_data_preparation_need_no_verl(tmp_path: Path) -> None
     fixture = REPO / "tests" / "fixtures" / "bespoke_stratos" / "bespoke_stratos_tiny.jsonl"
     proc = run_without(f"""
         from pathlib import Path
-        from sweeps.data import prepare_variational
+        from sweeps.datasets import prepare_variational
         assert prepare_variational(Path({str(tmp_path)!r}), bespoke_file=Path({str(fixture)!r}))["rows"] == 4
         from predmask.config import compose, to_container
-        from predmask.verl.variational import stage_command
+        from predmask.verl.vr_cluster import stage_command
         c = to_container(compose("variational", ["cluster=h20_4x8", "model=qwen3_4b_base", "model.path=/m",
                                                  "cluster.nodes=1", "cluster.data_dir=/d", "stage=final",
                                                  "vr_method@method=vr_gml", "method.data=best_mixed"]))
@@ -393,7 +393,7 @@ def _sample(stub_env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_traces_and_weights_through_a_stub_vllm(tmp_path: Path, stub_env: dict) -> None:
-    from sweeps.data import prepare_variational
+    from sweeps.datasets import prepare_variational
 
     data = tmp_path / "data"
     prepare_variational(data, bespoke_file=REPO / "tests" / "fixtures" / "bespoke_stratos" / "bespoke_stratos_tiny.jsonl")
@@ -464,7 +464,7 @@ def test_traces_and_weights_through_a_stub_vllm(tmp_path: Path, stub_env: dict) 
 
 def test_vr_sample_missing_upstream_exits_2_and_writes_nothing(tmp_path: Path, stub_env: dict) -> None:
     data = tmp_path / "data"
-    from sweeps.data import prepare_variational
+    from sweeps.datasets import prepare_variational
 
     prepare_variational(data, bespoke_file=REPO / "tests" / "fixtures" / "bespoke_stratos" / "bespoke_stratos_tiny.jsonl")
     (tmp_path / "r-post" / "checkpoints").mkdir(parents=True)

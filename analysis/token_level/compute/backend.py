@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from predmask.rl.precision import make_rollout_model
 from torch import nn
 
-from analysis.token_level.compute.config import StudyInputError, model_label, precision_of, task_of
+from analysis.token_level.compute.study_config import StudyInputError, model_label, precision_of, task_of
 from analysis.token_level.compute.study import SeedStudy, StudySettings, study_batch
 from predmask.precisions import Precision
+from predmask.rl.emulated_precision import make_rollout_model
 from predmask.rl.rollout import RolloutBatch, rollout_problems
 from predmask.rl.task import Problem, iter_train_prompts
 from predmask.rl.tokenizer import ArithmeticTokenizer

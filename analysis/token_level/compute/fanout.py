@@ -91,7 +91,7 @@ def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -
     import torch
 
     from analysis.token_level.compute.backend import make_backend, run_seed
-    from analysis.token_level.compute.config import settings_of
+    from analysis.token_level.compute.study_config import settings_of
 
     torch.set_num_threads(spec.threads)
     files = SeedFiles(Path(spec.study_dir))

@@ -68,7 +68,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 from torch.overrides import TorchFunctionMode
 
-from analysis.token_level.compute.settings import CF_MODES
+from analysis.token_level.compute.step_settings import CF_MODES
 from predmask.divergence import topk_divergence
 from predmask.methods import MethodParams
 from predmask.rl.algo import TrainLogprobs, rollout_policy_loss

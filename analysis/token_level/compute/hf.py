@@ -9,7 +9,7 @@ token:
   (``batch_from_vllm`` turns them into a batch). The log-probs must be those of the sampling distribution
   (``logprobs_mode="processed_logprobs"``), so the LLM is built with it.
 - ``rollout_engine: transformers``: ``model.generate(do_sample=True, output_logits=True)`` on a rollout copy of
-  the policy in the precision's dtype (``predmask.rl.precision.make_rollout_model``); mu is
+  the policy in the precision's dtype (``predmask.rl.emulated_precision.make_rollout_model``); mu is
   ``log_softmax(logits / temperature)`` of each step's raw logits, exactly the distribution sampled from
   (top-k and top-p disabled).
 
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from predmask.precisions import Precision
-from predmask.rl.precision import make_rollout_model
+from predmask.rl.emulated_precision import make_rollout_model
 from predmask.rl.rollout import RolloutBatch
 from predmask.rl.task import Problem, reward
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from analysis.token_level.compute.ground_truth import ground_truths, loss_weights
-from analysis.token_level.compute.settings import CF_MODES, UPDATE_PATHS, StepSettings, require
+from analysis.token_level.compute.step_settings import CF_MODES, UPDATE_PATHS, StepSettings, require
 from predmask import MethodParams, get_method, predicted_divergence_change, topk_divergence
 from predmask.metrics import CLIPFRAC
 from predmask.precisions import Precision
@@ -86,7 +86,7 @@ _KEEP_COLUMNS: dict[str, str | None] = {
 @dataclass(frozen=True, kw_only=True)
 class StudySettings(StepSettings):
     """Everything ``study_batch`` needs besides the model and the batch: the step settings of the composed conf/
-    config (``StepSettings``, through ``analysis.token_level.compute.config.settings_of``), plus
+    config (``StepSettings``, through ``analysis.token_level.compute.study_config.settings_of``), plus
 
     vocab_size:     V (the uniform tail estimator needs it; from the tokenizer)
     precision:      training-side precision emulation (fp8_e2e fake-quantises the training forward)

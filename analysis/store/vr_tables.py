@@ -94,8 +94,8 @@ def ingest_vr_traces(
     """Replace the `vr_traces` rows of ``run_id`` by the run's weights.parquet (one transaction; idempotent).
 
     Raises FileNotFoundError when the file is missing and ValueError when it lacks a column; nothing is written then.
-    The file's name is the stage's own (``predmask.rl.variational.WEIGHTS_FILE``; imported here, as it loads torch)."""
-    from predmask.rl.variational import WEIGHTS_FILE
+    The file's name is the stage's own (``predmask.rl.vr_runner.WEIGHTS_FILE``; imported here, as it loads torch)."""
+    from predmask.rl.vr_runner import WEIGHTS_FILE
 
     path = Path(run_dir) / WEIGHTS_FILE
     if not path.is_file():

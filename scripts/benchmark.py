@@ -1,4 +1,4 @@
-"""The project's one benchmark entry: ``python scripts/bench.py <loss|engine|study|reports> [options]``.
+"""The project's one benchmark entry: ``python scripts/benchmark.py <loss|engine|study|reports> [options]``.
 
 The measuring code lives beside what it measures (predmask/bench.py, predmask/rl/bench.py,
 analysis/token_level/bench.py, reports/bench.py; each sub-command's ``--help`` shows that module's account); this
@@ -180,7 +180,7 @@ def study_options(p: argparse.ArgumentParser) -> None:
 
 def run_study(args: argparse.Namespace) -> int:
     from analysis.token_level import bench as study
-    from analysis.token_level.compute.config import StudyInputError
+    from analysis.token_level.compute.study_config import StudyInputError
 
     try:
         result = study.bench(args.overrides, args.sequences, args.seeds)
@@ -242,7 +242,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python scripts/bench.py", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python scripts/benchmark.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     subs = ap.add_subparsers(title="sub-commands", dest="command", required=True, metavar="SUB")
     for name, (summary, module, options, run) in SUBCOMMANDS.items():

@@ -1,4 +1,4 @@
-"""predmask.cli: printed commands name the interpreter that runs them, in real subprocesses with their own PATH."""
+"""predmask.command_text: printed commands name the interpreter that runs them, in real subprocesses with their own PATH."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-#: predmask/cli.py loaded from its file: it needs only the standard library, so the linked interpreter below need
-#: not find the project's environment (a link to a venv's python outside the venv does not)
-CLI = Path(__file__).resolve().parents[2] / "predmask" / "cli.py"
+#: predmask/command_text.py loaded from its file: it needs only the standard library, so the linked interpreter
+#: below need not find the project's environment (a link to a venv's python outside the venv does not)
+MODULE = Path(__file__).resolve().parents[2] / "predmask" / "command_text.py"
 SCRIPT = ("import importlib.util, sys\n"
-          f"spec = importlib.util.spec_from_file_location('cli', {str(CLI)!r})\n"
-          "cli = importlib.util.module_from_spec(spec); spec.loader.exec_module(cli)\n"
-          "print(cli.command('reports paper'))")
+          f"spec = importlib.util.spec_from_file_location('command_text', {str(MODULE)!r})\n"
+          "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+          "print(mod.command('reports paper'))")
 
 
 def _printed(interpreter: Path, cwd: Path, path_dirs: list[Path]) -> str:

@@ -56,7 +56,7 @@ SFT_MODULE = "predmask.verl.vr_sft"
 SAMPLE_MODULE = "predmask.verl.vr_sample"
 #: what a missing key is needed for, in the one-line errors
 VR_RUN = "the variational family on a cluster"
-#: files of ``python -m sweeps.data prepare --family variational`` under ``cluster.variational.data_dir``
+#: files of ``python -m sweeps.datasets prepare --family variational`` under ``cluster.variational.data_dir``
 VR_DATA_FILES: dict[str, str] = {
     "sft": "bespoke_sft.parquet",            # the original data: reasoning prompt -> original response
     "posterior": "bespoke_posterior.parquet",  # q_phi's data: hint prompt -> original response
@@ -220,9 +220,9 @@ def stage_command(config: Any, run_dir: Any, python: str | None = None) -> list[
     return _sample_command(config, run_dir, python, cluster, stage)
 
 
-# -- the response format of the cluster data (one owner: sweeps.data and vr_sample both use these) ---------------
+# -- the response format of the cluster data (one owner: sweeps.datasets and vr_sample both use these) ---------------
 
-#: Bespoke-Stratos-17k's section markers (also in conf/prompt/reasoning.yaml, which sweeps.data checks against these)
+#: Bespoke-Stratos-17k's section markers (also in conf/prompt/reasoning.yaml, which sweeps.datasets checks against these)
 THOUGHT_MARKERS: tuple[str, str] = ("<|begin_of_thought|>", "<|end_of_thought|>")
 SOLUTION_MARKERS: tuple[str, str] = ("<|begin_of_solution|>", "<|end_of_solution|>")
 

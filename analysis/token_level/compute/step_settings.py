@@ -1,7 +1,7 @@
 """The settings of the study's optimiser steps, declared once: the schema and the runtime settings both build on them.
 
-Kept apart from ``config`` (compose, validation) and ``study`` (the torch code) so that both can import it without
-importing each other.
+Kept apart from ``study_config`` (compose, validation) and ``study`` (the torch code) so that both can import it
+without importing each other.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``python -m sweeps.data prepare``: the paper's data (DAPO-Math-17k filtered, AIME24, AIME25) as verl RLHF parquet.
+"""``python -m sweeps.datasets prepare``: the paper's data (DAPO-Math-17k filtered, AIME24, AIME25) as verl RLHF parquet.
 
 Writes ``<out>/dapo_math_13k.parquet`` (training), ``<out>/aime24.parquet`` and ``<out>/aime25.parquet``
 (evaluation) and ``<out>/manifest.json`` (counts per filter stage, sources, template). Each row is verl's RLHF
@@ -28,7 +28,7 @@ training and evaluation prompts agree; DAPO-formatted prompts are unwrapped firs
 ``--family variational`` prepares the variational family's data instead (:func:`prepare_variational`): a local copy
 of Bespoke-Stratos-17k (``--bespoke-file``: a .parquet/.jsonl/.json file or a directory of them, e.g. the hub's
 ``data/`` shards; never downloaded here), each row's assistant turn split into its thought and solution by the
-dataset's markers, written as the SFT parquet files of ``predmask.verl.variational.VR_DATA_FILES`` with the prompt
+dataset's markers, written as the SFT parquet files of ``predmask.verl.vr_cluster.VR_DATA_FILES`` with the prompt
 templates of conf/prompt/ (reasoning: pi_theta0 and the final model; hint: q_phi). A malformed row is reported in
 one line and left out; nothing is written unless every file can be.
 """
@@ -48,7 +48,7 @@ from typing import Any
 from predmask.config import group_entry
 from predmask.io import atomic_write, atomic_write_text
 from predmask.verl.overrides import DATA_FILES  # the file names the verl command reads (no verl import)
-from predmask.verl.variational import (  # the variational family's file names and response format (no verl import)
+from predmask.verl.vr_cluster import (  # the variational family's file names and response format (no verl import)
     SOLUTION_MARKERS,
     THOUGHT_MARKERS,
     VR_DATA_FILES,
@@ -351,7 +351,7 @@ def _prompts(name_reasoning: str, name_hint: str) -> tuple[dict[str, Any], dict[
     if tuple(reasoning.get("thought_markers", ())) != THOUGHT_MARKERS or \
             tuple(reasoning.get("solution_markers", ())) != SOLUTION_MARKERS:
         raise ValueError(f"conf/prompt/{name_reasoning}.yaml markers must be {list(THOUGHT_MARKERS)} and "
-                         f"{list(SOLUTION_MARKERS)} (predmask.verl.variational splits responses by them)")
+                         f"{list(SOLUTION_MARKERS)} (predmask.verl.vr_cluster splits responses by them)")
     if hint.get("hint_source") not in ("solution", "boxed"):
         raise ValueError(f"conf/prompt/{name_hint}.yaml hint_source={hint.get('hint_source')!r}; allowed: solution, boxed")
     return reasoning, hint
@@ -461,7 +461,7 @@ def _print_manifest(manifest: Mapping[str, Any], out: Path) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sweeps.data", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m sweeps.datasets", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="build the training and evaluation parquet files")
     p.add_argument("--out", type=Path, required=True, help="output directory")
@@ -478,16 +478,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.family == "variational":
         if args.bespoke_file is None:
-            print("sweeps.data: --family variational needs --bespoke-file FILE_OR_DIR (a local copy of "
+            print("sweeps.datasets: --family variational needs --bespoke-file FILE_OR_DIR (a local copy of "
                   "bespokelabs/Bespoke-Stratos-17k)", file=sys.stderr)
             return 2
         try:
             vr = prepare_variational(args.out, bespoke_file=args.bespoke_file)
         except (ValueError, OSError) as exc:
-            print(f"sweeps.data: {exc}", file=sys.stderr)
+            print(f"sweeps.datasets: {exc}", file=sys.stderr)
             return 2
         for line in vr["malformed"]:
-            print(f"sweeps.data: skipped Bespoke-Stratos {line}", file=sys.stderr)
+            print(f"sweeps.datasets: skipped Bespoke-Stratos {line}", file=sys.stderr)
         print(f"prepared {vr['rows']} of {vr['read']} Bespoke-Stratos rows ({vr['checkable']} with a \\boxed{{}} "
               f"answer, {len(vr['malformed'])} malformed) in {args.out}: "
               + ", ".join(f["file"] for f in vr["files"].values()))
@@ -499,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             hub=hub, max_problem_chars=args.max_problem_chars,
         )
     except ValueError as exc:
-        print(f"sweeps.data: {exc}", file=sys.stderr)
+        print(f"sweeps.datasets: {exc}", file=sys.stderr)
         return 2
     _print_manifest(manifest, args.out)
     return 0

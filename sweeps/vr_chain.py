@@ -197,12 +197,12 @@ def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str]
 
 def cluster_skipped(overrides: Sequence[str]) -> list[str]:
     """The recipes of the method axis that the cell's trainer cannot run (VeRL: those outside
-    ``predmask.verl.variational.CLUSTER_RECIPES``, e.g. rft); a sweep's own method axis leaves them out, a
+    ``predmask.verl.vr_cluster.CLUSTER_RECIPES``, e.g. rft); a sweep's own method axis leaves them out, a
     ``method=`` naming one is refused by the trainer's check."""
     cfg = _compose(list(overrides))["cfg"]
     if cfg.cluster.get("trainer", "cpu") != "verl":
         return []
-    from predmask.verl.variational import CLUSTER_RECIPES  # verl-free: commands only
+    from predmask.verl.vr_cluster import CLUSTER_RECIPES  # verl-free: commands only
 
     return [m for m in group_options(METHOD_GROUP) if m not in CLUSTER_RECIPES]
 

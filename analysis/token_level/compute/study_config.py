@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.token_level.compute.settings import StepSettings, require
+from analysis.token_level.compute.step_settings import StepSettings, require
 from predmask.config import ConfigError, compose, group_options, stable_id, to_container
 
 if TYPE_CHECKING:  # the engine's modules import torch: loaded only when a config is turned into them
@@ -220,9 +220,9 @@ def task_of(cfg: Mapping[str, Any]) -> TaskConfig:
 
 def precision_of(cfg: Mapping[str, Any]) -> Precision:
     """The precision (``predmask.precisions`` entry) of a composed study config."""
-    from predmask.rl import precision
+    from predmask.rl import emulated_precision
 
-    return precision.precision_of(dict(cfg["precision"]))
+    return emulated_precision.precision_of(dict(cfg["precision"]))
 
 
 def model_label(cfg: Mapping[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""`python -m predmask.rl.variational RUN_DIR`: one stage of the variational-reasoning family on the CPU engine.
+"""`python -m predmask.rl.vr_runner RUN_DIR`: one stage of the variational-reasoning family on the CPU engine.
 
 Stand-in scale throughout: the prompt x is an arithmetic problem of ``predmask.rl.task``, the trace z its worked
 steps (the tokens before ``\\boxed{``), the answer y the ``\\boxed{<n>}`` and <eos>; pi_theta0 = the engine's cached
@@ -15,7 +15,7 @@ upstream stages it reads (``predmask.vr_stages``; sibling run directories: ``RUN
 - ``posterior`` (no input)              ``model.pt`` = q_phi: SFT of the base model on hint prompts
 - ``traces``    (posterior)             ``traces.parquet``: K traces per question from q_phi (TRACES_COLUMNS)
 - ``weights``   (prior, traces)         ``weights.parquet``: every trace's log-probs, answers and weights
-                                        (WEIGHTS_COLUMNS; the estimators of ``predmask.variational``)
+                                        (WEIGHTS_COLUMNS; the estimators of ``predmask.vr_weights``)
 - ``final``     sft / rft: no input; vr_*: traces, weights. ``model.pt`` + its evaluation at the last step.
 
 Every stage writes ``status.json`` and ``metrics.jsonl`` (verl file-logger lines) through ``predmask.rundir``,
@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from predmask import metrics as M
-from predmask import variational as V
+from predmask import vr_weights as V
 from predmask.io import atomic_write
 from predmask.rl.base import load_base_model, sft_batch, single_thread, task_response_budget
 from predmask.rl.engine import resolve_cpu_model, validation_metrics
@@ -108,7 +108,7 @@ EVAL_SEED = 20_261_201
 #: sequences per teacher-forced or sampled chunk
 _CHUNK = 1024
 
-log = logging.getLogger("predmask.rl.variational")
+log = logging.getLogger("predmask.rl.vr_runner")
 
 
 class StageInputError(ValueError):
@@ -202,7 +202,7 @@ def prepare_stage(run_dir: str | Path) -> Stage:
         path = run_dir.parent / run_id / STAGE_OUTPUTS[stage]
         if not path.is_file():
             raise StageInputError(f"stage {vr.stage} needs the {stage} output {path}, which is missing; produce it "
-                                  f"with python -m predmask.rl.variational {path.parent}")
+                                  f"with python -m predmask.rl.vr_runner {path.parent}")
         inputs[stage] = path
     return Stage(run_dir, c, vr, model_cfg, task, base, tokenizer, str(c.get("cache_dir") or "results/cache"),
                  inputs)
@@ -526,13 +526,13 @@ def run_stage(run_dir: str | Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m predmask.rl.variational RUN_DIR``: exit 0 done, 2 bad input or a busy run directory."""
+    """``python -m predmask.rl.vr_runner RUN_DIR``: exit 0 done, 2 bad input or a busy run directory."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args in (["-h"], ["--help"]):
         print(__doc__)
         return 0
     if len(args) != 1:
-        print("usage: python -m predmask.rl.variational RUN_DIR (a run directory holding config.yaml)",
+        print("usage: python -m predmask.rl.vr_runner RUN_DIR (a run directory holding config.yaml)",
               file=sys.stderr)
         return 2
     try:
