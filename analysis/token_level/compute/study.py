@@ -72,6 +72,11 @@ MASKS: dict[str, str] = {
 #: the unmasked reference step: the DPPO loss with an infinite threshold keeps every token
 REFERENCE_MASK = "all"
 _NO_TRUST_REGION = {"delta": float("inf")}
+
+
+def reference_step() -> tuple[str, dict[str, Any]]:
+    """(method, loss overrides) of the unmasked reference step: the ratio mask's loss with an infinite threshold."""
+    return MASKS["ratio"], dict(_NO_TRUST_REGION)
 #: Ddot column -> tail estimator
 TAIL_COLUMNS: dict[str, str] = {"ddot_agg": "aggregated", "ddot_uniform": "uniform", "ddot_exact": "exact"}
 #: keep column -> Ddot column (predictive) or None (ratio)
@@ -153,7 +158,7 @@ class StudySettings(StepSettings):
         """mask name -> (method, loss overrides) of every studied step."""
         out: dict[str, tuple[str, dict[str, Any]]] = {k: (v, {}) for k, v in MASKS.items()}
         if self.reference_update:
-            out[REFERENCE_MASK] = (MASKS["ratio"], dict(_NO_TRUST_REGION))
+            out[REFERENCE_MASK] = reference_step()
         return out
 
 
@@ -595,7 +600,7 @@ def _ground_truth_columns(
     state: ``ddot_net``, ``ddot_net_adam`` (after a stale update), ``dd_cf`` (mode ``s.cf_mode``), ``context_id``.
     The counterfactual's base step is the unmasked reference step (every response token kept), so both criteria
     are judged against one truth per token."""
-    method, overrides = MASKS["ratio"], dict(_NO_TRUST_REGION)
+    method, overrides = reference_step()
     lp = TrainLogprobs(q["pi"], q["pi_tail_sq"], q["log_prob"])
     weights = loss_weights(
         method, batch, support, lp, adv_tok, s.method_params, global_batch_info=_batch_info(batch), **overrides
