@@ -41,11 +41,11 @@ VERL_FREE: tuple[str, ...] = (
     "sweeps.datasets",
 )
 
-#: what the notebook library analysis.results may import of the project (docs/architecture.md, "may import")
+#: what the notebook library analysis.results may import of the project (docs/architecture.md, "Rooms")
 RESULTS_MAY_IMPORT: tuple[str, ...] = ("predmask", "analysis.store", "analysis.training", "analysis.token_level.summary.stats",
                                        "analysis.token_level.summary.study_tables", "analysis.results")
 
-#: the project's rooms from the lowest up (docs/architecture.md, "Forbidden, and tested"): a module imports only its
+#: the project's rooms from the lowest up (docs/architecture.md, "Rooms, lowest first"): a module imports only its
 #: own room and lower ones, and two rooms of one tier never import each other
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("conf",),  # data: the config tree
