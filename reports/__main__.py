@@ -18,6 +18,7 @@ from rich.table import Table
 
 from analysis.store import StoreError, default_db_path
 from reports import artefact_registry
+from reports.artefact import ArtefactResult
 from reports.artefact_registry import is_variational
 from reports.figures.variational import MISSING_HINT
 from reports.paper import PaperResult, availability, build_paper
@@ -149,7 +150,19 @@ def _print_paper(paper: PaperResult, db: Path, only: Sequence[str] | None = None
     for name, why in paper.failures.items():
         err.print(f"error: {name} failed: {why} (rerun with --debug for the traceback)")
     out.print(f"report page: {paper.index}")
+    for line in next_lines(paper.results if only is None else [r for r in paper.results if r.name in only]):
+        out.print(line)
     return 1 if paper.failures else 0
+
+
+def next_lines(results: Sequence[ArtefactResult]) -> list[str]:
+    """One ``next:`` line per command that would fill the artefacts still without data, naming them, in the order
+    the artefacts come; nothing when every artefact has data."""
+    empty: dict[str, list[str]] = {}
+    for r in results:
+        if not r.has_data:
+            empty.setdefault(r.command or "(no command produces it yet)", []).append(r.name)
+    return [f"next: {cmd}   (fills {', '.join(names)})" for cmd, names in empty.items()]
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -151,3 +151,15 @@ def test_study_without_runs_draws_empty_training_panels(tmp_path):
     assert not fig1.has_data and all(p.series == [] for p in fig1.panels) and len(fig1.panels) == 4
     assert fig3.has_data and fig3.stats.n_lower == 1
     assert (tmp_path / "o" / "fig1_main_comparison.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_paper_ends_with_next_lines_naming_the_commands_that_fill_its_empty_artefacts(tmp_path, capsys):
+    """A database with a study and no training runs: the page's empty training artefacts are named after it with
+    the command that fills them (the main comparison's sweep), and the study's artefacts are not."""
+    db = build_study_only_db(tmp_path / "study_only.duckdb")
+    cli.main(["paper", "--db", str(db), "--out", str(tmp_path / "o"), "--only", "fig1_main_comparison,fig3_unsafe_keep"])
+    out = capsys.readouterr().out.strip().splitlines()
+    page = next(i for i, line in enumerate(out) if line.startswith("report page: "))
+    nxt = out[page + 1 :]
+    assert len(nxt) == 1 and nxt[0].startswith("next: ") and "-m sweeps main_comparison" in nxt[0], out
+    assert "fills fig1_main_comparison)" in nxt[0] and "fig3" not in nxt[0]
