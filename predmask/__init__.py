@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "register_divergence": "divergence",
     "register_tail": "divergence",
     "topk_divergence": "divergence",
+    "gather_support_logprobs_from_hidden": "hidden_gather",
     "DIRECTIONS": "methods",
     "LOSS_AGG_MODES": "methods",
     "LOSS_KINDS": "methods",
@@ -49,7 +50,7 @@ _EXPORTS: dict[str, str] = {
     "build_support": "support",
     "gather_support_logprobs": "support",
 }
-_SUBMODULES = ("divergence", "methods", "metrics", "precisions", "support")
+_SUBMODULES = ("divergence", "hidden_gather", "methods", "metrics", "precisions", "support")
 
 __all__ = list(_EXPORTS)
 

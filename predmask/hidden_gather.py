@@ -1,0 +1,180 @@
+"""The training log-probs on the rollout support from hidden states and the lm_head weight, never holding [tokens, vocab].
+
+:func:`gather_support_logprobs_from_hidden` computes what ``predmask.gather_support_logprobs`` computes from the
+logits ``hidden @ lm_head_weight.T`` -- the support log-probs (with their gradient) and, when asked, the exact tail
+``sum of pi^2 off the support`` -- by streaming over chunks of vocabulary columns: an online log-sum-exp in the
+forward, and a backward that recomputes each chunk's logits and writes the hidden and weight gradients chunk by
+chunk (math.md §1.1). Vocabulary-parallel: a rank that holds the weight rows ``[vocab_start, vocab_start + V_local)``
+reduces its partial sums with an injected all-reduce (``torch.distributed`` over the tensor-parallel group in a
+trainer, a fake one in tests). Pure torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = ["DEFAULT_VOCAB_CHUNK", "AllReduce", "gather_support_logprobs_from_hidden"]
+
+#: vocabulary columns whose logits are computed at once: each [tokens, chunk] work buffer is 1/16 of the float32
+#: logits at 32k vocabulary (1/74 at 151,936), while each chunk's matrix product stays large enough to run at speed
+DEFAULT_VOCAB_CHUNK = 2048
+
+#: ``all_reduce(tensor, op)`` reduces ``tensor`` in place over the tensor-parallel ranks; ``op`` is "max" or "sum"
+AllReduce = Callable[[Tensor, str], None]
+
+
+def _compute_dtype(hidden: Tensor) -> torch.dtype:
+    return torch.float64 if hidden.dtype == torch.float64 else torch.float32
+
+
+def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
+    """``(hidden @ weight.T)`` in the inputs' dtype (as the lm_head computes the logits), then in ``dtype``, / T."""
+    z = (hidden @ weight.T).to(dtype)
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _slot_mask(ids: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
+    """The support slots whose id lies in the columns ``[start, stop)``, and their column inside that range."""
+    inside = (ids >= start) & (ids < stop)
+    return inside, (ids - start).clamp(0, stop - start - 1)
+
+
+class _HiddenSupportLogSoftmax(torch.autograd.Function):
+    """``log_softmax(hidden @ W.T / T)`` gathered at ``ids`` [N, S] (global ids; W holds rows from
+    ``vocab_start``), streamed over vocabulary chunks. Outputs: the support log-probs (differentiable), the
+    log-normaliser [N] and ``sum_j pi_j^2`` [N] (NaN unless asked; both non-differentiable)."""
+
+    @staticmethod
+    def forward(hidden: Tensor, weight: Tensor, ids: Tensor, temperature: float, chunk: int,  # type: ignore[override]
+                vocab_start: int, all_reduce: AllReduce | None, total_sq: bool) -> tuple[Tensor, Tensor, Tensor]:
+        n, v_local = hidden.shape[0], weight.shape[0]
+        cd = _compute_dtype(hidden)
+        m = torch.full((n,), float("-inf"), dtype=cd, device=hidden.device)
+        sums = torch.zeros(n, 2 + ids.shape[1], dtype=cd, device=hidden.device)  # sum exp, sum exp^2, picked
+        local = ids - vocab_start
+        for c0 in range(0, v_local, chunk):
+            c1 = min(c0 + chunk, v_local)
+            z = _chunk_logits(hidden, weight[c0:c1], temperature, cd)
+            inside, col = _slot_mask(local, c0, c1)
+            sums[:, 2:] += torch.where(inside, z.gather(1, col), 0.0)
+            m_new = torch.maximum(m, z.max(1).values)
+            scale = (m - m_new).exp_()
+            e = z.sub_(m_new[:, None]).exp_()
+            sums[:, 0] = sums[:, 0] * scale + e.sum(1)
+            if total_sq:
+                sums[:, 1] = sums[:, 1] * scale.square() + e.square_().sum(1)
+            m = m_new
+            del z, e
+        if all_reduce is not None:
+            m_all = m.clone()
+            all_reduce(m_all, "max")
+            scale = (m - m_all).exp_()
+            sums[:, 0] *= scale
+            sums[:, 1] *= scale.square()
+            all_reduce(sums, "sum")
+            m = m_all
+        lse = m + sums[:, 0].log()
+        sum_sq = sums[:, 1] / sums[:, 0].square() if total_sq else torch.full_like(lse, float("nan"))
+        return sums[:, 2:] - lse[:, None], lse, sum_sq
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
+        hidden, weight, ids, temperature, chunk, vocab_start, all_reduce, _ = inputs
+        _, lse, sum_sq = output
+        ctx.mark_non_differentiable(lse, sum_sq)
+        ctx.save_for_backward(hidden, weight, ids, lse)
+        ctx.temperature, ctx.chunk, ctx.vocab_start, ctx.all_reduce = temperature, chunk, vocab_start, all_reduce
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_logp: Tensor, _grad_lse: Tensor | None, _grad_sq: Tensor | None):  # type: ignore[no-untyped-def, override]
+        """Per chunk: ``dz = (scatter(g) - sum(g) * softmax(z / T)) / T``, then ``dh += dz @ W_c`` and
+        ``dW_c = dz.T @ h``. The hidden states are the same on every rank, so their gradient is summed over the
+        ranks (each rank's share comes from its own vocabulary rows)."""
+        hidden, weight, ids, lse = ctx.saved_tensors
+        t, chunk = ctx.temperature, ctx.chunk
+        cd = lse.dtype
+        g = grad_logp.to(cd)
+        g_total = g.sum(1, keepdim=True)
+        local = ids - ctx.vocab_start
+        grad_h = torch.zeros(hidden.shape, dtype=cd, device=hidden.device) if ctx.needs_input_grad[0] else None
+        grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+        for c0 in range(0, weight.shape[0], chunk):
+            c1 = min(c0 + chunk, weight.shape[0])
+            dz = _chunk_logits(hidden, weight[c0:c1], t, cd).sub_(lse[:, None]).exp_().mul_(-g_total)
+            inside, col = _slot_mask(local, c0, c1)
+            dz.scatter_add_(1, col, torch.where(inside, g, 0.0))
+            if t != 1.0:
+                dz.div_(t)
+            dz = dz.to(hidden.dtype)
+            if grad_h is not None:
+                grad_h += (dz @ weight[c0:c1]).to(cd)
+            if grad_w is not None:
+                grad_w[c0:c1] = dz.T @ hidden
+            del dz
+        if grad_h is not None and ctx.all_reduce is not None:
+            ctx.all_reduce(grad_h, "sum")
+        grad_h = grad_h.to(hidden.dtype) if grad_h is not None else None
+        return grad_h, grad_w, None, None, None, None, None, None
+
+
+def gather_support_logprobs_from_hidden(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    ids: Tensor,
+    valid: Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    return_tail_sq: bool = False,
+    chunk: int = DEFAULT_VOCAB_CHUNK,
+    vocab_start: int = 0,
+    vocab_size: int | None = None,
+    all_reduce: AllReduce | None = None,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """``predmask.gather_support_logprobs(hidden @ lm_head_weight.T, ids, valid, ...)`` without the logits.
+
+    hidden [..., D] and lm_head_weight [V_local, D] (one dtype; bf16/fp16 logits of each chunk are computed in
+    that dtype, as the lm_head does, then in float32), ids long [..., S] (global vocabulary ids), valid bool
+    [..., S]. Returns the support log-probs [..., S] (-inf and no gradient on invalid slots; the gradient reaches
+    ``hidden`` and ``lm_head_weight``) and, with ``return_tail_sq``, the exact tail [...]: ``sum_j pi_j^2`` minus
+    the valid slots' squares, whose gradient, as on the logits path, flows through the slots' squares only.
+
+    Vocabulary-parallel: this rank holds the rows ``[vocab_start, vocab_start + V_local)`` of a vocabulary of
+    ``vocab_size`` (default: ``vocab_start + V_local``); ``all_reduce`` combines the ranks' partial results
+    (2 all-reduces forward, 1 backward; None: one rank holds the whole vocabulary). Work buffers are
+    [tokens, chunk]; the backward recomputes each chunk's logits instead of keeping them.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if chunk < 1:
+        raise ValueError(f"chunk must be a positive number of vocabulary columns, got {chunk}")
+    if lm_head_weight.dim() != 2 or hidden.shape[-1] != lm_head_weight.shape[1]:
+        raise ValueError(f"lm_head_weight {tuple(lm_head_weight.shape)} must be [V_local, D] with D = "
+                         f"hidden's last dimension ({tuple(hidden.shape)})")
+    if hidden.dtype != lm_head_weight.dtype:
+        raise ValueError(f"hidden ({hidden.dtype}) and lm_head_weight ({lm_head_weight.dtype}) must share a dtype")
+    if ids.shape[:-1] != hidden.shape[:-1]:
+        raise ValueError(f"ids {tuple(ids.shape)} must share the leading shape of hidden {tuple(hidden.shape)}")
+    vocab = vocab_size if vocab_size is not None else vocab_start + lm_head_weight.shape[0]
+    if not 0 <= vocab_start <= vocab - lm_head_weight.shape[0]:
+        raise ValueError(f"vocab_start {vocab_start} with {lm_head_weight.shape[0]} weight rows does not fit a vocabulary "
+                         f"of {vocab}: allowed 0 <= vocab_start <= {vocab - lm_head_weight.shape[0]}")
+    if valid is None:
+        valid = torch.ones_like(ids, dtype=torch.bool)
+    safe_ids = torch.where(valid, ids, torch.zeros_like(ids))
+    if bool(((safe_ids < 0) | (safe_ids >= vocab)).any()):
+        raise ValueError(f"support ids must lie in [0, {vocab}) on valid slots")
+    lead, width = ids.shape[:-1], ids.shape[-1]
+    logp, _, sum_sq = _HiddenSupportLogSoftmax.apply(
+        hidden.reshape(-1, hidden.shape[-1]), lm_head_weight, safe_ids.reshape(-1, width), float(temperature),
+        int(chunk), int(vocab_start), all_reduce, bool(return_tail_sq))
+    logp = logp.reshape(*lead, width)
+    logp = torch.where(valid, logp, torch.full_like(logp, float("-inf")))
+    if not return_tail_sq:
+        return logp
+    support_sq = torch.where(valid, torch.exp(2.0 * logp), torch.zeros_like(logp)).sum(-1)
+    return logp, (sum_sq.reshape(lead) - support_sq).clamp_min(0.0)
