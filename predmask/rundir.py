@@ -57,7 +57,9 @@ __all__ = [
     "RUNS_ENV",
     "RUN_LOCK_FILE",
     "STATUS_FILE",
+    "YAML_LOADER",
     "BadLine",
+    "DamagedFileError",
     "MetricsFile",
     "MetricsWriter",
     "Record",
@@ -70,6 +72,7 @@ __all__ = [
     "hold_run_lock",
     "is_attempt_file",
     "is_run_dir",
+    "iter_metrics",
     "keep_previous_attempt",
     "last_step",
     "merge_attempts",
@@ -157,18 +160,51 @@ def write_config(run_dir: Path, config: Mapping[str, Any], name: str = CONFIG_FI
     return path
 
 
+#: PyYAML's C safe loader when libyaml is built in (about 10x faster: ``python -m sweeps status`` reads thousands of
+#: configs), else its pure-Python safe loader; both build plain data only, never a Python object
+YAML_LOADER: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class DamagedFileError(ValueError):
+    """A run-directory file that exists but cannot be read as what it should be: one line,
+    ``damaged: <file>, <what>``, for every reader (the trainer's resume, ``python -m sweeps status``, the sweep,
+    ingest)."""
+
+    def __init__(self, path: Path, what: str) -> None:
+        super().__init__(f"damaged: {path}, {what}")
+        self.path = path
+        self.what = what
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]
+
+
 def read_config(path: Path) -> dict[str, Any]:
     """A config file (``run_dir / CONFIG_FILE``, ``PLANNED_CONFIG_FILE``) as a dict: safe YAML, with its ``${...}``
     interpolations resolved when they resolve (else kept literally, as written).
 
-    FileNotFoundError when it is missing; ValueError (one line naming the file) when it is not YAML or not a mapping.
+    FileNotFoundError when it is missing; DamagedFileError (``damaged: <file>, <what>``) when it is not YAML (a
+    ``!!python`` tag included: nothing is ever constructed), empty, not a mapping, or truncated (``write_config``
+    ends every file with a newline, so a file that does not end with one was cut short).
     """
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not YAML ({str(exc).splitlines()[0]})") from None
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DamagedFileError(path, f"not YAML ({_first_line(exc)})") from None
+    if not text.strip():
+        raise DamagedFileError(path, "empty; allowed: a config mapping")
+    if not text.endswith("\n"):
+        raise DamagedFileError(path, "truncated (no final newline: written by predmask.rundir.write_config, "
+                                     "it was cut short)")
+    try:
+        loaded = yaml.load(text, Loader=YAML_LOADER)
+    except yaml.YAMLError as exc:
+        raise DamagedFileError(path, f"not YAML ({_first_line(exc)})") from None
     if not isinstance(loaded, dict):
-        raise ValueError(f"{path} is not a config mapping")  # noqa: TRY004 - bad input, one line
+        raise DamagedFileError(path, f"a YAML {type(loaded).__name__}, not a config mapping")
+    if "${" not in text:
+        return loaded  # nothing to resolve (the common case: OmegaConf is skipped, it costs more than the parse)
     from omegaconf import OmegaConf
 
     try:
@@ -179,8 +215,8 @@ def read_config(path: Path) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------- status.json
-class StatusError(ValueError):
-    """A status.json that is not a JSON object (one line naming the file)."""
+class StatusError(DamagedFileError):
+    """A status.json that is not a JSON object (``damaged: <file>, <what>``)."""
 
 
 def write_status(run_dir: Path, status: str, step: int, total_steps: int, error: str | None = None,
@@ -194,19 +230,23 @@ def write_status(run_dir: Path, status: str, step: int, total_steps: int, error:
 def read_status(run_dir: Path) -> dict[str, Any]:
     """``status.json`` of a run directory as written by ``write_status``; ``{}`` when there is none (yet).
 
-    StatusError when the file is not a JSON object (``<path>: status is unreadable (...)`` / ``is not an object``).
+    StatusError (a DamagedFileError: ``damaged: <file>, <what>``) when the file is empty, not JSON (a truncated
+    write), or not a JSON object (``[]``). ``write_status`` replaces the file atomically, so a reader never sees a
+    half-written one: a damaged file stays damaged until the run's writer replaces it.
     """
     path = run_dir / STATUS_FILE
     try:
         text = path.read_bytes()
     except FileNotFoundError:
         return {}
+    if not text.strip():
+        raise StatusError(path, "empty; allowed: a JSON object written by predmask.rundir.write_status")
     try:
         status = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise StatusError(f"{path}: status is unreadable ({str(exc).splitlines()[0]})") from None
+        raise StatusError(path, f"not JSON ({_first_line(exc)})") from None
     if not isinstance(status, dict):
-        raise StatusError(f"{path}: status is not an object")
+        raise StatusError(path, f"a JSON {type(status).__name__}, not an object")
     return status
 
 
@@ -310,24 +350,38 @@ def _parse_line(line: bytes) -> tuple[int, dict[str, Any]] | str:
         return str(exc)
 
 
-def parse_metrics(path: Path) -> MetricsFile:
-    """The one parser of a metrics file (any attempt): every non-blank line is a Record or a BadLine (blank lines
-    are neither); a missing file has none."""
+def iter_metrics(path: Path) -> Iterator[Record | BadLine]:
+    """The one parser of a metrics file (any attempt), streaming: every non-blank line as a Record or a BadLine, in
+    file order, one line in memory at a time (blank lines are neither); a missing file has none. A bad line is
+    yielded when the next non-blank line (or the end of the file) says whether it is the last one."""
     try:
-        raw = path.read_bytes().split(b"\n")
+        fh = path.open("rb")
     except FileNotFoundError:
-        return MetricsFile(path, [], [], 0)
-    last = max((i for i, line in enumerate(raw) if line.strip()), default=-1)
+        return
+    pending: tuple[int, bytes, str] | None = None
+    with fh:
+        for number, raw in enumerate(fh, start=1):
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            if not line.strip():
+                continue
+            if pending is not None:
+                yield BadLine(*pending, last=False)
+                pending = None
+            parsed = _parse_line(line)
+            if isinstance(parsed, str):
+                pending = (number, line, parsed)
+            else:
+                yield Record(number, *parsed)
+    if pending is not None:
+        yield BadLine(*pending, last=True)
+
+
+def parse_metrics(path: Path) -> MetricsFile:
+    """A metrics file read whole by ``iter_metrics``: its records and its bad lines, in file order."""
     records: list[Record] = []
     bad: list[BadLine] = []
-    for i, line in enumerate(raw):
-        if not line.strip():
-            continue
-        parsed = _parse_line(line)
-        if isinstance(parsed, str):
-            bad.append(BadLine(i + 1, line, parsed, i == last))
-        else:
-            records.append(Record(i + 1, *parsed))
+    for item in iter_metrics(path):
+        (records if isinstance(item, Record) else bad).append(item)  # type: ignore[arg-type]
     return MetricsFile(path, records, bad, len(records) + len(bad))
 
 

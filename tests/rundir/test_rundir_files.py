@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import yaml
 from predmask.rundir import (
     CORRUPT_METRICS_FILE,
     METRICS_FILE,
+    YAML_LOADER,
+    DamagedFileError,
     MetricsWriter,
     StatusError,
     Truncation,
@@ -196,14 +199,35 @@ def test_a_config_with_an_object_is_refused_before_anything_is_written(tmp_path:
 def test_reading_a_config_never_builds_an_object(tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text("seed: !!python/object/apply:os.system ['touch pwned']\n")
-    with pytest.raises(ValueError, match=r"config.yaml is not YAML \(could not determine a constructor"):
+    with pytest.raises(DamagedFileError, match=r"^damaged: .*config.yaml, not YAML \(could not determine a constructor"):
         read_config(path)
     assert not (tmp_path / "pwned").exists()
     path.write_text("- a\n- b\n")
-    with pytest.raises(ValueError, match="is not a config mapping"):
+    with pytest.raises(DamagedFileError, match=r"config.yaml, a YAML list, not a config mapping$"):
         read_config(path)
     with pytest.raises(FileNotFoundError):
         read_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(("text", "what"), [
+    ("seed: 3\nmethod: {name: [\n", r"not YAML \("),
+    ("", r"empty; allowed: a config mapping"),
+    ("[]\n", r"a YAML list, not a config mapping"),
+    ("seed: 3\nmethod:\n  na", r"truncated \(no final newline"),
+])
+def test_a_damaged_config_is_one_line_naming_the_file(tmp_path: Path, text: str, what: str) -> None:
+    """Invalid YAML, an empty file, a non-mapping and a file cut short mid-line (which PyYAML itself would accept
+    as a shorter valid config) each read as ``damaged: <file>, <what>``, one line."""
+    path = write_config(tmp_path, {"seed": 3, "method": {"name": "grpo"}})
+    assert read_config(path) == {"seed": 3, "method": {"name": "grpo"}}
+    path.write_text(text)
+    with pytest.raises(DamagedFileError, match=rf"^damaged: {re.escape(str(path))}, {what}") as info:
+        read_config(path)
+    assert "\n" not in str(info.value)
+
+
+def test_the_config_reader_uses_the_c_loader_when_libyaml_is_built_in() -> None:
+    assert YAML_LOADER is (yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader)
 
 
 # ----------------------------------------------------------------------------------------------- status.json
@@ -214,8 +238,14 @@ def test_status_round_trips_and_a_broken_one_is_one_line(tmp_path: Path) -> None
         "status": "failed", "step": 3, "total_steps": 10, "updated": 1.5, "error": "ValueError: x"}
     assert read_status(tmp_path)["step"] == 3
     (tmp_path / "status.json").write_text('{"status": "runn')
-    with pytest.raises(StatusError, match=r"status.json: status is unreadable \("):
+    with pytest.raises(StatusError, match=r"^damaged: .*status.json, not JSON \("):
         read_status(tmp_path)
     (tmp_path / "status.json").write_text("[1]")
-    with pytest.raises(StatusError, match=r"status.json: status is not an object$"):
+    with pytest.raises(StatusError, match=r"^damaged: .*status.json, a JSON list, not an object$"):
+        read_status(tmp_path)
+    (tmp_path / "status.json").write_text("[]")
+    with pytest.raises(DamagedFileError, match=r"^damaged: .*status.json, a JSON list, not an object$"):
+        read_status(tmp_path)
+    (tmp_path / "status.json").write_bytes(b"")
+    with pytest.raises(DamagedFileError, match=r"^damaged: .*status.json, empty; allowed: a JSON object"):
         read_status(tmp_path)
