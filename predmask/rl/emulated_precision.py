@@ -12,6 +12,11 @@ one); this module implements the emulation for a ``Precision``:
 Embeddings, norms and the LM head stay unquantised (vLLM and Megatron keep them in high precision).
 Fake-quantisation means ``dequant(quant(x))``: values are rounded onto the e4m3 grid (``torch.float8_e4m3fn``)
 after scaling the tensor's absolute maximum to 448, then scaled back.
+
+The rollout model's linear layers (``RoundedLinear``, the LM head included) follow the matrix-product rule of
+``predmask.precisions``: ``emulated_linear`` multiplies the format-rounded input and weight in float32 and rounds
+the output to the rollout dtype; every other operation runs in the rollout dtype. Fused MoE expert weights keep
+torch's own bf16 products.
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from predmask.precisions import PRECISIONS, Precision, get_precision
 
 __all__ = [
     "CONFIG_KEYS",
     "E4M3_MAX",
+    "RoundedLinear",
+    "emulated_linear",
     "fake_quant_e4m3",
+    "format_weight",
     "make_rollout_model",
     "precision_of",
     "quantizable_linears",
@@ -75,6 +84,53 @@ def fake_quant_e4m3(x: Tensor, dim: int | tuple[int, ...] | None = None) -> Tens
     return (q.float() * scale).to(x.dtype)
 
 
+def format_weight(w: Tensor, precision: Precision, *, fp8: bool = False) -> Tensor:
+    """A linear layer's weight on the rollout format's grid, as float32 values: e4m3 fake-quantised with a
+    per-tensor scale where ``fp8``, else rounded to the rollout dtype."""
+    if fp8:
+        return fake_quant_e4m3(w.detach().float())
+    return w.detach().to(rollout_dtype(precision)).float()
+
+
+def emulated_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, out_dtype: torch.dtype,
+                    fp8_inputs: bool = False) -> Tensor:
+    """The matrix-product rule of ``predmask.precisions``: ``x`` rounded to ``out_dtype`` (then, with
+    ``fp8_inputs``, fake-quantised to e4m3 with a per-token scale) times ``weight`` (already on the format's grid,
+    ``format_weight``), plus ``bias`` rounded to ``out_dtype``, accumulated in float32; the output rounded to
+    ``out_dtype``."""
+    xf = x.to(out_dtype).float()
+    if fp8_inputs:
+        xf = fake_quant_e4m3(xf, dim=-1)
+    y = F.linear(xf, weight.float(), None if bias is None else bias.to(out_dtype).float())
+    return y.to(out_dtype)
+
+
+class RoundedLinear(nn.Linear):
+    """A rollout ``nn.Linear`` whose forward is ``emulated_linear`` with ``product_weight``: the float32 copy of its
+    weight on the format's grid (``format_weight``; ``sync_rollout_model`` refreshes it). Its parameters keep the
+    rollout dtype (a tied embedding shares them)."""
+
+    product_weight: Tensor
+    fp8_weight: bool
+    fp8_inputs: bool
+
+    def forward(self, x: Tensor) -> Tensor:
+        return emulated_linear(x, self.product_weight, self.bias, out_dtype=self.weight.dtype,
+                               fp8_inputs=self.fp8_inputs)
+
+
+def _round_linears(model: nn.Module, precision: Precision) -> None:
+    """Turn every ``nn.Linear`` of the rollout model into a ``RoundedLinear`` (FP8 on the quantisable ones)."""
+    fp8 = {name for name, _ in quantizable_linears(model)} if precision.rollout_fp8 else set()
+    for name, mod in list(model.named_modules()):
+        if type(mod) is nn.Linear:
+            mod.__class__ = RoundedLinear
+            mod.fp8_weight = name in fp8
+            mod.fp8_inputs = name in fp8 and precision.fp8_activations
+            mod.register_buffer("product_weight", torch.zeros(mod.weight.shape, dtype=torch.float32),
+                                persistent=False)
+
+
 def _ste(x: Tensor, xq: Tensor) -> Tensor:
     """Straight-through: forward value ``xq``, gradient of ``x``."""
     return x + (xq - x).detach()
@@ -112,18 +168,24 @@ def _act_quant_hook(per_token: bool):
     return hook
 
 
-def make_rollout_model(train_model: nn.Module, precision: Precision) -> nn.Module:
+def make_rollout_model(train_model: nn.Module, precision: Precision, *, native_products: bool = False) -> nn.Module:
     """A separate inference copy of the policy for the rollout engine, in the precision's dtype, eval mode.
 
-    With ``rollout_fp8`` and ``fp8_activations`` its linear layers fake-quantise their inputs per token.
-    Call ``sync_rollout_model`` to load the training weights (done here once).
+    Below float32 (or with ``rollout_fp8``) its linear layers are ``RoundedLinear``s (the matrix-product rule of
+    ``predmask.precisions``); with ``rollout_fp8`` and ``fp8_activations`` the quantisable ones fake-quantise their
+    inputs per token. ``native_products`` (benchmark only) keeps torch's own products in the rollout dtype, the
+    emulation before the rule. Call ``sync_rollout_model`` to load the training weights (done here once).
     """
     roll = copy.deepcopy(train_model).to(rollout_dtype(precision)).eval()
     for p in roll.parameters():
         p.requires_grad_(False)
+    rounded = not native_products and (rollout_dtype(precision) != torch.float32 or precision.rollout_fp8)
+    if rounded:
+        _round_linears(roll, precision)
     if precision.rollout_fp8 and precision.fp8_activations:
         for mod in _act_quant_modules(roll):
-            mod.register_forward_pre_hook(_act_quant_hook(per_token=True))
+            if not isinstance(mod, RoundedLinear):
+                mod.register_forward_pre_hook(_act_quant_hook(per_token=True))
     sync_rollout_model(roll, train_model, precision)
     return roll
 
@@ -132,7 +194,8 @@ def make_rollout_model(train_model: nn.Module, precision: Precision) -> nn.Modul
 def sync_rollout_model(rollout_model: nn.Module, train_model: nn.Module, precision: Precision) -> None:
     """Copy the training weights into the rollout model (the weight sync of a real RL system).
 
-    FP8 weights are fake-quantised per tensor (per expert for fused MoE experts) before the cast.
+    FP8 weights are fake-quantised per tensor (per expert for fused MoE experts) before the cast; a
+    ``RoundedLinear``'s product weight is recomputed from the training weight (``format_weight``).
     """
     src = dict(train_model.named_parameters())
     quant = set()
@@ -143,6 +206,10 @@ def sync_rollout_model(rollout_model: nn.Module, train_model: nn.Module, precisi
         if name in quant:
             w = fake_quant_e4m3(w, dim=(1, 2) if w.ndim == 3 else None)
         p.copy_(w.to(p.dtype))
+    for name, mod in rollout_model.named_modules():
+        if isinstance(mod, RoundedLinear):
+            w = train_model.get_submodule(name).weight
+            mod.product_weight.copy_(format_weight(w, precision, fp8=mod.fp8_weight))
 
 
 @contextlib.contextmanager
