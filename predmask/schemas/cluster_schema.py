@@ -189,11 +189,17 @@ class EvalSamplingConfig:
 
 @dataclass
 class VLLMConfig:
-    """One vLLM engine per ``tensor_parallel`` GPUs of the head node."""
+    """One vLLM engine per ``tensor_parallel`` GPUs of the head node, and what bounds its prompt log-probs' memory
+    (``predmask.verl.vr_cluster.prompt_logprob_tokens``): the GPU's memory, the logits' vocabulary, the bytes each
+    prompt log-prob materialises per vocabulary entry, the headroom kept free."""
 
     tensor_parallel: int = MISSING
     gpu_memory_utilization: float = MISSING
     max_model_len: int = MISSING
+    gpu_memory_gib: float = MISSING
+    logits_vocab: int = MISSING
+    bytes_per_logit: int = MISSING
+    reserve_gib: float = MISSING
 
 
 @dataclass
@@ -225,7 +231,13 @@ class VariationalClusterConfig:
             _positive(f"{at}.{stage}", getattr(self, stage), "epochs", "batch", "lr")
         _positive(f"{at}.traces", self.traces, "k", "max_tokens")
         _positive(f"{at}.weights", self.weights, "m", "max_tokens")
-        _positive(f"{at}.vllm", self.vllm, "tensor_parallel", "max_model_len")
+        _positive(f"{at}.vllm", self.vllm, "tensor_parallel", "max_model_len", "gpu_memory_gib", "logits_vocab",
+                  "bytes_per_logit")
+        if not 0 < self.vllm.gpu_memory_utilization < 1:
+            raise ValueError(f"{at}.vllm.gpu_memory_utilization must be in (0, 1), got "
+                             f"{self.vllm.gpu_memory_utilization!r}")
+        if not self.vllm.reserve_gib >= 0:
+            raise ValueError(f"{at}.vllm.reserve_gib must be >= 0, got {self.vllm.reserve_gib!r}")
 
 
 @dataclass

@@ -44,7 +44,9 @@ __all__ = [
     "checkpoint_dir",
     "cluster_settings",
     "cut_trace",
+    "max_safe_utilization",
     "merged_settings",
+    "prompt_logprob_tokens",
     "split_response",
     "stage_command",
     "stage_output",
@@ -67,6 +69,37 @@ STAGE_OUTPUTS: dict[str, str] = {"prior": "checkpoints", "posterior": "checkpoin
                                  "weights": "weights.parquet", "final": "checkpoints"}
 #: the final recipes composed for the cluster (rft needs a sampling stage of pi_theta0 that is not written yet)
 CLUSTER_RECIPES: tuple[str, ...] = tuple(r for r in FINAL_RECIPES if r != "rft")
+
+
+#: the bound on a vLLM step's tokens is a multiple of this (vLLM's scheduler works in such blocks; ours)
+TOKEN_MULTIPLE = 256
+GIB = 2**30
+
+
+def max_safe_utilization(tokens: int, *, vocab: int, bytes_per_logit: int, gpu_memory_gib: float,
+                         reserve_gib: float) -> float:
+    """The largest ``gpu_memory_utilization`` that leaves room for the prompt log-probs of ``tokens`` tokens
+    (``tokens x vocab x bytes_per_logit`` bytes, which vLLM's memory profiling does not count) plus ``reserve_gib``:
+    1 − (that + reserve) / gpu_memory."""
+    return 1.0 - (tokens * vocab * bytes_per_logit / GIB + reserve_gib) / gpu_memory_gib
+
+
+def prompt_logprob_tokens(*, vocab: int, bytes_per_logit: int, gpu_memory_gib: float, utilization: float,
+                          reserve_gib: float, max_model_len: int) -> int:
+    """vLLM's ``max_num_batched_tokens`` for scoring with ``prompt_logprobs``: the most tokens (a multiple of
+    TOKEN_MULTIPLE, at most ``max_model_len``) whose [tokens, vocab] logits and log-probs, ``bytes_per_logit``
+    bytes per entry, fit in the memory vLLM leaves outside its budget, (1 − utilization) x gpu_memory − reserve
+    (docs/cluster.md, "Sampling"). ValueError (one line) when not even TOKEN_MULTIPLE tokens fit."""
+    free = (1.0 - utilization) * gpu_memory_gib - reserve_gib
+    per_token = vocab * bytes_per_logit
+    tokens = int(max(free, 0.0) * GIB // per_token) // TOKEN_MULTIPLE * TOKEN_MULTIPLE
+    if tokens < TOKEN_MULTIPLE:
+        top = max_safe_utilization(TOKEN_MULTIPLE, vocab=vocab, bytes_per_logit=bytes_per_logit,
+                                   gpu_memory_gib=gpu_memory_gib, reserve_gib=reserve_gib)
+        raise ValueError(f"cluster.variational.vllm.gpu_memory_utilization={utilization!r} leaves {free:.2f} GiB "
+                         f"outside vLLM's budget, less than the prompt log-probs of {TOKEN_MULTIPLE} tokens need "
+                         f"({TOKEN_MULTIPLE * per_token / GIB:.2f} GiB); allowed: at most {top:.3f}")
+    return min(tokens, max_model_len)
 
 
 def cluster_settings(config: Any) -> VerlClusterConfig:
@@ -192,10 +225,14 @@ def _sample_command(config: Any, run_dir: str, python: str, cluster: VerlCluster
     tp = v.vllm.tensor_parallel
     if gpus % tp:
         raise ValueError(f"cluster.variational.vllm.tensor_parallel={tp} must divide cluster.gpus_per_node={gpus}")
+    e = v.vllm
+    bound = prompt_logprob_tokens(vocab=e.logits_vocab, bytes_per_logit=e.bytes_per_logit,
+                                  gpu_memory_gib=e.gpu_memory_gib, utilization=e.gpu_memory_utilization,
+                                  reserve_gib=e.reserve_gib, max_model_len=e.max_model_len)
     common = ["--run-dir", run_dir, "--seed", str(int(require(config, "seed", VR_RUN))),
               "--tensor-parallel", str(tp), "--replicas", str(gpus // tp),
-              "--gpu-memory-utilization", repr(v.vllm.gpu_memory_utilization),
-              "--max-model-len", str(v.vllm.max_model_len), "--questions", f"{v.data_dir}/{VR_DATA_FILES['questions']}"]
+              "--gpu-memory-utilization", repr(e.gpu_memory_utilization), "--max-model-len", str(e.max_model_len),
+              "--max-num-batched-tokens", str(bound), "--questions", f"{v.data_dir}/{VR_DATA_FILES['questions']}"]
     if stage == "traces":
         t = v.traces
         return [python, "-m", SAMPLE_MODULE, "traces", *common, "--posterior", upstream["posterior"],

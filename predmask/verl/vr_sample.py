@@ -50,7 +50,8 @@ from predmask.vr_weights import (
     trace_log_weights,
 )
 
-__all__ = ["TRACE_COLUMNS", "WEIGHT_COLUMNS", "main", "resolve_model", "summed_prompt_logprob", "weight_rows"]
+__all__ = ["TRACE_COLUMNS", "WEIGHT_COLUMNS", "engine_args", "main", "resolve_model", "summed_prompt_logprob",
+           "weight_rows"]
 
 TRACE_COLUMNS: tuple[str, ...] = ("question", "trace", "prompt", "hint", "trace_text", "answer_text",
                                   "posterior_correct", "trace_tokens", "log_posterior")
@@ -129,6 +130,15 @@ def weight_rows(raw: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def engine_args(model: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """vllm.LLM's keyword arguments: the model, its GPUs' share, and the bound on a step's tokens
+    (``max_num_batched_tokens``, chunked prefill on): the prompt log-probs of a step materialise [tokens, vocab]
+    logits outside vLLM's memory budget (``predmask.verl.vr_cluster.prompt_logprob_tokens``)."""
+    return {"model": str(model), "tensor_parallel_size": args.tensor_parallel, "seed": args.seed + args.shard,
+            "gpu_memory_utilization": args.gpu_memory_utilization, "max_model_len": args.max_model_len,
+            "max_num_batched_tokens": args.max_num_batched_tokens, "enable_chunked_prefill": True}
+
+
 def _read_parquet(path: Path, stage: str, how: str) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
@@ -158,8 +168,7 @@ class _Engine:
         import vllm
 
         self.vllm = vllm
-        self.llm = vllm.LLM(model=str(model), tensor_parallel_size=args.tensor_parallel, seed=args.seed + args.shard,
-                            gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
+        self.llm = vllm.LLM(**engine_args(model, args))
         self.tok = self.llm.get_tokenizer()
 
     def prompt_ids(self, system: str, user: str) -> list[int]:
@@ -268,6 +277,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="the most tokens of one vLLM step (bounds the prompt log-probs' memory; required)")
     p.add_argument("--posterior", help="traces: the posterior stage's checkpoints (or an HF model directory)")
     p.add_argument("--prior", help="weights: the prior stage's checkpoints (or an HF model directory)")
     p.add_argument("--traces", type=Path, help="weights: the traces stage's traces.parquet")
@@ -283,7 +294,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check(args: argparse.Namespace) -> None:
     check_counts(args.k, args.m)
-    for name in ("tensor_parallel", "replicas", "max_tokens"):
+    if args.max_num_batched_tokens is None:
+        raise ValueError("--max-num-batched-tokens is required (the bound on the prompt log-probs' memory: "
+                         "predmask.verl.vr_cluster.prompt_logprob_tokens)")
+    for name in ("tensor_parallel", "replicas", "max_tokens", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is not allowed; allowed: >= 1")
     if args.mode == "traces" and not args.posterior:

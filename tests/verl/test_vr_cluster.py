@@ -327,10 +327,13 @@ class _Tok:
 
 
 class LLM:
-    def __init__(self, model, tensor_parallel_size=1, seed=0, gpu_memory_utilization=0.9, max_model_len=None):
+    def __init__(self, model, tensor_parallel_size=1, seed=0, gpu_memory_utilization=0.9, max_model_len=None,
+                 max_num_batched_tokens=None, enable_chunked_prefill=None):
         with open(os.environ["STUB_VLLM_LOG"], "a") as fh:
             fh.write(json.dumps({"model": model, "tp": tensor_parallel_size,
-                                 "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\n")
+                                 "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                 "max_num_batched_tokens": max_num_batched_tokens,
+                                 "chunked": enable_chunked_prefill}) + "\n")
 
     def get_tokenizer(self):
         return _Tok()
@@ -411,6 +414,8 @@ def test_traces_and_weights_through_a_stub_vllm(tmp_path: Path, stub_env: dict) 
     assert [(t["question"], t["trace"]) for t in traces] == [(q, j) for q in range(4) for j in range(k)]
     calls = [json.loads(line) for line in stub_env["log"].read_text().splitlines()]
     assert sorted(c["gpus"] for c in calls) == ["0,1", "2,3"] and {c["model"] for c in calls} == {str(post_hf)}
+    bound = int(argv[argv.index("--max-num-batched-tokens") + 1])
+    assert {(c["max_num_batched_tokens"], c["chunked"]) for c in calls} == {(bound, True)}  # the memory bound
     table = stub_env["table"]
     for t in traces:
         q = questions[t["question"]]
