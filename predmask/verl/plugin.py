@@ -10,7 +10,11 @@ verl modules it uses:
 - ``verl.workers.engine_workers``: the actor's TrainingWorker becomes the top-K-aware subclass
   (:func:`predmask.verl.worker.install_actor`);
 - ``verl.workers.rollout.vllm_rollout.vllm_async_server``: vLLM returns the top-K log-probs
-  (:func:`predmask.verl.rollout_hook.install_rollout`).
+  (:func:`predmask.verl.rollout_hook.install_rollout`);
+- ``verl.experimental.agent_loop.agent_loop``: validation requests are marked so that they ask for no top-K
+  (:func:`predmask.verl.rollout_hook.install_agent_loop`);
+- ``verl.trainer.ppo.ray_trainer``: the old-log-prob actor forward is skipped for rollout-anchored methods
+  (:func:`predmask.verl.trainer_hook.install_trainer`).
 
 No other module of ``predmask.verl`` installs anything on import.
 """
@@ -42,11 +46,25 @@ def _install_rollout(vllm_async_server: ModuleType) -> None:
     install_rollout(vllm_async_server)
 
 
+def _install_agent_loop(agent_loop: ModuleType) -> None:
+    from predmask.verl.rollout_hook import install_agent_loop
+
+    install_agent_loop(agent_loop)
+
+
+def _install_trainer(ray_trainer: ModuleType) -> None:
+    from predmask.verl.trainer_hook import install_trainer
+
+    install_trainer(ray_trainer)
+
+
 def install() -> None:
     """Install the hooks (idempotent: every hook checks whether it already ran)."""
     when_imported("verl.trainer.ppo.core_algos", _register_losses)
     when_imported("verl.workers.engine_workers", _install_actor)
     when_imported("verl.workers.rollout.vllm_rollout.vllm_async_server", _install_rollout)
+    when_imported("verl.experimental.agent_loop.agent_loop", _install_agent_loop)
+    when_imported("verl.trainer.ppo.ray_trainer", _install_trainer)
 
 
 install()
