@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from predmask.command_text import command, sweep_command, with_db
-from predmask.rundir import PLANNED_CONFIG_FILE, read_config, runs_root, sweep_path
+from predmask.rundir import PLANNED_CONFIG_FILE, DamagedFileError, read_config, runs_root, sweep_path
 from sweeps.compose import RunSpec, SweepError, sweep_family, sweep_names
 from sweeps.families import describe, expand
-from sweeps.run_dirs import SweepLock, read_state
+from sweeps.run_dirs import DAMAGED, RunState, SweepLock, check_inside_root, damaged_line, read_state, run_dir
 
 EPILOG = """\
 examples:
@@ -100,21 +100,42 @@ def _ingest(db: Path, path: Path) -> str | None:
         con.close()
 
 
+def storage_cause(err: BaseException) -> str:
+    """One line for a storage error: a StoreError's own line, else the error's type and first line (a DuckDB
+    ``TransactionException`` or ``IOException`` on a full disk, an OSError's strerror and file)."""
+    from analysis.store import StoreError
+
+    if isinstance(err, StoreError):
+        return (str(err).splitlines() or [type(err).__name__])[0]
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.strerror}: {err.filename}" if err.filename else err.strerror
+    first = (str(err).splitlines() or [""])[0]
+    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+
+
 class Ingester:
-    """Ingests each finished run as it ends; a run whose ingest fails (the database held by another process for
-    longer than the store waits) is deferred, not fatal: the sweep goes on and :meth:`catch_up` tries it again."""
+    """Ingests each finished run as it ends; a run whose ingest fails on storage (the database held by another
+    process for longer than the store waits, a full disk, a read-only file, a DuckDB transaction error) is deferred,
+    not fatal: the sweep goes on and :meth:`catch_up` tries it again. A run directory the store cannot read (a
+    damaged file) is reported, not deferred, and the sweep goes on."""
 
     def __init__(self, db: Path, catch_up_hint: str) -> None:
         self.db, self.hint = db, catch_up_hint
         self.deferred: dict[str, tuple[RunSpec, Path, str]] = {}  # run_id -> (spec, run dir, cause)
 
     def _try(self, spec: RunSpec, path: Path) -> bool:
+        import duckdb
+
         from analysis.store import StoreError
 
         try:
             refused = _ingest(self.db, path)
-        except (StoreError, OSError) as err:  # held by another process, or its folder cannot be written now
-            self.deferred[spec.run_id] = (spec, path, str(err))
+        except DamagedFileError as err:  # the run directory's fault: retrying will not help
+            self.deferred.pop(spec.run_id, None)
+            print(f"warning: run {spec.run_id} not ingested: {err}", flush=True)
+            return True
+        except (StoreError, OSError, duckdb.Error) as err:  # held, full, read-only: the database's fault, for now
+            self.deferred[spec.run_id] = (spec, path, storage_cause(err))
             return False
         self.deferred.pop(spec.run_id, None)
         if refused:
@@ -123,8 +144,8 @@ class Ingester:
 
     def __call__(self, spec: RunSpec, path: Path) -> None:
         if not self._try(spec, path):
-            print(f"ingest of {spec.run_id} deferred: {self.deferred[spec.run_id][2]}; the end of this sweep, "
-                  f"the next sweep or `{self.hint}` catches it up", flush=True)
+            print(f"ingest of {spec.run_id} into {self.db} deferred: {self.deferred[spec.run_id][2]}; the end of "
+                  f"this sweep, the next sweep or `{self.hint}` catches it up", flush=True)
 
     def catch_up(self) -> dict[str, str]:
         """Try every deferred run once more; returns the runs still deferred, with the cause."""
@@ -149,7 +170,7 @@ def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> i
 
     summary = plan_summary(specs, max_parallel(specs, args.max_parallel), _submit_command(args))
     payload = {"summary": summary, "runs": dry_run_records(specs, root)}
-    out = write_dry_run(payload, sweep_path(args.sweep, root))
+    out = write_dry_run(payload, sweep_path(args.sweep, root), root)
     if args.format == "json":
         print(json.dumps(payload, indent=2))
         print(f"scripts and commands written to {out}", file=sys.stderr)
@@ -188,6 +209,9 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             print(f"note: {', '.join(skipped)} left out of the method axis: not composed for the "
                   f"{specs[0].config['cluster']['name']} trainer (predmask.verl.vr_cluster)", file=sys.stderr)
     validate_runs(specs, root)  # every run as its trainer checks it, before anything is written (dry run included)
+    sweep_dir = sweep_path(args.sweep, root)
+    check_inside_root(root, [sweep_dir, sweep_dir / ("dry-run" if args.dry_run else ".submitit"),
+                             *(run_dir(spec, root) for spec in specs)])  # nothing followed out of the runs root
     if args.dry_run:
         return cmd_dry_run(args, specs, root)
 
@@ -259,26 +283,37 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     for col in ("sweep", "run_id", "method", "model", "precision", "delta", "seed", "status", "step"):
         table.add_column(col, no_wrap=True)
     counts: dict[str, Counter[str]] = {}
+    damaged: list[str] = []  # one line per damaged run, in full (a table cell would be cut)
     for name in sweeps:
         for path in sorted(p for p in (root / name).iterdir() if p.is_dir() and not p.name.startswith(".")) \
                 if (root / name).exists() else []:
             cfg_file = path / PLANNED_CONFIG_FILE
             if not cfg_file.exists():
                 continue
-            run = RunSpec(path.name, name, (), read_config(cfg_file))
             state = read_state(path)
             step = f"{state.step}/{state.total_steps}" if state.total_steps else str(state.step)
-            method = run.method if run.stage in (None, "final") else f"({run.method})"  # a stage run, not a recipe
-            data = run.config["method"].get("data") if run.stage == "final" else None
-            table.add_row(name, path.name, f"{method} {data}" if data else method, run.model, run.precision,
-                          str(run.delta), str(run.seed), state.status, step)
+            try:
+                cells = _run_cells(RunSpec(path.name, name, (), read_config(cfg_file)))
+            except (ValueError, KeyError, TypeError, AttributeError) as err:  # a damaged or foreign config
+                what = err.what if isinstance(err, DamagedFileError) else f"not a run config ({type(err).__name__})"
+                cells, state = ("?",) * 5, RunState(DAMAGED, error=damaged_line(PLANNED_CONFIG_FILE, what))
+            table.add_row(name, path.name, *cells, state.status, step)
             counts.setdefault(name, Counter())[state.status] += 1
+            if state.status == DAMAGED:
+                damaged.append(f"{name} {path.name}: {state.error}")
     if not console.is_terminal:
         console.width = max(console.width, 140)
     console.print(table)
-    for line in status_next(counts, root):
+    for line in [*damaged, *status_next(counts, root)]:
         console.print(line, highlight=False)
     return 0
+
+
+def _run_cells(run: RunSpec) -> tuple[str, str, str, str, str]:
+    """A run's method (a stage run's in parentheses, a final's with its data), model, precision, delta and seed."""
+    method = run.method if run.stage in (None, "final") else f"({run.method})"  # a stage run, not a recipe
+    data = run.config["method"].get("data") if run.stage == "final" else None
+    return f"{method} {data}" if data else method, run.model, run.precision, str(run.delta), str(run.seed)
 
 
 def status_next(counts: dict[str, Counter[str]], root: Path) -> list[str]:

@@ -17,6 +17,8 @@ from predmask.rundir import (
     EXIT_STATUS_FILE,
     JOB_LOG_FILE,
     PLANNED_CONFIG_FILE,
+    STATUS_FILE,
+    DamagedFileError,
     StatusError,
     read_job_record,
     read_status,
@@ -24,7 +26,7 @@ from predmask.rundir import (
     run_status,
     write_config,
 )
-from sweeps.compose import RunSpec
+from sweeps.compose import RunSpec, SweepError
 
 if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
     from typing_extensions import Self
@@ -35,10 +37,15 @@ def run_dir(spec: RunSpec, root: Path | None = None) -> Path:
     return run_path(spec.sweep, spec.run_id, root)
 
 
+#: the status of a run whose status.json cannot be read (its error says which file and what is wrong)
+DAMAGED = "damaged"
+
+
 @dataclass(frozen=True)
 class RunState:
     """What the run directory says: status is one of new, running, completed, failed, dead (status.json says
-    running but no process holds the run's writer lock: its trainer was killed)."""
+    running but no process holds the run's writer lock: its trainer was killed), damaged (status.json is not what
+    ``write_status`` writes: ``error`` is the one line ``damaged: status.json, <what>``)."""
 
     status: str
     step: int = 0
@@ -46,15 +53,45 @@ class RunState:
     error: str | None = None
 
 
+def damaged_line(file: str, what: str) -> str:
+    """The one line of a damaged run-directory file, with the file's name: ``damaged: <file>, <what>``."""
+    return f"damaged: {file}, {what}"
+
+
+def _count(data: dict[str, Any], key: str) -> int:
+    """A whole-number field of status.json (0 when absent); a DamagedFileError naming it otherwise."""
+    value = data.get(key) or 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise DamagedFileError(Path(STATUS_FILE), f"{key} {value!r} is not a whole number")
+    return int(value)
+
+
 def read_state(path: Path) -> RunState:
+    """The run's state from its status.json and writer lock; a status.json that cannot be read is ``damaged`` (never
+    running: ``write_status`` replaces the file atomically, so a damaged one stays damaged until rewritten)."""
     try:
         data = read_status(path)
-    except (StatusError, OSError):
-        return RunState("running")  # being replaced right now; the next poll reads it whole
+        step, total = _count(data, "step"), _count(data, "total_steps")
+    except DamagedFileError as err:
+        return RunState(DAMAGED, error=damaged_line(STATUS_FILE, err.what))
+    except OSError as err:
+        return RunState(DAMAGED, error=damaged_line(STATUS_FILE, f"unreadable ({err.strerror or err})"))
     if not data:
         return RunState("new")
-    return RunState(run_status(path, str(data.get("status", "running"))), int(data.get("step") or 0),
-                    int(data.get("total_steps") or 0), data.get("error"))
+    error = data.get("error")
+    return RunState(run_status(path, str(data.get("status", "running"))), step, total,
+                    None if error is None else str(error))
+
+
+def check_inside_root(root: Path, paths: list[Path]) -> None:
+    """Every path the sweep writes or deletes stays under the runs root once symlinks are followed; the first that
+    leads out of it is one SweepError line (nothing is written or deleted then)."""
+    real_root = root.resolve()
+    for path in paths:
+        real = path.resolve()
+        if real != real_root and real_root not in real.parents:
+            raise SweepError(f"{path} leads out of the runs root {root} (to {real}); nothing written or deleted: "
+                             "remove that link, or choose another --runs-root")
 
 
 #: a Python exception line at the start of a line (the last line of a traceback), e.g. ``RuntimeError: boom``

@@ -31,6 +31,8 @@ from predmask.rundir import JOB_LOG_FILE, read_job_record, run_writer_alive, wri
 from sweeps.compose import RunSpec, SweepError
 from sweeps.jobs import trainer_argv
 from sweeps.run_dirs import (
+    DAMAGED,
+    check_inside_root,
     failure_cause,
     log_size,
     read_state,
@@ -181,9 +183,13 @@ def run_sweep(
     outcome = Outcome()
     pending: dict[str, RunSpec] = {}
     for spec in specs:
-        if read_state(run_dir(spec, root)).status == "completed":
+        state = read_state(run_dir(spec, root))
+        if state.status == "completed":
             outcome.skipped.append(spec.run_id)
         else:
+            if state.status == DAMAGED:  # its trainer rewrites status.json, or fails with its own line
+                console.print(f"run {spec.run_id}: {state.error}; started again (it resumes from its checkpoints)",
+                              highlight=False)
             pending[spec.run_id] = spec
     # plain lines go to stdout beside the sweep's other lines: `python -m sweeps ... | tee log` keeps them
     with progress(f"sweep {specs[0].sweep}" if specs else "sweep", total=len(specs), unit="runs",
@@ -256,10 +262,12 @@ def dry_run_records(specs: list[RunSpec], root: Path) -> list[dict[str, Any]]:
     return records
 
 
-def write_dry_run(payload: dict[str, Any], directory: Path) -> Path:
+def write_dry_run(payload: dict[str, Any], directory: Path, root: Path) -> Path:
     """Write a dry run under ``<sweep dir>/dry-run/`` (replaced as a whole): each run's ``.cmd`` and ``.sbatch``,
-    and ``plan.json`` (the ``--format json`` output: ``{"summary": ..., "runs": [...]}``)."""
+    and ``plan.json`` (the ``--format json`` output: ``{"summary": ..., "runs": [...]}``). A sweep dir or dry-run
+    folder that leads out of the runs ``root`` (a symlink) is refused before anything is deleted or written."""
     out = directory / "dry-run"
+    check_inside_root(root, [directory, out])
     out.mkdir(parents=True, exist_ok=True)
     for old in out.iterdir():
         old.unlink()

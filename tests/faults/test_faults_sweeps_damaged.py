@@ -1,0 +1,88 @@
+"""Damaged run directories and links out of the runs root, with real files and real `python -m sweeps` processes:
+`status` shows each damaged run as one line ``damaged: <file>, <what>`` and goes on with the others (a truncated
+status.json is never shown as running), and a dry run whose folder is a symlink out of the runs root is refused in
+one line with every file behind the link left as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from predmask.rundir import write_status
+from sweeps.families import expand
+from sweeps.run_dirs import read_state, run_dir, write_planned_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _sweeps(tmp: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREDMASK_RUNS": str(tmp / "runs")}
+    return subprocess.run([sys.executable, "-m", "sweeps", *argv], cwd=tmp, capture_output=True, text=True,
+                          timeout=300, check=False, env=env)
+
+
+def test_status_shows_damaged_runs_in_one_line_each_and_the_others_as_they_are(tmp_path: Path) -> None:
+    good, as_list, cut, bad_config = expand("smoke", [])[:4]
+    paths = [run_dir(spec, tmp_path / "runs") for spec in (good, as_list, cut, bad_config)]
+    for spec, path in zip((good, as_list, cut, bad_config), paths, strict=True):
+        path.mkdir(parents=True)
+        write_planned_config(path, spec)
+    write_status(paths[0], "completed", 6, 6)
+    (paths[1] / "status.json").write_text("[]\n")
+    whole = json.dumps({"status": "running", "step": 3, "total_steps": 6, "updated": 1.0, "error": None})
+    (paths[2] / "status.json").write_text(whole[: len(whole) // 2])  # cut short mid-write
+    write_status(paths[3], "failed", 2, 6, "boom")
+    planned = paths[3] / "planned_config.yaml"
+    planned.write_text(planned.read_text()[:40])  # cut short: no final newline
+
+    assert read_state(paths[2]).status == "damaged"  # never "running" (no writer could be holding it forever)
+    done = _sweeps(tmp_path, "status", "smoke")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    rows = {cells[2]: cells for line in lines if len(cells := [c.strip() for c in line.split("│")]) > 9}
+    assert rows[good.run_id][8:10] == ["completed", "6/6"]
+    assert rows[as_list.run_id][8] == rows[cut.run_id][8] == rows[bad_config.run_id][8] == "damaged"
+    assert rows[bad_config.run_id][3] == "?"  # its config cannot say its method
+    assert f"smoke {as_list.run_id}: damaged: status.json, a JSON list, not an object" in lines
+    assert any(line.startswith(f"smoke {cut.run_id}: damaged: status.json, not JSON (") for line in lines)
+    assert any(line.startswith(f"smoke {bad_config.run_id}: damaged: planned_config.yaml, truncated")
+               for line in lines)
+    assert lines[-1].startswith("smoke: 3 not completed (3 damaged); next: rerun the sweep's own command")
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_dry_run_folder_linked_out_of_the_runs_root_is_refused_and_nothing_behind_it_changes(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("must survive\n")
+    (outside / "plan.json").write_text("{}\n")
+    before = _tree(outside)
+    sweep_dir = tmp_path / "runs" / "smoke"
+    sweep_dir.mkdir(parents=True)
+    (sweep_dir / "dry-run").symlink_to(outside, target_is_directory=True)
+
+    done = _sweeps(tmp_path, "smoke", "method=dppo_topk_kl", "--dry-run")
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line == (f"error: {sweep_dir / 'dry-run'} leads out of the runs root {tmp_path / 'runs'} (to {outside}); "
+                    "nothing written or deleted: remove that link, or choose another --runs-root")
+    assert _tree(outside) == before and sorted(p.name for p in sweep_dir.iterdir()) == ["dry-run"]
+
+    (sweep_dir / "dry-run").unlink()  # the sweep folder itself linked out: refused the same way
+    sweep_dir.rmdir()
+    sweep_dir.symlink_to(outside, target_is_directory=True)
+    done = _sweeps(tmp_path, "smoke", "method=dppo_topk_kl", "--dry-run")
+    assert done.returncode == 2 and "leads out of the runs root" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert _tree(outside) == before
+
+    sweep_dir.unlink()  # a plain folder: the dry run writes there, inside the root
+    done = _sweeps(tmp_path, "smoke", "method=dppo_topk_kl", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert (sweep_dir / "dry-run" / "plan.json").is_file() and _tree(outside) == before
