@@ -1,7 +1,7 @@
-"""The project's one benchmark entry: ``python scripts/benchmark.py <loss|engine|study|reports> [options]``.
+"""The project's one benchmark entry: ``python scripts/benchmark.py <loss|engine|study|reports|parse> [options]``.
 
 The measuring code lives beside what it measures (predmask/bench.py, predmask/rl/bench.py,
-analysis/token_level/bench.py, reports/bench.py; each sub-command's ``--help`` shows that module's account); this
+analysis/token_level/bench.py, reports/bench.py, predmask/verl/records_bench.py; each sub-command's ``--help`` shows that module's account); this
 file parses the options, prints the tables and PASS/FAIL lines, and writes the JSON records. Exit status: 0, 1 when
 a target the sub-command enforces is missed (loss) or the paper fails (reports), 2 on bad options.
 """
@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from predmask import bench as loss
+from predmask import hidden_gather_bench as hidden
 from predmask.io import atomic_write_text
 
 
@@ -79,6 +80,10 @@ def loss_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", type=positive_int, default=20)
     p.add_argument("--repeats", type=positive_int, default=7)
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    p.add_argument("--hidden-size", type=positive_int, default=hidden.DEFAULT_HIDDEN_SIZE,
+                   help=f"hidden size D of the hidden-states path's comparison (default {hidden.DEFAULT_HIDDEN_SIZE})")
+    p.add_argument("--no-hidden", action="store_true",
+                   help="skip the hidden-states path (predmask/hidden_gather_bench.py; CPU only)")
     p.add_argument("--out", type=Path, help="also write the report (bench.txt) and the record (bench.json) here")
 
 
@@ -100,10 +105,26 @@ def loss_report(env: dict[str, Any], dtype: str, records: Sequence[dict[str, Any
         for name, e in r["closed_forms"].items():
             lines.append(f"    {name:16s} max abs {e['max_abs']:.3e}  max rel {e['max_rel']:.3e}  "
                          f"decision flips {int(e['decision_flips'])} of {r['tokens']}")
+        if "hidden" in r:
+            lines += hidden_lines(r["hidden"])
         lines += [f"  {target_line(t)}" for t in r["targets"]]
     failed = sum(not t["pass"] for r in records for t in r["targets"])
     total = sum(len(r["targets"]) for r in records)
     lines.append(f"{'PASS' if failed == 0 else 'FAIL'}: {total - failed} of {total} targets met")
+    return lines
+
+
+def hidden_lines(h: dict[str, Any]) -> list[str]:
+    """The hidden-states path's step times, time ratio and peak memory at one size (its targets are the record's)."""
+    lines = [f"  from hidden states (D={h['hidden_size']}, {h['method']}, float32; every step includes the lm_head):"]
+    for n, t in h["median_s"].items():
+        lines.append(f"    {n:26s} fwd+bwd {t * 1e3:9.2f} ms")
+    lines.append(f"    time from hidden states / from logits: x{h['time_ratio']:.3f}")
+    if h["peak_extra"]:
+        p, grads = h["peak_extra"], h["grad_bytes"] / h["unit_bytes"]
+        lines.append(f"    peak extra memory (torch.profiler) in [tokens, vocab] float32 tensors: from logits "
+                     f"{p['logits']:.3f} x, from hidden states {p['hidden']:.3f} x = the h and W gradients "
+                     f"{grads:.3f} x + {p['hidden'] - grads:.3f} x")
     return lines
 
 
@@ -120,13 +141,19 @@ def run_loss(args: argparse.Namespace) -> int:
         records.append(loss.bench_size(tokens, vocab=args.vocab, topk=args.topk, device=args.device,
                                        dtype=loss.DTYPES[args.dtype], repeats=args.repeats,
                                        memory=not args.no_memory))
+        if not args.no_hidden and args.device == "cpu":
+            h = hidden.bench_hidden(tokens, vocab=args.vocab, dim=args.hidden_size, topk=args.topk,
+                                    repeats=args.repeats, memory=not args.no_memory)
+            records[-1].update(hidden=h, targets=records[-1]["targets"] + h["targets"])
         print(f"bench loss: {tokens} tokens measured", file=sys.stderr, flush=True)
     text = "\n".join(loss_report(env, args.dtype, records, args.repeats)) + "\n"
     print(text, end="")
     if args.out is not None:
         write_json(args.out / "bench.json", {
             "environment": env, "dtype": args.dtype, "delta": loss.DELTA, "repeats": args.repeats,
-            "time_ratio_max": loss.TIME_RATIO_MAX, "peak_extra_max": loss.PEAK_EXTRA_MAX, "sizes": records})
+            "time_ratio_max": loss.TIME_RATIO_MAX, "peak_extra_max": loss.PEAK_EXTRA_MAX,
+            "hidden_time_ratio_max": hidden.HIDDEN_TIME_RATIO_MAX,
+            "hidden_peak_extra_max": hidden.HIDDEN_PEAK_EXTRA_MAX, "sizes": records})
         atomic_write_text(args.out / "bench.txt", text)
     return 0 if all(t["pass"] for r in records for t in r["targets"]) else 1
 
@@ -227,6 +254,57 @@ def run_reports(args: argparse.Namespace) -> int:
     return 1 if r["failures"] else 0
 
 
+def parse_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tokens", type=positive_int, default=2048, help="generated tokens of the sequence (default 2048)")
+    p.add_argument("--vocab", type=positive_int, default=32000)
+    p.add_argument("--topk", type=positive_int, default=20)
+    p.add_argument("--repeats", type=positive_int, default=7)
+
+
+def run_parse(args: argparse.Namespace) -> int:
+    from predmask.verl import records_bench
+
+    r = records_bench.measure(args.tokens, args.vocab, args.topk, args.repeats)
+    us = r["us_per_token"]
+    print_table(f"top-K record parse, {r['tokens']} tokens, K={r['k']}, V={r['vocab']} "
+                f"(least CPU time of {r['repeats']})",
+                ("form", "parser", "us/token", "x cheaper", "equal to before"),
+                [["dict", "per entry (before)", f"{us['before_dict']:.2f}", "1.0", "-"],
+                 ["dict", "vectorised (after)", f"{us['after_dict']:.2f}", f"{r['speedup_dict']:.1f}",
+                  str(r["equal"]["dict"])],
+                 ["flat", "vectorised (after)", f"{us['after_flat']:.2f}", f"{r['speedup_flat']:.1f}",
+                  str(r["equal"]["flat"])]])
+    for row in r["targets"]:
+        print(target_line(row))
+    if not all(r["equal"].values()):
+        print(f"FAIL the parsers disagree on the same objects: {r['equal']}")
+        return 1
+    return 0 if all(t["pass"] for t in r["targets"]) else 1
+
+
+def ingest_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lines", type=positive_int, default=500_000, help="lines of the metrics file (default 500000)")
+    p.add_argument("--metrics", type=positive_int, default=32, help="values per line (default 32, about 1.3 kB)")
+    p.add_argument("--keep", type=Path, default=None, help="write in this folder and keep it (default: a temp dir)")
+
+
+def run_ingest(args: argparse.Namespace) -> int:
+    from analysis.store import ingest_bench
+
+    with tempfile.TemporaryDirectory(prefix="predmask-bench-") as tmp:
+        root = args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        r = ingest_bench.measure(root, args.lines, args.metrics)
+    print(f"metrics.jsonl: {r['lines']:,} lines x {r['metrics']} values, {r['file_bytes'] / 1e6:.0f} MB")
+    print(f"ingest: {r['wall_s']:.1f} s wall, peak memory {r['peak_bytes'] / (1 << 20):.0f} MiB, "
+          f"{r['rows_stored']:,} of {r['rows_expected']:,} rows stored")
+    print(target_line(r["target"]))
+    if r["returncode"] or r["rows_stored"] != r["rows_expected"]:
+        print(f"FAIL the ingest exited {r['returncode']} {r['stderr']}")
+        return 1
+    return 0 if r["target"]["pass"] else 1
+
+
 #: sub-command: (one line of help, the module that measures, its options, its run)
 SUBCOMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], int]]] = {
@@ -238,6 +316,10 @@ SUBCOMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]
               "analysis/token_level/bench.py", study_options, run_study),
     "reports": ("all figures, tables and the page on a synthetic database of the paper's size",
                 "reports/bench.py", reports_options, run_reports),
+    "ingest": ("one long run's metrics.jsonl into the results database: wall time and peak memory",
+               "analysis/store/ingest_bench.py", ingest_options, run_ingest),
+    "parse": ("the rollout hook's top-K parse per generated token, per entry (before) and vectorised (after)",
+              "predmask/verl/records_bench.py", parse_options, run_parse),
 }
 
 

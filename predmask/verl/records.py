@@ -4,18 +4,25 @@ vLLM's ``CompletionOutput.logprobs`` is a list, per generated token, of ``{token
 decoded_token)}`` holding the K most likely tokens plus the sampled one (rank > K when outside the top-K).
 :func:`parse_vllm_logprobs` turns it into a :class:`TopKRecord` (numpy arrays), the object the rollout hook puts
 into ``TokenOutput.extra_fields[TOPK_KEY]`` and verl's agent loop carries to the actor in ``non_tensor_batch``.
+It reads each entry's two fields in C-level loops and sorts the whole sequence at once in numpy; vLLM's
+``FlatLogprobs`` (the same data as flat lists: ``start_indices``, ``end_indices``, ``token_ids``, ``logprobs``,
+``ranks``; the sampled token first, then ranks 1..K, the sampled one repeated when it is in the top-K) is read
+from its lists directly. :func:`parse_vllm_logprobs_per_entry` is the per-entry reading of the same structure, kept
+as the reference the parser is checked and benchmarked against (``python scripts/benchmark.py parse``).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from itertools import chain
+from operator import attrgetter, methodcaller
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["TOPK_KEY", "TopKRecord", "parse_vllm_logprobs"]
+__all__ = ["TOPK_KEY", "TopKRecord", "parse_vllm_logprobs", "parse_vllm_logprobs_per_entry"]
 
 #: non_tensor_batch / TensorDict key holding one TopKRecord per sample
 TOPK_KEY = "predmask_topk"
@@ -52,8 +59,10 @@ def _entry_fields(token_id: Any, entry: Any) -> tuple[int, float, float]:
     return int(token_id), float(logprob), math.inf if rank is None else float(rank)
 
 
-def parse_vllm_logprobs(position_logprobs: Sequence[Mapping[int, Any]], token_ids: Sequence[int], k: int) -> TopKRecord:
-    """Parse vLLM's per-position log-probs (``CompletionOutput.logprobs``) into a :class:`TopKRecord`.
+def parse_vllm_logprobs_per_entry(position_logprobs: Sequence[Mapping[int, Any]], token_ids: Sequence[int],
+                                  k: int) -> TopKRecord:
+    """Parse vLLM's per-position log-probs (``CompletionOutput.logprobs``) into a :class:`TopKRecord`, entry by
+    entry (the reference of :func:`parse_vllm_logprobs`).
 
     ``position_logprobs[t]`` maps token id -> ``Logprob(logprob, rank, decoded_token)`` for generated token t: the
     ``k`` most likely tokens plus the sampled one (rank > k when outside the top-k). Entries are ordered by
@@ -85,3 +94,111 @@ def parse_vllm_logprobs(position_logprobs: Sequence[Mapping[int, Any]], token_id
         lps[t, :m] = [f[1] for f in top]
         valid[t, :m] = True
     return TopKRecord(np.asarray(token_ids, dtype=np.int32).reshape(n), sampled_lp, ids, lps, valid)
+
+
+_LOGPROB = attrgetter("logprob")
+_RANK = attrgetter("rank")
+_VALUES = methodcaller("values")
+_FLAT_FIELDS = ("start_indices", "end_indices", "token_ids", "logprobs", "ranks")
+
+
+def _flat_arrays(position_logprobs: Any, n: int, flat: bool) -> tuple[np.ndarray, ...]:
+    """(position, id, log-prob, rank) of every entry, in vLLM's order (position by position); rank None -> inf."""
+    if flat:  # vLLM's FlatLogprobs
+        flat = position_logprobs
+        starts = np.asarray(flat.start_indices, dtype=np.int64)
+        counts = np.asarray(flat.end_indices, dtype=np.int64) - starts
+        lo = int(starts[0]) if n else 0
+        hi = lo + int(counts.sum())
+        ids = np.asarray(flat.token_ids[lo:hi], dtype=np.int64)
+        lps = np.asarray(flat.logprobs[lo:hi], dtype=np.float64)
+        ranks = np.array(flat.ranks[lo:hi], dtype=np.float64)
+    else:
+        for t, entries in enumerate(position_logprobs):
+            if entries is None:
+                raise ValueError(f"vLLM returned no log-probs at position {t}; request them with logprobs=K")
+        counts = np.fromiter(map(len, position_logprobs), dtype=np.int64, count=n)
+        total = int(counts.sum())
+        ids = np.fromiter(chain.from_iterable(position_logprobs), dtype=np.int64, count=total)
+        values = list(chain.from_iterable(map(_VALUES, position_logprobs)))
+        lps = np.fromiter(map(_LOGPROB, values), dtype=np.float64, count=total)
+        try:
+            ranks = np.fromiter(map(_RANK, values), dtype=np.float64, count=total)
+        except TypeError:  # a rank None
+            ranks = np.array(list(map(_RANK, values)), dtype=np.float64)
+    ranks[np.isnan(ranks)] = np.inf  # rank None
+    return np.repeat(np.arange(n), counts), ids, lps, ranks
+
+
+def _pair_key(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
+    """One int64 sort key ordering by (major, minor) for non-negative integers."""
+    return major * (int(minor.max(initial=0)) + 1) + minor
+
+
+def _top_order(pos: np.ndarray, ids: np.ndarray, lps: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """The entries ordered by (position, rank, -logprob, id). vLLM's ranks are distinct integers within a position,
+    so one integer sort usually decides; ties or missing ranks fall back to the full four-key sort."""
+    if ranks.size and np.isfinite(ranks).all() and (ranks >= 0).all():
+        key = _pair_key(pos, ranks.astype(np.int64))
+        order = np.argsort(key, kind="stable")
+        if not (key[order][1:] == key[order][:-1]).any():
+            return order
+    return np.lexsort((ids, -lps, ranks, pos))
+
+
+def parse_vllm_logprobs(position_logprobs: Sequence[Mapping[int, Any]] | Any, token_ids: Sequence[int],
+                        k: int) -> TopKRecord:
+    """Parse vLLM's per-position log-probs (``CompletionOutput.logprobs``: a list of ``{id: Logprob}`` or vLLM's
+    ``FlatLogprobs``) into a :class:`TopKRecord`; the same record as :func:`parse_vllm_logprobs_per_entry`.
+
+    Per position: the ``k`` entries first by (rank, -logprob, id) form the top-K (an id listed twice counts once);
+    the sampled token's log-prob is looked up by id.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n = len(token_ids)
+    if len(position_logprobs) != n:
+        raise ValueError(f"vLLM returned log-probs for {len(position_logprobs)} positions but {n} tokens")
+    tokens = np.asarray(token_ids, dtype=np.int64).reshape(n)
+    flat = all(hasattr(position_logprobs, f) for f in _FLAT_FIELDS)
+    pos, ids, lps, ranks = _flat_arrays(position_logprobs, n, flat)
+    bad = np.flatnonzero(np.isnan(lps) | (lps == np.inf))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"vLLM log-prob of token {int(ids[i])} at position {int(pos[i])} is {float(lps[i])}; "
+                         "allowed: finite or -inf")
+    if flat:  # an id listed twice at one position (the sampled token in the top-K) counts once: keep the last
+        order = np.argsort(_pair_key(pos, ids), kind="stable")
+        last = np.ones(order.size, dtype=bool)
+        last[:-1] = (pos[order][1:] != pos[order][:-1]) | (ids[order][1:] != ids[order][:-1])
+        keep = np.sort(order[last])
+        pos, ids, lps, ranks = pos[keep], ids[keep], lps[keep], ranks[keep]
+    sampled = ids == tokens[pos]
+    found = np.zeros(n, dtype=bool)
+    found[pos[sampled]] = True
+    if not found.all():
+        t = int(np.flatnonzero(~found)[0])
+        raise ValueError(f"the sampled token {int(tokens[t])} is missing from vLLM's log-probs at position {t}")
+    sampled_lp = np.zeros(n, dtype=np.float32)
+    sampled_lp[pos[sampled]] = lps[sampled]
+    topk_ids = np.zeros((n, k), dtype=np.int32)
+    topk_lps = np.full((n, k), -np.inf, dtype=np.float32)
+    valid = np.zeros((n, k), dtype=bool)
+    top = ranks <= k
+    rows, slot = pos[top], ranks[top].astype(np.int64) - 1
+    if (slot >= 0).all() and (ranks[top] == slot + 1).all():
+        valid[rows, slot] = True  # vLLM's usual structure: ranks 1..k once each, so a rank is its slot
+        if valid.all() and top.sum() == n * k:
+            topk_ids[rows, slot] = ids[top]
+            topk_lps[rows, slot] = lps[top]
+            return TopKRecord(tokens.astype(np.int32), sampled_lp, topk_ids, topk_lps, valid)
+        valid[:] = False
+    order = _top_order(pos, ids, lps, ranks)
+    pos, ids, lps = pos[order], ids[order], lps[order]
+    first = np.searchsorted(pos, np.arange(n))
+    slot = np.arange(pos.size) - first[pos]
+    top = slot < k
+    topk_ids[pos[top], slot[top]] = ids[top]
+    topk_lps[pos[top], slot[top]] = lps[top]
+    valid[pos[top], slot[top]] = True
+    return TopKRecord(tokens.astype(np.int32), sampled_lp, topk_ids, topk_lps, valid)

@@ -7,13 +7,20 @@ token's log-prob; no hook exposes vLLM's ``RequestOutput``. When predmask's ``to
 to raise ``logprobs`` to K for that request and keep the final output, parses it
 (:func:`predmask.verl.records.parse_vllm_logprobs`) and puts the record into ``TokenOutput.extra_fields``
 (key :data:`~predmask.verl.records.TOPK_KEY`); verl's agent loop and ``DataProto.to_tensordict`` carry it to the
-actor unchanged. This is the plugin's one monkeypatch. Installed by :mod:`predmask.verl.plugin` when
+actor unchanged. The record is parsed in a worker thread (``asyncio.to_thread``), off the server's event loop, by
+the vectorised parser. Installed by :mod:`predmask.verl.plugin` when
 ``verl.workers.rollout.vllm_rollout.vllm_async_server`` is imported (the module is passed in; nothing of verl is
 imported here).
+
+Validation asks for no top-K: verl's agent loop knows a validation batch (``meta_info["validate"]``) and hands each
+sample's ``trajectory["validate"]`` to ``AgentLoopWorker._run_agent_loop``; :func:`install_agent_loop` wraps that
+method to add the marker :data:`VALIDATE_KEY` to a validation sample's sampling parameters, and the server's
+wrapper removes it before verl builds vLLM's ``SamplingParams`` and leaves such a request as verl sends it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from types import ModuleType
 from typing import Any
@@ -21,7 +28,10 @@ from typing import Any
 from predmask.verl.records import TOPK_KEY, parse_vllm_logprobs
 from predmask.verl.settings import current_settings
 
-__all__ = ["install_rollout"]
+__all__ = ["VALIDATE_KEY", "install_agent_loop", "install_rollout"]
+
+#: the sampling-parameter marker of a validation request (added by the agent loop's wrapper, removed by the server's)
+VALIDATE_KEY = "predmask_validate"
 
 
 class _Pending:
@@ -70,8 +80,10 @@ def install_rollout(vllm_async_server: ModuleType) -> None:
     @functools.wraps(original)
     async def generate(self: Any, prompt_ids: Any, sampling_params: dict[str, Any], request_id: str, *args: Any,
                        **kwargs: Any) -> Any:
+        validate = bool(sampling_params.get(VALIDATE_KEY, False))
+        sampling_params = {key: v for key, v in sampling_params.items() if key != VALIDATE_KEY}
         k = current_settings().top_k
-        if k < 1 or not sampling_params.get("logprobs"):
+        if k < 1 or validate or not sampling_params.get("logprobs"):
             return await original(self, prompt_ids, sampling_params, request_id, *args, **kwargs)
         if not hasattr(self, "_predmask_pending"):
             self._predmask_pending = {}
@@ -85,7 +97,7 @@ def install_rollout(vllm_async_server: ModuleType) -> None:
         if final is None or not getattr(final, "outputs", None) or not output.token_ids:
             return output
         completion = final.outputs[0]
-        record = parse_vllm_logprobs(completion.logprobs, list(completion.token_ids), k)
+        record = await asyncio.to_thread(parse_vllm_logprobs, completion.logprobs, list(completion.token_ids), k)
         if list(record.token_ids) != list(output.token_ids):
             raise ValueError("vLLM's final output and verl's TokenOutput disagree on the generated tokens")
         output.extra_fields = {**output.extra_fields, TOPK_KEY: record}
@@ -93,3 +105,24 @@ def install_rollout(vllm_async_server: ModuleType) -> None:
 
     generate._predmask_topk = True  # type: ignore[attr-defined]
     server_cls.generate = generate
+
+
+def install_agent_loop(agent_loop: ModuleType) -> None:
+    """Wrap ``AgentLoopWorker._run_agent_loop`` so that a validation sample's sampling parameters carry
+    :data:`VALIDATE_KEY` when the run asks vLLM for top-K records (idempotent)."""
+    worker_cls = agent_loop.AgentLoopWorker
+    original = worker_cls._run_agent_loop
+    if getattr(original, "_predmask_topk", False):
+        return
+
+    @functools.wraps(original)
+    async def _run_agent_loop(self: Any, sampling_params: dict[str, Any], trajectory: dict[str, Any], *args: Any,
+                              **kwargs: Any) -> Any:
+        rollout = getattr(getattr(self, "rollout_config", None), "name", "vllm")
+        if (trajectory.get("validate") and rollout == "vllm" and current_settings().top_k >= 1
+                and sampling_params.get("logprobs")):
+            sampling_params = {**sampling_params, VALIDATE_KEY: True}
+        return await original(self, sampling_params, trajectory, *args, **kwargs)
+
+    _run_agent_loop._predmask_topk = True  # type: ignore[attr-defined]
+    worker_cls._run_agent_loop = _run_agent_loop

@@ -31,6 +31,7 @@ require_verl("verl.workers.rollout.replica")
 
 import predmask.verl.plugin
 from predmask.verl.records import TOPK_KEY
+from predmask.verl.rollout_hook import VALIDATE_KEY
 from predmask.verl.settings import SETTINGS_ENV, PluginSettings
 
 pytestmark = pytest.mark.verl
@@ -226,3 +227,21 @@ def test_plain_verl_requests_are_left_alone(server_module, monkeypatch, top_k, l
     out = generate(server, "req-b", {"logprobs": logprobs})
     assert server.engine.requested == [requested] and TOPK_KEY not in out.extra_fields
     assert (out.log_probs is None) == (not logprobs)
+
+
+def test_validation_requests_ask_for_no_top_k(server_module, monkeypatch) -> None:
+    """The agent loop's validation marker: verl's own request (logprobs=0), no record, and vLLM never sees it."""
+    monkeypatch.setenv(SETTINGS_ENV, PluginSettings(top_k=K).to_json())
+    server = make_server(server_module)
+    seen: list[SamplingParams] = []
+    engine_generate = server.engine.generate
+
+    def recording(prompt: Any, sampling_params: SamplingParams, request_id: str, **kwargs: Any):
+        seen.append(sampling_params)
+        return engine_generate(prompt, sampling_params, request_id, **kwargs)
+
+    server.engine.generate = recording
+    out = generate(server, "req-v", {"logprobs": True, VALIDATE_KEY: True})
+    assert server.engine.requested == [0] and TOPK_KEY not in out.extra_fields
+    assert out.log_probs is not None and len(out.log_probs) == STEPS  # verl's own sampled log-probs stay
+    assert VALIDATE_KEY not in seen[0].others
