@@ -3,14 +3,16 @@
 Reusable by the trainer and by the token-level study:
 
 - ``response_logits(model, batch, precision)``: training logits [B, R, V] at the response positions.
-- ``support_logprobs(model, batch, support, temperature, precision)`` -> ``TrainLogprobs``: log pi on the support
-  [B, R, K+1] (with grad), ``pi_tail_sq`` [B, R] (exact tail of math.md §3.1) and log pi of the sampled token.
+- ``support_logprobs(model, batch, support, temperature, precision, tail_sq)`` -> ``TrainLogprobs``: log pi on the
+  support [B, R, K+1] (with grad), ``pi_tail_sq`` [B, R] (exact tail of math.md §3.1; None unless ``tail_sq``) and
+  log pi of the sampled token.
+- ``reads_tail_sq(method)``: whether a method's loss reads ``pi_tail_sq`` (its tail estimator is the exact one).
 - ``grpo_advantages(rewards, group_size)``: group-normalised sequence advantages [B] (rows grouped consecutively).
 - ``token_advantages(adv, response_mask)``: broadcast to [B, R].
 - ``policy_update(model, optimizer, batch, support, advantages, method=..., params=...)``: one optimiser step of a
   ``predmask`` loss on a (mini-)batch; returns the loss's metrics plus ``actor/grad_norm`` and ``actor/pg_loss``.
   The ratio is anchored on ``anchor_logprobs`` when given (pi_old of the sampled tokens), else on the rollout's
-  log mu_k.
+  log mu_k. ``tail_sq=None`` computes the exact tail only where the method reads it.
 - ``mismatch_metrics(batch, support, pi_logprobs)``: rollout-vs-training mismatch (top-K KL, verl's sampled KL).
 """
 
@@ -24,7 +26,7 @@ from torch import Tensor, nn
 
 from predmask import metrics as M
 from predmask.divergence import topk_divergence
-from predmask.methods import Method, MethodParams, policy_loss
+from predmask.methods import Method, MethodParams, get_method, policy_loss
 from predmask.precisions import Precision, get_precision
 from predmask.rl.emulated_precision import training_precision
 from predmask.rl.rollout import RolloutBatch
@@ -35,6 +37,7 @@ __all__ = [
     "grpo_advantages",
     "mismatch_metrics",
     "policy_update",
+    "reads_tail_sq",
     "response_logits",
     "support_logprobs",
     "token_advantages",
@@ -43,11 +46,22 @@ __all__ = [
 
 @dataclass
 class TrainLogprobs:
-    """Training-side log-probs of one batch: ``pi`` [B, R, K+1], ``pi_tail_sq`` [B, R], ``log_prob`` [B, R]."""
+    """Training-side log-probs of one batch: ``pi`` [B, R, K+1], ``pi_tail_sq`` [B, R] (None where not computed),
+    ``log_prob`` [B, R]."""
 
     pi: Tensor
-    pi_tail_sq: Tensor
+    pi_tail_sq: Tensor | None
     log_prob: Tensor
+
+    def detach(self) -> TrainLogprobs:
+        return TrainLogprobs(self.pi.detach(), None if self.pi_tail_sq is None else self.pi_tail_sq.detach(),
+                             self.log_prob.detach())
+
+
+def reads_tail_sq(method: str | Method) -> bool:
+    """Whether ``method``'s loss reads ``pi_tail_sq``: its direction's tail estimator is the exact tail."""
+    m = method if isinstance(method, Method) else get_method(method)
+    return m.tail == "exact"
 
 
 def response_logits(model: nn.Module, batch: RolloutBatch, precision: Precision | None = None) -> Tensor:
@@ -72,12 +86,17 @@ def support_logprobs(
     *,
     temperature: float = 1.0,
     precision: Precision | None = None,
+    tail_sq: bool = True,
 ) -> TrainLogprobs:
-    """Training log-probs on the rollout support (``gather_support_logprobs`` with the exact tail), with grad."""
+    """Training log-probs on the rollout support (``gather_support_logprobs``; the exact tail only with ``tail_sq``),
+    with grad."""
     s = support if support is not None else batch.support()
     logits = response_logits(model, batch, precision)
-    pi, tail_sq = gather_support_logprobs(logits, s.ids, s.valid, temperature=temperature, return_tail_sq=True)
-    return TrainLogprobs(pi=pi, pi_tail_sq=tail_sq, log_prob=s.sampled_logprob(pi))
+    if tail_sq:
+        pi, tail = gather_support_logprobs(logits, s.ids, s.valid, temperature=temperature, return_tail_sq=True)
+    else:
+        pi, tail = gather_support_logprobs(logits, s.ids, s.valid, temperature=temperature), None
+    return TrainLogprobs(pi=pi, pi_tail_sq=tail, log_prob=s.sampled_logprob(pi))
 
 
 def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, norm_by_std: bool = True,
@@ -170,16 +189,20 @@ def policy_update(
     step: bool = True,
     overrides: dict[str, Any] | None = None,
     anchor_logprobs: Tensor | None = None,
+    tail_sq: bool | None = True,
 ) -> tuple[dict[str, float], TrainLogprobs]:
     """One optimiser step of ``predmask.policy_loss(method)`` on ``batch`` (anchor of r: ``anchor_logprobs``, pi_old
     of the sampled tokens, when given; else the rollout's log mu).
 
     ``advantages`` is [B] (sequence) or [B, R] (token). With ``step=False`` only the gradient is computed.
+    ``tail_sq``: compute the exact tail (``pi_tail_sq``) always (True, for callers that read it back), only where
+    ``method`` reads it (None), or never (False).
     Returns ``(metrics, train_logprobs)``; the log-probs are those before the step (detached).
     """
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    lp = support_logprobs(model, batch, support, temperature=temperature, precision=precision)
+    with_tail = reads_tail_sq(method) if tail_sq is None else tail_sq
+    lp = support_logprobs(model, batch, support, temperature=temperature, precision=precision, tail_sq=with_tail)
     adv = advantages if advantages.ndim == 2 else token_advantages(advantages, batch.response_mask)
     loss, metrics = rollout_policy_loss(method, batch, support, lp, adv, batch.response_mask, params,
                                         anchor_logprobs, **(overrides or {}))
@@ -190,5 +213,4 @@ def policy_update(
         optimizer.step()
     metrics[M.ACTOR_PG_LOSS] = float(loss.detach())
     metrics[M.ACTOR_GRAD_NORM] = float(grad_norm)
-    detached = TrainLogprobs(lp.pi.detach(), lp.pi_tail_sq.detach(), lp.log_prob.detach())
-    return metrics, detached
+    return metrics, lp.detach()

@@ -7,7 +7,8 @@ composed ``conf/train.yaml`` (``predmask.config.compose("train", overrides)`` co
   precision-emulating inference copy), ``engine.optimizer`` (AdamW), ``engine.tokenizer``, ``engine.task``.
 - ``engine.sample(problems, n, generator)`` -> ``RolloutBatch`` (top-K support, rewards) from the rollout model.
 - ``engine.train_logprobs(batch, support)`` -> ``TrainLogprobs`` (log pi on the support, pi_tail_sq, log pi_k).
-- ``engine.update(batch, support, advantages, method=None, **param_overrides)`` -> metrics: one optimiser step.
+- ``engine.update(batch, support, advantages, method=None, **param_overrides)`` -> metrics: one optimiser step
+  (the exact tail computed only where the method reads it).
 - ``engine.sync_rollout()``: copy the training weights into the rollout model (after updates).
 - ``engine.train_step(problems, generator)``: one GRPO step (rollout, group advantages, mini-batch updates,
   weight sync) -> verl-named metrics. With the anchor ``old`` (``MethodParams.anchor``; grpo_clip_higher's
@@ -118,6 +119,10 @@ class Engine:
             self.model_cfg, self.task, self.base_cfg, cache_dir=c.get("cache_dir", "results/cache"), progress=progress,
         )
         self.rollout_model = make_rollout_model(self.model, self.precision)
+        #: benchmark-only switches back to the previous path (``predmask.rl.bench``): every sample's prompt
+        #: prefilled apart, the exact tail computed for every method
+        self.prefill_once = True
+        self.tail_where_read = True
         self.optimizer = self.make_optimizer()
         self.eval_problems = {s: make_split(self.task, s) for s in EVAL_SPLITS}
 
@@ -139,15 +144,16 @@ class Engine:
         return rollout_problems(
             self.rollout_model, self.tokenizer, problems, n=n or self.rollout_cfg.n,
             max_new_tokens=self.rollout_cfg.response_length, temperature=self.rollout_cfg.temperature,
-            top_k=self.top_k, generator=generator,
+            top_k=self.top_k, generator=generator, prefill_once=self.prefill_once,
         )
 
     def train_logprobs(self, batch: RolloutBatch, support: TopKSupport | None = None, *,
-                       grad: bool = False) -> TrainLogprobs:
-        """Training log-probs on the support, in the training precision (no graph unless ``grad``)."""
+                       grad: bool = False, tail_sq: bool = True) -> TrainLogprobs:
+        """Training log-probs on the support, in the training precision (no graph unless ``grad``; the exact tail
+        with ``tail_sq``)."""
         with torch.set_grad_enabled(grad):
             return support_logprobs(self.model, batch, support, temperature=self.rollout_cfg.temperature,
-                                    precision=self.precision)
+                                    precision=self.precision, tail_sq=tail_sq)
 
     def update(self, batch: RolloutBatch, support: TopKSupport, advantages: torch.Tensor, *,
                method: str | None = None, anchor_logprobs: torch.Tensor | None = None,
@@ -157,14 +163,14 @@ class Engine:
             self.model, self.optimizer, batch, support, advantages,
             method=method or self.method, params=self.params, temperature=self.rollout_cfg.temperature,
             precision=self.precision, grad_clip=self.trainer_cfg.grad_clip, overrides=param_overrides or None,
-            anchor_logprobs=anchor_logprobs,
+            anchor_logprobs=anchor_logprobs, tail_sq=None if self.tail_where_read else True,
         )
 
     def old_logprobs(self, batch: RolloutBatch, support: TopKSupport) -> torch.Tensor | None:
         """pi_old [B, R] of the sampled tokens when the run's anchor is ``old`` (one no-grad forward), else None."""
         if self.method.anchor(self.params) != "old":
             return None
-        return self.train_logprobs(batch, support).log_prob
+        return self.train_logprobs(batch, support, tail_sq=False).log_prob
 
     def train_step(self, problems: Sequence[Problem], generator: torch.Generator) -> dict[str, float]:
         """One GRPO step on ``problems``: rollout, advantages, mini-batch updates, weight sync; verl metrics."""

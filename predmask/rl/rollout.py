@@ -115,10 +115,14 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 20,
     generator: torch.Generator | None = None,
+    n: int = 1,
 ) -> RolloutBatch:
-    """Sample one response per prompt row with a KV cache; stop a row at ``eos_id`` or after ``max_new_tokens``.
+    """Sample ``n`` responses per prompt row with a KV cache; stop a row at ``eos_id`` or after ``max_new_tokens``.
 
-    Rows are independent; the response width R is the number of decoding steps actually run (<= max_new_tokens).
+    Each prompt is prefilled once; its KV cache and last logits are then repeated ``n`` times, so the batch's rows
+    ``i*n .. i*n+n-1`` are prompt ``i``'s samples (the same samples, up to float summation order, as ``n`` copies of
+    the prompt prefilled apart). Rows are independent; the response width R is the number of decoding steps
+    actually run (<= max_new_tokens).
     Positions after a row's <eos> hold ``pad_id`` and are False in ``response_mask`` (their top-K entries are
     whatever the model computed there and must be ignored through the mask).
     """
@@ -129,17 +133,24 @@ def generate(
     vocab = int(model.config.vocab_size)
     if not 1 <= top_k <= vocab:
         raise ValueError(f"top_k must lie in [1, vocab_size={vocab}], got {top_k}")
-    b = prompt_ids.shape[0]
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
     attn = prompt_mask.long()
     pos = (attn.cumsum(-1) - 1).clamp_min(0)
     cache = DynamicCache(config=model.config)
     out = model(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
                 use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1]
+    if n > 1:
+        cache.batch_repeat_interleave(n)
+        prompt_ids, prompt_mask, attn, pos, logits = (
+            t.repeat_interleave(n, 0) for t in (prompt_ids, prompt_mask, attn, pos, logits))
+    b = prompt_ids.shape[0]
     next_pos = pos[:, -1:] + 1
     finished = torch.zeros(b, dtype=torch.bool)
     ids, masks, lps, tk_ids, tk_lps = [], [], [], [], []
     for step in range(max_new_tokens):
-        logp = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
         tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
         tok = torch.where(finished, torch.full_like(tok, pad_id), tok)
         top = torch.topk(logp, top_k, dim=-1, sorted=True)
@@ -152,8 +163,8 @@ def generate(
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
         attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype)], 1)
-        out = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
-                    past_key_values=out.past_key_values, use_cache=True)
+        logits = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
+                       past_key_values=cache, use_cache=True).logits[:, -1]
         next_pos = next_pos + 1
     return RolloutBatch(
         prompt_ids=prompt_ids,
@@ -178,20 +189,26 @@ def rollout_problems(
     top_k: int = 20,
     generator: torch.Generator | None = None,
     chunk_size: int = 1024,
+    prefill_once: bool = True,
 ) -> RolloutBatch:
     """``n`` sampled responses per problem (rows ``i*n .. i*n+n-1`` belong to problem ``i``), scored.
 
-    Generation runs in chunks of at most ``chunk_size`` sequences; ``rewards`` holds the 1/0 task reward.
+    Each problem's prompt is prefilled once (``generate``'s ``n``); ``prefill_once=False`` (benchmark only: the
+    previous path) prefills every row. Generation runs in chunks of at most ``chunk_size`` sequences (whole
+    problems, at least one); ``rewards`` holds the 1/0 task reward.
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    prompts = [p.prompt for p in problems for _ in range(n)]
     answers = [p.answer for p in problems for _ in range(n)]
+    per_row = 1 if prefill_once else n
+    prompts = [p.prompt for p in problems for _ in range(per_row)]
+    step = max(1, chunk_size // n) * per_row
     parts = []
-    for s in range(0, len(prompts), chunk_size):
-        ids, mask = encode_prompts(tokenizer, prompts[s:s + chunk_size])
+    for s in range(0, len(prompts), step):
+        ids, mask = encode_prompts(tokenizer, prompts[s:s + step])
         parts.append(generate(model, ids, mask, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id,
-                              pad_id=tokenizer.pad_id, temperature=temperature, top_k=top_k, generator=generator))
+                              pad_id=tokenizer.pad_id, temperature=temperature, top_k=top_k, generator=generator,
+                              n=n // per_row))
     batch = parts[0] if len(parts) == 1 else concat_batches(parts, tokenizer.pad_id)
     texts = [tokenizer.decode(r) for r in batch.response_ids.tolist()]
     batch.rewards = torch.tensor([reward(t, a) for t, a in zip(texts, answers)], dtype=torch.float32)

@@ -173,3 +173,59 @@ def test_engine_computes_pi_old_only_when_the_anchor_is_old(rollout, tokenizer) 
         with torch.no_grad():
             direct = support_logprobs(engine.model, b, s).log_prob
         assert torch.equal(old, direct)
+
+
+def test_reads_tail_sq_names_exactly_the_methods_whose_loss_needs_the_exact_tail(rollout) -> None:
+    """Independent truth: a method's loss without ``pi_tail_sq`` raises exactly when it reads it."""
+    from predmask.methods import METHODS, policy_loss
+    from predmask.rl.algo import reads_tail_sq
+
+    _, b = rollout
+    s = b.support()
+    inputs = dict(log_prob=b.sampled_logprobs, old_log_prob=b.sampled_logprobs - 0.1,
+                  advantages=torch.ones_like(b.sampled_logprobs), response_mask=b.response_mask,
+                  mu_logprobs=s.mu_logprobs, pi_logprobs=s.mu_logprobs - 0.2, valid=s.valid,
+                  sampled_index=s.sampled_index, params=MethodParams(vocab_size=s.ids.shape[-1] + 40))
+    readers = set()
+    for name in METHODS:
+        try:
+            policy_loss(name, **inputs)
+        except ValueError as err:
+            assert "needs pi_tail_sq" in str(err), (name, err)
+            readers.add(name)
+    assert readers and readers == {name for name in METHODS if reads_tail_sq(name)}
+
+
+@pytest.mark.parametrize("method", ["predmask_kl_exact", "predmask_kl_agg", "dppo_topk_kl", "grpo_clip_higher"])
+def test_the_exact_tail_is_computed_only_where_the_method_reads_it(rollout, tokenizer, method: str,
+                                                                    monkeypatch) -> None:
+    """``tail_sq=None`` (the engine's update): the same loss, metrics and gradient as the tail always computed
+    (``tail_sq=True``, the previous path); the gather is asked for the tail only by a method that reads it."""
+    from predmask.rl import algo
+
+    asked: list[bool] = []
+    real = algo.gather_support_logprobs
+
+    def spy(*args, **kwargs):
+        asked.append(bool(kwargs.get("return_tail_sq", False)))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(algo, "gather_support_logprobs", spy)
+    _, b = rollout
+    s = b.support()
+    adv = torch.linspace(-1, 1, b.batch_size)
+    out = {}
+    for flag in (True, None):
+        model = peaked_policy(tokenizer, scale=6.0).train()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        metrics, lp = policy_update(model, opt, b, s, adv, method=method, grad_clip=None,
+                                    params=MethodParams(vocab_size=tokenizer.vocab_size), tail_sq=flag)
+        out[flag] = metrics, lp, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    reads = algo.reads_tail_sq(method)
+    assert asked == [True, reads]
+    assert out[None][0] == out[True][0]
+    assert all(torch.equal(g, h) for g, h in zip(out[None][2], out[True][2]))
+    if reads:
+        assert torch.equal(out[None][1].pi_tail_sq, out[True][1].pi_tail_sq)
+    else:
+        assert out[None][1].pi_tail_sq is None and out[True][1].pi_tail_sq is not None

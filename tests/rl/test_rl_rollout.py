@@ -118,3 +118,33 @@ def test_chunked_rollout_size_and_concat_roundtrip(policy, tokenizer) -> None:
     parts = concat_batches([whole.select(slice(0, 5)), whole.select(slice(5, 12))])
     assert torch.equal(parts.response_ids, whole.response_ids)
     assert torch.equal(parts.rewards, whole.rewards)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp8_rollout"])
+def test_prefill_once_samples_equal_the_per_row_prefill(policy, tokenizer, precision: str) -> None:
+    """The independent truth is the per-row path: every sample's own copy of its prompt prefilled. On a fixed seed
+    the prefill-once path samples the same tokens with the same top-K and log-probs (to float summation order)."""
+    roll = make_rollout_model(policy, get_precision(precision))
+    problems = make_split(TASK, "train", 12)
+    once, rows = (rollout_problems(roll, tokenizer, problems, n=4, max_new_tokens=10, prefill_once=flag,
+                                   generator=torch.Generator().manual_seed(5)) for flag in (True, False))
+    assert torch.equal(once.prompt_ids, rows.prompt_ids) and torch.equal(once.prompt_mask, rows.prompt_mask)
+    assert torch.equal(once.response_ids, rows.response_ids) and torch.equal(once.response_mask, rows.response_mask)
+    assert torch.equal(once.topk_ids[once.response_mask], rows.topk_ids[rows.response_mask])
+    m = once.response_mask
+    # equal on this machine; where a CPU's kernels sum the prefill in another order, a bf16 logit may move by one
+    # rounding step (2^-7 relative; the policy's logits stay below 8)
+    tol = 1e-5 if precision == "fp32" else 8 * 2.0 ** -7
+    assert torch.allclose(once.topk_logprobs[m], rows.topk_logprobs[m], atol=tol, rtol=0)
+    assert torch.allclose(once.sampled_logprobs[m], rows.sampled_logprobs[m], atol=tol, rtol=0)
+    assert torch.equal(once.rewards, rows.rewards)
+
+
+def test_prefill_once_chunks_whole_problems(policy, tokenizer) -> None:
+    """A chunk holds whole problems (at least one), so a problem's samples share one prefill."""
+    problems = make_split(TASK, "train", 5)
+    b = rollout_problems(policy, tokenizer, problems, n=3, max_new_tokens=4, chunk_size=4,
+                         generator=torch.Generator().manual_seed(0))
+    assert b.batch_size == 15
+    for i in range(5):
+        assert (b.prompt_ids[3 * i:3 * i + 3] == b.prompt_ids[3 * i]).all()
