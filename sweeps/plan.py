@@ -15,9 +15,15 @@ from sweeps.families import describe
 from launch.executor import job_shape
 from sweeps.submit import backend_of, job_cluster, trainer_of
 
-__all__ = ["InputPath", "check_paths", "input_paths", "max_parallel", "plan_summary", "summary_lines"]
+__all__ = ["ASSUMED_OLD_LOG_PROB_SHARE", "InputPath", "check_paths", "input_paths", "max_parallel", "plan_summary",
+           "skips_old_log_prob_forward", "summary_lines"]
 
 SKIP_CHECK = "cluster.check_paths=false"
+#: ASSUMPTION (not measured here): verl's old-log-prob forward is about a third of the actor's compute per step
+#: (one forward against the update's forward + backward, ~1 : 2). The plan takes it off the whole wall-time bound of
+#: every run that skips the forward, as if the actor were all of a job's GPU time: an upper bound on the saving
+#: (rollout time is not saved). ``bash scripts/device_check.sh`` measures the ratio on a GPU.
+ASSUMED_OLD_LOG_PROB_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,17 @@ def _vr_input_paths(spec: RunSpec) -> list[InputPath]:
     return paths
 
 
+def skips_old_log_prob_forward(spec: RunSpec) -> bool:
+    """Whether a run skips verl's old-log-prob actor forward: a VeRL training run whose method is anchored on the
+    rollout (:func:`predmask.verl.trainer_hook.skips_old_log_prob`, the rule the trainer hook applies)."""
+    if trainer_of(spec) != "verl" or spec.stage is not None:
+        return False
+    from predmask.methods import method_anchor
+    from predmask.verl.trainer_hook import skips_old_log_prob  # verl-free
+
+    return skips_old_log_prob(method_anchor(spec.config["method"]))
+
+
 def _unique_paths(specs: Sequence[RunSpec]) -> list[tuple[InputPath, int]]:
     """Every input path of the sweep once, with how many runs read it (first-seen order)."""
     counts: dict[InputPath, int] = {}
@@ -100,7 +117,9 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str) -> dict[s
     ``resource`` is ``GPU`` when the jobs ask for GPUs, else ``CPU core``; ``per_node``/``per_job`` count it;
     ``at_once`` = min(parallel, jobs) x per_job; ``worst_case_hours`` = jobs x per_job x timeout_min / 60 (every
     job running to its wall-time limit once); ``worst_case_hours_with_requeues`` = that x (1 + max_num_timeout),
-    the bound when every attempt times out and is requeued.
+    the bound when every attempt times out and is requeued. ``old_log_prob_skipped`` counts the runs that skip
+    verl's old-log-prob forward and ``worst_case_hours_with_skip`` takes :data:`ASSUMED_OLD_LOG_PROB_SHARE` off
+    each such job's hours (an upper bound on the saving, see the assumption).
     """
     if not specs:
         raise SweepError("the sweep has no runs")
@@ -117,6 +136,7 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str) -> dict[s
         resource, per_node = "CPU core", cores * shape.tasks_per_node
     jobs, per_job = len(specs), shape.nodes * per_node
     hours = jobs * per_job * shape.timeout_min / 60
+    skipped = sum(skips_old_log_prob_forward(spec) for spec in specs)
     return {
         "sweep": first.sweep,
         "cluster": str(cluster.get("name")),
@@ -134,6 +154,9 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str) -> dict[s
         "worst_case_hours": hours,
         "max_num_timeout": shape.max_num_timeout,
         "worst_case_hours_with_requeues": hours * (1 + shape.max_num_timeout),
+        "old_log_prob_skipped": skipped,
+        "assumed_old_log_prob_share": ASSUMED_OLD_LOG_PROB_SHARE,
+        "worst_case_hours_with_skip": hours - skipped * per_job * shape.timeout_min / 60 * ASSUMED_OLD_LOG_PROB_SHARE,
         "partition": shape.partition,
         "check_paths": bool(cluster.get("check_paths", True)),
         "paths": [{**asdict(item), "exists": item.exists, "runs": runs} for item, runs in _unique_paths(specs)],
@@ -147,6 +170,18 @@ def _num(value: float) -> str:
 
 def _count(n: float, unit: str) -> str:
     return f"{_num(n)} {unit}{'' if n == 1 else 's'}"
+
+
+def _skip_lines(s: dict[str, Any]) -> list[str]:
+    """The old-log-prob forward's saving on a VeRL sweep (none for the CPU engine)."""
+    if s["trainer"] != "verl":
+        return []
+    if not s["old_log_prob_skipped"]:
+        return ["  old log-prob     every run recomputes pi_old (verl's actor forward; no rollout-anchored method)"]
+    return [f"  old log-prob     {s['old_log_prob_skipped']} of {_count(s['jobs'], 'run')} skip verl's actor forward "
+            f"(rollout-anchored): worst case {_num(s['worst_case_hours_with_skip'])} {s['resource']}-hours with the "
+            f"skip, assuming the forward is {s['assumed_old_log_prob_share']:.2f} of the actor's compute per step "
+            "(an upper bound on the saving)"]
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
@@ -165,6 +200,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"  at once          {_count(s['at_once'], unit)} (max_parallel {s['max_parallel']})",
         f"  wall-time limit  {s['timeout_min']} min ({hours} h) per attempt",
         f"  worst case       {worst}",
+        *_skip_lines(s),
         f"  partition        {s['partition'] or '(the site default)'}",
     ]
     if s["paths"]:

@@ -140,3 +140,23 @@ def test_every_path_present_or_the_check_skipped_passes(tmp_path: Path, monkeypa
     check_paths(specs)
     assert read_state(tmp_path / "runs" / "none").status == "new"  # nothing was created by the checks
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_plan_takes_the_skipped_old_log_prob_forward_off_the_rollout_anchored_runs() -> None:
+    """main_comparison: the runs whose method anchors on the rollout (every method but GRPO clip-higher, anchored
+    on pi_old) skip verl's forward; each such job's 32 GPUs x 48 h lose the assumed share; the CPU engine's plan
+    has no such line."""
+    from predmask.methods import method_anchor
+    from sweeps.plan import ASSUMED_OLD_LOG_PROB_SHARE, summary_lines
+
+    cluster = expand("main_comparison", ["cluster=h20_4x8"])
+    rollout = [spec for spec in cluster if method_anchor(spec.config["method"]) == "rollout"]
+    assert {spec.config["method"]["name"] for spec in cluster} - {spec.config["method"]["name"] for spec in rollout} \
+        == {"grpo_clip_higher"}
+    s = plan_summary(cluster, max_parallel(cluster), "x")
+    assert s["old_log_prob_skipped"] == len(rollout) > 0
+    assert s["worst_case_hours_with_skip"] == pytest.approx(
+        24576.0 - len(rollout) * 32 * 48 * ASSUMED_OLD_LOG_PROB_SHARE)
+    assert any(line.startswith(f"  old log-prob     {len(rollout)} of 16 runs skip") for line in summary_lines(s))
+    local = expand("smoke")
+    assert not any("old log-prob" in line for line in summary_lines(plan_summary(local, 1, "x")))
