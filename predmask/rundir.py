@@ -25,6 +25,7 @@ The step rule (``as_step``, the one rule of the trainer's resume and of ingest):
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -86,6 +87,7 @@ __all__ = [
     "run_status",
     "run_writer_alive",
     "runs_root",
+    "storage_problem",
     "sweep_path",
     "truncate_metrics",
     "write_config",
@@ -132,6 +134,41 @@ def run_path(sweep: str, run_id: str, root: Path | None = None) -> Path:
     return sweep_path(sweep, root) / run_id
 
 
+# ----------------------------------------------------------------------------------------------- write errors
+#: what to do when a write fails with this errno (a full disk, a quota, a read-only or foreign file system)
+_REMEDIES = {
+    errno.ENOSPC: "free space on its file system",
+    errno.EDQUOT: "free space within your disk quota",
+    errno.EFBIG: "free space or raise the file-size limit",
+    errno.EROFS: "make its file system writable (or point the run elsewhere, e.g. PREDMASK_RUNS)",
+    errno.EACCES: "make it writable by this user",
+    errno.EPERM: "make it writable by this user",
+}
+
+
+def storage_problem(exc: OSError, where: Path) -> str | None:
+    """One line for a write that failed for lack of space or permission: the file (``where`` when the error names
+    none), why, and the remedy, e.g. ``cannot write runs/x/status.json: No space left on device; free space on its
+    file system, then rerun the same command to resume``; None for any other OSError."""
+    remedy = _REMEDIES.get(exc.errno or 0)
+    if remedy is None:
+        return None
+    why = exc.strerror or os.strerror(exc.errno or 0)
+    return f"cannot write {exc.filename or where}: {why}; {remedy}, then rerun the same command to resume"
+
+
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """An OSError raised in the block names ``path`` (a failed write to an open file or to a temporary file names
+    no file, or the wrong one)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename == str(path):
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+
+
 # ----------------------------------------------------------------------------------------------- config.yaml
 def _plain(value: Any, where: str) -> Any:
     """``value`` as plain YAML data (mappings with string keys, lists, str, int, float, bool, None)."""
@@ -156,7 +193,9 @@ def write_config(run_dir: Path, config: Mapping[str, Any], name: str = CONFIG_FI
     A value that is not plain data (an object, a tensor) raises TypeError naming its key: the file holds data only.
     """
     path = run_dir / name
-    atomic_write_text(path, yaml.safe_dump(_plain(config, ""), sort_keys=False, allow_unicode=True))
+    text = yaml.safe_dump(_plain(config, ""), sort_keys=False, allow_unicode=True)
+    with _writing(path):
+        atomic_write_text(path, text)
     return path
 
 
@@ -224,7 +263,8 @@ def write_status(run_dir: Path, status: str, step: int, total_steps: int, error:
     """Replace ``status.json`` atomically; ``updated`` defaults to now."""
     payload = {"status": status, "step": step, "total_steps": total_steps,
                "updated": time.time() if updated is None else updated, "error": error}
-    atomic_write_text(run_dir / STATUS_FILE, json.dumps(payload) + "\n")
+    with _writing(run_dir / STATUS_FILE):
+        atomic_write_text(run_dir / STATUS_FILE, json.dumps(payload) + "\n")
 
 
 def read_status(run_dir: Path) -> dict[str, Any]:
@@ -291,18 +331,33 @@ def metrics_line(step: int, data: Mapping[str, Any]) -> str:
 
 
 class MetricsWriter:
-    """verl's file logger: one JSON line per step, flushed and synced before the step counts as done."""
+    """verl's file logger: one JSON line per step, flushed and synced before the step counts as done. A failed write
+    raises an OSError naming the file."""
 
     def __init__(self, path: Path) -> None:
-        self.fh = open(path, "a")  # noqa: SIM115 - held open for the whole run, closed by close()
+        self.path = path
+        self.failed = False
+        with _writing(path):
+            self.fh = open(path, "a")  # noqa: SIM115 - held open for the whole run, closed by close()
 
     def log(self, data: Mapping[str, Any], step: int) -> None:
-        self.fh.write(metrics_line(step, data))
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
+        line = metrics_line(step, data)
+        with _writing(self.path):
+            try:
+                self.fh.write(line)
+                self.fh.flush()
+                os.fsync(self.fh.fileno())
+            except OSError:
+                self.failed = True
+                raise
 
     def close(self) -> None:
-        self.fh.close()
+        """Close the file; after a failed write (already raised) the unwritten rest is dropped, not raised again."""
+        try:
+            self.fh.close()
+        except OSError:
+            if not self.failed:
+                raise
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ and writes the run directory (the contract of every CPU or VeRL run; its files, 
                    training), verl metric names plus the mask and mismatch metrics;
 - ``status.json``  ``{"status", "step", "total_steps", "updated", "error"}``, replaced atomically;
 - ``checkpoints/step_XXXXXX.pt`` model, optimiser, RNG states and data position every ``trainer.save_every``
-                   steps and at the end (the last ``trainer.keep_checkpoints`` are kept);
+                   steps and at the end (the last ``trainer.keep_checkpoints`` are kept); written and read by
+                   :mod:`predmask.checkpoints`: data only (a file that would build any other Python object is
+                   refused in one line), an unreadable newest one moved aside as ``*.pt.damaged`` and the newest
+                   readable one used;
 - ``train.log``    the human log (appended across restarts);
 - ``tensorboard/``, ``wandb/``, ``wandb_id`` only with ``trainer.logger`` naming ``tensorboard`` / ``wandb``
                    (verl's tracker names; :mod:`predmask.rl.trackers`: where they write, the W&B id a resumed run
@@ -27,6 +30,11 @@ Started again with the same config after any kind of death (SIGKILL included), a
 checkpoint and first truncates ``metrics.jsonl`` to the checkpoint's step, so the file ends with each step once;
 a line found then that is not a record (``predmask.rundir``'s one parser and step rule, shared with ingest) is moved
 to ``metrics.corrupt.jsonl`` (with a warning), never dropped, and the valid lines after it are kept.
+A resume keeps the run's identity: a config differing in anything but ``trainer.steps`` (upwards only: fewer steps than
+the newest checkpoint reached is refused, nothing changed), the display keys and ``run_dir`` (where the run is, not
+what it is: a runs root moved with ``mv`` resumes) is refused in one line. Ctrl-C ends with the one ``interrupted:``
+line and exit status 130; a full disk or a read-only file system with one ``error: cannot write <file>: ...`` line
+naming the remedy and exit status 1 (added to it when ``status.json`` itself cannot record the cause).
 Sampling is seeded per step from ``seed``, so the same seed and config give the same metrics on the same machine
 (all but the wall-clock metrics, ``predmask.metrics.wall_clock``). A completed run started again does nothing.
 Hydra does not change the working directory and writes no ``outputs/`` or ``.hydra/`` directories.
@@ -36,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import random
+import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -46,76 +55,60 @@ import torch
 from omegaconf import DictConfig
 
 from predmask import metrics as M
+from predmask.checkpoints import Checkpoint, checkpoint_files, latest_valid_checkpoint, save_checkpoint
 from predmask.config import store_schemas
-from predmask.io import atomic_write
 from predmask.progress import progress as show_progress
 from predmask.rl.engine import Engine, prepare_config
 from predmask.rl.task import STANDIN_LABEL, Problem, iter_train_prompts
 from predmask.rl.trackers import Trackers, require_installed
 from predmask.rundir import (
-    CHECKPOINT_DIR,
     CONFIG_FILE,
     CORRUPT_METRICS_FILE,
     LOG_FILE,
     METRICS_FILE,
+    STATUS_FILE,
     MetricsWriter,
     RunDirBusyError,
     hold_run_lock,
     last_step,
     read_config,
     read_metrics,
+    storage_problem,
     truncate_metrics,
     write_config,
     write_status,
 )
 from predmask.schemas.task_schema import TaskConfig
 
-__all__ = ["latest_checkpoint", "main", "run", "setup_logging"]
+__all__ = ["main", "run", "setup_logging"]
 
-#: config keys that may change between a run and its resumption
+#: config keys that may change between a run and its resumption (``trainer.steps`` only upwards: ``_check_steps``)
 _RESUMABLE_KEYS = ({"trainer", "steps"}, {"trainer", "progress"}, {"trainer", "log_every"}, {"trainer", "logger"})
+#: config keys that say where a run is, not what it is: a run directory moved with its runs root
+#: (``mv runs runs2``, rerun with ``PREDMASK_RUNS=runs2``) resumes, and its config.yaml then names the new place
+_LOCATION_KEYS = (("run_dir",),)
 
 log = logging.getLogger("predmask.rl.train")
 
 
 # ----------------------------------------------------------------------------------------------- checkpoints
-def _ckpt_path(run_dir: Path, step: int) -> Path:
-    return run_dir / CHECKPOINT_DIR / f"step_{step:06d}.pt"
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint of a run directory, or None."""
-    d = run_dir / CHECKPOINT_DIR
-    if not d.is_dir():
-        return None
-    found = sorted(p for p in d.glob("step_*.pt") if p.name[5:11].isdigit())
-    return found[-1] if found else None
-
-
-def _save_checkpoint(run_dir: Path, step: int, engine: Engine, data_position: int, keep: int) -> Path:
-    path = _ckpt_path(run_dir, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    blob = {
-        "step": step,
+def _checkpoint_blob(engine: Engine, data_position: int) -> dict[str, Any]:
+    return {
         "data_position": data_position,
         "model": engine.model.state_dict(),
         "optimizer": engine.optimizer.state_dict(),
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
     }
-    atomic_write(path, lambda tmp: torch.save(blob, tmp))
-    for old in sorted(path.parent.glob("step_*.pt"))[:-keep]:
-        old.unlink(missing_ok=True)
-    return path
 
 
-def _load_checkpoint(path: Path, engine: Engine) -> tuple[int, int]:
-    blob = torch.load(path, map_location="cpu", weights_only=False)
+def _apply_checkpoint(ckpt: Checkpoint, engine: Engine) -> tuple[int, int]:
+    blob = ckpt.blob
     engine.model.load_state_dict(blob["model"])
     engine.optimizer.load_state_dict(blob["optimizer"])
     torch.set_rng_state(blob["rng"]["torch"])
     random.setstate(blob["rng"]["python"])
     engine.sync_rollout()
-    return int(blob["step"]), int(blob["data_position"])
+    return ckpt.step, int(blob["data_position"])
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -128,15 +121,28 @@ def _diff_keys(a: Any, b: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, 
     return [] if a == b else [prefix]
 
 
-def _check_or_write_config(run_dir: Path, c: dict[str, Any]) -> None:
+def _check_identity(run_dir: Path, c: dict[str, Any]) -> None:
+    """Refuse (ValueError, one line) when ``run_dir`` holds a run whose config differs from ``c`` in anything but
+    the keys a resume may change (``_RESUMABLE_KEYS``) and where the run is (``_LOCATION_KEYS``)."""
     path = run_dir / CONFIG_FILE
-    if path.exists():
-        old = read_config(path)
-        diffs = [d for d in _diff_keys(old, c) if set(d) not in _RESUMABLE_KEYS]
-        if diffs:
-            names = ", ".join(".".join(d) for d in diffs[:6])
-            raise ValueError(f"run_dir {run_dir} holds a run with a different config ({names}); use another run_dir")
-    write_config(run_dir, c)
+    if not path.exists():
+        return
+    old = read_config(path)
+    diffs = [d for d in _diff_keys(old, c) if set(d) not in _RESUMABLE_KEYS and d not in _LOCATION_KEYS]
+    if diffs:
+        names = ", ".join(".".join(d) for d in diffs[:6])
+        raise ValueError(f"run_dir {run_dir} holds a run with a different config ({names}); use another run_dir")
+
+
+def _check_steps(run_dir: Path, ckpt: Checkpoint | None, total: int) -> None:
+    """A resume continues a run, it never shortens one: ``trainer.steps`` below the step its newest checkpoint
+    reached would leave config.yaml saying fewer steps than status.json and metrics.jsonl hold (ValueError)."""
+    if ckpt is not None and ckpt.step > total:
+        raise ValueError(
+            f"run_dir {run_dir} has reached step {ckpt.step} ({ckpt.path.name}) and trainer.steps={total} would "
+            f"shorten it; a resume only continues a run: pass trainer.steps={ckpt.step} or more, or use another "
+            f"run_dir for a {total}-step run (nothing was changed)"
+        )
 
 
 # ----------------------------------------------------------------------------------------------- logging
@@ -147,11 +153,26 @@ class _ConsoleFilter(logging.Filter):
         return bool(getattr(record, "console", True))
 
 
+class _RunLogHandler(logging.FileHandler):
+    """``train.log``: a line that cannot be written (a full disk) costs that line and one warning on stderr, never a
+    traceback; the write that fails next in the run directory stops the run with its own line."""
+
+    warned = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.warned:
+            self.warned = True
+            exc = sys.exc_info()[1]
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            print(f"warning: cannot write {self.baseFilename}: {why}; its lines are lost until it can be written",
+                  file=sys.stderr, flush=True)
+
+
 def setup_logging(run_dir: Path, logger: logging.Logger | None = None) -> list[logging.Handler]:
     """``train.log`` gets every line of ``logger`` (default: the trainer's); the console (stdout) the same minus the
     quiet step lines. The caller removes and closes the returned handlers."""
     target = log if logger is None else logger
-    file_handler = logging.FileHandler(run_dir / LOG_FILE, mode="a")
+    file_handler = _RunLogHandler(run_dir / LOG_FILE, mode="a")
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(logging.Formatter("[predmask.rl] %(message)s"))
@@ -199,51 +220,88 @@ def run(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _run_locked(c: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    _check_or_write_config(run_dir, c)
+    _check_identity(run_dir, c)  # before anything is written: a different run here is refused, untouched
     handlers = setup_logging(run_dir)
     total = int(c["trainer"]["steps"])
-    step = 0
     try:
-        torch.set_num_threads(int(c["trainer"].get("threads", 1)))
-        write_status(run_dir, "running", 0, total)
-        log.info("start: run_dir=%s method=%s delta=%s seed=%s", run_dir, c["method"]["name"], c["delta"], c["seed"])
-        log.info("model: %s%s", c["model"].get("label", c["model"]["name"]),
-                 f" (resolved from {c['model']['resolved_from']})" if c["model"].get("resolved_from") else "")
-        log.info("precision: %s (CPU emulation: %s)", c["precision"].get("label", c["precision"]["name"]),
-                 c["precision"]["emulates"])
-        log.info("eval splits: %s", STANDIN_LABEL)
-        progress = _use_progress(c["trainer"].get("progress", "auto"))
-        log.info("loading the base model from %s (pretrained on first use, about a minute)", c["cache_dir"])
-        engine = Engine(c, progress=progress)
-        log.info("policy: %d parameters, vocabulary %d; base model %s (train acc %.3f, %s)",
-                 engine.n_parameters, engine.tokenizer.vocab_size, engine.base_info.get("cache_path"),
-                 engine.base_info.get("train_acc", float("nan")),
-                 "built now" if engine.base_info.get("built") else "from cache")
-        summary = _train(engine, c, run_dir, progress)
-        write_status(run_dir, "completed", summary["step"], total)
-        log.info("completed at step %d", summary["step"])
-        return summary
-    except BaseException as exc:
-        step = last_step(run_dir)
-        write_status(run_dir, "failed", step, total, error=f"{type(exc).__name__}: {exc}")
-        log.exception("failed at step %d", step, extra={"console": not isinstance(exc, ValueError)})
-        raise
+        ckpt = latest_valid_checkpoint(run_dir, log)  # unreadable newer ones moved aside, with a warning line
+        _check_steps(run_dir, ckpt, total)
+        write_config(run_dir, c)
+        try:
+            return _start(c, run_dir, ckpt, total)
+        except BaseException as exc:
+            _record_failure(run_dir, total, exc)
+            raise
     finally:
         for h in handlers:
             log.removeHandler(h)
             h.close()
 
 
-def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> dict[str, Any]:
+def _start(c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | None, total: int) -> dict[str, Any]:
+    torch.set_num_threads(int(c["trainer"].get("threads", 1)))
+    write_status(run_dir, "running", 0, total)
+    log.info("start: run_dir=%s method=%s delta=%s seed=%s", run_dir, c["method"]["name"], c["delta"], c["seed"])
+    log.info("model: %s%s", c["model"].get("label", c["model"]["name"]),
+             f" (resolved from {c['model']['resolved_from']})" if c["model"].get("resolved_from") else "")
+    log.info("precision: %s (CPU emulation: %s)", c["precision"].get("label", c["precision"]["name"]),
+             c["precision"]["emulates"])
+    log.info("eval splits: %s", STANDIN_LABEL)
+    progress = _use_progress(c["trainer"].get("progress", "auto"))
+    log.info("loading the base model from %s (pretrained on first use, about a minute)", c["cache_dir"])
+    engine = Engine(c, progress=progress)
+    log.info("policy: %d parameters, vocabulary %d; base model %s (train acc %.3f, %s)",
+             engine.n_parameters, engine.tokenizer.vocab_size, engine.base_info.get("cache_path"),
+             engine.base_info.get("train_acc", float("nan")),
+             "built now" if engine.base_info.get("built") else "from cache")
+    summary = _train(engine, c, run_dir, ckpt, progress)
+    write_status(run_dir, "completed", summary["step"], total)
+    log.info("completed at step %d", summary["step"])
+    return summary
+
+
+def _failure_text(run_dir: Path, exc: BaseException) -> str:
+    """One line for a run's end by ``exc``: the Ctrl-C line, a storage problem with its remedy, or the error."""
+    if isinstance(exc, KeyboardInterrupt):
+        files = checkpoint_files(run_dir)
+        since = f" (newest checkpoint: {files[-1].name})" if files else " (no checkpoint yet: it restarts from step 0)"
+        return (f"interrupted: run_dir {run_dir} stopped at step {last_step(run_dir)}{since}; rerun the same command "
+                "to resume it")
+    if isinstance(exc, OSError) and (line := storage_problem(exc, run_dir)):
+        return line
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _record_failure(run_dir: Path, total: int, exc: BaseException) -> None:
+    """status.json says "failed" and why, and train.log gets the line (a traceback only for an unexpected error).
+    When status.json cannot be written the reason is added to ``exc``'s notes, which ``main`` prints."""
+    if isinstance(exc, KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the record short
+    text = _failure_text(run_dir, exc)
+    step = last_step(run_dir)
+    try:
+        write_status(run_dir, "failed", step, total, error=text)
+    except OSError as status_exc:
+        exc.add_note(f"{STATUS_FILE} could not record it: {storage_problem(status_exc, run_dir) or status_exc}")
+    expected = isinstance(exc, (ValueError, KeyboardInterrupt)) or (
+        isinstance(exc, OSError) and storage_problem(exc, run_dir) is not None)
+    if expected:
+        log.error("failed at step %d: %s", step, text, extra={"console": False})
+    else:
+        log.exception("failed at step %d", step)
+
+
+def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | None,
+           progress: bool) -> dict[str, Any]:
     t = engine.trainer_cfg
     seed = int(c["seed"])
     metrics_path = run_dir / METRICS_FILE
-    ckpt = latest_checkpoint(run_dir)
     start_step, data_pos = 0, 0
     if ckpt is not None:
-        start_step, data_pos = _load_checkpoint(ckpt, engine)
+        start_step, data_pos = _apply_checkpoint(ckpt, engine)
         cut = truncate_metrics(metrics_path, start_step)
-        log.info("resumed from %s (step %d); dropped %d metrics lines past it", ckpt.name, start_step, cut.dropped)
+        log.info("resumed from %s (step %d); dropped %d metrics lines past it", ckpt.path.name, start_step,
+                 cut.dropped)
     else:
         cut = truncate_metrics(metrics_path, -1)
         if cut.dropped:
@@ -297,7 +355,7 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, progress: bool) -> 
                 loud = step % max(1, t.log_every) == 0 or any(k.startswith(M.VAL_CORE_PREFIX) for k in data)
                 log.info(_step_summary(step, data), extra={"console": console and loud and not progress})
                 if (t.save_every and step % t.save_every == 0) or step == t.steps:
-                    _save_checkpoint(run_dir, step, engine, data_pos, t.keep_checkpoints)
+                    save_checkpoint(run_dir, step, _checkpoint_blob(engine, data_pos), t.keep_checkpoints)
                 write_status(run_dir, "running", step, t.steps)
                 val_txt = " ".join(f"{v:.2f}" for k, v in last_val.items() if M.VAL_ACC_RE.match(k)) or "-"
                 bar.advance(status=f"score {data.get(M.SCORE_MEAN, float('nan')):.3f} val {val_txt}")
@@ -319,10 +377,23 @@ def main() -> None:
         try:
             run(cfg)
         except (ValueError, RunDirBusyError) as exc:  # bad input, or a live trainer on run_dir: one line, exit 2
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
+            _exit_with(exc, str(exc), 2)
+        except KeyboardInterrupt as exc:  # Ctrl-C: the one line saying how to resume, no traceback
+            _exit_with(exc, _failure_text(Path(str(cfg.get("run_dir"))), exc), 130)
+        except OSError as exc:
+            line = storage_problem(exc, Path(str(cfg.get("run_dir"))))
+            if line is None:
+                raise
+            _exit_with(exc, line, 1)  # a full disk, a read-only file system: one line naming the file and the remedy
 
     _app()
+
+
+def _exit_with(exc: BaseException, line: str, code: int) -> None:
+    """Print ``error: line`` (``interrupted: ...`` as it is) with ``exc``'s notes on one line to stderr; exit."""
+    notes = "".join(f"; {n}" for n in getattr(exc, "__notes__", ()))
+    print(line + notes if line.startswith("interrupted:") else f"error: {line}{notes}", file=sys.stderr, flush=True)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from predmask import metrics as M
 from predmask import vr_weights as V
+from predmask.checkpoints import load_data
 from predmask.io import atomic_write
 from predmask.rl.base import load_base_model, sft_batch, single_thread, task_response_budget
 from predmask.rl.engine import resolve_cpu_model, validation_metrics
@@ -218,8 +219,9 @@ def _base_model(st: Stage) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def load_model(st: Stage, path: Path) -> tuple[nn.Module, dict[str, Any]]:
-    """A stage's ``model.pt`` as a policy of the run's model config, and its info."""
-    blob = torch.load(path, map_location="cpu", weights_only=True)
+    """A stage's ``model.pt`` as a policy of the run's model config, and its info (loaded as data only: a file naming
+    any other Python object is refused in one line, ``predmask.checkpoints.load_data``)."""
+    blob = load_data(path)
     model = build_policy(st.model_cfg, st.tokenizer.vocab_size, st.base.seed)
     model.load_state_dict(blob["state_dict"])
     return model, dict(blob.get("info") or {})

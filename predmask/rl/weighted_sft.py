@@ -19,13 +19,12 @@ from torch import Tensor, nn
 
 from predmask import metrics as M
 from predmask import vr_weights as V
-from predmask.io import atomic_write
+from predmask.checkpoints import latest_valid_checkpoint, save_checkpoint
 from predmask.progress import progress as show_progress
 from predmask.rl.algo import response_logits
 from predmask.rl.base import sft_batch
 from predmask.rl.tokenizer import ArithmeticTokenizer
-from predmask.rl.train import latest_checkpoint
-from predmask.rundir import CHECKPOINT_DIR, METRICS_FILE, MetricsWriter, truncate_metrics, write_status
+from predmask.rundir import METRICS_FILE, MetricsWriter, truncate_metrics, write_status
 from predmask.schemas.variational_schema import SFTConfig
 
 __all__ = ["Row", "step_plan", "token_logprobs", "train_sft"]
@@ -63,33 +62,28 @@ def _lr(step: int, lr: float, warmup: int) -> float:
     return lr * min(1.0, step / warmup) if warmup > 0 else lr
 
 
-def _save_sft_checkpoint(run_dir: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer,
-                         plan: list[list[int]]) -> None:
-    path = run_dir / CHECKPOINT_DIR / f"step_{step:06d}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    blob = {"step": step, "model": model.state_dict(), "optimizer": opt.state_dict(), "plan": plan,
+def _sft_checkpoint_blob(model: nn.Module, opt: torch.optim.Optimizer, plan: list[list[int]]) -> dict[str, Any]:
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "plan": plan,
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
-    atomic_write(path, lambda tmp: torch.save(blob, tmp))
-    for old in sorted(path.parent.glob("step_*.pt"))[:-2]:
-        old.unlink(missing_ok=True)
 
 
 def _resume(run_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, plan: list[list[int]],
             log: logging.Logger) -> tuple[int, bool]:
-    """Load the run's newest checkpoint (model, optimiser, rng) and drop the metrics lines past it:
-    (the step it reached, whether there was one); a checkpoint of another data order is a ValueError."""
-    ckpt = latest_checkpoint(run_dir)
+    """Load the run's newest readable checkpoint (model, optimiser, rng; an unreadable newer one is moved aside by
+    ``predmask.checkpoints``) and drop the metrics lines past it: (the step it reached, whether there was one);
+    a checkpoint of another data order is a ValueError."""
+    ckpt = latest_valid_checkpoint(run_dir, log)
     start = 0
     if ckpt is not None:
-        blob = torch.load(ckpt, map_location="cpu", weights_only=False)
+        blob = ckpt.blob
+        if blob["plan"] != plan:
+            raise ValueError(f"checkpoint {ckpt.path} was written with another data order; use a fresh run directory")
         model.load_state_dict(blob["model"])
         opt.load_state_dict(blob["optimizer"])
         torch.set_rng_state(blob["rng"]["torch"])
         random.setstate(blob["rng"]["python"])
-        if blob["plan"] != plan:
-            raise ValueError(f"checkpoint {ckpt} was written with another data order; use a fresh run directory")
-        start = int(blob["step"])
-        log.info("resuming from %s (step %d of %d)", ckpt, start, len(plan))
+        start = ckpt.step
+        log.info("resuming from %s (step %d of %d)", ckpt.path, start, len(plan))
     cut = truncate_metrics(run_dir / METRICS_FILE, start if ckpt is not None else -1)
     if cut.dropped:
         log.info("dropped %d metrics lines past step %d", cut.dropped, start)
@@ -145,7 +139,7 @@ def train_sft(model: nn.Module, rows: Sequence[Row], *, run_dir: Path, sft: SFTC
                 writer.log(data, step)
                 log.info("step %d loss=%.4f lr=%.3g", step, data[M.TRAIN_LOSS], lr, extra={"console": False})
                 if (sft.save_every and step % sft.save_every == 0) or step == total:
-                    _save_sft_checkpoint(run_dir, step, model, opt, plan)
+                    save_checkpoint(run_dir, step, _sft_checkpoint_blob(model, opt, plan), keep=2)
                 write_status(run_dir, "running", step, total)
                 bar.advance(status=f"loss {data[M.TRAIN_LOSS]:.3f}")
     finally:
