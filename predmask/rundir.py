@@ -15,7 +15,7 @@ The files:
 - ``.run.lock``: the writer lock, held by the one process writing the run directory for its whole life
   (``hold_run_lock``); ``status.json`` saying "running" while the lock is free means the writer died (``DEAD``).
 - ``train.log`` (the engine's log), ``job.log`` (the job's output), ``job.json`` (how the sweep submitted it),
-  ``exit_status.json`` (how the job's command ended), ``checkpoints/``.
+  ``exit_status.json`` (how the job's command ended), ``checkpoints/`` (written and read by ``predmask.checkpoints``).
 
 The step rule (``as_step``, the one rule of the trainer's resume and of ingest): a line's ``step`` is a JSON integer
 (verl's file logger writes its ``global_steps``, an int), or a JSON number with an integral value such as ``4.0``
