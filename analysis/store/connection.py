@@ -3,6 +3,7 @@ its default path, and small query helpers."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -25,16 +26,19 @@ __all__ = [
     "DB_ENV",
     "DB_WAIT_ENV",
     "DEFAULT_DB_RELPATH",
+    "DUCKDB_CONFIG",
     "READ_WAIT_S",
     "WRITE_WAIT_S",
     "StoreError",
     "check_db_path",
+    "check_duckdb_file",
     "connect",
     "default_db_path",
     "ensure_schema",
     "fetch_one",
     "missing_db_hint",
     "paper_command",
+    "storage_error",
     "table_columns",
     "table_exists",
     "utcnow",
@@ -51,6 +55,14 @@ _FIRST_SLEEP_S, _MAX_SLEEP_S = 0.05, 1.0
 _HOLDER_RE = re.compile(r"Conflicting lock is held in (.+?) \(PID (\d+)\)")
 #: bytes 8..11 of every DuckDB database file (after the header's checksum)
 _DUCKDB_MAGIC, _MAGIC_AT = b"DUCK", 8
+#: every connection's settings: a file's contents never make DuckDB load or download an extension (no network, no
+#: code from data); the store needs none
+DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "autoload_known_extensions": False,
+    "autoinstall_known_extensions": False,
+}
+_KNOWN_HEADS = ((b"SQLite format 3\x00", "a SQLite database"), (b"PK\x03\x04", "a zip file"),
+                (b"PAR1", "a Parquet file"))
 def _given(db: str | os.PathLike[str] | None) -> Path | None:
     """``db`` when it is not the default database (commands then need ``--db``), else None."""
     if db is None:
@@ -99,6 +111,52 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
+def _what_file(head: bytes) -> str:
+    """What a file that is not DuckDB looks like, from its first bytes."""
+    if not head:
+        return "an empty file"
+    return next((what for magic, what in _KNOWN_HEADS if head.startswith(magic)), "a file of another kind")
+
+
+def check_duckdb_file(db: Path) -> None:
+    """Raise StoreError (one line) unless the existing file ``db`` starts as a DuckDB database file does (bytes 8..11
+    say DUCK): the one check every path runs before DuckDB opens a results database, reader or writer, so a file
+    of another kind is never handed to DuckDB (which would guess its format and reach for an extension)."""
+    try:
+        with db.open("rb") as f:
+            head = f.read(max(_MAGIC_AT + len(_DUCKDB_MAGIC), 16))
+    except OSError as exc:
+        raise StoreError(f"cannot read results database {db}: {exc.strerror or exc}") from None
+    if head[_MAGIC_AT:_MAGIC_AT + len(_DUCKDB_MAGIC)] != _DUCKDB_MAGIC:
+        raise StoreError(
+            f"{db} exists but is not a DuckDB database (it is {_what_file(head)}; expected a *.duckdb file the store "
+            "wrote); move it away or choose another --db path"
+        )
+
+
+_DISK_FULL = ("no space left", "disk is full", "disk full", "quota exceeded")
+_READ_ONLY = ("read-only file system", "read only file system", "permission denied", "cannot open file")
+
+
+def storage_error(exc: BaseException, db: str | os.PathLike[str] | Path) -> StoreError:
+    """A storage failure (an OSError, a DuckDB IO, transaction or rollback error) while writing ``db``, as one
+    line naming the file and the remedy; the database keeps what its last committed transaction holds."""
+    text = (str(exc).splitlines() or [type(exc).__name__])[0] if not isinstance(exc, OSError) else (
+        exc.strerror or str(exc))
+    low = str(exc).lower()
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code in (errno.ENOSPC, errno.EDQUOT) or any(k in low for k in _DISK_FULL):
+        remedy = (f"the disk holding {db} is full: free space there (or choose another --db path), then rerun the "
+                  "same command")
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM) or any(k in low for k in _READ_ONLY):
+        remedy = (f"{db} or its folder is not writable: fix its permissions or mount (or choose another --db path), "
+                  "then rerun the same command")
+    else:
+        remedy = (f"check the disk and the file {db} (or choose another --db path), then rerun the same command")
+    return StoreError(f"cannot write results database {db} ({type(exc).__name__}: {text}); {remedy}; what was "
+                      "stored before stays")
+
+
 def check_db_path(path: str | os.PathLike[str]) -> None:
     """Raise StoreError (one line) unless a writer could use ``path`` as the results database: not a directory;
     if it exists, a writable DuckDB file; else its nearest existing ancestor is a writable folder.
@@ -115,15 +173,7 @@ def check_db_path(path: str | os.PathLike[str]) -> None:
     if db.exists():
         if not db.is_file():
             raise StoreError(f"results database path {db} is not a regular file; give a *.duckdb file path")
-        try:
-            with db.open("rb") as f:
-                head = f.read(_MAGIC_AT + len(_DUCKDB_MAGIC))
-        except OSError as exc:
-            raise StoreError(f"cannot read results database {db}: {exc.strerror or exc}") from None
-        if head[_MAGIC_AT:] != _DUCKDB_MAGIC:
-            raise StoreError(
-                f"{db} exists but is not a DuckDB database; move it away or choose another --db path"
-            )
+        check_duckdb_file(db)
         try:  # opened for writing and closed at once: changes nothing, takes no DuckDB lock
             with db.open("r+b"):
                 pass
@@ -174,13 +224,32 @@ def _holder(exc: duckdb.Error) -> str:
     return f"pid {m.group(2)} ({m.group(1)})" if m else "another process"
 
 
+def _connect_once(db: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect with DUCKDB_CONFIG; when this process already holds the file through a connection opened
+    without it (DuckDB refuses a second configuration for one open file), a plain connection to that instance."""
+    try:
+        return duckdb.connect(str(db), read_only=read_only, config=DUCKDB_CONFIG)
+    except duckdb.ConnectionException as exc:
+        if "different configuration" not in str(exc):
+            raise
+        return duckdb.connect(str(db), read_only=read_only)
+
+
+def _no_extensions(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """DUCKDB_CONFIG set on the database instance too, before any statement runs (a no-op when it was opened with
+    it; otherwise it covers the instance another connection of this process opened)."""
+    for key, value in DUCKDB_CONFIG.items():
+        con.execute(f"SET {key} = {str(value).lower()}")
+    return con
+
+
 def _open(db: Path, read_only: bool, wait_s: float) -> duckdb.DuckDBPyConnection:
     """duckdb.connect, retried with jittered exponential backoff for up to wait_s seconds while the lock is held."""
     deadline = time.monotonic() + wait_s
     sleep = _FIRST_SLEEP_S
     while True:
         try:
-            return duckdb.connect(str(db), read_only=read_only)
+            return _no_extensions(_connect_once(db, read_only))
         except duckdb.Error as exc:
             left = deadline - time.monotonic()
             if not _is_lock_error(exc) or left <= 0:
@@ -207,9 +276,13 @@ def connect(
             raise StoreError(f"results database {db} does not exist: {missing_db_hint(db)}")
         if not db.is_file():
             check_db_path(db)  # names what the path is instead
+        check_duckdb_file(db)
     else:
         check_db_path(db)
-        db.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, db) from exc
     try:
         con = _open(db, read_only, bound)
     except duckdb.Error as exc:
@@ -219,9 +292,15 @@ def connect(
                 f"results database {db} is in use by {_holder(exc)} (only one writer at a time, no reader "
                 f"beside a writer); gave up after {bound:g} s (${DB_WAIT_ENV} sets the wait)"
             ) from exc
+        if not read_only:
+            raise storage_error(exc, db) from exc
         raise StoreError(f"cannot open results database {db}: {first}") from exc
     if not read_only:
-        ensure_schema(con)
+        try:
+            ensure_schema(con)
+        except (OSError, duckdb.Error) as exc:
+            con.close()
+            raise storage_error(exc, db) from exc
     return con
 
 
