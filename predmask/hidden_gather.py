@@ -1,4 +1,4 @@
-"""The training log-probs on the rollout support from hidden states and the lm_head weight, never holding [tokens, vocab].
+"""The training log-probs on the rollout support from hidden states and the lm_head weight, without [tokens, vocab].
 
 :func:`gather_support_logprobs_from_hidden` computes what ``predmask.gather_support_logprobs`` computes from the
 logits ``hidden @ lm_head_weight.T`` -- the support log-probs (with their gradient) and, when asked, the exact tail
@@ -91,7 +91,9 @@ class _HiddenSupportLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_logp: Tensor, _grad_lse: Tensor | None, _grad_sq: Tensor | None):  # type: ignore[no-untyped-def, override]
+    def backward(  # type: ignore[no-untyped-def, override]
+        ctx, grad_logp: Tensor, _grad_lse: Tensor | None, _grad_sq: Tensor | None,
+    ):
         """Per chunk: ``dz = (scatter(g) - sum(g) * softmax(z / T)) / T``, then ``dh += dz @ W_c`` and
         ``dW_c = dz.T @ h``. The hidden states are the same on every rank, so their gradient is summed over the
         ranks (each rank's share comes from its own vocabulary rows)."""
@@ -111,10 +113,12 @@ class _HiddenSupportLogSoftmax(torch.autograd.Function):
             if t != 1.0:
                 dz.div_(t)
             dz = dz.to(hidden.dtype)
-            if grad_h is not None:
+            if grad_h is not None and grad_h.dtype == dz.dtype:
+                grad_h.addmm_(dz, weight[c0:c1])
+            elif grad_h is not None:  # bf16/fp16: each product in their dtype (as autograd's), summed in float32
                 grad_h += (dz @ weight[c0:c1]).to(cd)
             if grad_w is not None:
-                grad_w[c0:c1] = dz.T @ hidden
+                torch.mm(dz.T, hidden, out=grad_w[c0:c1])
             del dz
         if grad_h is not None and ctx.all_reduce is not None:
             ctx.all_reduce(grad_h, "sum")
@@ -161,8 +165,8 @@ def gather_support_logprobs_from_hidden(
         raise ValueError(f"ids {tuple(ids.shape)} must share the leading shape of hidden {tuple(hidden.shape)}")
     vocab = vocab_size if vocab_size is not None else vocab_start + lm_head_weight.shape[0]
     if not 0 <= vocab_start <= vocab - lm_head_weight.shape[0]:
-        raise ValueError(f"vocab_start {vocab_start} with {lm_head_weight.shape[0]} weight rows does not fit a vocabulary "
-                         f"of {vocab}: allowed 0 <= vocab_start <= {vocab - lm_head_weight.shape[0]}")
+        raise ValueError(f"vocab_start {vocab_start} with {lm_head_weight.shape[0]} weight rows does not fit a "
+                         f"vocabulary of {vocab}: allowed 0 <= vocab_start <= {vocab - lm_head_weight.shape[0]}")
     if valid is None:
         valid = torch.ones_like(ids, dtype=torch.bool)
     safe_ids = torch.where(valid, ids, torch.zeros_like(ids))

@@ -3,20 +3,27 @@
 :func:`chunked_support_logprobs` is ``predmask.gather_support_logprobs`` over the full vocabulary in chunks of
 rows (bounding the [rows, V] float32 temporaries; FSDP). :func:`vocab_parallel_support_logprobs` computes the
 same quantity from vocab-sharded logits (Megatron tensor parallelism) with ``torch.distributed`` all-reduces
-over the tensor-parallel group.
+over the tensor-parallel group. :func:`hidden_support_logprobs` computes it from the hidden states and the
+(vocab-sharded) lm_head weight, for verl's fused-kernel path, which builds no logits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from predmask.hidden_gather import AllReduce, gather_support_logprobs_from_hidden
 from predmask.support import gather_support_logprobs
 
-__all__ = ["DEFAULT_CHUNK_ROWS", "AllReduce", "chunked_support_logprobs", "vocab_parallel_support_logprobs"]
+__all__ = [
+    "DEFAULT_CHUNK_ROWS",
+    "AllReduce",
+    "chunked_support_logprobs",
+    "hidden_support_logprobs",
+    "vocab_parallel_support_logprobs",
+]
 
 #: rows of logits processed at once when gathering (bounds the [rows, V] float32 temporaries)
 DEFAULT_CHUNK_ROWS = 1024
@@ -40,9 +47,6 @@ def chunked_support_logprobs(
         else:
             out[s:e] = res.float()  # type: ignore[union-attr]
     return out, tail
-
-
-AllReduce = Callable[[Tensor, str], None]
 
 
 def _torch_all_reduce(group: Any) -> AllReduce:
@@ -92,3 +96,22 @@ def vocab_parallel_support_logprobs(
             support_sq = torch.where(valid[s:e], (2.0 * lp).exp(), torch.zeros_like(lp)).sum(-1)
             tail[s:e] = (total_sq - support_sq).clamp_min(0.0)
     return out, tail
+
+
+@torch.no_grad()
+def hidden_support_logprobs(
+    hidden: Tensor, lm_head_weight: Tensor, ids: Tensor, valid: Tensor, *, temperature: float = 1.0,
+    vocab_start: int = 0, vocab_size: int | None = None, group: Any = None, return_tail_sq: bool = False,
+    all_reduce: AllReduce | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """``predmask.gather_support_logprobs_from_hidden`` without grad, as the logits processor's (pi [N, S], tail
+    [N]) in float32: hidden [N, D], this rank's lm_head rows from ``vocab_start`` (all of them: ``group`` None),
+    the shards reduced over ``group`` (``torch.distributed``) or with ``all_reduce``."""
+    sharded = group is not None or all_reduce is not None
+    res = gather_support_logprobs_from_hidden(
+        hidden, lm_head_weight, ids, valid, temperature=temperature, return_tail_sq=return_tail_sq,
+        vocab_start=vocab_start, vocab_size=vocab_size,
+        all_reduce=(all_reduce or _torch_all_reduce(group)) if sharded else None)
+    if return_tail_sq:
+        return res[0].float(), res[1].float()  # type: ignore[index]
+    return res.float(), None  # type: ignore[union-attr]

@@ -1,0 +1,149 @@
+"""The loss from hidden states against the loss from logits: time ratio and peak extra memory of one step.
+
+Run by ``python scripts/benchmark.py loss`` next to the logits-path benchmark (predmask/bench.py). A step is what a
+trainer's last layer and loss do: from hidden states ``h`` [tokens, D] and the lm_head weight ``W`` [V, D], the
+predictive mask's loss (``HIDDEN_METHOD``) and its backward to ``h`` and ``W``. The logits path computes
+``z = h Wᵀ`` and gathers with ``predmask.gather_support_logprobs``; the hidden-states path calls
+``predmask.gather_support_logprobs_from_hidden``; the plain sampled-token loss (``log_softmax`` of ``h Wᵀ``,
+gathered) is timed beside them. Times interleave the steps in one process (median of the repeats).
+
+Peak extra memory is measured with ``torch.profiler`` (``profile_memory=True``): the CPU allocator reports every
+allocation and free while profiling, and the most bytes live at once during one step (the second; the first warms
+up) is given in units of one [tokens, V] float32 tensor. The target is on the hidden-states path's peak less the
+gradients of ``h`` and ``W``, which every path returns and which this path holds through its whole backward.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.profiler import ProfilerActivity, profile
+
+from predmask.bench import DELTA, median_times, target
+from predmask.hidden_gather import gather_support_logprobs_from_hidden
+from predmask.methods import MethodParams, policy_loss
+from predmask.support import build_support, gather_support_logprobs
+
+__all__ = [
+    "DEFAULT_HIDDEN_SIZE",
+    "HIDDEN_METHOD",
+    "HIDDEN_PEAK_EXTRA_MAX",
+    "HIDDEN_TIME_RATIO_MAX",
+    "PATHS",
+    "bench_hidden",
+    "make_hidden_inputs",
+    "peak_extra_bytes_profiled",
+    "step_fn",
+]
+
+#: the method whose loss both paths compute
+HIDDEN_METHOD = "predmask_kl_agg"
+#: the steps timed: the plain sampled-token loss from logits, the method from logits, the method from hidden states
+PATHS = ("logits_log_softmax_gather", "logits", "hidden")
+#: the hidden-states path may cost at most 1.5 x the logits path's time: its backward recomputes the logits
+#: (one more [tokens, D] x [D, V] product on top of the three a step already has)
+HIDDEN_TIME_RATIO_MAX = 1.5
+#: its peak extra memory, in [tokens, V] float32 tensors: the logits path holds the logits and their gradient
+#: (2.0); the streaming path holds a few [tokens, chunk] buffers
+HIDDEN_PEAK_EXTRA_MAX = 0.25
+#: hidden size of the benchmark (a small model's; the time ratio moves towards 4/3 as D grows)
+DEFAULT_HIDDEN_SIZE = 512
+#: rows of logits built at once when drawing the rollout support
+_CHUNK_ROWS = 1024
+
+
+def make_hidden_inputs(tokens: int, vocab: int, dim: int, topk: int, *, seed: int = 0) -> dict[str, Tensor]:
+    """Float32 hidden states and lm_head weight whose logits ``h Wᵀ`` have per-token sharpness drawn from [1, 6]
+    (flat to peaked), and a rollout support drawn from those logits plus noise of scale 0.3 (built in row chunks)."""
+    g = torch.Generator().manual_seed(seed)
+    sharp = 1.0 + 5.0 * torch.rand(tokens, 1, generator=g)
+    hidden = torch.randn(tokens, dim, generator=g) * sharp / dim ** 0.5
+    weight = torch.randn(vocab, dim, generator=g)
+    top_ids, top_lp, sampled, sampled_lp = [], [], [], []
+    for s in range(0, tokens, _CHUNK_ROWS):
+        z = hidden[s:s + _CHUNK_ROWS] @ weight.T
+        mu_lp = torch.log_softmax(z + 0.3 * torch.randn(z.shape, generator=g), -1)
+        k = torch.multinomial(mu_lp.exp(), 1, generator=g)
+        top = mu_lp.topk(topk, -1)
+        top_ids.append(top.indices)
+        top_lp.append(top.values)
+        sampled.append(k.squeeze(-1))
+        sampled_lp.append(mu_lp.gather(-1, k).squeeze(-1))
+        del z, mu_lp
+    sampled_ids = torch.cat(sampled)
+    sup = build_support(torch.cat(top_ids), torch.cat(top_lp), sampled_ids, torch.cat(sampled_lp))
+    return {"hidden": hidden, "weight": weight, "ids": sup.ids, "mu": sup.mu_logprobs, "valid": sup.valid,
+            "sampled_index": sup.sampled_index, "sampled": sampled_ids, "adv": torch.randn(tokens, generator=g)}
+
+
+def step_fn(path: str, x: dict[str, Tensor]) -> Callable[[], tuple[Tensor, Tensor]]:
+    """One forward and backward of ``path`` (one of ``PATHS``); returns the gradients of ``h`` and ``W``."""
+    if path not in PATHS:
+        raise ValueError(f"unknown path {path!r}; allowed: {', '.join(PATHS)}")
+    vocab = x["weight"].shape[0]
+    params = MethodParams(delta=DELTA, vocab_size=vocab)
+    mask = torch.ones(1, x["adv"].shape[0], dtype=torch.bool)
+    old = x["mu"].gather(-1, x["sampled_index"][:, None]).squeeze(-1)[None]
+
+    def step() -> tuple[Tensor, Tensor]:
+        h, w = x["hidden"].detach().requires_grad_(), x["weight"].detach().requires_grad_()
+        if path == "logits_log_softmax_gather":
+            lp = torch.log_softmax(h @ w.T, -1).gather(-1, x["sampled"][:, None]).squeeze(-1)
+            loss = -(x["adv"] * (lp - old[0]).exp().detach() * lp).mean()
+        else:
+            pi = gather_support_logprobs(h @ w.T, x["ids"], x["valid"]) if path == "logits" else \
+                gather_support_logprobs_from_hidden(h, w, x["ids"], x["valid"])
+            log_prob = pi.gather(-1, x["sampled_index"][:, None]).squeeze(-1)
+            loss, _ = policy_loss(HIDDEN_METHOD, log_prob=log_prob[None], old_log_prob=old,
+                                  advantages=x["adv"][None], response_mask=mask, mu_logprobs=x["mu"][None],
+                                  pi_logprobs=pi[None], valid=x["valid"][None],
+                                  sampled_index=x["sampled_index"][None], params=params)
+        grad_h, grad_w = torch.autograd.grad(loss, (h, w))
+        return grad_h, grad_w
+
+    return step
+
+
+def peak_extra_bytes_profiled(fn: Callable[[], Any]) -> int:
+    """The most bytes the CPU allocator held at once during ``fn()`` above what was live when it began
+    (``torch.profiler``'s memory events, their "Total Allocated" counter)."""
+    fn()  # warm-up: first-call allocations (kernel set-up, caches) are not the step's memory
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory(prefix="predmask-hidden-bench-") as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    totals = [int(e["args"]["Total Allocated"]) for e in events
+              if e.get("name") == "[memory]" and "Total Allocated" in e.get("args", {})]
+    if not totals:
+        raise RuntimeError("torch.profiler recorded no memory events (profile_memory=True on CPU)")
+    return max(totals)
+
+
+def bench_hidden(tokens: int, *, vocab: int, dim: int, topk: int, repeats: int, memory: bool) -> dict[str, Any]:
+    """Times, the hidden/logits time ratio, peak extra memory of both paths and the targets at one size."""
+    x = make_hidden_inputs(tokens, vocab, dim, topk)
+    fns = {p: step_fn(p, x) for p in PATHS}
+    med = median_times(fns, repeats, torch.device("cpu"), warmup=1)
+    unit = tokens * vocab * 4
+    grads = (x["hidden"].numel() + x["weight"].numel()) * 4
+    peak = {p: peak_extra_bytes_profiled(fns[p]) / unit for p in ("logits", "hidden")} if memory else {}
+    record: dict[str, Any] = {
+        "tokens": tokens, "vocab": vocab, "hidden_size": dim, "topk": topk, "method": HIDDEN_METHOD,
+        "unit_bytes": unit, "grad_bytes": grads, "median_s": med, "time_ratio": med["hidden"] / med["logits"],
+        "peak_extra": peak,
+    }
+    rows = [target(f"time {HIDDEN_METHOD} from hidden states / from logits", record["time_ratio"],
+                   HIDDEN_TIME_RATIO_MAX)]
+    if memory:
+        rows.append(target(f"peak extra memory {HIDDEN_METHOD} from hidden states beyond the h and W gradients "
+                           "(x [tokens, vocab] float32)", peak["hidden"] - grads / unit, HIDDEN_PEAK_EXTRA_MAX))
+    record["targets"] = rows
+    return record
