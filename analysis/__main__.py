@@ -11,6 +11,7 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import shutil
 import sys
@@ -125,10 +126,16 @@ def cmd_ingest(argv: Sequence[str]) -> int:
         return 2
     try:
         summary = ingest_paths(con, args.paths, show_progress=not args.quiet)
+    except StoreError as exc:  # disk full, read-only, a failed transaction: runs stored before it stay stored
+        _err.print(f"error: {exc}", markup=False)
+        return 2
     finally:
-        con.close()
+        with contextlib.suppress(Exception):  # a connection DuckDB invalidated may fail to close; nothing to keep
+            con.close()
+    refusals = {r.refused for r in summary.refused}
     for w in summary.warnings:
-        _err.print(f"warning: {w}")
+        if w not in refusals:  # a refused run is named once, in the error line below
+            _err.print(f"warning: {w}", markup=False)
     for u in summary.unmatched:
         _err.print(f"warning: {u}: no run directory or metrics file matched")
     print_summary(summary, db, _console(), quiet=args.quiet)
@@ -141,7 +148,8 @@ def cmd_ingest(argv: Sequence[str]) -> int:
         )
         return 1
     if summary.refused:
-        _err.print(f"error: {len(summary.refused)} run director(ies) refused: {'; '.join(summary.refused)}")
+        why = "; ".join(r.refused for r in summary.refused if r.refused)
+        _err.print(f"error: {len(summary.refused)} run director(ies) refused, the others stored: {why}", markup=False)
         return 1
     _console().print(f"next: {paper_command(args.db)}", markup=False)
     return 0

@@ -11,7 +11,14 @@ step rule, its attempts): config.yaml (resolved run config), status.json, and th
 ``{"step": N, "data": {name: value}}``, earlier attempts kept as ``metrics.attempt-<n>.jsonl`` and merged by step,
 the latest attempt winning. Ingest is the only builder of a run's `runs` row. Ingest stores nothing invalid
 silently (``ingest``): bad lines and values are skipped, a run without config.yaml is refused, each with one
-warning line and a count; killed and empty runs get the statuses ``dead`` and ``empty``.
+warning line and a count; killed and empty runs get the statuses ``dead`` and ``empty``. Ingest makes a run's stored
+metrics equal its files (rows of steps gone from them are removed in the same transaction), streaming each file
+through DuckDB in batches. A storage failure (disk full, read-only, DuckDB's IO and transaction errors) is one
+StoreError line naming the file and the remedy (``storage_error``); the database keeps its last committed state.
+
+The database is handed to DuckDB only after its first bytes say DuckDB (``check_duckdb_file``, readers and writers),
+and every connection has DuckDB's extension autoloading and autoinstalling off: a file's contents never reach the
+network.
 
 A writer's path is checked before any work starts (``check_db_path``: not a folder, a DuckDB file if it exists,
 a writable place), without opening the file.
@@ -34,6 +41,7 @@ from analysis.store.connection import (
     ensure_schema,
     missing_db_hint,
     paper_command,
+    storage_error,
     table_exists,
 )
 from analysis.store.ingest import (
@@ -105,6 +113,7 @@ __all__ = [
     "paper_command",
     "parse_metrics_file",
     "run_row_from_dir",
+    "storage_error",
     "stored_seeds",
     "table_exists",
     "upsert_accuracy_weighting",

@@ -4,7 +4,10 @@ Nothing invalid is stored silently: each problem is one warning line naming the 
 count in the run's RunIngest and the IngestSummary. Corrupt lines, non-numeric and non-finite values and lines whose
 step goes backwards are not stored (``metrics_files``); a run directory without a readable config.yaml is refused
 (not registered); a "completed" run without any stored metric gets status ``empty``, a killed one ``dead``
-(``runs``); a non-finite value stored by an older ingest is deleted when its run is ingested again. A verl run's
+(``runs``). Ingest makes a run's stored metrics equal its files: a row an older ingest stored whose step or value is
+no longer in them (a run resumed with fewer steps, a non-finite value) is deleted, in the transaction that writes the
+rest. Files stream through DuckDB in batches, so memory does not grow with a file; a storage failure (disk full,
+read-only, DuckDB's IO and transaction errors) is one StoreError line naming the database and the remedy. A verl run's
 policy-loss metrics are replaced, step by step, by the exact values of its loss statistics (``exact_metrics``).
 A variational-reasoning `weights` stage run (config ``family: variational``, ``stage: weights``) also stores its
 weights.parquet in `vr_traces` (``vr_tables``); a missing or malformed file is one warning, the run stays registered.
@@ -12,10 +15,11 @@ weights.parquet in `vr_traces` (``vr_tables``); a missing or malformed file is o
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,14 +27,14 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.connection import StoreError, fetch_one
+from analysis.store.connection import StoreError, fetch_one, storage_error
 from analysis.store.exact_metrics import exact_step_metrics
 from analysis.store.inputs import find_run_dirs
-from analysis.store.metrics_files import parse_metrics_file
+from analysis.store.metrics_files import FileCounts, iter_file_values
 from analysis.store.runs import EMPTY, RunRefusedError, run_row_from_dir, upsert_runs
 from analysis.store.vr_tables import ingest_vr_traces, is_weights_stage
 from predmask.progress import progress
-from predmask.rundir import DEAD, METRICS_FILE, attempt_files, merge_attempts
+from predmask.rundir import DEAD, METRICS_FILE, attempt_files
 
 __all__ = [
     "IngestSummary",
@@ -52,7 +56,7 @@ class RunIngest:
     metric_rows: int = 0  # distinct (step, name) after merging attempts
     rows_added: int = 0
     rows_changed: int = 0
-    rows_removed: int = 0  # non-finite values an older ingest stored
+    rows_removed: int = 0  # stored rows no longer in the run's files (fewer steps, non-finite values of an older ingest)
     skipped_lines: int = 0  # corrupt lines
     skipped_values: int = 0  # non-numeric values (null, text, ...)
     nonfinite_values: int = 0  # NaN, Infinity, -Infinity: not stored
@@ -133,104 +137,219 @@ class IngestSummary:
             f"line(s) and {self.backward_lines} line(s) with a step going backwards skipped; "
             f"{self.nonfinite_values} non-finite and {self.skipped_values} non-numeric value(s) not stored; "
             f"{len(self.flagged_runs)} run(s) stored as dead or empty"
-            + (f"; {self.rows_removed} non-finite value(s) of an earlier ingest removed" if self.rows_removed else "")
+            + (f"; {self.rows_removed} stored row(s) no longer in the runs' files (or non-finite) removed"
+               if self.rows_removed else "")
         )
 
 
-def _write_metrics(
-    con: duckdb.DuckDBPyConnection, run_id: str, merged: Mapping[tuple[int, str], float]
-) -> tuple[int, int]:
-    if not merged:
-        return 0, 0
-    keys = list(merged)
-    table = pa.table(
-        {
-            "run_id": pa.array([run_id] * len(keys), pa.string()),
-            "step": pa.array([k[0] for k in keys], pa.int32()),
-            "name": pa.array([k[1] for k in keys], pa.string()),
-            "value": pa.array(list(merged.values()), pa.float64()),
-        }
-    )
-    con.register("_predmask_incoming", table)
+#: rows per batch moved from the parser into DuckDB: the Python side holds one batch, never a whole file
+BATCH_ROWS = 50_000
+_STAGED = "_predmask_staged"  # temp table: every stored row of every source, (step, name, value, source)
+_FINAL = "_predmask_final"  # temp table: one row per (step, name), the latest source winning
+_BATCH = "_predmask_batch"
+#: DuckDB's memory while a run is ingested: beyond it the staged rows and joins spill to the database's .tmp folder
+INGEST_MEMORY_LIMIT = "512MB"
+
+
+@contextlib.contextmanager
+def _memory_bound(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """INGEST_MEMORY_LIMIT for the block, the instance's own limit after it (kept when it cannot be lowered)."""
+    row = fetch_one(con, "SELECT current_setting('memory_limit')")
     try:
-        added, changed = fetch_one(
-            con,
-            "SELECT count(*) FILTER (WHERE m.run_id IS NULL), "
-            "count(*) FILTER (WHERE m.run_id IS NOT NULL AND m.value IS DISTINCT FROM i.value) "
-            "FROM _predmask_incoming i LEFT JOIN metrics m USING (run_id, step, name)",
-        )
-        if added or changed:
-            con.execute(
-                "INSERT INTO metrics (run_id, step, name, value) "
-                "SELECT i.run_id, i.step, i.name, i.value FROM _predmask_incoming i "
-                "LEFT JOIN metrics m USING (run_id, step, name) "
-                "WHERE m.run_id IS NULL OR m.value IS DISTINCT FROM i.value "
-                "ON CONFLICT (run_id, step, name) DO UPDATE SET value = excluded.value"
-            )
+        con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
+    except duckdb.Error:  # the instance holds more than the bound now: it keeps its limit
+        yield
+        return
+    try:
+        yield
     finally:
-        con.unregister("_predmask_incoming")
-    return int(added), int(changed)
+        if row:
+            with contextlib.suppress(duckdb.Error):
+                con.execute(f"SET memory_limit = '{row[0]}'")
 
 
-def _remove_nonfinite(con: duckdb.DuckDBPyConnection, run_id: str) -> int:
-    row = fetch_one(con, "SELECT count(*) FROM metrics WHERE run_id = ? AND NOT isfinite(value)", [run_id])
-    if row and row[0]:
-        con.execute("DELETE FROM metrics WHERE run_id = ? AND NOT isfinite(value)", [run_id])
+def _step_groups(rows: Iterable[tuple[int, str, float]]) -> Iterator[tuple[int, dict[str, float]]]:
+    """A file's rows merged per step, the last write winning: a file's steps never go backwards (``metrics_files``
+    refuses such lines), so one step's rows are consecutive and one step is held at a time."""
+    step: int | None = None
+    values: dict[str, float] = {}
+    for s, name, value in rows:
+        if s != step:
+            if step is not None:
+                yield step, values
+            step, values = s, {}
+        values[name] = value
+    if step is not None:
+        yield step, values
+
+
+def _insert_batch(con: duckdb.DuckDBPyConnection, steps: list[int], names: list[str], values: list[float],
+                  source: int) -> None:
+    if not steps:
+        return
+    batch = pa.table({"step": pa.array(steps, pa.int64()), "name": pa.array(names, pa.string()),
+                      "value": pa.array(values, pa.float64())})
+    con.register(_BATCH, batch)
+    try:
+        con.execute(f"INSERT INTO {_STAGED} SELECT step, name, value, {int(source)} FROM {_BATCH}")
+    finally:
+        con.unregister(_BATCH)
+
+
+def _stage_source(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[int, str, float]], source: int) -> None:
+    """One source's rows into the staged table, in batches of BATCH_ROWS."""
+    steps: list[int] = []
+    names: list[str] = []
+    values: list[float] = []
+    for step, by_name in _step_groups(rows):
+        for name, value in by_name.items():
+            steps.append(step)
+            names.append(name)
+            values.append(value)
+        if len(steps) >= BATCH_ROWS:
+            _insert_batch(con, steps, names, values, source)
+            steps, names, values = [], [], []
+    _insert_batch(con, steps, names, values, source)
+
+
+def _stage(con: duckdb.DuckDBPyConnection, result: RunIngest, exact: bool) -> int:
+    """Stream the run's files (oldest attempt first) into the staged table and merge them by (step, name), the latest
+    attempt winning, then the exact loss statistics over verl's values; returns the number of rows to store."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {_STAGED} (step BIGINT, name VARCHAR, value DOUBLE, source INTEGER)")
+    for source, path in enumerate(result.files):
+        counts = FileCounts(path)
+        _stage_source(con, iter_file_values(path, counts), source)
+        result.lines += counts.lines
+        result.skipped_lines += counts.skipped_lines
+        result.skipped_values += counts.skipped_values
+        result.nonfinite_values += counts.nonfinite_values
+        result.backward_lines += counts.backward_lines
+        result.warnings.extend(f"run {result.run_id}: {w}" for w in counts.warnings)
+    sources = len(result.files)
+    if exact and _overlay_exact(con, result, sources):
+        sources += 1
+    if sources > 1:  # one file has one row per (step, name) already
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {_FINAL} AS SELECT step, name, arg_max(value, source) AS value "
+                    f"FROM {_STAGED} GROUP BY step, name")
+        con.execute(f"DROP TABLE {_STAGED}")
+    else:
+        con.execute(f"ALTER TABLE {_STAGED} RENAME TO {_FINAL}")
+    row = fetch_one(con, f"SELECT count(*) FROM {_FINAL}")
     return int(row[0]) if row else 0
 
 
-def _overlay_exact(result: RunIngest, merged: dict[tuple[int, str], float]) -> None:
-    """Replace verl's policy-loss values by the exact ones of the run's loss statistics, for the steps verl logged."""
+def _overlay_exact(con: duckdb.DuckDBPyConnection, result: RunIngest, source: int) -> bool:
+    """Stage the exact values of the run's loss statistics as the last source, for the steps verl logged (a step verl
+    never logged, a crash mid-step, is not added); whether any was staged."""
     try:
         exact = exact_step_metrics(result.run_dir)
     except ValueError as exc:  # a corrupt statistics line: verl's values stay, the run is warned about
         result.skipped_lines += 1
         result.warnings.append(f"run {result.run_id}: {exc}; the exact loss statistics are not used")
-        return
-    logged = {step for step, _ in merged}
-    for step, values in exact.items():
-        if step not in logged:  # verl never logged the step (a crash mid-step): not added
-            continue
+        return False
+    if not exact:
+        return False
+    wanted = pa.table({"step": pa.array(sorted(exact), pa.int64())})
+    con.register(_BATCH, wanted)
+    try:
+        logged = {r[0] for r in con.execute(f"SELECT DISTINCT s.step FROM {_STAGED} s JOIN {_BATCH} w USING (step)")
+                  .fetchall()}
+    finally:
+        con.unregister(_BATCH)
+    rows: list[tuple[int, str, float]] = []
+    for step in sorted(logged):
+        values = exact[step]
         bad = [f"{name}={value}" for name, value in values.items() if not math.isfinite(value)]
         if bad:
             result.nonfinite_values += len(bad)
             result.warnings.append(f"run {result.run_id}: loss statistics of step {step}: non-finite value(s) "
                                    f"{', '.join(bad)} not stored")
-        merged.update({(step, name): value for name, value in values.items() if math.isfinite(value)})
+        rows += [(step, name, value) for name, value in values.items() if math.isfinite(value)]
+    _stage_source(con, rows, source)
+    return bool(rows)
+
+
+def _write_metrics(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int, int]:
+    """Make the run's `metrics` rows equal the final staged rows, one row per (step, name): (added, changed,
+    removed); removed are the rows of steps or names no longer in the run's files, and values an older ingest stored
+    that are not stored now. Changed rows are replaced (deleted, then inserted with the rest)."""
+    mine = "(SELECT step, name, value FROM metrics WHERE run_id = ?)"
+    added, changed = fetch_one(
+        con,
+        "SELECT count(*) FILTER (WHERE m.step IS NULL), "
+        "count(*) FILTER (WHERE m.step IS NOT NULL AND m.value IS DISTINCT FROM i.value) "
+        f"FROM {_FINAL} i LEFT JOIN {mine} m ON m.step = i.step AND m.name = i.name",
+        [run_id],
+    ) or (0, 0)
+    row = fetch_one(con, f"SELECT count(*) FROM {mine} m ANTI JOIN {_FINAL} i ON i.step = m.step AND i.name = m.name",
+                    [run_id])
+    removed = int(row[0]) if row else 0
+    if removed or changed:  # every row not stored as the files say now: gone from them, or another value
+        con.execute(
+            f"DELETE FROM metrics WHERE run_id = ? AND NOT EXISTS (SELECT 1 FROM {_FINAL} i WHERE i.step = "
+            "metrics.step AND i.name = metrics.name AND i.value IS NOT DISTINCT FROM metrics.value)",
+            [run_id],
+        )
+    if added or changed:
+        con.execute(
+            f"INSERT INTO metrics (run_id, step, name, value) SELECT ?, i.step, i.name, i.value FROM {_FINAL} i "
+            f"ANTI JOIN {mine} m ON m.step = i.step AND m.name = i.name",
+            [run_id, run_id],
+        )
+    return int(added), int(changed), removed
+
+
+def _db_file(con: duckdb.DuckDBPyConnection) -> str:
+    """The file of the connection's database, for messages."""
+    try:
+        row = fetch_one(con, "SELECT path FROM duckdb_databases() WHERE database_name = current_database()")
+    except duckdb.Error:
+        row = None
+    return str(row[0]) if row and row[0] else "the results database"
+
+
+def _rollback(con: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the open transaction; a connection that cannot (DuckDB invalidates it after a failed write to a
+    full disk) has nothing to undo that it could keep: its failure is not the error to report."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
 
 
 def _ingest(
     con: duckdb.DuckDBPyConnection, run_row: dict[str, Any], run_dir: Path, files: list[Path], exact: bool = False
 ) -> RunIngest:
-    """Store one run's row and metrics in one transaction; ``exact``: overlay its loss statistics (run dirs)."""
+    """Store one run's row and make its metrics equal its files, in one transaction; ``exact``: overlay its loss
+    statistics (run dirs). The files stream through DuckDB (``BATCH_ROWS`` rows in Python at a time). A storage
+    failure (disk full, read-only, DuckDB's IO and transaction errors) rolls the run back and raises StoreError."""
     run_id = run_row["run_id"]
     result = RunIngest(run_id=run_id, run_dir=run_dir, files=files)
-    parsed = [parse_metrics_file(p) for p in files]
-    for pf in parsed:
-        result.lines += pf.lines
-        result.skipped_lines += pf.skipped_lines
-        result.skipped_values += pf.skipped_values
-        result.nonfinite_values += pf.nonfinite_values
-        result.backward_lines += pf.backward_lines
-        result.warnings.extend(f"run {run_id}: {w}" for w in pf.warnings)
-    merged = merge_attempts(pf.rows for pf in parsed)
-    if exact:
-        _overlay_exact(result, merged)
-    result.metric_rows = len(merged)
-    if run_row.get("status") == "completed" and not merged:
-        run_row = {**run_row, "status": EMPTY}
-        result.warnings.append(f"run {run_id}: status.json says completed but no metrics file holds a valid line: "
-                               f"stored as status '{EMPTY}'")
-    result.status = run_row.get("status")
-    con.execute("BEGIN TRANSACTION")
+    db = _db_file(con)
     try:
-        counts = upsert_runs(con, [run_row])
-        result.rows_added, result.rows_changed = _write_metrics(con, run_id, merged)
-        result.rows_removed = _remove_nonfinite(con, run_id)
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
+        with _memory_bound(con):
+            result.metric_rows = _stage(con, result, exact)
+            if run_row.get("status") == "completed" and not result.metric_rows:
+                run_row = {**run_row, "status": EMPTY}
+                result.warnings.append(f"run {run_id}: status.json says completed but no metrics file holds a valid "
+                                       f"line: stored as status '{EMPTY}'")
+            result.status = run_row.get("status")
+            con.execute("BEGIN TRANSACTION")
+            try:
+                counts = upsert_runs(con, [run_row])
+                result.rows_added, result.rows_changed, result.rows_removed = _write_metrics(con, run_id)
+                con.execute("COMMIT")
+            except BaseException:
+                _rollback(con)
+                raise
+    except (OSError, duckdb.Error) as exc:
+        if isinstance(exc, OSError) and exc.filename is not None and Path(exc.filename) != Path(db):
+            raise  # a run file that cannot be read: the caller's
+        raise storage_error(exc, db) from exc
+    finally:
+        for table in (_STAGED, _FINAL):
+            with contextlib.suppress(duckdb.Error):
+                con.execute(f"DROP TABLE IF EXISTS {table}")
     result.run_registered = "inserted" if counts.inserted else "updated" if counts.updated else "unchanged"
     return result
 

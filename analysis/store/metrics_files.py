@@ -1,4 +1,4 @@
-"""verl file-logger files: their ``{"step": N, "data": {...}}`` records (read by ``predmask.rundir.parse_metrics``, the
+"""verl file-logger files: their ``{"step": N, "data": {...}}`` records (read by ``predmask.rundir.iter_metrics``, the
 one parser and step rule, shared with the trainer's resume) as the finite numeric metric values ingest stores.
 
 What is not stored, each counted and reported with its line number: a line that is not such a record (corrupt);
@@ -6,17 +6,39 @@ a value that is not a number (null, text, lists: the trainer writes null for NaN
 NaN, Infinity or -Infinity, which Python's json reads): skipped, never stored as NULL or as the value; a line whose
 step is smaller than an earlier line's (a step going backwards): the whole line is refused and the earlier values of
 that step are kept. The same step on consecutive lines (verl logs validation, then training) is not going backwards.
+A step beyond what the store's step column holds (``schema.STEP_MAX``) refuses its line. Files stream, one line in
+memory at a time (``iter_file_values``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from predmask.rundir import parse_metrics
+from analysis.store.schema import STEP_MAX
+from predmask.rundir import BadLine, iter_metrics
 
-__all__ = ["ParsedFile", "parse_metrics_file"]
+__all__ = ["FileCounts", "ParsedFile", "iter_file_values", "parse_metrics_file"]
+
+_STEP_MIN = -STEP_MAX - 1
+
+
+@dataclass
+class FileCounts:
+    """What reading one verl file-logger file found, counted while its values stream (``iter_file_values``)."""
+
+    path: Path
+    lines: int = 0
+    skipped_lines: int = 0
+    skipped_values: int = 0
+    nonfinite_values: int = 0
+    backward_lines: int = 0
+    warnings: list[str] = field(default_factory=list)  # in line order
+
+    def note(self, line: int, text: str) -> None:
+        self.warnings.append(f"{self.path}:{line}: {text}")
 
 
 @dataclass
@@ -40,32 +62,48 @@ def _as_float(value: float) -> float:
         return math.inf
 
 
-def parse_metrics_file(path: Path) -> ParsedFile:
-    """Read verl file-logger JSON lines; what is not stored is counted, with one warning per line (module docstring)."""
-    parsed = parse_metrics(path)
-    rows: list[tuple[int, str, float]] = []
-    notes: list[tuple[int, str]] = []  # (line number, what happened there)
-    for b in parsed.bad:
-        notes.append((b.line, f"{'truncated or corrupt last line' if b.last else 'corrupt line'} ({b.reason}), skipped"))
-    skipped_values = nonfinite = backward = 0
+def _bad_line(counts: FileCounts, b: BadLine) -> None:
+    counts.skipped_lines += 1
+    counts.note(b.line, f"{'truncated or corrupt last line' if b.last else 'corrupt line'} ({b.reason}), skipped")
+
+
+def iter_file_values(path: Path, counts: FileCounts) -> Iterator[tuple[int, str, float]]:
+    """The (step, name, value) rows a file-logger file stores, in line order, read one line at a time; what is not
+    stored is counted in ``counts``, with one warning per line (module docstring). A step outside the range the
+    store's step column holds refuses its line (one warning naming the file and line)."""
     max_step: int | None = None
-    for rec in parsed.records:
+    for rec in iter_metrics(path):
+        counts.lines += 1
+        if isinstance(rec, BadLine):
+            _bad_line(counts, rec)
+            continue
+        if not _STEP_MIN <= rec.step <= STEP_MAX:
+            counts.skipped_lines += 1
+            counts.note(rec.line, f"step {rec.step} is outside the steps the results store holds ({_STEP_MIN} to "
+                                  f"{STEP_MAX}), line refused")
+            continue
         if max_step is not None and rec.step < max_step:
-            backward += 1
-            why = f"step {rec.step} after step {max_step} (steps go backwards), line refused, the earlier values kept"
-            notes.append((rec.line, why))
+            counts.backward_lines += 1
+            counts.note(rec.line, f"step {rec.step} after step {max_step} (steps go backwards), line refused, the "
+                                  "earlier values kept")
             continue
         max_step = rec.step
         bad: list[str] = []
         for name, value in rec.data.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
-                skipped_values += 1
+                counts.skipped_values += 1
             elif not math.isfinite(number := _as_float(value)):
                 bad.append(f"{name}={value if isinstance(value, float) else 'an integer beyond float range'}")
             else:
-                rows.append((rec.step, str(name), number))
+                yield rec.step, str(name), number
         if bad:
-            nonfinite += len(bad)
-            notes.append((rec.line, f"step {rec.step}: non-finite value(s) {', '.join(bad)} not stored"))
-    warnings = [f"{path}:{line}: {text}" for line, text in sorted(notes, key=lambda n: n[0])]  # in line order
-    return ParsedFile(path, rows, parsed.lines, len(parsed.bad), skipped_values, warnings, nonfinite, backward)
+            counts.nonfinite_values += len(bad)
+            counts.note(rec.line, f"step {rec.step}: non-finite value(s) {', '.join(bad)} not stored")
+
+
+def parse_metrics_file(path: Path) -> ParsedFile:
+    """A whole file-logger file's stored rows and counts (``iter_file_values``, kept in memory)."""
+    counts = FileCounts(path)
+    rows = list(iter_file_values(path, counts))
+    return ParsedFile(path, rows, counts.lines, counts.skipped_lines, counts.skipped_values, counts.warnings,
+                      counts.nonfinite_values, counts.backward_lines)

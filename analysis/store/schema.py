@@ -12,6 +12,7 @@ __all__ = [
     "RUN_COLUMNS",
     "SCHEMA_DDL",
     "SEED_COLUMNS",
+    "STEP_MAX",
     "STUDY_RESULT_KEYS",
     "TOKEN_COLUMNS",
     "VR_TRACE_COLUMNS",
@@ -195,11 +196,19 @@ def _columns_ddl(columns: Mapping[str, str]) -> str:
     return ",\n  ".join(f"{name} {kind}" for name, kind in columns.items())
 
 
+#: the largest step `metrics.step` (INTEGER) holds; a line with a larger step is refused by ingest, one line naming
+#: the file and line (a step that large is no training step; storing it would need a BIGINT column in every database)
+STEP_MAX = 2**31 - 1
+
 SCHEMA_DDL: tuple[str, ...] = (
     f"CREATE TABLE IF NOT EXISTS runs (\n  {_columns_ddl(RUN_COLUMNS)}\n)",
     (
-        "CREATE TABLE IF NOT EXISTS metrics (\n  run_id VARCHAR NOT NULL,\n  step INTEGER NOT NULL,\n"
-        "  name VARCHAR NOT NULL,\n  value DOUBLE,\n  PRIMARY KEY (run_id, step, name)\n)"
+        # one row per (run_id, step, name), kept by ingest, the table's only writer (``ingest._write_metrics`` writes
+        # a run's rows from its de-duplicated files); no PRIMARY KEY: its index lives in memory whole on every write
+        # (about 100 bytes a row, never spilled), which a long run's millions of rows would not fit. A database
+        # created with one keeps it: the same statements write both.
+        "CREATE TABLE IF NOT EXISTS metrics (\n  run_id VARCHAR NOT NULL,\n  step INTEGER NOT NULL,\n"  # STEP_MAX
+        "  name VARCHAR NOT NULL,\n  value DOUBLE\n)"
     ),
     (
         "CREATE TABLE IF NOT EXISTS token_level_studies (\n  study_id VARCHAR PRIMARY KEY,\n  config JSON,\n"

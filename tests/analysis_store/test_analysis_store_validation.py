@@ -44,7 +44,7 @@ def test_a_nonfinite_value_stored_by_an_older_ingest_is_removed(tmp_path, db_pat
     con.execute("INSERT INTO metrics VALUES ('old', 2, 'a', 'NaN'::DOUBLE), ('old', 3, 'a', 'inf'::DOUBLE)")
     summary = ingest_paths(con, [d])
     assert summary.runs[0].rows_removed == 2
-    assert "2 non-finite value(s) of an earlier ingest removed" in summary.totals_line()
+    assert "2 stored row(s) no longer in the runs' files (or non-finite) removed" in summary.totals_line()
     assert _values(con, "old") == {(1, "a"): 1.0}
 
 
