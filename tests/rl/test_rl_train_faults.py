@@ -211,3 +211,24 @@ def test_a_full_disk_stops_the_trainer_with_one_line_and_the_rerun_resumes(
     assert third.returncode == 0, out
     assert _steps(run_dir) == list(range(41))
     assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_read_only_run_directory_is_one_line_naming_the_file(
+        cache_dir: Path, tmp_path: Path, small_disk: Path) -> None:  # noqa: F811
+    """A run resumed on a file system that went read-only (remounted: a full or failing disk, a snapshot)."""
+    run_dir = small_disk / "run"
+    common = ("trainer.save_every=2", "trainer.val_every=0", "trainer.keep_checkpoints=1")
+    run(compose("train", _overrides(cache_dir, run_dir, "trainer.steps=2", *common)))
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+
+    proc = _cli(_overrides(cache_dir, run_dir, "trainer.steps=4", *common), cwd=tmp_path)
+    out, _ = proc.communicate(timeout=300)
+
+    assert proc.returncode == 1, out
+    assert "Traceback" not in out, out
+    line = (f"error: cannot write {run_dir / '.run.lock'}: Read-only file system; make its file system writable (or "
+            "point the run elsewhere, e.g. PREDMASK_RUNS), then rerun the same command to resume")
+    assert _problem_lines(out) == [line], out
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
