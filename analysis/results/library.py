@@ -61,6 +61,17 @@ def _as_list(value: Any) -> list[Any]:
     return [value] if isinstance(value, (str, int, float)) else list(value)
 
 
+def _metric_list(names: Any) -> list[str]:
+    """The metric names asked for, each once (in the order first given): a name, or a list or tuple of names.
+    Anything else (bytes, a number, a mapping, a list holding a non-string) raises TypeError naming it."""
+    listed = [names] if isinstance(names, str) else list(names) if isinstance(names, (list, tuple)) else None
+    odd = [names] if listed is None else [n for n in listed if not isinstance(n, str)]
+    if odd:
+        raise TypeError(f"metric names are strings: give a name or a list of names (Results.metric_names() lists "
+                        f"them), got {type(odd[0]).__name__} {odd[0]!r}")
+    return list(dict.fromkeys(listed or []))
+
+
 # -------------------------------------------------------------------------------------------- run axes
 
 
@@ -348,13 +359,14 @@ class Results:
         wide: bool = False,
     ) -> Any:
         """Tidy rows (run_id, step, name, value) with the run axes, ordered by run, name and step; ``wide``: one
-        column per metric (run axes, step, then the metrics; null where a run did not log one at a step).
+        column per metric (run axes, step, then the metrics; null where a run did not log one at a step). ``names``:
+        a metric name or a list of them (a name given twice is read once).
 
         ``smooth``: the figures' EMA (``analysis.training.stats.Smoothing``, or its half-life in logged points;
         ``STEP_SMOOTHING`` and ``VAL_SMOOTHING`` are the figures' choices) applied to each run's series of each
         metric on its own logged points, as the figures smooth each seed; ``value`` is then the smoothed value.
         """
-        wanted = _as_list(names)
+        wanted = _metric_list(names)
         if not wanted:
             raise ValueError("metrics() needs at least one metric name; see Results.metric_names()")
         smoothing = _smoothing(smooth)
