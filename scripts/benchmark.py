@@ -165,6 +165,13 @@ def engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mismatch", action="store_true",
                    help="measure the rollout-vs-training mismatch of each precision and the top-K tail mass")
     p.add_argument("--sequences", type=positive_int, default=512, help="sampled sequences per precision (--mismatch)")
+    p.add_argument("--previous", action="store_true",
+                   help="time the engine against its previous path: rollouts per precision, short runs per setting")
+    p.add_argument("--precisions", type=names, default="fp32,bf16,fp8_rollout",
+                   help="rollout precisions compared (--previous)")
+    p.add_argument("--run-precisions", type=names, default="fp32,bf16", help="short-run precisions (--previous)")
+    p.add_argument("--run-steps", type=positive_int, default=4, help="GRPO steps of a short run (--previous)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="interleaved rollout repetitions (--previous)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides applied to every model")
 
 
@@ -180,6 +187,8 @@ def run_engine(args: argparse.Namespace) -> int:
                 for model in args.models for row in measure_mismatch(model, args.overrides, args.sequences)]
         print_table("rollout vs training mismatch on the base policy (CPU emulation of the precisions)", cols, rows)
         return 0
+    if args.previous:
+        return run_engine_previous(args)
     rows = []
     for model in args.models:
         r = bench_model(model, args.overrides, args.steps)
@@ -189,6 +198,29 @@ def run_engine(args: argparse.Namespace) -> int:
     print_table(f"predmask.rl CPU engine benchmark ({args.threads} thread(s); {' '.join(args.overrides)})",
                 ("model", "params", "s/step", "steps/s", "gen tok/s", "train tok/s", "val s", "run s (projected)"),
                 rows)
+    return 0
+
+
+def run_engine_previous(args: argparse.Namespace) -> int:
+    """The engine against its previous path (``predmask.rl.bench.compare_rollouts`` / ``compare_runs``)."""
+    from predmask.rl.bench import compare_rollouts, compare_runs
+
+    rows = [[r["model"], r["precision"], r["rollout"], f"{r['old_s']:.3f}", f"{r['new_s']:.3f}",
+             f"{r['ratio']:.2f}", "yes" if r["same_tokens"] else "no", f"{r['max_dlogmu']:.2g}"]
+            for model in args.models for r in compare_rollouts(model, args.precisions, args.overrides, args.repeats)]
+    print_table(f"rollout, previous path / this one (median CPU s of {args.repeats}, {args.threads} thread(s))",
+                ("model", "precision", "rollout", "old s", "new s", "old/new", "same tokens", "max |Δ log μ|"), rows)
+    runs = [r for model in args.models for r in compare_runs(model, args.run_precisions, args.overrides,
+                                                             args.run_steps)]
+    print_table(f"short run: {args.run_steps} GRPO steps + 1 validation from the base model, previous path / this "
+                "one (CPU s)",
+                ("model", "precision", "method", "old s", "new s", "old/new", "old wall s", "new wall s",
+                 "old val acc", "new val acc"),
+                [[r["model"], r["precision"], r["method"], f"{r['old_cpu_s']:.2f}", f"{r['new_cpu_s']:.2f}",
+                  f"{r['ratio']:.2f}", f"{r['old_wall_s']:.2f}", f"{r['new_wall_s']:.2f}", f"{r['old_val']:.3f}",
+                  f"{r['new_val']:.3f}"] for r in runs])
+    total_old, total_new = sum(r["old_cpu_s"] for r in runs), sum(r["new_cpu_s"] for r in runs)
+    print(f"short runs together: {total_old:.1f} s -> {total_new:.1f} s CPU, x{total_old / total_new:.2f}")
     return 0
 
 
@@ -310,7 +342,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]
                              Callable[[argparse.Namespace], int]]] = {
     "loss": ("the whole loss of the predictive masks against DPPO-TopK-KL: time, peak memory, float64 error",
              "predmask/bench.py", loss_options, run_loss),
-    "engine": ("the CPU engine's steps/s and tokens/s per model, or each precision's mismatch (--mismatch)",
+    "engine": (("the CPU engine's steps/s and tokens/s per model, each precision's mismatch (--mismatch), or its "
+                "speed against the previous path (--previous)"),
                "predmask/rl/bench.py", engine_options, run_engine),
     "study": ("the token-level study's per-seed cost, its 61-seed extrapolation and the ground truths' cost",
               "analysis/token_level/bench.py", study_options, run_study),

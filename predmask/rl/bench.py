@@ -1,14 +1,22 @@
-"""Steps/s and generated tokens/s of the CPU engine per model size, and the rollout-vs-training mismatch of each
-precision on a model's base policy (measurements, not tests; run by ``python scripts/benchmark.py engine``).
+"""Steps/s and generated tokens/s of the CPU engine per model size, the rollout-vs-training mismatch of each
+precision on a model's base policy, and the engine's speed against its previous path (measurements, not tests; run
+by ``python scripts/benchmark.py engine``).
 
 ``bench_model`` builds the engine from ``conf/train.yaml`` (the cached base model; built on first use), times GRPO
 steps (rollout + mini-batch updates + weight sync) and one validation, and projects the wall time of a
 ``trainer.steps`` run. ``measure_mismatch`` measures on the base policy, per precision, the mean / max top-K KL,
 verl's sampled KL, the fraction of tokens with D > delta, and the rollout's probability mass outside the top-K (the
-tail the estimators model).
+tail the estimators model). ``compare_rollouts`` and ``compare_runs`` time, in one process, the engine's path
+against the previous one (``use_previous_path``: torch's own bf16 products instead of the matrix-product rule of
+``predmask.precisions``, every sample's prompt prefilled apart, the exact tail computed for every method): rollouts
+of a training batch and of a validation split per precision (median CPU seconds, old and new interleaved), and a
+short run (GRPO steps and one validation) per setting.
 """
 
 from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -16,10 +24,12 @@ from predmask import metrics as M
 from predmask.bench import stopwatch
 from predmask.config import compose
 from predmask.precisions import CLUSTER_PRECISIONS
+from predmask.rl.emulated_precision import make_rollout_model
 from predmask.rl.engine import Engine
-from predmask.rl.task import iter_train_prompts
+from predmask.rl.rollout import RolloutBatch
+from predmask.rl.task import Problem, iter_train_prompts
 
-__all__ = ["bench_model", "measure_mismatch"]
+__all__ = ["bench_model", "compare_rollouts", "compare_runs", "measure_mismatch", "use_previous_path"]
 
 
 def bench_model(model: str, overrides: list[str], steps: int, warmup: int = 2) -> dict[str, float]:
@@ -84,3 +94,92 @@ def measure_mismatch(model: str, overrides: list[str], sequences: int,
         })
     return rows
 
+
+
+def use_previous_path(engine: Engine) -> None:
+    """Switch ``engine`` to the path before the speed-ups (benchmark only): torch's own products in the rollout
+    dtype, every sample's prompt prefilled apart, the exact tail computed for every method."""
+    engine.rollout_model = make_rollout_model(engine.model, engine.precision, native_products=True)
+    engine.prefill_once = False
+    engine.tail_where_read = False
+
+
+def _agreement(old: RolloutBatch, new: RolloutBatch) -> tuple[bool, float]:
+    """Whether both paths sampled the same tokens, and the largest |Δ log mu| of the sampled tokens if so."""
+    same = old.response_ids.shape == new.response_ids.shape and torch.equal(old.response_ids, new.response_ids)
+    if not same:
+        return False, float("nan")
+    m = new.response_mask
+    return True, float((old.sampled_logprobs - new.sampled_logprobs)[m].abs().max())
+
+
+def _sampler(engine: Engine, problems: Sequence[Problem], n: int) -> Callable[[], RolloutBatch]:
+    """``n`` samples per problem from the engine's current rollout path, seed 0."""
+    def sample() -> RolloutBatch:
+        return engine.sample(problems, n=n, generator=torch.Generator().manual_seed(0))
+
+    return sample
+
+
+def compare_rollouts(model: str, precisions: list[str], overrides: list[str],
+                     repeats: int = 3) -> list[dict[str, float | str | bool]]:
+    """Per precision: the rollout of one training batch and of one validation split (avg@val_n), previous path
+    against this one, same seed; median CPU seconds over ``repeats`` interleaved repetitions."""
+    rows: list[dict[str, float | str | bool]] = []
+    for name in precisions:
+        engine = Engine(compose("train", [f"model={model}", f"precision={name}", *overrides]), progress=True)
+        roll = {"new": engine.rollout_model,
+                "old": make_rollout_model(engine.model, engine.precision, native_products=True)}
+        stream = iter_train_prompts(engine.task)
+        train = [next(stream) for _ in range(engine.trainer_cfg.train_batch_size)]
+        split, val = next(iter(engine.eval_problems.items()))
+        cases: dict[str, Callable[[], RolloutBatch]] = {
+            f"train batch ({len(train)} x {engine.rollout_cfg.n})": _sampler(engine, train, engine.rollout_cfg.n),
+            f"{split} ({len(val)} x {engine.trainer_cfg.val_n})": _sampler(engine, val, engine.trainer_cfg.val_n),
+        }
+        for what, sample in cases.items():
+            seconds: dict[str, list[float]] = {"old": [], "new": []}
+            out: dict[str, RolloutBatch] = {}
+            for _ in range(repeats):
+                for path in ("old", "new"):
+                    engine.rollout_model, engine.prefill_once = roll[path], path == "new"
+                    with stopwatch() as t:
+                        out[path] = sample()
+                    seconds[path].append(t["cpu"])
+            old_s, new_s = statistics.median(seconds["old"]), statistics.median(seconds["new"])
+            same, dlog = _agreement(out["old"], out["new"])
+            rows.append({"model": model, "precision": name, "rollout": what, "old_s": old_s, "new_s": new_s,
+                         "ratio": old_s / new_s, "same_tokens": same, "max_dlogmu": dlog})
+    return rows
+
+
+def _short_run(engine: Engine, steps: int) -> dict[str, float]:
+    stream = iter_train_prompts(engine.task)
+    with stopwatch() as t:
+        for i in range(steps):
+            problems = [next(stream) for _ in range(engine.trainer_cfg.train_batch_size)]
+            m = engine.train_step(problems, torch.Generator().manual_seed(i))
+        val = engine.validate(0)
+    return {"cpu_s": t["cpu"], "wall_s": t["wall"], "score": m[M.SCORE_MEAN],
+            "val": statistics.mean(v for k, v in val.items() if "/acc/mean@" in k)}
+
+
+def compare_runs(model: str, precisions: list[str], overrides: list[str],
+                 steps: int = 4) -> list[dict[str, float | str]]:
+    """Per precision: ``steps`` GRPO steps and one validation from the base model, previous path then this one
+    (each from a fresh engine, same seeds); CPU and wall seconds."""
+    rows: list[dict[str, float | str]] = []
+    for name in precisions:
+        cfg = compose("train", [f"model={model}", f"precision={name}", *overrides])
+        result = {}
+        for path in ("old", "new"):
+            engine = Engine(cfg, progress=False)
+            if path == "old":
+                use_previous_path(engine)
+            result[path] = _short_run(engine, steps)
+        old, new = result["old"], result["new"]
+        rows.append({"model": model, "precision": name, "method": str(cfg.method.name), "steps": float(steps),
+                     "old_cpu_s": old["cpu_s"], "new_cpu_s": new["cpu_s"], "ratio": old["cpu_s"] / new["cpu_s"],
+                     "old_wall_s": old["wall_s"], "new_wall_s": new["wall_s"],
+                     "old_val": old["val"], "new_val": new["val"]})
+    return rows

@@ -182,10 +182,10 @@ def test_reads_tail_sq_names_exactly_the_methods_whose_loss_needs_the_exact_tail
 
     _, b = rollout
     s = b.support()
-    inputs = dict(log_prob=b.sampled_logprobs, old_log_prob=b.sampled_logprobs - 0.1,
-                  advantages=torch.ones_like(b.sampled_logprobs), response_mask=b.response_mask,
-                  mu_logprobs=s.mu_logprobs, pi_logprobs=s.mu_logprobs - 0.2, valid=s.valid,
-                  sampled_index=s.sampled_index, params=MethodParams(vocab_size=s.ids.shape[-1] + 40))
+    inputs = {"log_prob": b.sampled_logprobs, "old_log_prob": b.sampled_logprobs - 0.1,
+              "advantages": torch.ones_like(b.sampled_logprobs), "response_mask": b.response_mask,
+              "mu_logprobs": s.mu_logprobs, "pi_logprobs": s.mu_logprobs - 0.2, "valid": s.valid,
+              "sampled_index": s.sampled_index, "params": MethodParams(vocab_size=s.ids.shape[-1] + 40)}
     readers = set()
     for name in METHODS:
         try:
