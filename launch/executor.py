@@ -16,11 +16,13 @@ from submitit.slurm.slurm import (  # the script renderer, without Slurm detecti
     _make_sbatch_string,
 )
 
+from launch.local_controller import start_controller
 from launch.shell import check_env_name
 
 __all__ = [
     "BACKENDS",
     "JobShape",
+    "LocalExecutor",
     "job_python",
     "job_shape",
     "make_executor",
@@ -177,10 +179,10 @@ def make_executor(
     *,
     name: str | None = None,
     env: Mapping[str, str] | None = None,
-) -> submitit.AutoExecutor:
+) -> submitit.Executor:
     """The submitit executor of a cluster config (``conf/cluster/<name>.yaml``).
 
-    ``backend: local`` gives submitit's local executor (one process per task on this machine);
+    ``backend: local`` gives :class:`LocalExecutor` (one process per task on this machine);
     ``backend: slurm`` gives its Slurm executor with the sbatch parameters of :func:`sbatch_parameters`
     (``nodes``, ``tasks_per_node``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``partition``,
     ``timeout_min``, ``signal_delay_s``, ``slurm_additional_parameters``, the setup lines of
@@ -196,11 +198,9 @@ def make_executor(
         for key in ("cpus_per_task", "mem_gb"):
             if cfg.get(key) is not None:
                 params[key] = cfg[key]
-        executor = submitit.AutoExecutor(
-            folder=folder, cluster="local", local_max_num_timeout=shape.max_num_timeout
-        )
-        executor.update_parameters(**params)
-        return executor
+        local = LocalExecutor(folder, max_num_timeout=shape.max_num_timeout)
+        local.update_parameters(**params)
+        return local
     sbatch = sbatch_parameters(cfg, name=name, env=env)
     executor = submitit.AutoExecutor(
         folder=folder, cluster="slurm", slurm_max_num_timeout=shape.max_num_timeout,
@@ -208,6 +208,26 @@ def make_executor(
     )
     executor.update_parameters(**{f"slurm_{key}": value for key, value in sbatch.items()})
     return executor
+
+
+class LocalExecutor(submitit.LocalExecutor):
+    """submitit's local executor, each job's controller started by ``launch.local_controller`` (a session of its
+    own, no traceback when cancelled): a Ctrl-C reaches the submitting process alone, which cancels its jobs."""
+
+    def _submit_command(self, command: str) -> submitit.LocalJob[Any]:
+        ntasks = int(self.parameters.get("tasks_per_node", 1))
+        gpus = ",".join(str(k) for k in range(int(self.parameters.get("gpus_per_node", 0))))
+        env = {  # the settings submitit's own local executor hands its controller
+            "SUBMITIT_LOCAL_NTASKS": str(ntasks), "SUBMITIT_LOCAL_COMMAND": command,
+            "SUBMITIT_LOCAL_TIMEOUT_S": str(int(60 * self.parameters.get("timeout_min", 2.0))),
+            "SUBMITIT_LOCAL_SIGNAL_DELAY_S": str(int(self.parameters.get("signal_delay_s", 30))),
+            "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+            "SUBMITIT_STDERR_TO_STDOUT": "1" if self.parameters.get("stderr_to_stdout") else "",
+            "SUBMITIT_EXECUTOR": "local", "CUDA_VISIBLE_DEVICES": gpus, "SUBMITIT_LOCAL_WITH_SHELL": "",
+        }
+        process = start_controller(self.folder, env)
+        return submitit.LocalJob(folder=self.folder, job_id=str(process.pid), process=process,
+                                 tasks=list(range(ntasks)))
 
 
 def _mem_gb(cfg: Mapping[str, Any]) -> float | None:

@@ -144,8 +144,10 @@ class Ingester:
 
     def __call__(self, spec: RunSpec, path: Path) -> None:
         if not self._try(spec, path):
-            print(f"ingest of {spec.run_id} into {self.db} deferred: {self.deferred[spec.run_id][2]}; the end of "
-                  f"this sweep, the next sweep or `{self.hint}` catches it up", flush=True)
+            cause = self.deferred[spec.run_id][2]
+            into = "" if str(self.db) in cause else f" into {self.db}"  # the line names the database once
+            print(f"ingest of {spec.run_id}{into} deferred: {cause}; the end of this sweep, the next sweep or "
+                  f"`{self.hint}` catches it up", flush=True)
 
     def catch_up(self) -> dict[str, str]:
         """Try every deferred run once more; returns the runs still deferred, with the cause."""
@@ -371,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err.strerror or err}: {err.filename or ''} (choose another --runs-root or --db)".rstrip(),
               file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C: one line (the sweep's own once it follows runs), no traceback
+        from sweeps.submit import SweepInterrupted
+
+        if not isinstance(err, SweepInterrupted):
+            print("interrupted: nothing was lost; rerun the same command to resume", file=sys.stderr)
         return 130
 
 

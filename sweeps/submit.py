@@ -58,6 +58,10 @@ class Outcome:
         self.blocked.update(other.blocked)
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a sweep follows its runs, after its one line saying so (the local runs stopped)."""
+
+
 def backend_of(spec: RunSpec) -> str:
     return str(spec.config["cluster"].get("backend", "local"))
 
@@ -220,8 +224,10 @@ def run_sweep(
         try:
             follow(started(), max_parallel=max_parallel, on_poll=poll, on_end=on_end, cancel_slurm_on_interrupt=False)
         except KeyboardInterrupt:
-            console.print("[yellow]interrupted: local runs stopped; rerun the same command to resume them[/]")
-            raise
+            stopped = ("the Slurm jobs go on (a rerun joins them)" if specs and backend_of(specs[0]) == "slurm"
+                       else "local runs stopped")
+            console.print(f"[yellow]interrupted: {stopped}; rerun the same command to resume them[/]")
+            raise SweepInterrupted from None
     return outcome
 
 
