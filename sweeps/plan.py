@@ -15,15 +15,10 @@ from sweeps.families import describe
 from launch.executor import job_shape
 from sweeps.submit import backend_of, job_cluster, trainer_of
 
-__all__ = ["ASSUMED_OLD_LOG_PROB_SHARE", "InputPath", "check_paths", "input_paths", "max_parallel", "plan_summary",
+__all__ = ["InputPath", "check_paths", "input_paths", "max_parallel", "plan_summary",
            "skips_old_log_prob_forward", "summary_lines"]
 
 SKIP_CHECK = "cluster.check_paths=false"
-#: ASSUMPTION (not measured here): verl's old-log-prob forward is about a third of the actor's compute per step
-#: (one forward against the update's forward + backward, ~1 : 2). The plan takes it off the whole wall-time bound of
-#: every run that skips the forward, as if the actor were all of a job's GPU time: an upper bound on the saving
-#: (rollout time is not saved). ``bash scripts/device_check.sh`` measures the ratio on a GPU.
-ASSUMED_OLD_LOG_PROB_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -82,6 +77,13 @@ def skips_old_log_prob_forward(spec: RunSpec) -> bool:
     return skips_old_log_prob(method_anchor(spec.config["method"]))
 
 
+def _assumed_share() -> float:
+    """The assumed share of the actor's compute that the skipped forward saves (its one owner, verl-free)."""
+    from predmask.verl.trainer_hook import ASSUMED_OLD_LOG_PROB_SHARE
+
+    return ASSUMED_OLD_LOG_PROB_SHARE
+
+
 def _unique_paths(specs: Sequence[RunSpec]) -> list[tuple[InputPath, int]]:
     """Every input path of the sweep once, with how many runs read it (first-seen order)."""
     counts: dict[InputPath, int] = {}
@@ -118,8 +120,9 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str) -> dict[s
     ``at_once`` = min(parallel, jobs) x per_job; ``worst_case_hours`` = jobs x per_job x timeout_min / 60 (every
     job running to its wall-time limit once); ``worst_case_hours_with_requeues`` = that x (1 + max_num_timeout),
     the bound when every attempt times out and is requeued. ``old_log_prob_skipped`` counts the runs that skip
-    verl's old-log-prob forward and ``worst_case_hours_with_skip`` takes :data:`ASSUMED_OLD_LOG_PROB_SHARE` off
-    each such job's hours (an upper bound on the saving, see the assumption).
+    verl's old-log-prob forward and ``worst_case_hours_with_skip`` takes the assumed share of the actor's compute
+    (``predmask.verl.trainer_hook.ASSUMED_OLD_LOG_PROB_SHARE``) off each such job's hours: an upper bound on the
+    saving, as if the actor were all of a job's GPU time (rollout time is not saved).
     """
     if not specs:
         raise SweepError("the sweep has no runs")
@@ -155,8 +158,8 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str) -> dict[s
         "max_num_timeout": shape.max_num_timeout,
         "worst_case_hours_with_requeues": hours * (1 + shape.max_num_timeout),
         "old_log_prob_skipped": skipped,
-        "assumed_old_log_prob_share": ASSUMED_OLD_LOG_PROB_SHARE,
-        "worst_case_hours_with_skip": hours - skipped * per_job * shape.timeout_min / 60 * ASSUMED_OLD_LOG_PROB_SHARE,
+        "assumed_old_log_prob_share": _assumed_share(),
+        "worst_case_hours_with_skip": hours - skipped * per_job * shape.timeout_min / 60 * _assumed_share(),
         "partition": shape.partition,
         "check_paths": bool(cluster.get("check_paths", True)),
         "paths": [{**asdict(item), "exists": item.exists, "runs": runs} for item, runs in _unique_paths(specs)],
@@ -178,10 +181,10 @@ def _skip_lines(s: dict[str, Any]) -> list[str]:
         return []
     if not s["old_log_prob_skipped"]:
         return ["  old log-prob     every run recomputes pi_old (verl's actor forward; no rollout-anchored method)"]
-    return [f"  old log-prob     {s['old_log_prob_skipped']} of {_count(s['jobs'], 'run')} skip verl's actor forward "
-            f"(rollout-anchored): worst case {_num(s['worst_case_hours_with_skip'])} {s['resource']}-hours with the "
-            f"skip, assuming the forward is {s['assumed_old_log_prob_share']:.2f} of the actor's compute per step "
-            "(an upper bound on the saving)"]
+    return [(f"  old log-prob     {s['old_log_prob_skipped']} of {_count(s['jobs'], 'run')} skip verl's actor "
+             f"forward (rollout-anchored): worst case {_num(s['worst_case_hours_with_skip'])} {s['resource']}-hours "
+             f"with the skip, assuming the forward is {s['assumed_old_log_prob_share']:.2f} of the actor's compute "
+             "per step (an upper bound on the saving)")]
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:

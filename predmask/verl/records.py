@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter, methodcaller
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

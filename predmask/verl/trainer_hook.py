@@ -32,7 +32,12 @@ import torch
 from predmask.methods import METHODS, MethodParams
 from predmask.verl.settings import PluginSettings, current_settings
 
-__all__ = ["install_trainer", "old_log_prob_readers", "skips_old_log_prob"]
+__all__ = ["ASSUMED_OLD_LOG_PROB_SHARE", "install_trainer", "old_log_prob_readers", "skips_old_log_prob"]
+
+#: ASSUMPTION (not measured here): verl's old-log-prob forward is about a third of the actor's compute per step (one
+#: forward against the update's forward + backward, ~1 : 2). The dry-run's GPU-hour estimate (sweeps.plan) takes it
+#: off every skipping run; ``bash scripts/device_check.sh`` measures the ratio on a GPU.
+ASSUMED_OLD_LOG_PROB_SHARE = 1 / 3
 
 #: the rollout's log-probs in verl's batch (``rollout.calculate_log_probs=true``)
 ROLLOUT_LOG_PROBS = "rollout_log_probs"
@@ -80,7 +85,7 @@ def old_log_prob_readers(config: Any, settings: PluginSettings | None = None) ->
 
 def _rollout_anchor_batch(batch: Any) -> tuple[Any, float]:
     """What ``_compute_old_log_prob`` returns, without the forward: old_log_probs = mu, entropys = NaN, MFU 0."""
-    if ROLLOUT_LOG_PROBS not in batch.batch.keys():
+    if ROLLOUT_LOG_PROBS not in batch.batch:
         raise ValueError(
             "a rollout-anchored method skips the old-log-prob forward and needs the rollout's log-probs: set "
             "actor_rollout_ref.rollout.calculate_log_probs=true (or predmask.anchor=old)")

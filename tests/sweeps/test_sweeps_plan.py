@@ -147,7 +147,8 @@ def test_the_plan_takes_the_skipped_old_log_prob_forward_off_the_rollout_anchore
     on pi_old) skip verl's forward; each such job's 32 GPUs x 48 h lose the assumed share; the CPU engine's plan
     has no such line."""
     from predmask.methods import method_anchor
-    from sweeps.plan import ASSUMED_OLD_LOG_PROB_SHARE, summary_lines
+    from predmask.verl.trainer_hook import ASSUMED_OLD_LOG_PROB_SHARE
+    from sweeps.plan import summary_lines
 
     cluster = expand("main_comparison", ["cluster=h20_4x8"])
     rollout = [spec for spec in cluster if method_anchor(spec.config["method"]) == "rollout"]
