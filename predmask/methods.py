@@ -30,7 +30,7 @@ from predmask.divergence import (
     get_tail,
 )
 from predmask.registry import Registry
-from predmask.support import binary_support_valid
+from predmask.support import binary_support_valid, topk_only_valid
 
 __all__ = [
     "ANCHORS",
@@ -39,6 +39,7 @@ __all__ = [
     "LOSS_KINDS",
     "METHODS",
     "SUPPORTS",
+    "TOPK_SUPPORTS",
     "LossBatch",
     "Method",
     "MethodParams",
@@ -60,8 +61,12 @@ LOSS_AGG_MODES: tuple[str, ...] = (
 ANCHORS: tuple[str, ...] = ("old", "rollout")
 #: the loss forms (math.md §4.2): "clip" = PPO ratio clipping, "divergence" = the DPPO loss form with a divergence mask
 LOSS_KINDS: tuple[str, ...] = ("clip", "divergence")
-#: the slots D is taken over: "topk" = TopK(mu) ∪ {k}, "binary" = {k} alone (DPPO's binary approximation)
+#: the slots D is taken over: "topk" = the top-K support (TOPK_SUPPORTS says which), "binary" = {k} alone (DPPO's
+#: binary approximation)
 SUPPORTS: tuple[str, ...] = ("topk", "binary")
+#: the top-K methods' support (``MethodParams.support``): "topk_plus_sampled" = TopK(mu) ∪ {k} (the paper's, the
+#: default), "topk" = TopK(mu) alone, a sampled token outside it counted in the tail (the DPPO reference code's)
+TOPK_SUPPORTS: tuple[str, ...] = ("topk_plus_sampled", "topk")
 #: the direction criterion every other one is compared with (``actor/mask/direction_disagree``)
 REFERENCE_DIRECTION = "ratio"
 
@@ -86,6 +91,7 @@ class MethodParams:
     loss_agg_mode:  one of verl's modes (LOSS_AGG_MODES; our choice: the paper's Table 1 was not available)
     anchor:         what r is anchored on (ANCHORS); None = the method's default (its loss kind's: "old" for
                     grpo_clip_higher, as verl's GRPO; "rollout" for the divergence methods, as the paper)
+    support:        the top-K methods' support (TOPK_SUPPORTS); None = "topk_plus_sampled" (the paper's)
     vocab_size:     V, needed by the uniform tail estimator (known at run time, not configured)
     """
 
@@ -95,6 +101,7 @@ class MethodParams:
     ratio_cap: float = 10.0
     loss_agg_mode: str = "token-mean"
     anchor: str | None = None
+    support: str | None = None
     vocab_size: int | None = None
 
     def __post_init__(self) -> None:
@@ -110,6 +117,8 @@ class MethodParams:
             raise ValueError(f"unknown loss_agg_mode {self.loss_agg_mode!r}; allowed: {', '.join(LOSS_AGG_MODES)}")
         if self.anchor is not None and self.anchor not in ANCHORS:
             raise ValueError(f"unknown anchor {self.anchor!r}; allowed: {', '.join(ANCHORS)}")
+        if self.support is not None and self.support not in TOPK_SUPPORTS:
+            raise ValueError(f"unknown support {self.support!r}; allowed: {', '.join(TOPK_SUPPORTS)}")
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> MethodParams:
@@ -233,6 +242,21 @@ class Method:
         """The anchor this method's ratio uses with ``params`` (ANCHORS)."""
         return params.anchor or self.default_anchor
 
+    def topk_support(self, params: MethodParams) -> str | None:
+        """The support of a top-K method with ``params`` (TOPK_SUPPORTS; the first is the default), None for the
+        others; one line when ``params.support`` is set for a method that cannot take it (a binary or clipping
+        method, or the predictive direction, whose Ddot needs the sampled token on the support)."""
+        if self.support != "topk":
+            if params.support is not None:
+                raise ValueError(f"method {self.name!r} takes no support={params.support} (its divergence is not "
+                                 "over the top-K support); support applies to the top-K divergence methods")
+            return None
+        if params.support == "topk" and self.direction != REFERENCE_DIRECTION:
+            raise ValueError(f"method {self.name!r}: support=topk needs the ratio direction (the {self.direction} "
+                             "direction's Ddot takes the sampled token on the support); use support="
+                             f"{TOPK_SUPPORTS[0]}")
+        return params.support or TOPK_SUPPORTS[0]
+
 
 METHODS: Registry[Method] = Registry("method")
 
@@ -256,14 +280,20 @@ def method_config(section: dict[str, Any]) -> dict[str, Any]:
 
     The anchor is recorded resolved where the loss kind reads it (``anchor`` in its params: grpo_clip_higher);
     elsewhere it is kept only when it differs from the method's default, so a default run's config (and its id)
-    does not carry it. :func:`method_anchor` reads it back either way."""
+    does not carry it. :func:`method_anchor` reads it back either way. The top-K support likewise is kept only
+    when it is not the default (``topk_plus_sampled``). A parameter the method does not read (a cluster recipe's
+    ``ratio_cap`` on a clipping method) is left out: the record says what the loss used."""
     m = get_method(str(section.get("name")))
     params = method_params(section)
-    out = {**section, **{p: getattr(params, p) for p in m.params}}
+    unread = {f.name for f in fields(MethodParams)} - set(m.params) - {"anchor"}
+    out = {**{k: v for k, v in section.items() if k not in unread}, **{p: getattr(params, p) for p in m.params}}
     if "anchor" in m.params:
         out["anchor"] = m.anchor(params)
     elif m.anchor(params) == m.default_anchor:
         out.pop("anchor", None)
+    support = m.topk_support(params)
+    if support is not None and support != TOPK_SUPPORTS[0]:
+        out["support"] = support
     return out
 
 
@@ -402,7 +432,7 @@ def _divergence_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, 
             f"support tensors {tuple(b.mu_logprobs.shape)} must be [*{tuple(b.log_prob.shape)}, K+1]"
         )
     with torch.no_grad():
-        div_valid = b.valid if m.support == "topk" else binary_support_valid(b.valid, b.sampled_index)
+        div_valid = _divergence_support(m, p, b.valid, b.sampled_index)
         c = coarse_distributions(b.mu_logprobs.detach(), b.pi_logprobs.detach(), div_valid)
         d = divergence_of(c, m.divergence)
         outside = (d > p.delta) & b.mask
@@ -427,6 +457,16 @@ def _divergence_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, 
     if disagree is not None:
         extra[M.MASK_DIRECTION_DISAGREE] = float(disagree.sum())
     return loss_mat, dropped, extra
+
+
+def _divergence_support(m: Method, p: MethodParams, valid: Tensor, sampled_index: Tensor) -> Tensor:
+    """The slots of the K+1 support that D is taken over: all of them (``topk_plus_sampled``), the top-K slots alone
+    (``topk``: the extra slot K, which holds a sampled token outside the top-K, joins the tail) or the sampled
+    slot alone (the binary methods)."""
+    support = m.topk_support(p)
+    if support is None:
+        return binary_support_valid(valid, sampled_index)
+    return topk_only_valid(valid) if support == "topk" else valid
 
 
 # ----------------------------------------------------------------------------------------------- directions

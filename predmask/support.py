@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TopKSupport", "binary_support_valid", "build_support", "gather_support_logprobs"]
+__all__ = ["TopKSupport", "binary_support_valid", "build_support", "gather_support_logprobs", "topk_only_valid"]
 
 #: row chunks of low-precision (bf16, fp16) logits: their log-sum-exp and gradient are computed in float32 one
 #: chunk of rows at a time, so each float32 work buffer is 1/32 of a float32 copy, 1/16 of the bf16 logits (a
@@ -89,6 +89,12 @@ def binary_support_valid(valid: Tensor, sampled_index: Tensor) -> Tensor:
     onehot = torch.zeros_like(valid)
     onehot.scatter_(-1, sampled_index.unsqueeze(-1), True)
     return onehot & valid
+
+
+def topk_only_valid(valid: Tensor) -> Tensor:
+    """Validity mask of the top-K slots alone (the DPPO reference code's support): the extra slot K, which holds
+    a sampled token outside the top-K, is dropped, so that token's mass counts in the tail."""
+    return torch.cat([valid[..., :-1], torch.zeros_like(valid[..., -1:])], -1)
 
 
 def _chunk_rows(rows: int) -> int:

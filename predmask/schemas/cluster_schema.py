@@ -242,8 +242,10 @@ class VariationalClusterConfig:
 
 @dataclass
 class VerlClusterConfig(SlurmClusterConfig):
-    """A Slurm cluster whose runs are verl jobs: the prepared data (``python -m sweeps.datasets prepare``) and the
+    """A Slurm cluster whose runs are verl jobs: the prepared data (``python -m sweeps.datasets prepare``), whether
+    GRPO divides its advantages by the group's std (verl's ``algorithm.norm_adv_by_std_in_grpo``) and the
     variational family's settings."""
 
     data_dir: str | None = MISSING
+    norm_adv_by_std: bool = MISSING
     variational: VariationalClusterConfig = MISSING

@@ -16,6 +16,7 @@ delta               ``predmask.delta``                         the divergence me
 ratio_cap           ``predmask.ratio_cap``                     c in ``-A sg(min(r, c)) keep log pi``
 anchor              ``predmask.anchor``                        ``old``: verl's ``old_log_prob`` (recomputed pi_old);
                                                                ``rollout``: log mu_k from the top-K records
+support             ``predmask.support``                       the top-K methods' support (default: TopK ∪ {k})
 eps_low, eps_high   verl's ``actor.clip_ratio_low`` / ``_high``  grpo_clip_higher's PPO clip range, verl's meaning
 loss_agg_mode       verl's ``actor.loss_agg_mode``             passed by verl as an argument
 vocab_size          the logits' width, else ``model.hf_config.vocab_size``  for the uniform tail
@@ -146,6 +147,7 @@ def method_params(config: Any, loss_agg_mode: str, vocab_size: int | None = None
         ratio_cap=MethodParams.ratio_cap if s.ratio_cap is None else float(s.ratio_cap),
         loss_agg_mode=loss_agg_mode,
         anchor=s.anchor,
+        support=s.support,
         vocab_size=vocab_size if vocab_size is not None else _hf_vocab_size(config),
     )
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from predmask.config import typed_view
-from predmask.methods import METHODS, Method, MethodParams, get_method
+from predmask.methods import METHODS, TOPK_SUPPORTS, Method, MethodParams, get_method
 from predmask.metrics import LOSS_STATS_DIR
 from predmask.precisions import CLUSTER_PRECISIONS, Precision, get_precision
 from predmask.schemas.cluster_schema import ClusterModelConfig, VerlClusterConfig
@@ -231,14 +231,16 @@ def _run(run_cfg: Any) -> _Run:
 
 
 def _data(r: _Run) -> dict[str, Any]:
-    """Data, reward (verl's default dispatch on data_source: DAPO math scoring) and GRPO advantages without KL."""
+    """Data, reward (verl's default dispatch on data_source: DAPO math scoring) and GRPO advantages without KL, divided
+    by the group's std or not as the cluster config says."""
     train_files, val_files = data_files(r.cfg)
     b = r.model.batch
     return {"data.train_files": train_files, "data.val_files": val_files, "data.prompt_key": "prompt",
             "data.max_prompt_length": b.max_prompt_length, "data.max_response_length": b.max_response_length,
             "data.train_batch_size": b.train_prompts, "data.filter_overlong_prompts": True,
             "data.truncation": "error", "data.seed": r.seed,
-            "algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": False}
+            "algorithm.adv_estimator": "grpo", "algorithm.use_kl_in_reward": False,
+            "algorithm.norm_adv_by_std_in_grpo": r.cluster.norm_adv_by_std}
 
 
 def _actor(r: _Run) -> dict[str, Any]:
@@ -315,6 +317,9 @@ def _predmask(r: _Run) -> dict[str, Any]:
     if r.method.kind != "clip":
         o |= {f"{PREFIX}delta": r.params.delta, f"{PREFIX}ratio_cap": r.params.ratio_cap}
     o[f"{PREFIX}anchor"] = r.anchor
+    support = r.method.topk_support(r.params)
+    if support is not None and support != TOPK_SUPPORTS[0]:  # the default travels as no key (as in the run id)
+        o[f"{PREFIX}support"] = support
     if r.wants_topk:
         o[f"{PREFIX}top_k"] = r.top_k
     if r.run_dir:

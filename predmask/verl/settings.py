@@ -9,6 +9,8 @@ key                 meaning                                                 defa
 ``predmask.ratio_cap``  c in ``-A sg(min(r, c)) keep log pi_k``             ``MethodParams.ratio_cap``
 ``predmask.anchor``     the ratio's anchor, ``old`` (verl's recomputed      the method's (``Method.default_anchor``)
                         old_log_prob) or ``rollout`` (log mu_k)
+``predmask.support``    the top-K methods' support, ``topk_plus_sampled``    ``topk_plus_sampled``
+                        or ``topk`` (``predmask.methods.TOPK_SUPPORTS``)
 ``predmask.top_k``      K of the rollout's top-K (the vLLM hook asks for K  0: no top-K records
                         log-probs per token)
 ``predmask.stats_dir``  directory of the per-rank loss statistics           none: no statistics written
@@ -28,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from predmask.methods import ANCHORS, MethodParams
+from predmask.methods import ANCHORS, TOPK_SUPPORTS, MethodParams
 
 __all__ = [
     "PREFIX",
@@ -52,6 +54,7 @@ class PluginSettings:
     delta: float | None = None
     ratio_cap: float | None = None
     anchor: str | None = None
+    support: str | None = None
     top_k: int = 0
     stats_dir: str | None = None
     #: the launch that wrote these settings (one per attempt of a run; names its statistics files)
@@ -69,6 +72,8 @@ class PluginSettings:
             raise ValueError(f"predmask.{err}") from None
         if self.anchor is not None and self.anchor not in ANCHORS:
             raise ValueError(f"predmask.anchor must be one of {', '.join(ANCHORS)}, got {self.anchor!r}")
+        if self.support is not None and self.support not in TOPK_SUPPORTS:
+            raise ValueError(f"predmask.support must be one of {', '.join(TOPK_SUPPORTS)}, got {self.support!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"predmask.top_k must be an integer >= 0 (0: no top-K records), got {self.top_k!r}")
 
@@ -89,7 +94,7 @@ class PluginSettings:
 
 
 #: the keys a command line may give (``predmask.<key>=<value>``)
-SETTINGS_KEYS: tuple[str, ...] = ("delta", "ratio_cap", "anchor", "top_k", "stats_dir")
+SETTINGS_KEYS: tuple[str, ...] = ("delta", "ratio_cap", "anchor", "support", "top_k", "stats_dir")
 
 
 def _value(text: str) -> Any:

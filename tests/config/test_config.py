@@ -267,8 +267,12 @@ def test_editing_a_label_in_conf_keeps_the_run_id() -> None:
 
 def test_stable_id_of_a_composed_config_ignores_where_it_runs() -> None:
     a = to_container(compose("train"))
-    b = to_container(compose("train", ["run_dir=/tmp/elsewhere", "cluster=h20_4x8"]))
+    b = to_container(compose("train", ["run_dir=/tmp/elsewhere", "cluster=slurm_emulated"]))
     assert stable_id(a) == stable_id(b)
+    # a verl cluster is more than a place: it trains with verl's DPPO recipe's method values (conf/cluster/recipe)
+    verl = to_container(compose("train", ["cluster=h20_4x8"]))
+    assert stable_id(a) != stable_id(verl)
+    assert stable_id({**a, "method": verl["method"]}) == stable_id(verl)
     assert stable_id(a) != stable_id(to_container(compose("train", ["seed=1"])))
     assert json.loads(json.dumps(a)) == a  # plain data: what the id hashes is what a run records
 

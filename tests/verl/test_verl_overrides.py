@@ -149,8 +149,10 @@ def test_overrides_compose_with_verl_config(compose, method: str, model: str, pr
     if clip:
         assert settings == PluginSettings(anchor="old", stats_dir=f"{run_dir}/loss_stats")
     else:
-        assert settings == PluginSettings(delta=0.15, ratio_cap=10.0, anchor="rollout", top_k=20,
+        # the cap of verl's DPPO recipe (conf/cluster/recipe/dppo_verl.yaml), as the cluster's method parameter
+        assert settings == PluginSettings(delta=0.15, ratio_cap=10000.0, anchor="rollout", top_k=20,
                                           stats_dir=f"{run_dir}/loss_stats")
+    assert actor.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.algorithm.norm_adv_by_std_in_grpo is False
     assert rollout.quantization == ("fp8" if precision in ("fp8_rollout", "fp8_e2e") else None)
     fp8 = actor.megatron.override_transformer_config.get("fp8")
     assert fp8 == ("hybrid" if precision == "fp8_e2e" else None)
@@ -161,6 +163,47 @@ def test_overrides_compose_with_verl_config(compose, method: str, model: str, pr
     assert cfg.actor_rollout_ref.actor.megatron.expert_model_parallel_size == MODELS[model]["parallel"]["expert"]
     assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, actor.ppo_mini_batch_size) == (256, 16, 64)
     assert cfg.trainer.total_training_steps == 500 and cfg.trainer.test_freq == 10
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_the_cluster_configs_follow_verls_dppo_recipe(compose, model: str) -> None:
+    """conf/ as it is (no fixture values): every cluster model, composed with verl's real config, runs the values of
+    verl's DPPO recipe (examples/dppo_trainer/run_qwen3_30b_a3b_megatron.sh) where the paper is silent: 8
+    mini-batches per rollout batch (the CPU engine's staleness too), seq-mean-token-sum-norm, GRPO advantages not
+    divided by the group's std, the ratio cap 10,000; delta stays the paper's."""
+    cpu = to_container(config.compose("train", []))["trainer"]
+    for method in ("dppo_topk_kl", "grpo_clip_higher"):
+        run = to_container(config.compose("train", [f"method={method}", f"model={model}", "cluster=h20_4x8",
+                                                    "cluster.data_dir=/d"]))
+        cfg = compose(verl_overrides(run))
+        actor = cfg.actor_rollout_ref.actor
+        assert cfg.data.train_batch_size // actor.ppo_mini_batch_size == 8 == \
+            cpu["train_batch_size"] // cpu["ppo_mini_batch_size"]
+        assert actor.loss_agg_mode == "seq-mean-token-sum-norm"
+        assert cfg.algorithm.norm_adv_by_std_in_grpo is False
+        settings = current_settings({SETTINGS_ENV: cfg.ray_kwargs.ray_init.runtime_env.env_vars[SETTINGS_ENV]})
+        if method == "dppo_topk_kl":
+            assert (settings.ratio_cap, settings.delta) == (10000.0, 0.15)
+    local = to_container(config.compose("train", ["method=dppo_topk_kl", f"model={model}", "cluster=local"]))
+    assert "loss_agg_mode" not in local["method"] and "ratio_cap" not in local["method"]  # CPU: MethodParams'
+
+
+def test_the_top_k_only_support_travels_as_its_own_key(compose) -> None:
+    """support=topk (the DPPO reference's) reaches every process as predmask.support; the default
+    (topk_plus_sampled) adds no key, so default runs' command lines stay what they were."""
+    cfg = run_cfg("dppo_topk_kl", "qwen3_4b_base", "bf16")
+    assert not any(o.startswith("predmask.support") for o in verl_overrides(cfg))
+    cfg["method"]["support"] = "topk"
+    overrides = verl_overrides(cfg)
+    assert "predmask.support=topk" in overrides
+    env = compose(overrides).ray_kwargs.ray_init.runtime_env.env_vars
+    assert current_settings({SETTINGS_ENV: env[SETTINGS_ENV]}).support == "topk"
+    for method, match in (("predmask_kl_agg", "support=topk needs the ratio direction"),
+                          ("dppo_binary_kl", "takes no support=topk")):
+        bad = run_cfg(method, "qwen3_4b_base", "bf16")
+        bad["method"]["support"] = "topk"
+        with pytest.raises(ValueError, match=match):
+            verl_overrides(bad)
 
 
 def test_large_k_raises_vllms_logprob_cap(compose) -> None:

@@ -30,6 +30,7 @@ def test_split_argv_takes_predmask_keys_off_and_parses_their_values() -> None:
         ("predmask.delta=inf", "predmask.delta must be a finite number > 0"),
         ("predmask.delta=abc", "predmask.delta must be a number, got 'abc'"),
         ("predmask.anchor=pi", "predmask.anchor must be one of old, rollout"),
+        ("predmask.support=all", "predmask.support must be one of topk_plus_sampled, topk"),
         ("predmask.top_k=-1", "predmask.top_k must be an integer >= 0"),
         ("predmask.top_k=2.5", "predmask.top_k must be an integer >= 0"),
     ],
@@ -63,4 +64,4 @@ def test_current_settings_defaults_and_bad_environment() -> None:
         current_settings({SETTINGS_ENV: "[1]"})
     with pytest.raises(ValueError, match="unknown key predmask.eps"):
         current_settings({SETTINGS_ENV: '{"eps": 1}'})
-    assert set(SETTINGS_KEYS) == {"delta", "ratio_cap", "anchor", "top_k", "stats_dir"}
+    assert set(SETTINGS_KEYS) == {"delta", "ratio_cap", "anchor", "support", "top_k", "stats_dir"}
