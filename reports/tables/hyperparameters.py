@@ -15,6 +15,7 @@ from reports.artefact import ArtefactResult, ReportContext, table
 from reports.labels import method_label
 from reports.style import method_rank
 from reports.tables.render import TextTable, write_tables
+from reports.tables.value_sources import value_source
 
 # Config keys that identify a run or say where it lives, not how it trains.
 _SKIP_SEGMENTS = {
@@ -109,6 +110,12 @@ def applies(run_config: Mapping[str, Any], key: str) -> bool:
     return key in declared[option]
 
 
+SOURCE_NOTE = (
+    "The source column says where each value comes from: the paper, verl's DPPO recipe (the DPPO authors' "
+    "examples/dppo_trainer script in verl, where the paper is silent) or our choice with its reason "
+    "(reports/tables/value_sources.py)."
+)
+
 APPLIES_RULE = (
     "A key of a config group (model.*, precision.*, cluster.*, setting.*, task.*, base.*) applies to a setting only "
     "when the setting's option of that group sets it in its own file, conf/<group>/<option>.yaml; a key the runs "
@@ -131,7 +138,10 @@ def hyperparameter_tables(runs: Sequence[queries.RunInfo]) -> tuple[TextTable, T
     row_keys = sorted({key for _, _, flats in columns for f in flats for key in f})
     header = ["hyperparameter"] + [k.one_line for k, _, _ in columns]
     rows = [
-        [key] + [_merge_values([f.get(key) for f in flats]) for _, _, flats in columns] for key in row_keys
+        [key] + [_merge_values([f.get(key) for f in flats]) for _, _, flats in columns]
+        + [_merge_values([value_source(key, r.config) for _, members, flats in columns
+                          for r, f in zip(members, flats) if key in f])]
+        for key in row_keys
     ]
     n_cpu = sum(r.is_cpu for r in runs)
     source = (
@@ -140,8 +150,8 @@ def hyperparameter_tables(runs: Sequence[queries.RunInfo]) -> tuple[TextTable, T
     )
     train = TextTable(
         title="Table 1: training hyperparameters per model-precision setting",
-        note=source,
-        header=header,
+        note=f"{source} {SOURCE_NOTE}",
+        header=[*header, "source"],
         rows=rows,
     )
     differing = TextTable(
@@ -165,7 +175,11 @@ def hyperparameter_tables(runs: Sequence[queries.RunInfo]) -> tuple[TextTable, T
         for m in methods
     }
     m_keys = sorted({k for flats in per_method.values() for f in flats for k in f} - {"name", "label"})
-    m_rows = [[k] + [_merge_values([f.get(k) for f in per_method[m]]) for m in methods] for k in m_keys]
+    m_rows = [[k] + [_merge_values([f.get(k) for f in per_method[m]]) for m in methods]
+              + [_merge_values([value_source(f"method.{k}", r.config) for r in runs
+                                if r.method in per_method and isinstance(r.config, dict)
+                                and k in {**flatten(r.config.get("method", {})), "anchor": ""}])]
+              for k in m_keys]
     method_table = TextTable(
         title="Table 1 (continued): method parameters",
         note=(
@@ -173,7 +187,7 @@ def hyperparameter_tables(runs: Sequence[queries.RunInfo]) -> tuple[TextTable, T
             "what the ratio is anchored on: old = π_old (the training policy before the batch's first update, "
             "verl's recomputed old_log_prob), rollout = the rollout's μ of the sampled token."
         ),
-        header=["parameter"] + [method_label(m) for m in methods],
+        header=["parameter"] + [method_label(m) for m in methods] + ["source"],
         rows=m_rows,
     )
     return train, differing, method_table

@@ -81,9 +81,12 @@ def test_table1_from_the_run_configs(paper):
         c.strip()
         for c in next(line for line in md.splitlines() if line.startswith(f"| {key} |")).strip("|").split("|")
     ]
-    assert row("model.hidden_size")[1:] == ["32", "48", "48"]  # 4B (cpu_s), 30B rollout, 30B e2e (cpu_moe)
+    assert cols[-1] == "source"  # where each value comes from (reports/tables/value_sources.py)
+    assert row("model.hidden_size")[1:4] == ["32", "48", "48"]  # 4B (cpu_s), 30B rollout, 30B e2e (cpu_moe)
+    assert row("model.hidden_size")[4].startswith("ours: the CPU stand-in model")
+    assert row("top_k")[4].startswith("paper")
     assert row("delta")[1] == "0.05 / 0.15"  # the 4B setting ran at both thresholds
-    assert row("trainer.lr")[1:] == ["0.001"] * 3
+    assert row("trainer.lr")[1:4] == ["0.001"] * 3
     assert "data_path" not in md and "run_dir" not in md  # where a run lives is not a hyperparameter
     m_header = next(line for line in md.splitlines() if line.startswith("| parameter"))
     m_cols = [c.strip() for c in m_header.strip("|").split("|")]
@@ -92,12 +95,15 @@ def test_table1_from_the_run_configs(paper):
         "DPPO-TopK-KL",
         "Predictive (aggregated tail)",
         "Predictive (uniform tail)",
+        "source",
     ]
     m_row = next(line for line in md.splitlines() if line.startswith("| eps_high |"))
-    assert [c.strip() for c in m_row.strip("|").split("|")][1:] == ["0.28", "—", "—", "—"]
+    assert [c.strip() for c in m_row.strip("|").split("|")][1:5] == ["0.28", "—", "—", "—"]
+    cap = next(line for line in md.splitlines() if line.startswith("| ratio_cap |"))
+    assert cap.strip("|").split("|")[-1].strip().startswith("ours:")  # the CPU engine's cap (the cluster: the recipe's)
     # every method's anchor, recorded or its default (the divergence methods' configs do not carry it)
     a_row = next(line for line in md.splitlines() if line.startswith("| anchor |"))
-    assert [c.strip() for c in a_row.strip("|").split("|")][1:] == ["old", "rollout", "rollout", "rollout"]
+    assert [c.strip() for c in a_row.strip("|").split("|")][1:5] == ["old", "rollout", "rollout", "rollout"]
     assert r"model.hidden\_size" in tex and r"\begin{tabular}" in tex and "Qwen3-4B-Base $\\cdot$ BF16" in tex
 
 

@@ -170,7 +170,8 @@ def test_table1_shows_only_what_differs_and_applies():
              {"name": "fp8_rollout", "fp8_activations": True}),
     ]
     full, short, _ = hyperparameters.hyperparameter_tables(runs)
-    full_rows = {row[0]: row[1:] for row in full.rows}
+    assert full.header[-1] == "source"
+    full_rows = {row[0]: row[1:-1] for row in full.rows}
     short_rows = {row[0]: row[1:] for row in short.rows}
     assert full_rows["precision.fp8_activations"] == ["true", "true"]  # the full table: everything the runs carry
     assert full_rows["trainer.lr"] == ["0.0001", "0.0001"]
