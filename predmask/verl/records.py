@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter, methodcaller
+from operator import methodcaller
 from typing import Any
 
 import numpy as np
@@ -96,8 +96,6 @@ def parse_vllm_logprobs_per_entry(position_logprobs: Sequence[Mapping[int, Any]]
     return TopKRecord(np.asarray(token_ids, dtype=np.int32).reshape(n), sampled_lp, ids, lps, valid)
 
 
-_LOGPROB = attrgetter("logprob")
-_RANK = attrgetter("rank")
 _VALUES = methodcaller("values")
 _FLAT_FIELDS = ("start_indices", "end_indices", "token_ids", "logprobs", "ranks")
 
@@ -121,11 +119,8 @@ def _flat_arrays(position_logprobs: Any, n: int, flat: bool) -> tuple[np.ndarray
         total = int(counts.sum())
         ids = np.fromiter(chain.from_iterable(position_logprobs), dtype=np.int64, count=total)
         values = list(chain.from_iterable(map(_VALUES, position_logprobs)))
-        lps = np.fromiter(map(_LOGPROB, values), dtype=np.float64, count=total)
-        try:
-            ranks = np.fromiter(map(_RANK, values), dtype=np.float64, count=total)
-        except TypeError:  # a rank None
-            ranks = np.array(list(map(_RANK, values)), dtype=np.float64)
+        lps = np.array([e.logprob for e in values], dtype=np.float64).reshape(total)
+        ranks = np.array([e.rank for e in values], dtype=np.float64).reshape(total)  # None -> nan
     ranks[np.isnan(ranks)] = np.inf  # rank None
     return np.repeat(np.arange(n), counts), ids, lps, ranks
 
