@@ -337,6 +337,27 @@ def run_ingest(args: argparse.Namespace) -> int:
     return 0 if r["target"]["pass"] else 1
 
 
+def status_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--runs", type=positive_int, default=10_000, help="run directories of the sweep (default 10000)")
+    p.add_argument("--keep", type=Path, default=None, help="write the runs root here and keep it (default: a temp dir)")
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from sweeps import status_bench
+
+    with tempfile.TemporaryDirectory(prefix="predmask-bench-") as tmp:
+        root = args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        r = status_bench.measure(root, args.runs)
+    print(f"python -m sweeps status: {r['runs']:,} runs in {r['wall_s']:.1f} s wall ({r['ms_per_run']:.2f} ms a run), "
+          f"{r['cpu_s']:.1f} s CPU, {r['rows']:,} rows shown; load average {r['load']:.1f} on {r['cores']} cores")
+    print(target_line(r["target"]))
+    if r["returncode"] or r["rows"] != r["runs"]:
+        print(f"FAIL status exited {r['returncode']} {r['stderr']}")
+        return 1
+    return 0 if r["target"]["pass"] else 1
+
+
 #: sub-command: (one line of help, the module that measures, its options, its run)
 SUBCOMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], int]]] = {
@@ -351,6 +372,8 @@ SUBCOMMANDS: dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]
                 "reports/bench.py", reports_options, run_reports),
     "ingest": ("one long run's metrics.jsonl into the results database: wall time and peak memory",
                "analysis/store/ingest_bench.py", ingest_options, run_ingest),
+    "status": ("python -m sweeps status over many synthetic run directories: wall time against the target",
+               "sweeps/status_bench.py", status_options, run_status),
     "parse": ("the rollout hook's top-K parse per generated token, per entry (before) and vectorised (after)",
               "predmask/verl/records_bench.py", parse_options, run_parse),
 }

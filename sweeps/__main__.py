@@ -8,10 +8,10 @@ import shlex
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from predmask.command_text import command, sweep_command, with_db
 from predmask.rundir import PLANNED_CONFIG_FILE, DamagedFileError, read_config, runs_root, sweep_path
@@ -281,9 +281,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     root = Path(args.runs_root) if args.runs_root else runs_root()
     sweeps = [args.sweep] if args.sweep else sorted(p.name for p in root.iterdir() if p.is_dir()) \
         if root.exists() else []
-    table = Table(title=f"runs under {root}")
-    for col in ("sweep", "run_id", "method", "model", "precision", "delta", "seed", "status", "step"):
-        table.add_column(col, no_wrap=True)
+    rows: list[tuple[str, ...]] = []
     counts: dict[str, Counter[str]] = {}
     damaged: list[str] = []  # one line per damaged run, in full (a table cell would be cut)
     for name in sweeps:
@@ -299,16 +297,29 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             except (ValueError, KeyError, TypeError, AttributeError) as err:  # a damaged or foreign config
                 what = err.what if isinstance(err, DamagedFileError) else f"not a run config ({type(err).__name__})"
                 cells, state = ("?",) * 5, RunState(DAMAGED, error=damaged_line(PLANNED_CONFIG_FILE, what))
-            table.add_row(name, path.name, *cells, state.status, step)
+            rows.append((name, path.name, *cells, state.status, step))
             counts.setdefault(name, Counter())[state.status] += 1
             if state.status == DAMAGED:
                 damaged.append(f"{name} {path.name}: {state.error}")
-    if not console.is_terminal:
-        console.width = max(console.width, 140)
-    console.print(table)
+    print("\n".join(table_lines(f"runs under {root}", STATUS_COLUMNS, rows)), flush=True)
     for line in [*damaged, *status_next(counts, root)]:
         console.print(line, highlight=False)
     return 0
+
+
+#: the columns of ``python -m sweeps status``
+STATUS_COLUMNS = ("sweep", "run_id", "method", "model", "precision", "delta", "seed", "status", "step")
+
+
+def table_lines(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A plain text table: the title, the header, a rule, one line per row, each cell padded to its column's widest
+    and split by ``│``; cells are printed as they are (no markup), and 10,000 rows take milliseconds."""
+    widths = [max(map(len, column)) for column in zip(header, *rows, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "│ " + " │ ".join(cell.ljust(w) for cell, w in zip(cells, widths, strict=True)) + " │"
+
+    return [title, line(header), "├" + "┼".join("─" * (w + 2) for w in widths) + "┤", *map(line, rows)]
 
 
 def _run_cells(run: RunSpec) -> tuple[str, str, str, str, str]:

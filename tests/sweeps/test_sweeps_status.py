@@ -56,3 +56,14 @@ def test_status_names_what_to_run_next(tmp_path: Path) -> None:
     write_planned_config(path, spec)
     (path / "status.json").write_text(json.dumps({"status": "completed", "step": 6, "total_steps": 6}))
     assert _status(tmp_path).splitlines()[-1] == "every run completed; next: python -m reports paper"
+
+
+def test_the_status_benchmark_shows_every_synthetic_run_in_its_state(tmp_path: Path) -> None:
+    """scripts/benchmark.py status: its synthetic runs are real run directories that status reads as written."""
+    from sweeps import status_bench
+
+    record = status_bench.measure(tmp_path, 7)
+    assert (record["returncode"], record["rows"]) == (0, 7)
+    states = [read_state(p).status for p in sorted((tmp_path / status_bench.SWEEP).iterdir())]
+    assert states == ["completed", "failed", "dead"] * 2 + ["completed"]  # running with no writer: dead
+    assert record["target"]["value"] == record["cpu_s"] > 0
