@@ -19,6 +19,7 @@ import io
 import logging
 import os
 import pickle
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,7 +47,6 @@ DAMAGED_SUFFIX = ".damaged"
 
 #: errors of the file system, not of the file's bytes: a checkpoint that meets one is not moved aside
 _ACCESS_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR})
-
 
 #: what torch's data-only unpickler says when a file asks it to build a Python object (a GLOBAL: a function or class
 #: by name, the way a pickle runs code); any other failure of it means bytes it cannot parse
@@ -76,7 +76,8 @@ def checkpoint_files(run_dir: Path) -> list[Path]:
     d = run_dir / CHECKPOINT_DIR
     if not d.is_dir():
         return []
-    return sorted(p for p in d.glob("step_*.pt") if p.name[5:11].isdigit() and len(p.name) == 14)
+    steps = {p: int(m.group(1)) for p in d.glob("step_*.pt") if (m := re.fullmatch(r"step_(\d+)\.pt", p.name))}
+    return sorted(steps, key=steps.__getitem__)
 
 
 def save_checkpoint(run_dir: Path, step: int, blob: Mapping[str, Any], keep: int) -> Path:

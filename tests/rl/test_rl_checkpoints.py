@@ -90,9 +90,9 @@ def test_a_saved_checkpoint_loads_back_equal_as_data(tmp_path: Path) -> None:
 
 
 def test_keep_deletes_all_but_the_newest_checkpoints(tmp_path: Path) -> None:
-    for step in (2, 4, 6, 8):
+    for step in (2, 4, 6, 8, 999_999, 1_000_000):  # past six digits too: ordered by step, not by name
         save_checkpoint(tmp_path, step, {"x": torch.ones(1)}, keep=2)
-    assert [p.name for p in checkpoint_files(tmp_path)] == ["step_000006.pt", "step_000008.pt"]
+    assert [p.name for p in checkpoint_files(tmp_path)] == ["step_999999.pt", "step_1000000.pt"]
 
 
 @pytest.mark.parametrize("cut", ["half", "first 100 bytes", "empty", "not torch"])
