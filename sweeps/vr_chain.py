@@ -14,11 +14,17 @@ Axes, as for other sweeps: ``method=`` (the recipes above), ``method.data=`` (be
 seeds (``seeds=N``, ``seeds=[...]``, ``seed=``), and any other key of conf/variational.yaml (``data.questions=256``; a
 comma list sweeps it). ``model=``, ``task.*``, ``base.*`` and ``cluster=`` apply to every run, grpo included;
 ``trainer.*``, ``rollout.*``, ``precision=``, ``delta=``, ``top_k=`` only to the grpo run (keys of conf/train.yaml).
+
+On a cluster (``cluster.trainer: verl``) the chain has the cluster's stage graph (``predmask.vr_stages``,
+``cluster=True``): the rft final reads an ``rft_samples`` run (pi_theta0's samples, reading the prior), and every
+evaluated model gets an ``eval`` run after it (the prior's at seed 0, one per final of the variational recipes; an
+eval run's ``method`` is the evaluated run's, so tables group it with that recipe); the grpo run validates itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +32,8 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
 from predmask.config import ConfigError, compose, conf_dir, group_options, stable_id
-from predmask.schemas.variational_schema import DATA_MODES
-from predmask.vr_stages import STAGE_INPUTS, STAGES, stage_inputs, with_upstream
+from predmask.schemas.variational_schema import DATA_MODES, VRMethodConfig
+from predmask.vr_stages import CLUSTER_STAGES, STAGES, stage_inputs, with_upstream
 from sweeps.compose import (
     SEED_KEYS,
     RunSpec,
@@ -76,15 +82,20 @@ STAGE_SECTIONS: dict[str, tuple[str, ...]] = {
     "traces": ("data", "hint", "traces"),
     "weights": ("data", "hint", "weights"),
     "final": ("data", "sft", "final", "eval"),
+    "rft_samples": ("rft",),
+    "eval": ("eval",),
 }
 #: the further sections of a final recipe's config beyond STAGE_SECTIONS["final"]
 RECIPE_SECTIONS: dict[str, tuple[str, ...]] = {"rft": ("rft",)}
+#: the ``method`` keys of a variational stage run (the schema's fields)
+VR_METHOD_KEYS: tuple[str, ...] = tuple(f.name for f in fields(VRMethodConfig))
 #: what each stage run is, for its ``method.label``
 STAGE_LABELS: dict[str, str] = {
     "prior": "pi_theta0 (the cached base model, stand-in)",
     "posterior": "q_phi (base model fine-tuned on hint prompts)",
     "traces": "K traces per question from q_phi",
     "weights": "trace weights (all three estimators)",
+    "rft_samples": "rft.samples responses per question from pi_theta0",
 }
 #: root keys of command-line overrides that go to the grpo run only (conf/train.yaml), or to every run
 TRAIN_ONLY_ROOTS: tuple[str, ...] = ("trainer", "rollout", "precision", "delta", "top_k")
@@ -122,14 +133,19 @@ def _compose(overrides: list[str]) -> dict[str, Any]:
 
 def stage_config(full: dict[str, Any], stage: str, inputs: dict[str, str]) -> dict[str, Any]:
     """The config of one stage run: the sections that determine ``stage`` out of the resolved ``full`` config,
-    with ``stage`` and ``inputs`` set (a stage run's ``method`` names the stage; the prior runs at seed 0)."""
+    with ``stage`` and ``inputs`` set (a stage run's ``method`` names the stage, an eval run's the evaluated run's:
+    the prior's when ``inputs`` names the prior, else ``full``'s recipe; the prior and its eval run at seed 0)."""
     recipe = str(full["method"]["name"])
     keys = (*COMMON_SECTIONS, *STAGE_SECTIONS[stage], *(RECIPE_SECTIONS.get(recipe, ()) if stage == "final" else ()))
     out = {k: full[k] for k in keys if k in full}
+    # the method keys a variational run has (a verl cluster's recipe also sets engine-loss keys, e.g.
+    # method.loss_agg_mode, which no variational stage reads)
+    out["method"] = {k: v for k, v in full["method"].items() if k in VR_METHOD_KEYS}
     out["stage"], out["inputs"] = stage, dict(inputs)
-    if stage != "final":
-        out["method"] = {"name": stage, "label": STAGE_LABELS[stage]}
-    if stage == "prior":
+    of_prior = stage == "prior" or (stage == "eval" and "prior" in inputs)
+    if stage not in ("final", "eval") or of_prior:
+        out["method"] = {"name": "prior" if of_prior else stage, "label": STAGE_LABELS["prior" if of_prior else stage]}
+    if of_prior:
         out["seed"] = 0  # seed-independent: one pi_theta0 per sweep
     return out
 
@@ -162,17 +178,25 @@ def _spec(sweep: str, overrides: Sequence[str], config: dict[str, Any]) -> RunSp
     return RunSpec(stable_id(config), sweep, tuple(overrides), config)
 
 
+def on_cluster(cfg: Any) -> bool:
+    """Whether a composed config's runs are verl jobs (the cluster's stage graph)."""
+    return cfg.cluster.get("trainer", "cpu") == "verl"
+
+
 def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str], seed: int) -> list[RunSpec]:
-    """Every run of one cell at one seed: the stage runs (prior, posterior, traces, weights) and one final per
-    recipe in ``composed`` (recipe key -> its composed config and overrides)."""
+    """Every run of one cell at one seed: the stage runs (prior, posterior, traces, weights; on a cluster
+    rft_samples), one final per recipe in ``composed`` (recipe key -> its composed config and overrides) and, on a
+    cluster, the eval runs of the prior and of the variational finals."""
     first = next(iter(composed.values()))
+    cluster = on_cluster(first["cfg"])
     full = config_at_seed(first["cfg"], seed)
     ovs = [*first["overrides"], f"seed={seed}"]
     stages: dict[str, RunSpec] = {}
-    for stage in STAGE_INPUTS:  # pipeline order: a stage reads only earlier ones
-        inputs = {need: stages[need].run_id for need in stage_inputs(stage)}
+    for stage in (s for s in (CLUSTER_STAGES if cluster else STAGES) if s not in ("final", "eval")):
+        inputs = {need: stages[need].run_id for need in stage_inputs(stage, cluster=cluster)}  # earlier stages only
         stages[stage] = _spec(sweep, [*ovs, f"stage={stage}"], stage_config(full, stage, inputs))
     finals: list[RunSpec] = []
+    evals: list[RunSpec] = []
     needed: set[str] = set()
     for key, item in composed.items():
         method = key.split(":", 1)[0]
@@ -185,22 +209,29 @@ def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str]
             finals += [spec for _, spec in cell_runs(sweep, batch_ovs, [seed], sweep_file=False)]
             continue
         cfg = config_at_seed(item["cfg"], seed)
-        wanted = stage_inputs("final", method)
+        wanted = stage_inputs("final", method, cluster=cluster)
         needed.update(wanted)
-        finals.append(_spec(sweep, [*item["overrides"], f"seed={seed}", "stage=final"],
-                            stage_config(cfg, "final", {k: stages[k].run_id for k in wanted})))
+        final = _spec(sweep, [*item["overrides"], f"seed={seed}", "stage=final"],
+                      stage_config(cfg, "final", {k: stages[k].run_id for k in wanted}))
+        finals.append(final)
+        if cluster:  # the SFT job cannot sample: its model's evaluation is a run of its own
+            evals.append(_spec(sweep, [*item["overrides"], f"seed={seed}", "stage=eval"],
+                               stage_config(cfg, "eval", {"final": final.run_id})))
     if any(spec.stage == "final" for spec in finals):
         needed.add("prior")  # pi_theta0's own evaluation: the baseline every final is compared with
-    needed = with_upstream(needed)  # the stage runs some final reads, and what they read in turn
-    return [*(spec for stage, spec in stages.items() if stage in needed), *finals]
+        if cluster:
+            evals.insert(0, _spec(sweep, [*first["overrides"], "seed=0", "stage=eval"],
+                                  stage_config(full, "eval", {"prior": stages["prior"].run_id})))
+    needed = with_upstream(needed, cluster=cluster)  # the stage runs some final reads, and what they read in turn
+    return [*(spec for stage, spec in stages.items() if stage in needed), *finals, *evals]
 
 
 def cluster_skipped(overrides: Sequence[str]) -> list[str]:
     """The recipes of the method axis that the cell's trainer cannot run (VeRL: those outside
-    ``predmask.verl.vr_cluster.CLUSTER_RECIPES``, e.g. rft); a sweep's own method axis leaves them out, a
-    ``method=`` naming one is refused by the trainer's check."""
+    ``predmask.verl.vr_cluster.CLUSTER_RECIPES``; none since the rft final runs there); a sweep's own method axis
+    leaves them out, a ``method=`` naming one is refused by the trainer's check."""
     cfg = _compose(list(overrides))["cfg"]
-    if cfg.cluster.get("trainer", "cpu") != "verl":
+    if not on_cluster(cfg):
         return []
     from predmask.verl.vr_cluster import CLUSTER_RECIPES  # verl-free: commands only
 
@@ -296,8 +327,8 @@ def describe_chain(specs: Sequence[RunSpec]) -> str:
     finals = [spec for spec in specs if spec.stage in (None, "final")]
     stages = [spec for spec in specs if spec not in finals]
     seeds = sorted({spec.seed for spec in finals} | {spec.seed for spec in stages if spec.stage != "prior"})
-    parts = [f"{sum(1 for s in stages if s.stage == stage)} {stage}" for stage in STAGES[:-1]
-             if any(s.stage == stage for s in stages)]
+    parts = [f"{sum(1 for s in stages if s.stage == stage)} {stage}" for stage in CLUSTER_STAGES
+             if stage != "final" and any(s.stage == stage for s in stages)]
     per_seed = len(finals) / len(seeds) if seeds else 0
     shown = f"{per_seed:g}" if per_seed == int(per_seed) else f"{len(finals)} in all"
     return (f"{len(specs)} run{'s' if len(specs) != 1 else ''} ({', '.join(parts) or 'no stage runs'}; "

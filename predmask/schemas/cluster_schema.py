@@ -179,12 +179,23 @@ class WeightsSamplingConfig:
 
 
 @dataclass
+class RFTSamplingConfig:
+    """``samples`` responses per question from pi_theta0 for the rft final (its correct ones are kept)."""
+
+    samples: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    max_tokens: int = MISSING
+
+
+@dataclass
 class EvalSamplingConfig:
-    """``n`` samples per problem of an evaluation."""
+    """``n`` samples per problem of an evaluation (avg@n, pass@1..n), each at most ``max_tokens`` long."""
 
     n: int = MISSING
     temperature: float = MISSING
     top_p: float = MISSING
+    max_tokens: int = MISSING
 
 
 @dataclass
@@ -206,7 +217,7 @@ class VLLMConfig:
 class VariationalClusterConfig:
     """The variational family's stages on a cluster (``predmask.verl.vr_cluster``): the prepared data, SFT lengths,
     budget, normaliser, Ulysses parallelism, checkpoint interval and warm-up; each SFT stage's epochs/batch/lr; the
-    sampling of traces, weights and evaluation; the vLLM engines."""
+    sampling of traces, weights, the rft final's samples and evaluation; the vLLM engines."""
 
     data_dir: str | None = MISSING
     max_length: int = MISSING
@@ -220,6 +231,7 @@ class VariationalClusterConfig:
     final: SFTStageConfig = MISSING
     traces: TracesSamplingConfig = MISSING
     weights: WeightsSamplingConfig = MISSING
+    rft: RFTSamplingConfig = MISSING
     eval: EvalSamplingConfig = MISSING
     vllm: VLLMConfig = MISSING
 
@@ -231,6 +243,8 @@ class VariationalClusterConfig:
             _positive(f"{at}.{stage}", getattr(self, stage), "epochs", "batch", "lr")
         _positive(f"{at}.traces", self.traces, "k", "max_tokens")
         _positive(f"{at}.weights", self.weights, "m", "max_tokens")
+        _positive(f"{at}.rft", self.rft, "samples", "max_tokens")
+        _positive(f"{at}.eval", self.eval, "n", "max_tokens")
         _positive(f"{at}.vllm", self.vllm, "tensor_parallel", "max_model_len", "gpu_memory_gib", "logits_vocab",
                   "bytes_per_logit")
         if not 0 < self.vllm.gpu_memory_utilization < 1:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from predmask.schemas.unknown_keys import check_known_keys
-from predmask.vr_stages import STAGES
+from predmask.vr_stages import CLUSTER_STAGES, STAGES
 
 __all__ = [
     "DATA_MODES",
@@ -36,8 +36,8 @@ __all__ = [
 ]
 
 FAMILY = "variational"
-#: ``method.name`` of the stage runs that are not final (set by the sweep)
-STAGE_METHODS: tuple[str, ...] = ("prior", "posterior", "traces", "weights")
+#: ``method.name`` of the stage runs that are not final or eval (set by the sweep; rft_samples: cluster only)
+STAGE_METHODS: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "rft_samples")
 #: ``method.name`` of the final recipes: conf/vr_method/<name>.yaml
 FINAL_RECIPES: tuple[str, ...] = ("sft", "rft", "vr_acc", "vr_gml", "vr_likelihood")
 #: how a vr_* recipe uses the traces: all K with their normalised weights, or the best one per question + the original
@@ -246,16 +246,19 @@ class VRConfig:
     eval: EvalConfig = EvalConfig()
 
     def __post_init__(self) -> None:
-        if self.stage not in STAGES:
-            raise ValueError(f"stage = {self.stage!r} is not allowed; allowed: {', '.join(STAGES)}")
+        if self.stage not in CLUSTER_STAGES:  # the CPU runner refuses the cluster-only ones (predmask.vr_stages)
+            raise ValueError(f"stage = {self.stage!r} is not allowed; allowed: {', '.join(CLUSTER_STAGES)}")
         if self.stage == "final" and self.method.name not in FINAL_RECIPES:
             raise ValueError(f"stage final needs a final recipe as method.name, got {self.method.name!r}; "
                              f"allowed: {', '.join(FINAL_RECIPES)}")
-        if self.stage != "final" and self.method.name != self.stage:
+        if self.stage == "eval" and self.method.name not in ("prior", *FINAL_RECIPES):
+            raise ValueError(f"stage eval runs with the evaluated run's method.name, got {self.method.name!r}; "
+                             f"allowed: {', '.join(('prior', *FINAL_RECIPES))}")
+        if self.stage not in ("final", "eval") and self.method.name != self.stage:
             raise ValueError(f"stage {self.stage} runs with method.name {self.stage!r}, got {self.method.name!r}")
-        bad = sorted(set(self.inputs) - set(STAGES))
+        bad = sorted(set(self.inputs) - set(CLUSTER_STAGES))
         if bad:
-            raise ValueError(f"inputs names unknown stages {bad}; allowed: {', '.join(STAGES)}")
+            raise ValueError(f"inputs names unknown stages {bad}; allowed: {', '.join(CLUSTER_STAGES)}")
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> VRConfig:

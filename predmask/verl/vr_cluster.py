@@ -7,7 +7,9 @@ cluster=h20_4x8 --dry-run`` prints it), for the stages of ``predmask.vr_stages``
   config ``sft_trainer_engine``) through ``python -m predmask.verl.vr_sft`` (which adds per-sample weights and
   the constant normaliser, and builds the final stage's weighted data), run on the Ray head of the job over all
   ``cluster.nodes x cluster.gpus_per_node`` GPUs;
-- ``traces`` / ``weights``: ``python -m predmask.verl.vr_sample`` with vLLM on the head node's GPUs.
+- ``traces`` / ``weights`` / ``rft_samples`` / ``eval``: ``python -m predmask.verl.vr_sample`` with vLLM on the
+  head node's GPUs (``rft_samples``: pi_theta0's responses for the rft final; ``eval``: avg@n and pass@k of the
+  prior or of a final on the RL family's evaluation files, ``predmask.verl.overrides.DATA_FILES``).
 
 ``config`` is the composed stage config of conf/variational.yaml with a cluster model and a verl cluster (its
 ``cluster.variational`` settings: ``predmask.schemas.cluster_schema.VariationalClusterConfig``): ``stage``, ``method``,
@@ -24,18 +26,20 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from predmask.config import group_entry, typed_view
+from predmask.rundir import METRICS_FILE
 from predmask.schemas.cluster_schema import SFTStageConfig, VerlClusterConfig
 from predmask.schemas.variational_schema import DATA_MODES, FINAL_RECIPES
-from predmask.verl.overrides import config_get, hydra_value, plain_value, require
-from predmask.vr_stages import STAGES, stage_inputs
+from predmask.verl.overrides import DATA_FILES, config_get, hydra_value, plain_value, require
+from predmask.vr_stages import CLUSTER_STAGES, stage_inputs
 
 __all__ = [
     "CLUSTER_RECIPES",
+    "CLUSTER_STAGES",
+    "EVAL_SPLITS",
     "SAMPLE_MODULE",
     "SFT_MODULE",
     "SFT_STAGES",
     "SOLUTION_MARKERS",
-    "STAGES",
     "THOUGHT_MARKERS",
     "VR_DATA_FILES",
     "answer_text",
@@ -66,9 +70,13 @@ VR_DATA_FILES: dict[str, str] = {
 }
 #: what each stage leaves in its run directory (the SFT stages: verl's checkpoints, HF export at the last step)
 STAGE_OUTPUTS: dict[str, str] = {"prior": "checkpoints", "posterior": "checkpoints", "traces": "traces.parquet",
-                                 "weights": "weights.parquet", "final": "checkpoints"}
-#: the final recipes composed for the cluster (rft needs a sampling stage of pi_theta0 that is not written yet)
-CLUSTER_RECIPES: tuple[str, ...] = tuple(r for r in FINAL_RECIPES if r != "rft")
+                                 "weights": "weights.parquet", "rft_samples": "rft_samples.parquet",
+                                 "final": "checkpoints", "eval": METRICS_FILE}
+#: the final recipes composed for the cluster
+CLUSTER_RECIPES: tuple[str, ...] = FINAL_RECIPES
+#: the evaluation splits of the cluster: the RL family's AIME files (``python -m sweeps.datasets prepare``) in
+#: ``cluster.data_dir``; a split's name is its metric's source (``val-core/aime24/acc/mean@16``)
+EVAL_SPLITS: tuple[str, ...] = ("aime24", "aime25")
 
 
 #: the bound on a vLLM step's tokens is a multiple of this (vLLM's scheduler works in such blocks; ours)
@@ -124,7 +132,7 @@ def checkpoint_dir(run_dir: Any) -> str:
 def stage_output(stage: str, run_dir: Any) -> str:
     """The path a stage's dependents read from its run directory."""
     if stage not in STAGE_OUTPUTS:
-        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}")
+        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(CLUSTER_STAGES)}")
     return f"{str(run_dir).rstrip('/')}/{STAGE_OUTPUTS[stage]}"
 
 
@@ -141,7 +149,7 @@ def _upstream(config: Any, run_dir: str, stage: str) -> dict[str, str]:
     inputs = plain_value(config_get(config, "inputs")) or {}
     parent = PurePosixPath(run_dir).parent
     out = {}
-    for need in stage_inputs(stage, _method(config)[0]):
+    for need in stage_inputs(stage, _method(config)[0], cluster=True):
         run_id = inputs.get(need) if isinstance(inputs, Mapping) else None
         if not run_id:
             raise ValueError(f"stage {stage} needs inputs.{need} (the run id of its {need} run); got inputs={inputs!r}")
@@ -185,22 +193,25 @@ def _sft_overrides(config: Any, run_dir: str, cluster: VerlClusterConfig, stage:
 
 
 def _final_train(config: Any, run_dir: str, data: str, predmask: dict[str, Any]) -> str:
-    """The final stage's training file (the original data for sft; for vr_* the weighted traces vr_sft builds from
-    its upstream outputs, whose paths go into ``predmask``)."""
+    """The final stage's training file (the original data for sft; for rft pi_theta0's correct samples and for vr_*
+    the weighted traces, which vr_sft builds from its upstream outputs, whose paths go into ``predmask``)."""
     name, estimator, setting = _method(config)
     if name not in CLUSTER_RECIPES:
-        why = " (rft needs a sampling stage of pi_theta0 on the cluster, not written yet)" if name == "rft" else ""
-        raise ValueError(f"final recipe method.name={name!r} is not composed for the cluster{why}; allowed: "
+        raise ValueError(f"final recipe method.name={name!r} is not composed for the cluster; allowed: "
                          f"{', '.join(CLUSTER_RECIPES)}")
     if name == "sft":
         return f"{data}/{VR_DATA_FILES['sft']}"
+    train = f"{run_dir}/final_sft.parquet"  # built by vr_sft before training (see predmask.verl.vr_sft)
+    if name == "rft":
+        predmask.update({"recipe": name, "samples_file": _upstream(config, run_dir, "final")["rft_samples"],
+                         "questions_file": f"{data}/{VR_DATA_FILES['questions']}", "train_file": train})
+        return train
     setting = setting or "all_weighted"
     if setting not in DATA_MODES:
         raise ValueError(f"unknown method.data={setting!r}; allowed: {', '.join(DATA_MODES)}")
     expected = str(group_entry("vr_method", name)["estimator"])  # the recipe's own file owns it
     if estimator not in (None, expected):
         raise ValueError(f"method.estimator={estimator!r} does not match recipe {name} (expects {expected!r})")
-    train = f"{run_dir}/final_sft.parquet"  # built by vr_sft before training (see predmask.verl.vr_sft)
     upstream = _upstream(config, run_dir, "final")
     predmask.update({"recipe": name, "estimator": expected, "data": setting, "weights_file": upstream["weights"],
                      "traces_file": upstream["traces"], "questions_file": f"{data}/{VR_DATA_FILES['questions']}",
@@ -238,6 +249,17 @@ def _sample_command(config: Any, run_dir: str, python: str, cluster: VerlCluster
         return [python, "-m", SAMPLE_MODULE, "traces", *common, "--posterior", upstream["posterior"],
                 "--k", str(t.k), "--temperature", repr(t.temperature), "--top-p", repr(t.top_p),
                 "--max-tokens", str(t.max_tokens)]
+    if stage == "rft_samples":
+        r = v.rft
+        return [python, "-m", SAMPLE_MODULE, "rft", *common, "--prior", upstream["prior"], "--samples", str(r.samples),
+                "--temperature", repr(r.temperature), "--top-p", repr(r.top_p), "--max-tokens", str(r.max_tokens)]
+    if stage == "eval":
+        ev, (source,) = v.eval, upstream.values()
+        splits = [f"{cluster.data_dir.rstrip('/') if cluster.data_dir else v.data_dir}/{DATA_FILES[s]}"
+                  for s in EVAL_SPLITS]
+        return [python, "-m", SAMPLE_MODULE, "eval", *common, "--model", source, *(a for f in splits
+                for a in ("--eval-file", f)), "--n", str(ev.n), "--temperature", repr(ev.temperature),
+                "--top-p", repr(ev.top_p), "--max-tokens", str(ev.max_tokens)]
     w = v.weights
     return [python, "-m", SAMPLE_MODULE, "weights", *common, "--prior", upstream["prior"], "--traces", upstream["traces"],
             "--m", str(w.m), "--temperature", repr(w.temperature), "--top-p", repr(w.top_p),
@@ -247,8 +269,8 @@ def _sample_command(config: Any, run_dir: str, python: str, cluster: VerlCluster
 def stage_command(config: Any, run_dir: Any, python: str | None = None) -> list[str]:
     """The argv of one variational stage run on the cluster (see the module docstring); raises ValueError."""
     stage = config_get(config, "stage")
-    if stage not in STAGES:
-        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(STAGES)}")
+    if stage not in CLUSTER_STAGES:
+        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(CLUSTER_STAGES)}")
     cluster = cluster_settings(config)
     run_dir = str(run_dir).rstrip("/")
     python = python or sys.executable

@@ -1,4 +1,4 @@
-"""``python -m predmask.verl.vr_sample``: the variational family's sampling stages (traces, weights) with vLLM on a cluster.
+"""``python -m predmask.verl.vr_sample``: the variational family's vLLM stages (traces, weights, rft samples, eval) on a cluster.
 
 The job-side program of :func:`predmask.verl.vr_cluster.stage_command` for ``traces`` and ``weights``; it runs on
 the head node of the stage's job, ``--replicas`` vLLM engines of ``--tensor-parallel`` GPUs each (one subprocess per
@@ -16,6 +16,15 @@ engine, ``CUDA_VISIBLE_DEVICES`` set per replica, the questions split between th
   ``normalise_weights`` over the K traces of a question. Writes ``weights.parquet`` (the ``vr_traces`` columns).
   A question without a ``\\boxed{}`` reference answer (e.g. a code problem) has no checkable answer: its acc is 0
   and its acc weights are all 0 (the question drops out of the acc final); gml and likelihood are unaffected.
+- ``rft`` (the ``rft_samples`` stage): ``--samples`` responses per question from π_θ0 on the reasoning prompt, each
+  with its correctness (``answers_match``). Writes ``rft_samples.parquet`` (RFT_COLUMNS); the rft final
+  (``predmask.verl.vr_sft``) trains on the correct ones, each weighted 1/samples as on the CPU engine.
+- ``eval``: ``--n`` samples per problem of every ``--eval-file`` (the RL family's AIME files: the problem is
+  ``extra_info.raw_problem`` as the user turn after the training data's system prompt, the reference
+  ``reward_model.ground_truth``, the split the rows' ``data_source``) from ``--model`` (the prior's or a final's
+  checkpoints); correct = ``answers_match``. Writes one ``metrics.jsonl`` line at step 0 with the names the CPU
+  engine's evaluation logs: avg@n, pass@1..n (:func:`predmask.evaluation.pass_at_k_curve`) and the mean response
+  length per split (:func:`eval_metrics`), which ingest reads into the ``metrics`` table as for any run.
 
 A missing input (questions file, model export, traces file) -> exit 2 with one line naming the stage, the path and
 how to produce it; nothing written. Outputs are written atomically (``predmask.io``) under the run directory's lock
@@ -37,10 +46,12 @@ from typing import Any
 
 import torch
 
+from predmask import metrics as M
 from predmask.command_text import command
-from predmask.io import atomic_write
-from predmask.rundir import RunDirBusyError, hold_run_lock
-from predmask.verl.vr_cluster import answers_match, cut_trace
+from predmask.evaluation import pass_at_k_curve
+from predmask.io import atomic_write, atomic_write_text
+from predmask.rundir import RunDirBusyError, hold_run_lock, metrics_line
+from predmask.verl.vr_cluster import STAGE_OUTPUTS, answers_match, cut_trace
 from predmask.vr_weights import (
     ESTIMATORS,
     check_counts,
@@ -50,15 +61,20 @@ from predmask.vr_weights import (
     trace_log_weights,
 )
 
-__all__ = ["TRACE_COLUMNS", "WEIGHT_COLUMNS", "engine_args", "main", "resolve_model", "summed_prompt_logprob",
-           "weight_rows"]
+__all__ = ["RFT_COLUMNS", "TRACE_COLUMNS", "WEIGHT_COLUMNS", "engine_args", "eval_metrics", "eval_problems", "main",
+           "resolve_model", "summed_prompt_logprob", "weight_rows"]
 
 TRACE_COLUMNS: tuple[str, ...] = ("question", "trace", "prompt", "hint", "trace_text", "answer_text",
                                   "posterior_correct", "trace_tokens", "log_posterior")
 WEIGHT_COLUMNS: tuple[str, ...] = ("question", "trace", "trace_tokens", "answer_tokens", "log_prior", "log_posterior",
                                    "log_ratio", "answer_logp", "acc", "posterior_correct", "weight_acc", "weight_gml",
                                    "weight_likelihood")
-OUTPUTS = {"traces": "traces.parquet", "weights": "weights.parquet"}
+RFT_COLUMNS: tuple[str, ...] = ("question", "trace", "response", "correct")
+#: mode -> its output in the run directory (the stage's, ``predmask.verl.vr_cluster.STAGE_OUTPUTS``)
+OUTPUTS = {"traces": STAGE_OUTPUTS["traces"], "weights": STAGE_OUTPUTS["weights"],
+           "rft": STAGE_OUTPUTS["rft_samples"], "eval": STAGE_OUTPUTS["eval"]}
+#: mode -> the stage name its one-line errors use
+STAGE_OF = {"traces": "traces", "weights": "weights", "rft": "rft_samples", "eval": "eval"}
 _STEP = re.compile(r"^global_step_(\d+)$")
 
 
@@ -130,6 +146,42 @@ def weight_rows(raw: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def eval_metrics(split: str, correct: Sequence[Sequence[bool]], lengths: Sequence[Sequence[int]]) -> dict[str, float]:
+    """One split's evaluation from ``correct`` [problems, n] and the responses' token ``lengths`` [problems, n]:
+    avg@n, pass@k for k = 1..n (:func:`predmask.evaluation.pass_at_k_curve`, the one estimator) and the mean
+    response length, under the metric names of ``predmask.metrics`` (those the CPU engine's evaluation logs)."""
+    hits = torch.tensor([[bool(c) for c in row] for row in correct], dtype=torch.bool)
+    if hits.ndim != 2 or hits.numel() == 0:
+        raise ValueError(f"split {split}: no evaluated problems")
+    n = int(hits.shape[1])
+    out = {M.val_acc(split, n): float(hits.to(torch.float64).mean())}
+    out.update({M.val_pass(split, k): v for k, v in pass_at_k_curve(hits).items()})
+    out[M.val_response_length(split)] = float(torch.tensor(lengths, dtype=torch.float64).mean())
+    return out
+
+
+def eval_problems(rows: Sequence[Mapping[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """The problems of one evaluation file (the RL family's verl RLHF rows): split, index, problem, reference."""
+    out = []
+    for i, row in enumerate(rows):
+        problem = (row.get("extra_info") or {}).get("raw_problem")
+        reference = (row.get("reward_model") or {}).get("ground_truth")
+        if not problem or reference in (None, "") or not row.get("data_source"):
+            raise ValueError(f"{path} row {i}: needs data_source, extra_info.raw_problem and "
+                             "reward_model.ground_truth (python -m sweeps.datasets prepare writes them)")
+        out.append({"split": str(row["data_source"]), "question": i, "problem": str(problem),
+                    "reference": str(reference)})
+    return out
+
+
+def system_prompt(questions: Sequence[Mapping[str, Any]]) -> str:
+    """The training data's system prompt (the most common one of the questions file) for the evaluation prompts."""
+    counts: dict[str, int] = {}
+    for q in questions:
+        counts[str(q.get("system") or "")] = counts.get(str(q.get("system") or ""), 0) + 1
+    return max(counts, key=lambda k: counts[k]) if counts else ""
+
+
 def engine_args(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     """vllm.LLM's keyword arguments: the model, its GPUs' share, and the bound on a step's tokens
     (``max_num_batched_tokens``, chunked prefill on): the prompt log-probs of a step materialise [tokens, vocab]
@@ -179,10 +231,15 @@ class _Engine:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def sample(self, prompts: Sequence[list[int]], n: int, args: argparse.Namespace) -> list[list[str]]:
+        return [[text for text, _ in row] for row in self.sample_lengths(prompts, n, args)]
+
+    def sample_lengths(self, prompts: Sequence[list[int]], n: int,
+                       args: argparse.Namespace) -> list[list[tuple[str, int]]]:
+        """n completions per prompt: (text, generated tokens)."""
         params = self.vllm.SamplingParams(n=n, temperature=args.temperature, top_p=args.top_p,
                                           max_tokens=args.max_tokens, seed=args.seed + args.shard)
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-        return [[c.text for c in o.outputs] for o in outs]
+        return [[(c.text, len(c.token_ids)) for c in o.outputs] for o in outs]
 
     def score(self, sequences: Sequence[list[int]]) -> list[Sequence[Mapping[int, Any] | None]]:
         params = self.vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
@@ -237,6 +294,37 @@ def _weights_shard(args: argparse.Namespace, questions: list[dict[str, Any]],
     return rows
 
 
+def _rft_shard(args: argparse.Namespace, questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    engine = _Engine(resolve_model(Path(args.prior), "rft_samples", "prior"), args)
+    prompts = [engine.prompt_ids(q["system"], q["prompt"]) for q in questions]
+    rows = []
+    for q, texts in zip(questions, engine.sample(prompts, args.samples, args), strict=True):
+        rows += [{"question": int(q["question"]), "trace": j, "response": text,
+                  "correct": bool(q["checkable"]) and answers_match(text, q["reference_answer"])}
+                 for j, text in enumerate(texts)]
+    return rows
+
+
+def _eval_shard(args: argparse.Namespace, problems: list[dict[str, Any]], system: str) -> list[dict[str, Any]]:
+    engine = _Engine(resolve_model(Path(args.model), "eval", "evaluated"), args)
+    prompts = [engine.prompt_ids(system, p["problem"]) for p in problems]
+    rows = []
+    for p, made in zip(problems, engine.sample_lengths(prompts, args.n, args), strict=True):
+        rows.append({"split": p["split"], "question": p["question"], "trace": 0,
+                     "correct": [answers_match(text, p["reference"]) for text, _ in made],
+                     "lengths": [length for _, length in made]})
+    return rows
+
+
+def eval_lines(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The metrics of every split from the merged per-problem rows (split, correct [n], lengths [n])."""
+    out: dict[str, float] = {}
+    for split in dict.fromkeys(str(r["split"]) for r in rows):
+        mine = [r for r in rows if r["split"] == split]
+        out.update(eval_metrics(split, [r["correct"] for r in mine], [r["lengths"] for r in mine]))
+    return out
+
+
 # -- the driver ---------------------------------------------------------------------------------------------------------
 
 def _shard(rows: list[dict[str, Any]], index: int, count: int) -> list[dict[str, Any]]:
@@ -264,7 +352,7 @@ def _run_replicas(args: argparse.Namespace, argv: Sequence[str], parts: Path) ->
     shutil.rmtree(parts, ignore_errors=True)
     if failed:
         raise RuntimeError("; ".join(failed))
-    return sorted(rows, key=lambda r: (int(r["question"]), int(r["trace"])))
+    return sorted(rows, key=lambda r: (str(r.get("split", "")), int(r["question"]), int(r["trace"])))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -282,6 +370,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--posterior", help="traces: the posterior stage's checkpoints (or an HF model directory)")
     p.add_argument("--prior", help="weights: the prior stage's checkpoints (or an HF model directory)")
     p.add_argument("--traces", type=Path, help="weights: the traces stage's traces.parquet")
+    p.add_argument("--model", help="eval: the evaluated stage's checkpoints (or an HF model directory)")
+    p.add_argument("--eval-file", type=Path, action="append", default=[], help="eval: a problems file (repeat)")
+    p.add_argument("--samples", type=int, default=8, help="rft: responses per question")
+    p.add_argument("--n", type=int, default=16, help="eval: samples per problem")
     p.add_argument("--k", type=int, default=8)
     p.add_argument("--m", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
@@ -297,13 +389,17 @@ def _check(args: argparse.Namespace) -> None:
     if args.max_num_batched_tokens is None:
         raise ValueError("--max-num-batched-tokens is required (the bound on the prompt log-probs' memory: "
                          "predmask.verl.vr_cluster.prompt_logprob_tokens)")
-    for name in ("tensor_parallel", "replicas", "max_tokens", "max_num_batched_tokens"):
+    for name in ("tensor_parallel", "replicas", "max_tokens", "max_num_batched_tokens", "samples", "n"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} = {getattr(args, name)} is not allowed; allowed: >= 1")
     if args.mode == "traces" and not args.posterior:
         raise ValueError("traces needs --posterior (the posterior stage's checkpoints)")
     if args.mode == "weights" and not (args.prior and args.traces):
         raise ValueError("weights needs --prior (the prior stage's checkpoints) and --traces (traces.parquet)")
+    if args.mode == "rft" and not args.prior:
+        raise ValueError("rft needs --prior (the prior stage's checkpoints)")
+    if args.mode == "eval" and not (args.model and args.eval_file):
+        raise ValueError("eval needs --model (the evaluated stage's checkpoints) and at least one --eval-file")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -312,18 +408,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _check(args)
         how = "prepare it: " + command("sweeps.datasets prepare --family variational --bespoke-file F --out DIR")
-        questions = _read_parquet(args.questions, args.mode, how)
+        stage = STAGE_OF[args.mode]
+        questions = _read_parquet(args.questions, stage, how)
         traces = (_read_parquet(args.traces, "weights", "run the traces stage first")
                   if args.mode == "weights" else [])
-        model, upstream = (args.posterior, "posterior") if args.mode == "traces" else (args.prior, "prior")
-        resolve_model(Path(model), args.mode, upstream)
+        problems = [p for f in args.eval_file for p in eval_problems(
+            _read_parquet(f, stage, "prepare it: " + command("sweeps.datasets prepare --out DIR")), f)]
+        model, upstream = {"traces": (args.posterior, "posterior"), "eval": (args.model, "evaluated")}.get(
+            args.mode, (args.prior, "prior"))
+        resolve_model(Path(model), stage, upstream)
     except (ValueError, MissingInput) as exc:
         print(f"predmask.verl.vr_sample: {exc}", file=sys.stderr)
         return 2
     if args.part_out is not None:  # one replica: its share of the questions, raw rows as JSON
         mine = _shard(questions, args.shard, args.replicas)
-        rows = (_traces_shard(args, mine) if args.mode == "traces"
-                else _weights_shard(args, questions, _shard(traces, args.shard, args.replicas)))
+        if args.mode == "traces":
+            rows = _traces_shard(args, mine)
+        elif args.mode == "weights":
+            rows = _weights_shard(args, questions, _shard(traces, args.shard, args.replicas))
+        elif args.mode == "rft":
+            rows = _rft_shard(args, mine)
+        else:
+            rows = _eval_shard(args, _shard(problems, args.shard, args.replicas), system_prompt(questions))
         args.part_out.parent.mkdir(parents=True, exist_ok=True)
         args.part_out.write_text(json.dumps(rows))
         return 0
@@ -333,13 +439,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = args.run_dir / OUTPUTS[args.mode]
             if args.mode == "traces":
                 _write_parquet(rows, out, TRACE_COLUMNS)
-            else:
+            elif args.mode == "weights":
                 _write_parquet(weight_rows(rows), out, WEIGHT_COLUMNS)
+            elif args.mode == "rft":
+                _write_parquet(rows, out, RFT_COLUMNS)
+            else:  # one metrics line at step 0 (a rerun replaces it)
+                atomic_write_text(out, metrics_line(0, eval_lines(rows)))
     except RunDirBusyError as exc:
         print(f"predmask.verl.vr_sample: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        print(f"predmask.verl.vr_sample: stage {args.mode}: {exc}", file=sys.stderr)
+        print(f"predmask.verl.vr_sample: stage {STAGE_OF[args.mode]}: {exc}", file=sys.stderr)
         return 1
     print(f"predmask.verl.vr_sample: wrote {out} ({len(rows)} rows)")
     return 0

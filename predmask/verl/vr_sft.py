@@ -14,7 +14,8 @@ changes that verl's SFT trainer does not offer:
   ``loss_weight`` tensor per sample from the parquet's ``weight`` column, default 1).
 
 For a ``vr_*`` final (``predmask.recipe``) it first builds ``predmask.train_file`` from the weights, traces and the
-original data (:func:`final_rows`); a missing input -> exit 2, one line, nothing written. The data parts
+original data (:func:`final_rows`), for the ``rft`` final from pi_theta0's samples (:func:`rft_rows`); a missing
+input -> exit 2, one line, nothing written. The data parts
 (:func:`split_predmask_args`, :func:`final_rows`, :func:`build_final_data`) import no verl; the loss and the dataset
 import it when called.
 """
@@ -32,12 +33,12 @@ import torch
 
 from predmask.vr_weights import best_trace, weighted_sft_loss
 
-__all__ = ["KEYS", "WEIGHT_COLUMN", "final_rows", "main", "nested_weighted_sft_loss", "split_predmask_args"]
+__all__ = ["KEYS", "WEIGHT_COLUMN", "final_rows", "main", "nested_weighted_sft_loss", "rft_rows", "split_predmask_args"]
 
 PREFIX = "predmask."
 #: the predmask keys this launcher reads (written by predmask.verl.vr_cluster)
 KEYS: tuple[str, ...] = ("stage", "run_dir", "normaliser", "recipe", "estimator", "data", "weights_file",
-                         "traces_file", "questions_file", "original_file", "train_file")
+                         "traces_file", "questions_file", "original_file", "train_file", "samples_file")
 WEIGHT_COLUMN = "weight"
 _DATASET = "WeightedSFTDataset"
 
@@ -121,6 +122,23 @@ def final_rows(questions: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[
     return rows
 
 
+def rft_rows(questions: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The rft final's SFT rows: every correct sample of pi_theta0 (reasoning prompt -> its response), each weighted
+    1 / (samples of its question), as the CPU engine weights them (``predmask.rl.vr_runner``)."""
+    by_q = {int(q["question"]): q for q in questions}
+    drawn: dict[int, int] = {}
+    for r in samples:
+        drawn[int(r["question"])] = drawn.get(int(r["question"]), 0) + 1
+    rows = []
+    for r in samples:
+        if bool(r["correct"]):
+            q = by_q[int(r["question"])]
+            rows.append({"messages": _messages(str(q["system"]), str(q["prompt"]), str(r["response"])),
+                         WEIGHT_COLUMN: 1.0 / drawn[int(r["question"])], "question": int(r["question"]),
+                         "trace": int(r["trace"])})
+    return rows
+
+
 def _read(path: str, stage: str, how: str) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
@@ -130,20 +148,26 @@ def _read(path: str, stage: str, how: str) -> list[dict[str, Any]]:
 
 
 def build_final_data(keys: Mapping[str, Any]) -> Path:
-    """Write ``predmask.train_file`` for a vr_* final (atomically); FileNotFoundError names a missing input."""
+    """Write ``predmask.train_file`` for an rft or vr_* final (atomically); FileNotFoundError names a missing input."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from predmask.command_text import command
     from predmask.io import atomic_write
 
-    weights = _read(str(keys["weights_file"]), "final", "run the weights stage first")
-    traces = _read(str(keys["traces_file"]), "final", "run the traces stage first")
-    questions = _read(str(keys["questions_file"]), "final",
-                      "prepare it: " + command("sweeps.datasets prepare --family variational --bespoke-file F --out DIR"))
-    rows = final_rows(questions, traces, weights, estimator=str(keys["estimator"]), data=str(keys["data"]))
-    if not rows:
-        raise ValueError(f"stage final: no trace has a positive weight_{keys['estimator']}: nothing to train on")
+    how = "prepare it: " + command("sweeps.datasets prepare --family variational --bespoke-file F --out DIR")
+    if keys["recipe"] == "rft":
+        samples = _read(str(keys["samples_file"]), "final", "run the rft_samples stage first")
+        rows = rft_rows(_read(str(keys["questions_file"]), "final", how), samples)
+        if not rows:
+            raise ValueError("stage final: no sample of pi_theta0 is correct: nothing for rft to train on")
+    else:
+        weights = _read(str(keys["weights_file"]), "final", "run the weights stage first")
+        traces = _read(str(keys["traces_file"]), "final", "run the traces stage first")
+        questions = _read(str(keys["questions_file"]), "final", how)
+        rows = final_rows(questions, traces, weights, estimator=str(keys["estimator"]), data=str(keys["data"]))
+        if not rows:
+            raise ValueError(f"stage final: no trace has a positive weight_{keys['estimator']}: nothing to train on")
     out = Path(str(keys["train_file"]))
     table = pa.Table.from_pylist(rows)
     atomic_write(out, lambda tmp: pq.write_table(table, tmp))

@@ -156,6 +156,64 @@ def test_dry_run_json_lists_every_stage_with_its_command(tmp_path: Path) -> None
     assert not list((tmp_path / "runs" / "variational_reasoning_smoke").glob("*/config.yaml"))  # nothing run
 
 
+CLUSTER = ["cluster=h20_4x8", "model=qwen3_4b_base"]
+
+
+def test_on_the_cluster_rft_reads_pi_theta0_samples_and_every_model_has_an_eval_run() -> None:
+    specs = expand(SWEEP, CLUSTER)
+    by_id = {spec.run_id: spec for spec in specs}
+    kinds = Counter((spec.stage, spec.method) for spec in specs)
+    seeds = sorted({spec.seed for spec in specs})
+    assert kinds[("prior", "prior")] == kinds[("eval", "prior")] == 1
+    assert kinds[("rft_samples", "rft_samples")] == len(seeds)
+    finals = [spec for spec in specs if spec.stage == "final"]
+    evals = [spec for spec in specs if spec.stage == "eval" and spec.method != "prior"]
+    assert sorted(by_id[e.inputs["final"]].run_id for e in evals) == sorted(f.run_id for f in finals)
+    for e in evals:  # an eval run carries its final's method (recipe, data setting), seed and eval settings
+        final = by_id[e.inputs["final"]]
+        assert (e.config["method"], e.seed, e.config["eval"]) == (final.config["method"], final.seed,
+                                                                  final.config["eval"])
+    prior = next(spec for spec in specs if spec.stage == "prior")
+    assert next(spec for spec in specs if spec.stage == "eval" and spec.method == "prior").inputs == {
+        "prior": prior.run_id}
+    for rft in (f for f in finals if f.method == "rft"):
+        samples = by_id[rft.inputs["rft_samples"]]
+        assert set(rft.inputs) == {"rft_samples"} and samples.stage == "rft_samples" and samples.seed == rft.seed
+        assert samples.inputs == {"prior": prior.run_id}
+    order = [spec.run_id for wave in waves(specs) for spec in wave]
+    for spec in specs:  # every run after the runs it reads
+        assert all(order.index(rid) < order.index(spec.run_id) for rid in spec.inputs.values())
+    # the CPU engine's chain has neither stage (its rft final samples and its models evaluate inside their runs)
+    assert not {spec.stage for spec in expand(SWEEP)} & {"rft_samples", "eval"}
+
+
+def test_cluster_dry_run_lists_the_rft_samples_and_eval_stages_with_their_commands(tmp_path: Path) -> None:
+    out = _sweeps(tmp_path, "variational_reasoning_smoke", *CLUSTER, "cluster.check_paths=false", "--dry-run",
+                  "--format", "json", timeout=300)
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    runs = payload["runs"]
+    # 1 prior, posterior, traces, weights, rft_samples + 9 finals (8 variational + grpo) + 9 evals (prior + 8)
+    assert payload["summary"]["runs"].startswith("23 runs (1 prior, 1 posterior, 1 traces, 1 weights, "
+                                                 "1 rft_samples, 9 eval; 1 seed x 9 finals)")
+    modes = Counter(rec["command"][3] for rec in runs if rec["command"][2] == "predmask.verl.vr_sample")
+    assert modes == {"traces": 1, "weights": 1, "rft": 1, "eval": 9}
+    by_id = {rec["run_id"]: rec for rec in runs}
+    for rec in runs:
+        command = rec["command"]
+        if command[2:4] == ["predmask.verl.vr_sample", "eval"]:
+            (source,) = rec["inputs"].values()
+            model = command[command.index("--model") + 1]
+            assert model == str(Path(model).parent.parent / source / "checkpoints")
+            assert [command[i + 1].rsplit("/", 1)[1] for i, a in enumerate(command) if a == "--eval-file"] == [
+                "aime24.parquet", "aime25.parquet"]
+            assert int(command[command.index("--max-num-batched-tokens") + 1]) > 0
+        if command[2:4] == ["predmask.verl.vr_sample", "rft"]:
+            assert by_id[rec["inputs"]["prior"]]["command"][2] == "predmask.verl.vr_sft"
+    rft = next(r for r in runs if r.get("stage") == "final" and r["method"] == "rft")
+    assert "predmask.recipe=rft" in rft["command"] and rft["command"][2] == "predmask.verl.vr_sft"
+
+
 # test sizes (as tests/variational's own): a model much smaller than cpu_s, a 40-step base model, 16 questions
 TINY = [
     "model.name=vr_tiny", "model.label='vr_tiny: test-sized stand-in model, not a real model'",

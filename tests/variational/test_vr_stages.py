@@ -24,3 +24,21 @@ def test_upstream_closure_and_unknown_stage() -> None:
     assert with_upstream(["traces"]) == {"traces", "posterior"} and with_upstream([]) == set()
     with pytest.raises(ValueError, match="unknown stage 'dpo'; allowed: prior, posterior, traces, weights, final"):
         stage_inputs("dpo")
+
+
+def test_the_cluster_graph_adds_pi_theta0_samples_for_rft_and_an_eval_per_model() -> None:
+    from predmask.vr_stages import CLUSTER_STAGES
+
+    assert set(stage_inputs("rft_samples", cluster=True)) == {"prior"}
+    for recipe in FINAL_RECIPES:
+        reads = {"traces", "weights"} if recipe.startswith("vr_") else {"rft_samples"} if recipe == "rft" else set()
+        assert set(stage_inputs("final", recipe, cluster=True)) == reads
+        assert stage_inputs("eval", recipe, cluster=True) == ("final",)
+    assert stage_inputs("eval", "prior", cluster=True) == ("prior",)
+    for stage in CLUSTER_STAGES:  # pipeline order: every stage reads only earlier ones
+        for recipe in (*FINAL_RECIPES, "prior"):
+            assert all(CLUSTER_STAGES.index(r) < CLUSTER_STAGES.index(stage)
+                       for r in stage_inputs(stage, recipe, cluster=True))
+    assert with_upstream(["rft_samples"], cluster=True) == {"rft_samples", "prior"}
+    with pytest.raises(ValueError, match="unknown stage 'eval'; allowed: prior, posterior, traces, weights, final$"):
+        stage_inputs("eval")  # the CPU engine has no eval stage

@@ -28,13 +28,15 @@ from verl_helpers import REPO, require_verl, run_without
 
 from predmask.config import compose as compose_config
 from predmask.config import to_container
+from predmask import metrics as M
 from predmask.verl.vr_cluster import CLUSTER_RECIPES, VR_DATA_FILES, stage_command
-from predmask.vr_stages import FINAL_INPUTS, STAGE_INPUTS
+from predmask.vr_stages import stage_inputs
 
 pytestmark = pytest.mark.verl
 
 RUN_DIR = "/shared/runs/variational_reasoning/r-final"
-INPUTS = {"prior": "r-prior", "posterior": "r-post", "traces": "r-traces", "weights": "r-weights"}
+INPUTS = {"prior": "r-prior", "posterior": "r-post", "traces": "r-traces", "weights": "r-weights",
+          "rft_samples": "r-rft", "final": "r-final"}
 #: the composed stage config on the paper's cluster (its cluster.variational: conf/cluster/h20_4x8.yaml)
 BASE = to_container(compose_config("variational", [
     "cluster=h20_4x8", "model=qwen3_4b_base", "model.path=/models/Qwen3-4B-Base", "cluster.nodes=4",
@@ -44,7 +46,7 @@ SETTINGS = BASE["cluster"]["variational"]
 
 def cfg(stage: str, method: dict | None = None, **cluster) -> dict:
     """A stage config: BASE with the stage, its method and inputs, and ``cluster`` merged into its cluster section."""
-    reads = FINAL_INPUTS if stage == "final" else STAGE_INPUTS.get(stage, ())
+    reads = stage_inputs(stage, (method or {"name": stage})["name"], cluster=True)
     return {
         **BASE, "stage": stage, "seed": 2, "method": method or {"name": stage}, "inputs": {k: INPUTS[k] for k in reads},
         "cluster": OmegaConf.to_container(OmegaConf.merge(BASE["cluster"], cluster)),
@@ -52,8 +54,8 @@ def cfg(stage: str, method: dict | None = None, **cluster) -> dict:
     }
 
 
-CASES = [("prior", None), ("posterior", None), ("final", {"name": "sft"})] + [
-    ("final", {"name": r, "estimator": r[3:], "data": d}) for r in CLUSTER_RECIPES if r != "sft"
+CASES = [("prior", None), ("posterior", None), ("final", {"name": "sft"}), ("final", {"name": "rft"})] + [
+    ("final", {"name": r, "estimator": r[3:], "data": d}) for r in CLUSTER_RECIPES if r.startswith("vr_")
     for d in ("all_weighted", "best_mixed")
 ]
 
@@ -106,6 +108,9 @@ def test_sft_stage_commands_compose_with_verl_sft_config(compose, stage: str, me
         assert train == [f"/data/predmask/{VR_DATA_FILES['sft']}"] and "recipe" not in keys
     elif stage == "posterior":
         assert train == [f"/data/predmask/{VR_DATA_FILES['posterior']}"]
+    elif method["name"] == "rft":
+        assert train == [keys["train_file"]] == [f"{RUN_DIR}/final_sft.parquet"] and keys["recipe"] == "rft"
+        assert keys["samples_file"] == "/shared/runs/variational_reasoning/r-rft/rft_samples.parquet"
     else:
         assert train == [keys["train_file"]] == [f"{RUN_DIR}/final_sft.parquet"]
         assert keys["weights_file"] == "/shared/runs/variational_reasoning/r-weights/weights.parquet"
@@ -122,11 +127,25 @@ def test_sampling_stage_commands() -> None:
     args = dict(zip(weights[4::2], weights[5::2], strict=True))
     assert args["--prior"] == "/r/r-prior/checkpoints" and args["--traces"] == "/r/r-traces/traces.parquet"
     assert args["--m"] == "8" and args["--questions"] == f"/data/predmask/{VR_DATA_FILES['questions']}"
+    rft = stage_command(cfg("rft_samples"), "/r/s", "python3")
+    assert rft[:4] == ["python3", "-m", "predmask.verl.vr_sample", "rft"]
+    args = dict(zip(rft[4::2], rft[5::2], strict=True))
+    assert args["--prior"] == "/r/r-prior/checkpoints" and args["--samples"] == str(SETTINGS["rft"]["samples"])
+    for method, model in (({"name": "prior"}, "/r/r-prior/checkpoints"), ({"name": "rft"}, "/r/r-final/checkpoints"),
+                          ({"name": "vr_gml", "estimator": "gml", "data": "best_mixed"}, "/r/r-final/checkpoints")):
+        ev = stage_command(cfg("eval", method), "/r/e", "python3")
+        assert ev[:4] == ["python3", "-m", "predmask.verl.vr_sample", "eval"]
+        files = [ev[i + 1] for i, a in enumerate(ev) if a == "--eval-file"]
+        assert files == ["/data/predmask/aime24.parquet", "/data/predmask/aime25.parquet"]
+        assert ev[ev.index("--model") + 1] == model and ev[ev.index("--n") + 1] == str(SETTINGS["eval"]["n"])
+        assert ev[ev.index("--temperature") + 1] == repr(SETTINGS["eval"]["temperature"])
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    (cfg("dpo"), "unknown stage 'dpo'; allowed: prior, posterior, traces, weights, final"),
-    (cfg("final", {"name": "rft"}), "rft needs a sampling stage"),
+    (cfg("final", {"name": "sft"}) | {"stage": "dpo"},
+     "unknown stage 'dpo'; allowed: prior, posterior, traces, weights, rft_samples, final, eval"),
+    ({**cfg("final", {"name": "rft"}), "inputs": {}}, "stage final needs inputs.rft_samples"),
+    ({**cfg("eval", {"name": "sft"}), "inputs": {}}, "stage eval needs inputs.final"),
     (cfg("final", {"name": "vr_acc", "data": "some"}), "unknown method.data='some'; allowed: all_weighted, best_mixed"),
     (cfg("final", {"name": "vr_acc", "estimator": "gml"}), "does not match recipe vr_acc"),
     ({**cfg("traces"), "inputs": {}}, "stage traces needs inputs.posterior"),
@@ -355,7 +374,8 @@ class LLM:
                 made = [f"<|begin_of_thought|>\n\nstep {k} of {len(ids) % 7}\n\n<|end_of_thought|>"
                         f"\n\n<|begin_of_solution|>\n\n\\boxed{{{k}}}\n\n<|end_of_solution|>"
                         for k in range(params.n)]
-            outs.append(SimpleNamespace(prompt_logprobs=None, outputs=[SimpleNamespace(text=t) for t in made]))
+            outs.append(SimpleNamespace(prompt_logprobs=None, outputs=[
+                SimpleNamespace(text=t, token_ids=[min(ord(c), 127) for c in t]) for t in made]))
         return outs
 '''
 
@@ -491,3 +511,93 @@ def test_vr_sample_missing_upstream_exits_2_and_writes_nothing(tmp_path: Path, s
     bad = _sample(stub_env, "weights", "--run-dir", str(tmp_path / "x"), "--questions", str(data / "q"), "--m", "0",
                   "--prior", "p", "--traces", "t")
     assert bad.returncode == 2 and "answers per trace M = 0 is not allowed" in bad.stderr
+
+
+# -- the rft final and the evaluation ---------------------------------------------------------------------------
+
+def test_eval_metrics_by_hand() -> None:
+    from predmask.verl.vr_sample import eval_metrics
+
+    # problem 1: 2 of 4 right; problem 2: none. pass@k per problem: 1 - C(4-c, k)/C(4, k)
+    # problem 1: k=1: 1/2, k=2: 1 - 1/6 = 5/6, k=3: 1, k=4: 1; problem 2: 0 -> the means below
+    got = eval_metrics("aime24", [[True, False, False, True], [False] * 4], [[10, 20, 30, 40], [1, 2, 3, 4]])
+    assert got[M.val_acc("aime24", 4)] == 0.25
+    expect = {1: 0.25, 2: 5 / 12, 3: 0.5, 4: 0.5}
+    assert {k: got[M.val_pass("aime24", k)] for k in range(1, 5)} == pytest.approx(expect, rel=1e-12)
+    assert got[M.val_response_length("aime24")] == 13.75  # (100 + 10) / 8
+    assert len(got) == 6
+
+
+def test_rft_rows_keep_the_correct_samples_weighted_one_over_samples() -> None:
+    from predmask.verl.vr_sft import rft_rows
+
+    questions = [{"question": 0, "system": "S", "prompt": "P0"}, {"question": 1, "system": "", "prompt": "P1"}]
+    samples = [{"question": 0, "trace": j, "response": f"r{j}", "correct": j in (1, 2)} for j in range(4)]
+    samples += [{"question": 1, "trace": j, "response": f"s{j}", "correct": j == 0} for j in range(2)]
+    rows = rft_rows(questions, samples)
+    assert [(r["question"], r["trace"], r["weight"]) for r in rows] == [(0, 1, 0.25), (0, 2, 0.25), (1, 0, 0.5)]
+    assert rows[0]["messages"] == [{"role": "system", "content": "S"}, {"role": "user", "content": "P0"},
+                                   {"role": "assistant", "content": "r1"}]
+    assert rows[2]["messages"][0] == {"role": "user", "content": "P1"}
+
+
+def _eval_file(path: Path, source: str, references: list[str]) -> Path:
+    rows = [{"data_source": source, "prompt": [{"role": "user", "content": f"wrapped {i}"}],
+             "reward_model": {"style": "rule", "ground_truth": ref},
+             "extra_info": {"index": i, "raw_problem": f"{source} problem {i}"}} for i, ref in enumerate(references)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_rft_samples_eval_and_rft_data_through_a_stub_vllm(tmp_path: Path, stub_env: dict) -> None:
+    """The stub's k-th sample of a prompt ends in \\boxed{k}: with n = 4, a reference "2" or "0" is right once, "9"
+    never. aime24 (references 2, 9): avg@4 = 1/8, pass@k = (k/4 + 0)/2; aime25 (0, 3): avg@4 = 1/4, pass@k = k/4."""
+    from predmask.verl.vr_sft import build_final_data
+    from sweeps.datasets import prepare_variational
+
+    data = tmp_path / "data"
+    prepare_variational(data, bespoke_file=REPO / "tests" / "fixtures" / "bespoke_stratos" / "bespoke_stratos_tiny.jsonl")
+    _eval_file(data / "aime24.parquet", "aime24", ["2", "9"])
+    _eval_file(data / "aime25.parquet", "aime25", ["0", "3"])
+    questions = pq.read_table(data / VR_DATA_FILES["questions"]).to_pylist()
+    sweep = tmp_path / "sweep"
+    prior_hf = _hf_export(sweep / "r-prior" / "checkpoints", (1,), 1)
+    final_hf = _hf_export(sweep / "r-final" / "checkpoints", (4,), 4)
+    shape = {"nodes": 1, "gpus_per_node": 2, "data_dir": str(data)}
+
+    stub_env["log"].unlink(missing_ok=True)
+    argv = stage_command(cfg("rft_samples", **shape, variational={"data_dir": str(data), "rft": {"samples": 8}}),
+                         sweep / "r-rft", sys.executable)
+    proc = _sample(stub_env, *argv[3:])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {json.loads(line)["model"] for line in stub_env["log"].read_text().splitlines()} == {str(prior_hf)}
+    samples = pq.read_table(sweep / "r-rft" / "rft_samples.parquet").to_pylist()
+    assert [(s["question"], s["trace"]) for s in samples] == [(q, j) for q in range(4) for j in range(8)]
+    for s in samples:
+        assert s["correct"] == (questions[s["question"]]["reference_answer"] == str(s["trace"]))
+    train = tmp_path / "final_sft.parquet"
+    build_final_data({"recipe": "rft", "samples_file": str(sweep / "r-rft" / "rft_samples.parquet"),
+                      "questions_file": str(data / VR_DATA_FILES["questions"]), "train_file": str(train)})
+    rows = pq.read_table(train).to_pylist()
+    assert [(r["question"], r["trace"], r["weight"]) for r in rows] == [
+        (s["question"], s["trace"], 1 / 8) for s in samples if s["correct"]] and rows  # question 3: \boxed{5}
+
+    for method, model in (({"name": "prior"}, prior_hf), ({"name": "rft"}, final_hf)):
+        stub_env["log"].unlink(missing_ok=True)
+        run = sweep / f"r-eval-{method['name']}"
+        argv = stage_command(cfg("eval", method, **shape, variational={"data_dir": str(data), "eval": {"n": 4}}),
+                             run, sys.executable)
+        proc = _sample(stub_env, *argv[3:])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        calls = [json.loads(line) for line in stub_env["log"].read_text().splitlines()]
+        assert {c["model"] for c in calls} == {str(model)} and sorted(c["gpus"] for c in calls) == ["0", "1"]
+        (line,) = (run / "metrics.jsonl").read_text().splitlines()
+        record = json.loads(line)
+        assert record["step"] == 0
+        length = len("<|begin_of_thought|>\n\nstep 0 of 0\n\n<|end_of_thought|>\n\n<|begin_of_solution|>\n\n"
+                     "\\boxed{0}\n\n<|end_of_solution|>")  # the stub's every sample, one token per character
+        expect = {M.val_acc("aime24", 4): 1 / 8, M.val_acc("aime25", 4): 1 / 4,
+                  M.val_response_length("aime24"): length, M.val_response_length("aime25"): length}
+        expect.update({M.val_pass("aime24", k): k / 8 for k in range(1, 5)})
+        expect.update({M.val_pass("aime25", k): k / 4 for k in range(1, 5)})
+        assert record["data"] == pytest.approx(expect, rel=1e-12)
