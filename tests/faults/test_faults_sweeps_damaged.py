@@ -11,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from analysis.store import connect
 from predmask.rundir import write_status
 from sweeps.families import expand
 from sweeps.run_dirs import read_state, run_dir, write_planned_config
@@ -86,3 +89,42 @@ def test_a_dry_run_folder_linked_out_of_the_runs_root_is_refused_and_nothing_beh
     done = _sweeps(tmp_path, "smoke", "method=dppo_topk_kl", "--dry-run")
     assert done.returncode == 0, done.stderr
     assert (sweep_dir / "dry-run" / "plan.json").is_file() and _tree(outside) == before
+
+
+@pytest.mark.slow
+def test_a_sweep_reports_damaged_runs_and_goes_on_with_the_others(tmp_path: Path) -> None:
+    """A real two-run local sweep: one run's status.json is ``[]`` (it is reported and run again: it completes), the
+    other's config.yaml is cut short (its trainer refuses it: reported as failed with its damaged line); no traceback
+    in the sweep's output, the good run completed and stored."""
+    args = ["smoke", "method=dppo_topk_kl,grpo_clip_higher", "trainer.steps=2", "trainer.val_every=2",
+            "trainer.save_every=2", "trainer.val_n=2", "base.steps=40", "base.eval_problems=16", "task.eval_size=8",
+            "trainer.train_batch_size=4", "trainer.ppo_mini_batch_size=2", "rollout.n=4"]
+    listed, cut = expand(args[0], args[1:])
+    runs = tmp_path / "runs"
+    for spec in (listed, cut):
+        run_dir(spec, runs).mkdir(parents=True)
+        write_planned_config(run_dir(spec, runs), spec)
+    (run_dir(listed, runs) / "status.json").write_text("[]\n")
+    config = run_dir(cut, runs) / "config.yaml"
+    config.write_text((run_dir(cut, runs) / "planned_config.yaml").read_text()[:60])
+    write_status(run_dir(cut, runs), "failed", 0, 2, "killed")
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREDMASK_RUNS": str(runs), "PREDMASK_CACHE": str(tmp_path / "cache"),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "sweeps", *args, "--db", str(tmp_path / "db.duckdb")], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=900, check=False)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "Traceback" not in out
+    assert (f"run {listed.run_id}: damaged: status.json, a JSON list, not an object; started again (it resumes from "
+            "its checkpoints)") in done.stdout
+    (failed,) = [ln for ln in done.stdout.splitlines() if ln.startswith(f"failed {cut.run_id}: ")]
+    assert "damaged: " in failed and "config.yaml" in failed
+    assert read_state(run_dir(listed, runs)).status == "completed"
+    assert "1 completed, 0 already done, 1 failed" in done.stdout
+    con = connect(tmp_path / "db.duckdb", read_only=True)
+    try:
+        stored = con.execute("SELECT run_id, status FROM runs WHERE status = 'completed'").fetchall()
+    finally:
+        con.close()
+    assert stored == [(listed.run_id, "completed")]
