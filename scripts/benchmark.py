@@ -170,8 +170,9 @@ def engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precisions", type=names, default="fp32,bf16,fp8_rollout",
                    help="rollout precisions compared (--previous)")
     p.add_argument("--run-precisions", type=names, default="fp32,bf16", help="short-run precisions (--previous)")
-    p.add_argument("--run-steps", type=positive_int, default=4, help="GRPO steps of a short run (--previous)")
-    p.add_argument("--repeats", type=positive_int, default=3, help="interleaved rollout repetitions (--previous)")
+    p.add_argument("--run-steps", type=positive_int, default=15,
+                   help="GRPO steps of a short run, then one validation (default 15, a run's val_every; --previous)")
+    p.add_argument("--repeats", type=positive_int, default=3, help="interleaved repetitions of each rollout and run (--previous)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides applied to every model")
 
 
@@ -211,9 +212,9 @@ def run_engine_previous(args: argparse.Namespace) -> int:
     print_table(f"rollout, previous path / this one (median CPU s of {args.repeats}, {args.threads} thread(s))",
                 ("model", "precision", "rollout", "old s", "new s", "old/new", "same tokens", "max |Δ log μ|"), rows)
     runs = [r for model in args.models for r in compare_runs(model, args.run_precisions, args.overrides,
-                                                             args.run_steps)]
+                                                             args.run_steps, args.repeats)]
     print_table(f"short run: {args.run_steps} GRPO steps + 1 validation from the base model, previous path / this "
-                "one (CPU s)",
+                f"one (median CPU s of {args.repeats})",
                 ("model", "precision", "method", "old s", "new s", "old/new", "old wall s", "new wall s",
                  "old val acc", "new val acc"),
                 [[r["model"], r["precision"], r["method"], f"{r['old_cpu_s']:.2f}", f"{r['new_cpu_s']:.2f}",

@@ -19,10 +19,11 @@ import statistics
 from collections.abc import Callable, Sequence
 
 import torch
+from omegaconf import DictConfig
 
 from predmask import metrics as M
 from predmask.bench import stopwatch
-from predmask.config import compose
+from predmask.config import compose, group_options
 from predmask.precisions import CLUSTER_PRECISIONS
 from predmask.rl.emulated_precision import make_rollout_model
 from predmask.rl.engine import Engine
@@ -121,13 +122,23 @@ def _sampler(engine: Engine, problems: Sequence[Problem], n: int) -> Callable[[]
     return sample
 
 
+def _train_config(model: str, precision: str, overrides: list[str]) -> DictConfig:
+    """The composed train config of ``model`` at ``precision``; a catalogue entry without a conf/precision option
+    (fp32, the CPU reference) is selected by name."""
+    if precision in group_options("precision"):
+        chosen = [f"precision={precision}"]
+    else:
+        chosen = [f"precision.name={precision}", f"precision.label={precision.upper()}"]
+    return compose("train", [f"model={model}", *chosen, *overrides])
+
+
 def compare_rollouts(model: str, precisions: list[str], overrides: list[str],
                      repeats: int = 3) -> list[dict[str, float | str | bool]]:
     """Per precision: the rollout of one training batch and of one validation split (avg@val_n), previous path
     against this one, same seed; median CPU seconds over ``repeats`` interleaved repetitions."""
     rows: list[dict[str, float | str | bool]] = []
     for name in precisions:
-        engine = Engine(compose("train", [f"model={model}", f"precision={name}", *overrides]), progress=True)
+        engine = Engine(_train_config(model, name, overrides), progress=True)
         roll = {"new": engine.rollout_model,
                 "old": make_rollout_model(engine.model, engine.precision, native_products=True)}
         stream = iter_train_prompts(engine.task)
@@ -164,20 +175,21 @@ def _short_run(engine: Engine, steps: int) -> dict[str, float]:
             "val": statistics.mean(v for k, v in val.items() if "/acc/mean@" in k)}
 
 
-def compare_runs(model: str, precisions: list[str], overrides: list[str],
-                 steps: int = 4) -> list[dict[str, float | str]]:
-    """Per precision: ``steps`` GRPO steps and one validation from the base model, previous path then this one
-    (each from a fresh engine, same seeds); CPU and wall seconds."""
+def compare_runs(model: str, precisions: list[str], overrides: list[str], steps: int = 4,
+                 repeats: int = 3) -> list[dict[str, float | str]]:
+    """Per precision: ``steps`` GRPO steps and one validation from the base model, previous path and this one
+    (each from a fresh engine, same seeds; ``repeats`` interleaved repetitions); median CPU and wall seconds."""
     rows: list[dict[str, float | str]] = []
     for name in precisions:
-        cfg = compose("train", [f"model={model}", f"precision={name}", *overrides])
-        result = {}
-        for path in ("old", "new"):
-            engine = Engine(cfg, progress=False)
-            if path == "old":
-                use_previous_path(engine)
-            result[path] = _short_run(engine, steps)
-        old, new = result["old"], result["new"]
+        cfg = _train_config(model, name, overrides)
+        runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+        for _ in range(repeats):
+            for path in ("old", "new"):
+                engine = Engine(cfg, progress=False)
+                if path == "old":
+                    use_previous_path(engine)
+                runs[path].append(_short_run(engine, steps))
+        old, new = ({k: statistics.median(r[k] for r in runs[path]) for k in runs[path][0]} for path in ("old", "new"))
         rows.append({"model": model, "precision": name, "method": str(cfg.method.name), "steps": float(steps),
                      "old_cpu_s": old["cpu_s"], "new_cpu_s": new["cpu_s"], "ratio": old["cpu_s"] / new["cpu_s"],
                      "old_wall_s": old["wall_s"], "new_wall_s": new["wall_s"],
