@@ -63,7 +63,12 @@ Before submitting, every data and model path the jobs read must exist, else one 
 missing one and the command that prepares it (python -m sweeps.datasets prepare --out DIR for data; for a model,
 download it there or set model.path=DIR); cluster.check_paths=false skips the check. Slurm jobs are named
 predmask-<sweep>-<run_id> (squeue, sacct). A run whose ingest cannot reach the database (held by another process)
-is deferred, the sweep goes on, and its end tries it again (else: python -m analysis ingest runs/<sweep>).
+is deferred, the sweep goes on, and its end tries it again (else: python -m analysis ingest runs/<sweep>); so is
+one the database cannot store now (a full disk, a read-only file), with one line naming the database.
+A run-directory file that cannot be read shows as damaged (status: "damaged", then a line "damaged: <file>, <what>");
+the sweep reports it and goes on with the other runs. Nothing is written or deleted through a symlink that leads out
+of the runs root (one error line, exit 2). Ctrl-C: one line, exit 130; local runs stop, Slurm jobs go on (a rerun
+joins them); rerun the same command to resume.
 Variational family (a sweep file with family: variational; sweeps.vr_chain): per seed a posterior q_phi, its
 traces, their weights and the finals sft, rft, vr_acc, vr_gml, vr_likelihood (each at method.data=best_mixed and
 all_weighted) and grpo (an ordinary train run on the same questions); one prior pi_theta0 (the cached base model) for
