@@ -181,7 +181,8 @@ class CommandJob(submitit.helpers.Checkpointable):
         out: Any = None
         if self.log_file is not None:
             Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_file, "ab")  # noqa: SIM115 - handed to the child, closed right after
+            # appended, never through a link (a job.log linked out of the run directory is refused: OSError ELOOP)
+            out = os.fdopen(os.open(self.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab")
         try:
             proc = subprocess.Popen(
                 self.command,

@@ -187,7 +187,13 @@ class SweepLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # never through a link: the lock file is truncated below, and it could name a file outside the root
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError:
+            if not self.path.is_symlink():
+                raise
+            raise SweepError(f"{self.path} is a symlink (to {os.readlink(self.path)}); nothing written or deleted: "
+                             "remove that link") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

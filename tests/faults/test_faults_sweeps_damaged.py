@@ -128,3 +128,36 @@ def test_a_sweep_reports_damaged_runs_and_goes_on_with_the_others(tmp_path: Path
     finally:
         con.close()
     assert stored == [(listed.run_id, "completed")]
+
+
+def test_the_sweep_lock_and_a_job_log_linked_out_of_the_root_are_refused_and_their_targets_kept(
+        tmp_path: Path) -> None:
+    """The sweep lock is truncated when taken and a job's log appended to: through a link either would change a file
+    outside the runs root. Both are refused (the lock in one SweepError line, the log by the OS: ELOOP)."""
+    import errno
+
+    from launch.command_job import CommandJob
+    from sweeps.compose import SweepError
+    from sweeps.run_dirs import SweepLock
+
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("must survive\n")
+    sweep_dir = tmp_path / "runs" / "s"
+    (sweep_dir / "r1").mkdir(parents=True)
+    (sweep_dir / ".sweep.lock").symlink_to(outside)
+    with pytest.raises(SweepError, match=r"\.sweep\.lock is a symlink \(to .*elsewhere\.txt\); nothing written"):
+        SweepLock(sweep_dir).acquire()
+    (sweep_dir / "r1" / "job.log").symlink_to(outside)
+    job = CommandJob(command=[sys.executable, "-c", "print('written')"], run_dir=str(sweep_dir / "r1"),
+                     log_file=str(sweep_dir / "r1" / "job.log"))
+    with pytest.raises(OSError) as err:
+        job._run_command(extra_env={})  # the job's own step that opens the log (no submitit job around it here)
+    assert err.value.errno == errno.ELOOP
+    assert outside.read_text() == "must survive\n"
+
+    (sweep_dir / ".sweep.lock").unlink()  # a plain lock file and log: taken and written as before
+    with SweepLock(sweep_dir):
+        assert (sweep_dir / ".sweep.lock").read_text().startswith("pid ")
+    (sweep_dir / "r1" / "job.log").unlink()
+    assert job._run_command(extra_env={}) == 0
+    assert (sweep_dir / "r1" / "job.log").read_text() == "written\n"
