@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
+import signal
 import sys
 import time
 from collections import Counter
@@ -374,8 +376,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _hang_up(signum: int, frame: object) -> None:
+    """The terminal closed (SIGHUP): stop as on Ctrl-C. The local jobs' controllers run in sessions of their own
+    (``launch.local_controller``) and never see the terminal's signals: the sweep cancels them."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)  # options may sit between overrides
+    with contextlib.suppress(ValueError):  # not the main thread (main() called from a test's thread): leave it
+        signal.signal(signal.SIGHUP, _hang_up)
     console = Console(stderr=args.format == "json", soft_wrap=True)  # long lines stay whole when piped
     try:
         if args.sweep == "status":

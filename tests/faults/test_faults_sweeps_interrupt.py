@@ -25,9 +25,9 @@ TINY = ["smoke", "method=dppo_topk_kl,grpo_clip_higher", "trainer.steps=40", "tr
 TRAINING = re.compile(r".* step [1-9]\d*/40\b.*")
 
 
-def _interrupt_mid_sweep(tmp: Path, *extra: str) -> tuple[int, list[str]]:
-    """Start the sweep in a process group of its own, SIGINT the group once a run has trained a step; its exit
-    status and output lines."""
+def _interrupt_mid_sweep(tmp: Path, *extra: str, sig: int = signal.SIGINT) -> tuple[int, list[str]]:
+    """Start the sweep in a process group of its own, send ``sig`` to the group once a run has trained a step; its
+    exit status and output lines."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREDMASK_RUNS": str(tmp / "runs"),
            "PREDMASK_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1", "PREDMASK_PROGRESS_INTERVAL_S": "0.2"}
     proc = subprocess.Popen([sys.executable, "-m", "sweeps", *TINY, *extra, "--db", str(tmp / "db.duckdb")],
@@ -44,7 +44,7 @@ def _interrupt_mid_sweep(tmp: Path, *extra: str) -> tuple[int, list[str]]:
             assert time.monotonic() < deadline, "\n".join(lines[-20:])
         else:
             pytest.fail("the sweep ended before a run trained a step:\n" + "\n".join(lines[-30:]))
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
         rest, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
@@ -62,8 +62,11 @@ def _assert_one_clean_line(code: int, lines: list[str], stopped: str) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_to_a_local_sweep_is_one_line_exit_130_and_stops_every_run(tmp_path: Path) -> None:
-    code, lines = _interrupt_mid_sweep(tmp_path)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "terminal-closed"])
+def test_ctrl_c_to_a_local_sweep_is_one_line_exit_130_and_stops_every_run(tmp_path: Path, sig: int) -> None:
+    """SIGHUP (the terminal closed) stops the runs as Ctrl-C does: their controllers never see the terminal's
+    signals, the sweep cancels them."""
+    code, lines = _interrupt_mid_sweep(tmp_path, sig=sig)
     _assert_one_clean_line(code, lines, "local runs stopped")
     deadline = time.monotonic() + 60  # the controllers stop their tasks, which stop their trainers
     while pids_using_dir(str(tmp_path / "runs")) and time.monotonic() < deadline:
