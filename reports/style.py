@@ -96,6 +96,24 @@ RC: dict[str, object] = {
 }
 
 
+# A training line's markers (its legend shows one): every method a shape of its own, so a line drawn under another
+# still shows its markers (the figures stagger the markers of a panel's lines so that no two share a point).
+METHOD_MARKER: dict[str, str] = dict(
+    zip(
+        ("grpo_clip_higher", "dppo_topk_kl", "predmask_kl_agg", "predmask_kl_uniform", "predmask_kl_exact",
+         "dppo_topk_tv", "dppo_binary_kl", "dppo_binary_tv", "predmask_binary_kl", "predmask_tv_agg",
+         "predmask_tv_uniform"),
+        ("s", "o", "^", "v", "D", "P", "X", "h", "<", ">", "*"),
+    )
+)
+_FALLBACK_MARKERS = ("p", "8", "H", "d", "1")
+
+
+def method_marker(method: str | None, index: int = 0) -> str:
+    """The marker shape of a method's training line; unknown methods get a fallback shape by index."""
+    return METHOD_MARKER.get(method or "", _FALLBACK_MARKERS[index % len(_FALLBACK_MARKERS)])
+
+
 def method_style(method: str | None, index: int = 0) -> tuple[str, str]:
     """(colour, line style) of a method; unknown methods get a fallback colour by index."""
     if method in METHOD_STYLE:

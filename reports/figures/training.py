@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from analysis.results import curves
 from analysis.training import stats as training_stats
 from predmask import metrics
 from predmask.command_text import sweep_command
+from predmask.methods import method_anchor
 from predmask.rl.task import EVAL_SPLITS
 from reports import queries
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
@@ -28,12 +31,29 @@ from reports.figures.draw import (
 )
 from reports.labels import method_label, setting_label, sweep_delta
 from reports.queries import MAIN_SWEEP, TIGHT_SWEEP
-from reports.style import method_rank, method_style
+from reports.style import method_marker, method_rank, method_style
 
 MAX_COLS = 4
 LEGEND_COLS = 3  # legend labels carry seeds and coincidence marks: fewer, wider columns
 BAND_ALPHA = 0.18
 IDENTICAL_STYLE = (0, (3, 3))  # a line identical to an earlier method's: dashed over it, so both colours show
+MARKERS_PER_LINE = 8  # about this many markers on each line; a panel's lines take turns, so no two share a point
+FINAL_MARKER = "D"  # hollow, at a line's last step: the mean of the seeds' unsmoothed final values (Table 2's final)
+
+#: the range a metric's values can take (None: unbounded on that side); a band is clipped to it. predmask.metrics
+#: says what a metric means but has no range field: this table is the one owner of these ranges until it has.
+#: actor/ppo_kl is a mean of log-ratios over sampled tokens (a k1 estimate): it can be negative, so it is unbounded.
+VALUE_RANGE: dict[str, tuple[float | None, float | None]] = {
+    metrics.CLIPFRAC: (0.0, 1.0),
+    metrics.CLIPFRAC_LOWER: (0.0, 1.0),
+    metrics.RESPONSE_LENGTH_MEAN: (0.0, None),
+    metrics.RESPONSE_LENGTH_CLIP_RATIO: (0.0, 1.0),
+    metrics.TOPK_TAIL_MASS_MEAN: (0.0, 1.0),
+    metrics.MISMATCH_TOPK_KL: (0.0, None),
+}
+ACCURACY_RANGE = (0.0, 1.0)  # validation accuracies (avg@n) are fractions
+#: how a ratio's anchor reads in a legend (predmask.methods.ANCHORS)
+ANCHOR_TEXT = {"old": "π_old", "rollout": "μ"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +66,12 @@ class MetricRow:
     names: tuple[str, ...]  # literal metric names this row reads ("" for the AIME rows, found per run)
     kind: str = "metric"  # "metric" | "val_mean" | "aime24" | "aime25"
     smoothing: training_stats.Smoothing = training_stats.STEP_SMOOTHING
+    anchored: bool = False  # the metric is taken against each method's ratio anchor: the legend names it
+
+    @property
+    def value_range(self) -> tuple[float | None, float | None]:
+        """The range this row's values can take (its bands are clipped to it)."""
+        return ACCURACY_RANGE if self.kind != "metric" else VALUE_RANGE.get(self.names[0], (None, None))
 
 
 def _smoothing(ctx: ReportContext, row: MetricRow) -> training_stats.Smoothing:
@@ -61,17 +87,52 @@ def _method_note(ctx: ReportContext, rows: Sequence[MetricRow]) -> str:
         else f"each seed smoothed first: {'; '.join(smoothing)} (--raw for raw values)"
     )
     return (
-        f"line: {training_stats.interval_note()} (shaded; one seed: no band); {how}; a line identical to an "
+        f"line: {training_stats.interval_note()} (shaded, clipped to the quantity's range; one seed: no band); "
+        f"{how}; every method has its own marker, staggered so coinciding lines all show; a hollow diamond at a "
+        "line's end: the mean of the seeds' unsmoothed final values (Table 2's final); a line identical to an "
         "earlier method's is dashed over it and named in the legend"
     )
 
 
-def _line_label(method: str | None, keys: Sequence[Hashable], identical_to: str | None) -> str:
-    """ "DPPO-TopK-KL (3 seeds)"; runs that are not one per seed (runs of several sweeps) are counted as runs."""
+def _line_label(
+    method: str | None, keys: Sequence[Hashable], identical_to: str | None, anchor: str | None = None
+) -> str:
+    """ "DPPO-TopK-KL (3 seeds)"; runs that are not one per seed (runs of several sweeps) are counted as runs;
+    `anchor`: "; ppo_kl vs μ"."""
     n = len(keys)
     what = "seed" if all(isinstance(k, int) for k in keys) else "run"
     text = f"{method_label(method)} ({n} {what}{'' if n == 1 else 's'}"
+    if anchor:
+        text += f"; {metrics.PPO_KL.split('/')[-1]} vs {anchor}"
     return text + (f"; identical to {method_label(identical_to)})" if identical_to else ")")
+
+
+def _anchors(runs: Sequence[queries.RunInfo]) -> dict[str | None, str]:
+    """method -> the anchor its runs' ratio uses ("π_old", "μ"; several joined by "/"), from each run's recorded
+    method section (predmask.methods.method_anchor); runs without one are left out."""
+    found: dict[str | None, set[str]] = {}
+    for run in runs:
+        section = run.config.get("method") if isinstance(run.config, dict) else None
+        if not isinstance(section, dict) or "name" not in section:
+            continue
+        try:
+            anchor = method_anchor(section)
+        except (KeyError, ValueError):  # a method this checkout does not know: no anchor to name
+            continue
+        found.setdefault(run.method, set()).add(ANCHOR_TEXT.get(anchor, anchor))
+    return {m: "/".join(sorted(a)) for m, a in found.items()}
+
+
+def _clip(values: np.ndarray, value_range: tuple[float | None, float | None]) -> np.ndarray:
+    lo, hi = value_range
+    return np.clip(values, -np.inf if lo is None else lo, np.inf if hi is None else hi)
+
+
+def seed_final(seeds: Mapping[Hashable, curves.Series]) -> float | None:
+    """The mean over seeds of each seed's unsmoothed final value: the number Table 2 prints as "final" (the same
+    statistics: analysis.training.stats.run_summary and t_interval)."""
+    finals = [s.final for steps, values in seeds.values() if (s := training_stats.run_summary(steps, values))]
+    return training_stats.t_interval(finals).mean
 
 
 def _row_series(
@@ -97,12 +158,16 @@ def _row_series(
 
 
 def _panel_lines(
-    groups: dict[str | None, dict[Hashable, curves.Series]], smoothing: training_stats.Smoothing
-) -> tuple[list[Series], int]:
-    """One line per method (mean over its seeds, band, coincidence mark) and the points left out because not
-    every seed logged their step."""
+    groups: dict[str | None, dict[Hashable, curves.Series]],
+    smoothing: training_stats.Smoothing,
+    value_range: tuple[float | None, float | None] = (None, None),
+    anchors: Mapping[str | None, str] | None = None,
+) -> tuple[list[Series], int, dict[str, float]]:
+    """One line per method (mean over its seeds, band clipped to `value_range`, coincidence mark), the points left
+    out because not every seed logged their step, and each line's unsmoothed final (label -> seed_final)."""
     marks = training_stats.coincidences({str(m): g for m, g in groups.items()})
     lines: list[Series] = []
+    finals: dict[str, float] = {}
     left_out = 0
     for method, seeds in groups.items():
         curve = training_stats.seed_curve(seeds, smoothing)
@@ -110,19 +175,27 @@ def _panel_lines(
             continue
         left_out += curve.n_left_out
         ref = marks.get(str(method))
+        label = _line_label(method, curve.keys, ref, (anchors or {}).get(method))
+        final = seed_final(seeds)
+        if final is not None:
+            finals[label] = final
         lines.append(
             Series(
-                _line_label(method, curve.keys, ref),
+                label,
                 curve.steps,
                 curve.mean,
                 method=method,
-                band=None if curve.lo is None or curve.hi is None else (curve.lo, curve.hi),
+                band=(
+                    None
+                    if curve.lo is None or curve.hi is None
+                    else (_clip(curve.lo, value_range), _clip(curve.hi, value_range))
+                ),
                 seeds=curve.values,
                 seed_keys=curve.keys,
                 identical_to=ref,
             )
         )
-    return lines, left_out
+    return lines, left_out, finals
 
 
 def _detectable_text(
@@ -166,6 +239,8 @@ def _per_setting_figure(
         command=command,
     )
     used: set[str] = set()
+    anchors = _anchors(sel.runs) if any(row.anchored for row in rows) else {}
+    finals: list[dict[str, float]] = []  # per panel: label -> unsmoothed final
     for row in rows:
         for key in keys:
             panel = Panel(title=key.title, row=row.label)
@@ -174,7 +249,10 @@ def _per_setting_figure(
             groups = curves.by_method_and_seed(
                 members, {r.run_id: series[(r.run_id, row.label)] for r in members}, rank=method_rank
             )
-            panel.series, left_out = _panel_lines(groups, _smoothing(ctx, row))
+            panel.series, left_out, panel_finals = _panel_lines(
+                groups, _smoothing(ctx, row), row.value_range, anchors
+            )
+            finals.append(panel_finals)
             if state_detectable and row.kind == "val_mean":
                 panel.text = _detectable_text(key, groups)
             used.update(r.run_id for r in members)
@@ -190,7 +268,8 @@ def _per_setting_figure(
     if any(p.text for p in result.panels):
         result.caption += f" {detectable_note()}."
     if ctx.draw:
-        result.files = _draw_per_setting(ctx, result, rows, n_settings=len(keys))
+        fig = render_per_setting(ctx, result, rows, n_settings=len(keys), finals=finals)
+        result.files = save_figure(fig, ctx.out, result.name, ctx.formats)
     return result
 
 
@@ -200,9 +279,27 @@ def _detectable_lines(result: ArtefactResult) -> list[str]:
     return [f"{detectable_note()}.", *lines] if lines else []
 
 
-def _draw_per_setting(
-    ctx: ReportContext, result: ArtefactResult, rows: Sequence[MetricRow], n_settings: int
-) -> list:
+def marker_slots(n_points: int, n_lines: int, index: int, per_line: int = MARKERS_PER_LINE) -> list[int]:
+    """The points of line `index` (of a panel's `n_lines`) that carry its markers: about `per_line` of them, the
+    lines taking turns (line j on the points j, j + n_lines, ... scaled to the stride), so two lines on the same
+    steps never put a marker on the same point while each has at least as many points as there are lines."""
+    if n_points <= 0:
+        return []
+    stride = n_lines * max(1, math.ceil(n_points / (n_lines * per_line)))
+    start = index * (stride // n_lines)
+    return list(range(start, n_points, stride)) if start < n_points else [index % n_points]
+
+
+def render_per_setting(
+    ctx: ReportContext,
+    result: ArtefactResult,
+    rows: Sequence[MetricRow],
+    n_settings: int,
+    finals: Sequence[Mapping[str, float]] = (),
+) -> Figure:
+    """The figure of a per-setting result (open; the caller saves it): per panel, each line with its band, its
+    staggered markers and a hollow diamond at its end for its unsmoothed final (`finals`, aligned with the
+    panels). Artists carry gids for tests: "line:<label>", "band:<label>", "final:<label>"."""
     n_cols = min(MAX_COLS, max(n_settings, 1))
     setting_rows = math.ceil(n_settings / n_cols)
     labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
@@ -225,16 +322,39 @@ def _draw_per_setting(
         ax.set_title(panel.title)
         if not panel.series:
             empty_panel(ax, panel.note or "no data")
+        panel_finals = finals[i] if i < len(finals) else {}
         for j, s in enumerate(panel.series):
             colour, ls = method_style(s.method, j)
             if s.identical_to is not None:
                 ls = IDENTICAL_STYLE
             elif s.band is not None:
-                ax.fill_between(s.x, s.band[0], s.band[1], color=colour, alpha=BAND_ALPHA, linewidth=0)
-            (line,) = ax.plot(s.x, s.y, color=colour, linestyle=ls, label=s.label, zorder=3 + j)
+                band = ax.fill_between(s.x, s.band[0], s.band[1], color=colour, alpha=BAND_ALPHA, linewidth=0)
+                band.set_gid(f"band:{s.label}")
+            (line,) = ax.plot(
+                s.x,
+                s.y,
+                color=colour,
+                linestyle=ls,
+                label=s.label,
+                zorder=3 + j,
+                marker=method_marker(s.method, j),
+                markersize=4,
+                markevery=marker_slots(len(s.x), len(panel.series), j),
+                gid=f"line:{s.label}",
+            )
             handles.setdefault(s.label, line)
-            if len(s.x):  # mark where a line ends (a shorter run ends early)
-                ax.plot(s.x[-1:], s.y[-1:], marker="o", markersize=2.5, color=colour, linestyle="none")
+            if len(s.x) and s.label in panel_finals:  # the unsmoothed final, where the line ends
+                ax.plot(
+                    s.x[-1:],
+                    [panel_finals[s.label]],
+                    marker=FINAL_MARKER,
+                    markersize=5,
+                    markerfacecolor="none",
+                    markeredgecolor=colour,
+                    linestyle="none",
+                    zorder=4 + len(panel.series),
+                    gid=f"final:{s.label}",
+                )
         if panel.series:
             ax.set_xlabel("training step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
@@ -245,7 +365,7 @@ def _draw_per_setting(
             ax.set_visible(False)
     suptitle(fig, *title)
     legend_below(fig, handles, ncol=LEGEND_COLS)
-    return save_figure(fig, ctx.out, result.name, ctx.formats)
+    return fig
 
 
 VAL_ROW = MetricRow(
@@ -259,7 +379,7 @@ _VAL_CAPTION = (
     f"Validation accuracy = mean of the two AIME avg@16 scores ({metrics.val_acc('<aime24>', 16)} and "
     f"{metrics.val_acc('<aime25>', 16)}; on the CPU engine its stand-in splits {' / '.join(EVAL_SPLITS)}), "
     "on the steps where both were evaluated, against training step. One panel per model-precision setting, "
-    "one line per method on the steps all its seeds logged; a dot marks where a line ends."
+    "one line per method on the steps all its seeds logged."
 )
 
 
@@ -339,11 +459,14 @@ def fig8_ppo_kl_clipfrac(ctx: ReportContext) -> ArtefactResult:
         name=fig8_ppo_kl_clipfrac.name,
         title="Figure 8: PPO-KL and clip fraction",
         caption=(
-            f"Top row: {metrics.PPO_KL} (mean of log μ − log π over response tokens); bottom row: {metrics.CLIPFRAC} "
-            "(masked / tokens with A ≠ 0), main comparison."
+            f"Top row: {metrics.PPO_KL}, the mean of log anchor − log π over response tokens, where the anchor is "
+            "each method's ratio anchor, named in its legend entry (π_old for GRPO clip-higher, μ, the rollout "
+            "policy, for the divergence methods: predmask.methods.method_anchor), so the lines measure different "
+            "gaps; a mean of log-ratios over sampled tokens, it can be negative and its band is not clipped. "
+            f"Bottom row: {metrics.CLIPFRAC} (masked / tokens with A ≠ 0, in [0, 1]), main comparison."
         ),
         rows=[
-            MetricRow("PPO-KL", metrics.PPO_KL, (metrics.PPO_KL,)),
+            MetricRow("PPO-KL", f"{metrics.PPO_KL} (vs anchor)", (metrics.PPO_KL,), anchored=True),
             MetricRow("clip fraction", metrics.CLIPFRAC, (metrics.CLIPFRAC,)),
         ],
         default_sweep=MAIN_SWEEP,
