@@ -161,3 +161,18 @@ def test_the_sweep_lock_and_a_job_log_linked_out_of_the_root_are_refused_and_the
     (sweep_dir / "r1" / "job.log").unlink()
     assert job._run_command(extra_env={}) == 0
     assert (sweep_dir / "r1" / "job.log").read_text() == "written\n"
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("", "damaged: status.json, empty; allowed: a JSON object written by predmask.rundir.write_status"),
+    ('{"status": "completed", "step": "six", "total_steps": 6}', "damaged: status.json, step 'six' is not a whole number"),
+    ('{"status": "completed", "step": 6, "total_steps": 2.5}', "damaged: status.json, total_steps 2.5 is not a whole number"),
+    ("[]", "damaged: status.json, a JSON list, not an object"),
+])
+def test_a_status_json_that_is_not_what_write_status_writes_reads_as_damaged(tmp_path: Path, text: str,
+                                                                             line: str) -> None:
+    (tmp_path / "status.json").write_text(text)
+    state = read_state(tmp_path)
+    assert (state.status, state.error) == ("damaged", line)
+    write_status(tmp_path, "completed", 6, 6)  # rewritten by its writer: read as it says again
+    assert (read_state(tmp_path).status, read_state(tmp_path).step) == ("completed", 6)
