@@ -46,8 +46,10 @@ import logging
 import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -272,17 +274,29 @@ def _failure_text(run_dir: Path, exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+@contextmanager
+def _sigint_ignored(ignore: bool) -> Iterator[None]:
+    """SIGINT ignored in the block (when ``ignore``, and in the main thread, where handlers live); restored after."""
+    if not ignore or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _record_failure(run_dir: Path, total: int, exc: BaseException) -> None:
     """status.json says "failed" and why, and train.log gets the line (a traceback only for an unexpected error).
     When status.json cannot be written the reason is added to ``exc``'s notes, which ``main`` prints."""
-    if isinstance(exc, KeyboardInterrupt):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C does not cut the record short
     text = _failure_text(run_dir, exc)
     step = last_step(run_dir)
-    try:
-        write_status(run_dir, "failed", step, total, error=text)
-    except OSError as status_exc:
-        exc.add_note(f"{STATUS_FILE} could not record it: {storage_problem(status_exc, run_dir) or status_exc}")
+    with _sigint_ignored(isinstance(exc, KeyboardInterrupt)):  # a second Ctrl-C does not cut the record short
+        try:
+            write_status(run_dir, "failed", step, total, error=text)
+        except OSError as status_exc:
+            exc.add_note(f"{STATUS_FILE} could not record it: {storage_problem(status_exc, run_dir) or status_exc}")
     expected = isinstance(exc, (ValueError, KeyboardInterrupt)) or (
         isinstance(exc, OSError) and storage_problem(exc, run_dir) is not None)
     if expected:
@@ -379,6 +393,7 @@ def main() -> None:
         except (ValueError, RunDirBusyError) as exc:  # bad input, or a live trainer on run_dir: one line, exit 2
             _exit_with(exc, str(exc), 2)
         except KeyboardInterrupt as exc:  # Ctrl-C: the one line saying how to resume, no traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process is ending: a second Ctrl-C changes nothing
             _exit_with(exc, _failure_text(Path(str(cfg.get("run_dir"))), exc), 130)
         except OSError as exc:
             line = storage_problem(exc, Path(str(cfg.get("run_dir"))))
