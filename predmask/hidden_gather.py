@@ -37,10 +37,18 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, temperature: float, dtype: tor
     return z.div_(temperature) if temperature != 1.0 else z
 
 
-def _slot_mask(ids: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
-    """The support slots whose id lies in the columns ``[start, stop)``, and their column inside that range."""
-    inside = (ids >= start) & (ids < stop)
-    return inside, (ids - start).clamp(0, stop - start - 1)
+def _slot_chunks(ids: Tensor, vocab_start: int, v_local: int, chunk: int) -> tuple[Tensor, Tensor]:
+    """Each support slot's chunk of this rank's columns (-1: another rank's) and its column inside the chunk."""
+    local = ids - vocab_start
+    mine = (local >= 0) & (local < v_local)
+    local = torch.where(mine, local, 0)
+    return torch.where(mine, local.div(chunk, rounding_mode="floor"), -1), local.remainder(chunk)
+
+
+def _slot_mask(slot_chunk: Tensor, slot_col: Tensor, index: int) -> tuple[Tensor, Tensor]:
+    """The slots in chunk ``index`` and their columns (0 for the others, masked by the first)."""
+    inside = slot_chunk == index
+    return inside, torch.where(inside, slot_col, 0)
 
 
 class _HiddenSupportLogSoftmax(torch.autograd.Function):
@@ -53,33 +61,26 @@ class _HiddenSupportLogSoftmax(torch.autograd.Function):
                 vocab_start: int, all_reduce: AllReduce | None, total_sq: bool) -> tuple[Tensor, Tensor, Tensor]:
         n, v_local = hidden.shape[0], weight.shape[0]
         cd = _compute_dtype(hidden)
-        m = torch.full((n,), float("-inf"), dtype=cd, device=hidden.device)
-        sums = torch.zeros(n, 2 + ids.shape[1], dtype=cd, device=hidden.device)  # sum exp, sum exp^2, picked
-        local = ids - vocab_start
-        for c0 in range(0, v_local, chunk):
-            c1 = min(c0 + chunk, v_local)
-            z = _chunk_logits(hidden, weight[c0:c1], temperature, cd)
-            inside, col = _slot_mask(local, c0, c1)
-            sums[:, 2:] += torch.where(inside, z.gather(1, col), 0.0)
-            m_new = torch.maximum(m, z.max(1).values)
-            scale = (m - m_new).exp_()
-            e = z.sub_(m_new[:, None]).exp_()
-            sums[:, 0] = sums[:, 0] * scale + e.sum(1)
+        lse = torch.full((n,), float("-inf"), dtype=cd, device=hidden.device)  # LSE(u) over the columns so far
+        lse2 = torch.full_like(lse, float("-inf"))  # LSE(2u)
+        picked = torch.zeros(ids.shape, dtype=cd, device=hidden.device)
+        slot_chunk, slot_col = _slot_chunks(ids, vocab_start, v_local, chunk)
+        for index, c0 in enumerate(range(0, v_local, chunk)):
+            z = _chunk_logits(hidden, weight[c0:c0 + chunk], temperature, cd)
+            inside, col = _slot_mask(slot_chunk, slot_col, index)
+            picked += torch.where(inside, z.gather(1, col), 0.0)
+            lse = torch.logaddexp(lse, torch.logsumexp(z, 1))
             if total_sq:
-                sums[:, 1] = sums[:, 1] * scale.square() + e.square_().sum(1)
-            m = m_new
-            del z, e
-        if all_reduce is not None:
-            m_all = m.clone()
-            all_reduce(m_all, "max")
-            scale = (m - m_all).exp_()
-            sums[:, 0] *= scale
-            sums[:, 1] *= scale.square()
+                lse2 = torch.logaddexp(lse2, torch.logsumexp(z.mul_(2.0), 1))
+            del z
+        if all_reduce is not None:  # rescale to the ranks' largest LSE, then sum the exps and the picked logits
+            top = lse.clone()
+            all_reduce(top, "max")
+            sums = torch.cat([(lse - top).exp()[:, None], (lse2 - 2.0 * top).exp()[:, None], picked], 1)
             all_reduce(sums, "sum")
-            m = m_all
-        lse = m + sums[:, 0].log()
-        sum_sq = sums[:, 1] / sums[:, 0].square() if total_sq else torch.full_like(lse, float("nan"))
-        return sums[:, 2:] - lse[:, None], lse, sum_sq
+            lse, lse2, picked = top + sums[:, 0].log(), 2.0 * top + sums[:, 1].log(), sums[:, 2:]
+        sum_sq = (lse2 - 2.0 * lse).exp() if total_sq else torch.full_like(lse, float("nan"))
+        return picked - lse[:, None], lse, sum_sq
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
@@ -102,13 +103,13 @@ class _HiddenSupportLogSoftmax(torch.autograd.Function):
         cd = lse.dtype
         g = grad_logp.to(cd)
         g_total = g.sum(1, keepdim=True)
-        local = ids - ctx.vocab_start
+        slot_chunk, slot_col = _slot_chunks(ids, ctx.vocab_start, weight.shape[0], chunk)
         grad_h = torch.zeros(hidden.shape, dtype=cd, device=hidden.device) if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
-        for c0 in range(0, weight.shape[0], chunk):
+        for index, c0 in enumerate(range(0, weight.shape[0], chunk)):
             c1 = min(c0 + chunk, weight.shape[0])
             dz = _chunk_logits(hidden, weight[c0:c1], t, cd).sub_(lse[:, None]).exp_().mul_(-g_total)
-            inside, col = _slot_mask(local, c0, c1)
+            inside, col = _slot_mask(slot_chunk, slot_col, index)
             dz.scatter_add_(1, col, torch.where(inside, g, 0.0))
             if t != 1.0:
                 dz.div_(t)

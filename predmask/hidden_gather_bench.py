@@ -5,7 +5,10 @@ trainer's last layer and loss do: from hidden states ``h`` [tokens, D] and the l
 predictive mask's loss (``HIDDEN_METHOD``) and its backward to ``h`` and ``W``. The logits path computes
 ``z = h Wᵀ`` and gathers with ``predmask.gather_support_logprobs``; the hidden-states path calls
 ``predmask.gather_support_logprobs_from_hidden``; the plain sampled-token loss (``log_softmax`` of ``h Wᵀ``,
-gathered) is timed beside them. Times interleave the steps in one process (median of the repeats).
+gathered) is timed beside them. Times interleave the steps in one process (median of the repeats), on one torch
+thread (``THREADS``): on cores that other processes share, each parallel operation waits for its slowest thread, which
+costs the streaming path's many small per-chunk operations far more than their work (measured at 2,048 x 16k x 512 on
+2 busy cores: x1.5-1.9 with 2 threads, x1.11 with 1).
 
 Peak extra memory is measured with ``torch.profiler`` (``profile_memory=True``): the CPU allocator reports every
 allocation and free while profiling, and the most bytes live at once during one step (the second; the first warms
@@ -36,6 +39,7 @@ __all__ = [
     "HIDDEN_PEAK_EXTRA_MAX",
     "HIDDEN_TIME_RATIO_MAX",
     "PATHS",
+    "THREADS",
     "bench_hidden",
     "make_hidden_inputs",
     "peak_extra_bytes_profiled",
@@ -54,6 +58,8 @@ HIDDEN_TIME_RATIO_MAX = 1.5
 HIDDEN_PEAK_EXTRA_MAX = 0.25
 #: hidden size of the benchmark (a small model's; the time ratio moves towards 4/3 as D grows)
 DEFAULT_HIDDEN_SIZE = 512
+#: torch threads of the timed steps (see the module docstring)
+THREADS = 1
 #: rows of logits built at once when drawing the rollout support
 _CHUNK_ROWS = 1024
 
@@ -131,12 +137,17 @@ def bench_hidden(tokens: int, *, vocab: int, dim: int, topk: int, repeats: int, 
     """Times, the hidden/logits time ratio, peak extra memory of both paths and the targets at one size."""
     x = make_hidden_inputs(tokens, vocab, dim, topk)
     fns = {p: step_fn(p, x) for p in PATHS}
-    med = median_times(fns, repeats, torch.device("cpu"), warmup=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        med = median_times(fns, repeats, torch.device("cpu"), warmup=1)
+    finally:
+        torch.set_num_threads(threads)
     unit = tokens * vocab * 4
     grads = (x["hidden"].numel() + x["weight"].numel()) * 4
     peak = {p: peak_extra_bytes_profiled(fns[p]) / unit for p in ("logits", "hidden")} if memory else {}
     record: dict[str, Any] = {
-        "tokens": tokens, "vocab": vocab, "hidden_size": dim, "topk": topk, "method": HIDDEN_METHOD,
+        "tokens": tokens, "vocab": vocab, "hidden_size": dim, "topk": topk, "method": HIDDEN_METHOD, "threads": THREADS,
         "unit_bytes": unit, "grad_bytes": grads, "median_s": med, "time_ratio": med["hidden"] / med["logits"],
         "peak_extra": peak,
     }

@@ -116,7 +116,8 @@ def loss_report(env: dict[str, Any], dtype: str, records: Sequence[dict[str, Any
 
 def hidden_lines(h: dict[str, Any]) -> list[str]:
     """The hidden-states path's step times, time ratio and peak memory at one size (its targets are the record's)."""
-    lines = [f"  from hidden states (D={h['hidden_size']}, {h['method']}, float32; every step includes the lm_head):"]
+    head = f"D={h['hidden_size']}, {h['method']}, float32, {h['threads']} thread; every step includes the lm_head"
+    lines = [f"  from hidden states ({head}):"]
     for n, t in h["median_s"].items():
         lines.append(f"    {n:26s} fwd+bwd {t * 1e3:9.2f} ms")
     lines.append(f"    time from hidden states / from logits: x{h['time_ratio']:.3f}")
