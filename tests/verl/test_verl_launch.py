@@ -74,8 +74,9 @@ def test_launcher_runs_verls_hydra_app_with_the_overrides(tmp_path) -> None:
                           capture_output=True, text=True, timeout=240, env=_env(), cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
+    cap = next(float(o.split("=", 1)[1]) for o in overrides if o.startswith("predmask.ratio_cap="))  # the recipe's
     for needle in ("loss_mode: predmask_kl_agg", "calculate_log_probs: true", "quantization: fp8", "fp8: hybrid",
-                   'PREDMASK_VERL_SETTINGS: \'{"anchor":"rollout","delta":0.15,"ratio_cap":10.0,"session":',
+                   f'PREDMASK_VERL_SETTINGS: \'{{"anchor":"rollout","delta":0.15,"ratio_cap":{cap},"session":',
                    "use_v1: false", "VERL_USE_EXTERNAL_MODULES: predmask.verl.plugin"):
         assert needle in out, needle
     bad = subprocess.run([sys.executable, "-m", "predmask.verl.launch", "trainer.use_v1=true"], capture_output=True,
