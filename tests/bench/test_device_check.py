@@ -65,7 +65,8 @@ def test_report_record_and_exit_status(run) -> None:
     # every step holds at least the logits gradient (bf16, 1 x the logits) at its peak
     assert set(size["peak_extra"]) == set(NAMES) and all(v >= 0.9 for v in size["peak_extra"].values())
     targets = size["targets"]
-    assert len(targets) == 2 + 3  # two time ratios, three memory peaks
+    hidden = size["hidden"]["targets"] if "hidden" in size else []  # the hidden-states path's own (CPU only)
+    assert len(targets) == 2 + 3 + len(hidden) and targets[5:] == hidden  # two time ratios, three memory peaks
     assert all(t["pass"] == (t["value"] <= t["limit"]) for t in targets)
     for t in targets:
         assert f"{'PASS' if t['pass'] else 'FAIL'} {t['target']}: {t['value']:.3f}" in text
