@@ -1,5 +1,5 @@
-"""Statistics written as text where several tables and figures print them: an accuracy over seeds in percent, and
-the paired difference a setting's seeds can detect (Table 2 and Figure 1)."""
+"""Statistics written as text where several tables and figures print them: an accuracy over seeds in percent, the
+paired difference a setting's seeds can detect (Table 2 and Figure 1), and the one interval rule every figure names."""
 
 from __future__ import annotations
 
@@ -14,6 +14,32 @@ TARGET_DIFFERENCE = 0.02
 NEEDS_SEEDS = "n/a (needs ≥ 2 seeds)"
 ZERO_SD = "n/a (the paired differences have zero SD)"
 DETECTABLE_HEADER = f"detectable Δ final ({training_stats.POWER:.0%} power)"
+
+
+#: The report's one interval rule (docs/results.md, "Intervals: one rule"): which interval a kind of quantity gets
+#: and why. A value per seed summarised over seeds: the Student-t interval (the seeds are the replicates); a rate
+#: pooled over the tokens of several seeds: the seed-cluster bootstrap (a seed's tokens are not independent); the
+#: paper's own spreads (± SE, Wilson) only where a figure reproduces the paper's statistic, and named as such.
+INTERVALS: dict[str, str] = {
+    "seeds": f"{training_stats.INTERVAL_NAME} over seeds for values computed per seed (the seeds are the "
+    "replicates)",
+    "pooled": "95% seed-cluster bootstrap interval for rates pooled over the tokens of several seeds (seeds "
+    "resampled: a seed's tokens are not independent)",
+    "se": "± one standard error over seeds where the figure reproduces the paper's mean ± SE (a spread, not a 95% "
+    "interval: the 95% t-interval is t(0.975, n − 1) ≈ 2.0–4.3 times wider at 30–3 seeds)",
+    "wilson": "95% Wilson interval where the figure reproduces the paper's pooled count (it treats tokens as "
+    "independent, so it is narrower than the seed-cluster bootstrap)",
+    "none": "no interval drawn: each dot is one observation",
+}
+INTERVAL_RULE_DOC = "docs/results.md"
+
+
+def interval_caption(*kinds: str) -> str:
+    """The sentence every figure's caption ends with: the intervals it draws, by the one rule (INTERVALS)."""
+    unknown = [k for k in kinds if k not in INTERVALS]
+    if unknown or not kinds:
+        raise ValueError(f"interval kinds {unknown or list(kinds)!r} not allowed; allowed: {', '.join(INTERVALS)}")
+    return f"Intervals, by the report's one rule ({INTERVAL_RULE_DOC}): {'; '.join(INTERVALS[k] for k in kinds)}."
 
 
 def pct(iv: training_stats.Interval) -> str:

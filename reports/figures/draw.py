@@ -110,3 +110,57 @@ def legend_below(fig: Figure, handles_labels: Mapping[str, object], ncol: int = 
 def suptitle(fig: Figure, *lines: str) -> None:
     """A centred figure title, each line wrapped to the figure's width (the layout must make room for it)."""
     fig.suptitle("\n".join(wrap_lines(lines, fig.get_figwidth())), fontsize=9)
+
+
+def _overflow(ax, texts: Iterable) -> tuple[float, float, float, float]:
+    """How far (pixels) the texts reach past the axes box: left, right, bottom, top (≤ 0: inside)."""
+    renderer = ax.figure.canvas.get_renderer()
+    box = ax.get_window_extent(renderer)
+    boxes = [t.get_window_extent(renderer) for t in texts if t.get_visible() and t.get_text()]
+    if not boxes:
+        return (0.0, 0.0, 0.0, 0.0)
+    return (
+        max(box.x0 - b.x0 for b in boxes),
+        max(b.x1 - box.x1 for b in boxes),
+        max(box.y0 - b.y0 for b in boxes),
+        max(b.y1 - box.y1 for b in boxes),
+    )
+
+
+def keep_inside(ax, texts: Iterable, margin_px: float = 3.0, rounds: int = 8) -> None:
+    """Widen the axes' data limits until every text placed in data coordinates (or offset from a data point) lies
+    inside the axes box: no label past the axis. Call after the layout is final."""
+    texts = list(texts)
+    for _ in range(rounds):
+        left, right, bottom, top = (max(0.0, v + margin_px) if v > -margin_px else 0.0 for v in _overflow(ax, texts))
+        if not (left or right or bottom or top):
+            return
+        box = ax.get_window_extent(ax.figure.canvas.get_renderer())
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+        dx, dy = (x1 - x0) / box.width, (y1 - y0) / box.height
+        ax.set_xlim(x0 - 1.5 * left * dx, x1 + 1.5 * right * dx)
+        ax.set_ylim(y0 - 1.5 * bottom * dy, y1 + 1.5 * top * dy)
+
+
+def clear_of(ax, text, obstacles: Iterable, margin_px: float = 3.0, rounds: int = 12) -> None:
+    """Raise the axes' upper y-limit until `text` (placed in axes coordinates near the top) overlaps none of the
+    `obstacles` (bars, other labels): no text over data. Call after the layout is final."""
+    obstacles = list(obstacles)
+    for _ in range(rounds):
+        renderer = ax.figure.canvas.get_renderer()
+        t = text.get_window_extent(renderer).padded(margin_px)
+        if not any(t.overlaps(o.get_window_extent(renderer)) for o in obstacles):
+            return
+        y0, y1 = ax.get_ylim()
+        ax.set_ylim(y0, y1 + 0.25 * (y1 - y0))
+
+
+def fit_width(ax, text, margin_px: float = 3.0, rounds: int = 8) -> None:
+    """Re-wrap a text placed in axes coordinates to narrower lines until it ends inside the axes box on the right
+    (its lines joined by newlines are wrapped again, each paragraph line on its own)."""
+    for _ in range(rounds):
+        if _overflow(ax, [text])[1] <= -margin_px:
+            return
+        lines = text.get_text().split("\n")
+        width = max(20, int(0.85 * max(len(line) for line in lines)))
+        text.set_text("\n".join(w for line in lines for w in (textwrap.wrap(line, width) or [""])))

@@ -15,6 +15,7 @@ from matplotlib.patches import Patch
 from analysis.store.token_level_tables import grid_cells
 from analysis.token_level.summary import stats
 from reports import labels, same_tokens
+from reports.cells import interval_caption
 from reports.artefact import (
     DRIFT_COMMAND,
     STUDY_COMMAND,
@@ -26,7 +27,10 @@ from reports.artefact import (
 )
 from reports.figures.draw import (
     LEGEND_ROW_IN,
+    clear_of,
     empty_panel,
+    fit_width,
+    keep_inside,
     legend_below,
     legend_rows,
     new_figure,
@@ -95,9 +99,11 @@ def _estimate_label(e: stats.Estimate, extra: str = "") -> str:
 
 def _paired_dots(
     ax, values: dict[str, np.ndarray], centre: dict[str, tuple[float, float, float]], notes: dict[str, str]
-) -> None:
+) -> list:
     """Each seed's value of both criteria joined by a grey line, and beside them a summary with its interval
-    (percent: ``centre`` is value, low, high; ``notes`` the summary's label)."""
+    (percent: ``centre`` is value, low, high; ``notes`` the summary's label); returns the summary labels (to keep
+    inside the axes once the layout is final: keep_inside)."""
+    texts = []
     for a, b in zip(values["ratio"], values["predictive"]):
         ax.plot([0, 1], [a, b], color=GREY, alpha=0.35, linewidth=0.7)
     for x, crit in enumerate(same_tokens.PAIR):
@@ -109,7 +115,7 @@ def _paired_dots(
             continue
         _draw_interval(ax, at, lo, hi, colour)
         ax.plot([at], [mid], marker="D", color=colour, markersize=6, linestyle="", zorder=4)
-        ax.annotate(
+        texts.append(ax.annotate(
             notes[crit],
             (at, mid),
             xytext=(-10 if x == 0 else 10, 0),
@@ -118,14 +124,16 @@ def _paired_dots(
             color=colour,
             va="center",
             ha="right" if x == 0 else "left",
-        )
+        ))
     ax.set_xticks([0, 1], [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in same_tokens.PAIR])
     ax.set_xlim(-1.3, 2.3)
+    return texts
 
 
-def _sorted_bars(ax, diff_pp: np.ndarray, good: str, text: str, ylabel: str) -> None:
+def _sorted_bars(ax, diff_pp: np.ndarray, good: str, text: str, ylabel: str):
     """Per-seed differences predictive − ratio (percentage points), sorted; coloured by which criterion each seed
-    favours (``good``: "negative" when a lower value favours the predictive criterion, else "positive")."""
+    favours (``good``: "negative" when a lower value favours the predictive criterion, else "positive"); returns
+    the text above the bars (to clear of them once the layout is final: _place_texts)."""
     better = diff_pp < 0 if good == "negative" else diff_pp > 0
     worse = diff_pp > 0 if good == "negative" else diff_pp < 0
     colours = [
@@ -140,7 +148,16 @@ def _sorted_bars(ax, diff_pp: np.ndarray, good: str, text: str, ylabel: str) -> 
     ax.set_xlabel("seeds, sorted by difference")
     ax.set_ylabel(ylabel)
     ax.set_xticks([])
-    ax.text(0.02, 0.97, text, transform=ax.transAxes, va="top", fontsize=7)
+    return ax.text(0.02, 0.97, text, transform=ax.transAxes, va="top", fontsize=7)
+
+
+def _place_texts(ax, inside=(), top=None) -> None:
+    """After the layout: labels in data coordinates kept inside the axes, and a text at the top wrapped to the
+    axes' width and lifted clear of the bars and the other labels (no text over data, none past the axis)."""
+    keep_inside(ax, inside)
+    if top is not None:
+        fit_width(ax, top)
+        clear_of(ax, top, [*ax.patches, *inside])
 
 
 @figure(
@@ -165,6 +182,7 @@ def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
             "defined), the pooled value with its interval. Right: the per-seed difference predictive − ratio, "
             "sorted, with the seeds where the predictive criterion is higher / tied / lower and the two-sided sign "
             "and Wilcoxon signed-rank tests." + (f" This study was {where}." if where else "")
+            + " " + interval_caption("se", "pooled", "seeds")
         ),
         study=ctx.study,
         selection_rule=_selection(ctx),
@@ -248,15 +266,21 @@ def _paired_text(same: same_tokens.SameTokens) -> str:
     return "\n".join(lines)
 
 
-def _draw_same_per_seed(ax, bx, result: ArtefactResult, same: same_tokens.SameTokens | None) -> None:
-    """Fig 3's bottom row: balanced accuracy per seed, paired, with the pooled values; the sorted differences."""
+Placement = tuple[Any, list, Any]  # (axes, labels in data coordinates, text at the top or None): _place_texts
+
+
+def _draw_same_per_seed(
+    ax, bx, result: ArtefactResult, same: same_tokens.SameTokens | None
+) -> list[Placement]:
+    """Fig 3's bottom row: balanced accuracy per seed, paired, with the pooled values; the sorted differences.
+    Returns the texts to place once the layout is final."""
     panel, diff_panel = result.panels[2], result.panels[3]
     for axis, p in ((ax, panel), (bx, diff_panel)):
         axis.set_title(p.title, fontsize=8)
     if same is None or not panel.series or panel.note:
         for axis, p in ((ax, panel), (bx, diff_panel)):
             empty_panel(axis, p.note or "no data")
-        return
+        return []
     values = {c: 100 * panel.get(c).y for c in same_tokens.PAIR}
     est = _estimates(same)
     centre = {
@@ -265,19 +289,20 @@ def _draw_same_per_seed(ax, bx, result: ArtefactResult, same: same_tokens.SameTo
     }
     n = same.point.judged_disagree or 0
     notes = {c: _estimate_label(est[c], f"\n(pooled, {n:,} tokens)") for c in same_tokens.PAIR}
-    _paired_dots(ax, values, centre, notes)
-    if same.constant_balanced is not None:
+    labels = _paired_dots(ax, values, centre, notes)
+    if same.constant_balanced is not None:  # named under the axis, not written over the seeds' lines
         ax.axhline(100 * same.constant_balanced, color="black", linestyle=":", linewidth=1)
-        ax.text(0.5, 100 * same.constant_balanced, "constant predictor", ha="center", va="bottom", fontsize=7)
+        ax.set_xlabel(f"dotted line: constant predictor ({100 * same.constant_balanced:.0f}%)", fontsize=7)
     ax.set_ylim(-5, 105)
     ax.set_ylabel("balanced accuracy (%)")
-    _sorted_bars(
+    top = _sorted_bars(
         bx,
         100 * diff_panel.series[0].y,
         "positive",
         _paired_text(same),
         "predictive − ratio (percentage points)",
     )
+    return [(ax, labels, None), (bx, [], top)]
 
 
 def _draw_fig3(
@@ -285,6 +310,7 @@ def _draw_fig3(
 ) -> list:
     fig, (ax, bx, cx, dx) = new_figure(2, 2, panel_w=4.2, panel_h=3.3)
     left, right = result.panels[:2]
+    placements: list[Placement] = []
     for axis, panel in ((ax, left), (bx, right)):
         axis.set_title(panel.title, fontsize=8)
         if not panel.series:
@@ -297,23 +323,26 @@ def _draw_fig3(
             mean, se = m.value()
             se = se if np.isfinite(se) else 0.0
             centre[crit] = (100 * mean, 100 * (mean - se), 100 * (mean + se))
-        _paired_dots(
+        labels = _paired_dots(
             ax,
             {"ratio": 100 * pair.ratio, "predictive": 100 * pair.pred},
             centre,
             {c: _mean_label(m) for c, m in means.items()},
         )
         ax.set_ylabel("unsafe-keep rate (%)")
-        _sorted_bars(
+        top = _sorted_bars(
             bx,
             100 * right.series[0].y,
             "negative",
             f"predictive lower on {pair.n_lower} of {pair.n_paired} paired seeds",
             "predictive − ratio (percentage points)",
         )
-    _draw_same_per_seed(cx, dx, result, same)
+        placements += [(ax, labels, None), (bx, [], top)]
+    placements += _draw_same_per_seed(cx, dx, result, same)
     suptitle(fig, result.title, _study_title(ctx), where)
     fig.tight_layout()
+    for axis, inside, top in placements:
+        _place_texts(axis, inside, top)
     return save_figure(fig, ctx.out, fig3_unsafe_keep.name, ctx.formats)
 
 
@@ -338,6 +367,7 @@ def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
             + SAME_TOKENS_CAPTION
             + " Bars: each criterion's balanced accuracy pooled over seeds (token_level_criteria); dotted line: "
             "the constant predictor." + (f" This study was {where}." if where else "")
+            + " " + interval_caption("wilson", "pooled")
         ),
         study=ctx.study,
         selection_rule=_selection(ctx),
@@ -388,6 +418,9 @@ def _draw_fig4(
 ) -> list:
     fig, (ax, bx) = new_figure(1, 2, panel_w=4.6, panel_h=3.4)
     panel, same_panel = result.panels
+    ax_labels: list = []
+    bx_labels: list = []
+    bx_top = None
     for axis, p in ((ax, panel), (bx, same_panel)):
         axis.set_title(p.title, fontsize=8)
         if not p.series:
@@ -406,15 +439,17 @@ def _draw_fig4(
             error_kw={"elinewidth": 1},
         )
         pooled: dict[str, stats.Pooled] = result.stats
-        for x, c, v in zip(xs, crits, s.y):
-            ax.text(
-                x,
-                2,
-                f"{100 * v:.1f}%\n{pooled[c].k}/{pooled[c].n}",
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                color="white",
+        for x, c, v, up in zip(xs, crits, s.y, s.yerr[1]):  # above the interval, dark on the axes' face
+            ax_labels.append(
+                ax.text(
+                    x,
+                    100 * (v + np.nan_to_num(up)) + 2,
+                    f"{100 * v:.1f}%\n{pooled[c].k}/{pooled[c].n}",
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="black",
+                )
             )
         ax.set_xticks(xs, [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in crits])
         ax.set_ylim(0, 100)
@@ -426,13 +461,23 @@ def _draw_fig4(
         for x, y, a, b in zip(xs, 100 * s.y, 100 * s.yerr[0], 100 * s.yerr[1]):
             _draw_interval(bx, x, y - a, y + b, "black")
         est = _estimates(same)
-        for x, c in zip(xs, s.x):
-            bx.text(x, 2, _estimate_label(est[c]), ha="center", va="bottom", fontsize=7, color="white")
-        if same.constant_balanced is not None:
+        for x, y, b, c in zip(xs, 100 * s.y, 100 * s.yerr[1], s.x):  # above the interval, dark on the face
+            bx_labels.append(
+                bx.text(
+                    x,
+                    np.nan_to_num(y + b, nan=np.nan_to_num(y)) + 2,
+                    _estimate_label(est[c]),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                    color="black",
+                )
+            )
+        if same.constant_balanced is not None:  # named under the axis, not written over the bars
             bx.axhline(100 * same.constant_balanced, color="black", linestyle=":", linewidth=1)
-            bx.text(-0.45, 100 * same.constant_balanced, "constant predictor", va="bottom", fontsize=7)
+            bx.set_xlabel(f"dotted line: constant predictor ({100 * same.constant_balanced:.0f}%)", fontsize=7)
         n, k = same.point.judged_disagree or 0, same.point.n_seeds
-        bx.text(
+        bx_top = bx.text(
             0.02,
             0.97,
             f"{n:,} disagreement tokens judged, {k} seeds",
@@ -445,6 +490,8 @@ def _draw_fig4(
         bx.set_ylabel("balanced accuracy (%)")
     suptitle(fig, result.title, _study_title(ctx), where)
     fig.tight_layout()
+    _place_texts(ax, ax_labels)
+    _place_texts(bx, bx_labels, bx_top)
     return save_figure(fig, ctx.out, fig4_corrective.name, ctx.formats)
 
 
@@ -581,7 +628,7 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
             f"({stats.OWN_UPDATE}); per cell, the per-seed difference of balanced accuracy predictive − ratio, mean "
             "over the seeds where both are defined with its 95% Student-t interval (the paper has no such number); "
             "cells whose study was not judged are left out and named in the subtitle. Figure 10 draws each "
-            "criterion's balanced accuracy."
+            f"criterion's balanced accuracy. {interval_caption('seeds')}"
         ),
         study=None,
         selection_rule="the drift grid stored last (token_level_grid)",
@@ -763,7 +810,8 @@ def fig10_criteria_vs_drift(ctx: ReportContext) -> ArtefactResult:
             f"responses for an ASSUMED mean response length of {stats.PAPER_RESPONSE_LENGTHS[1]:,}–"
             f"{stats.PAPER_RESPONSE_LENGTHS[0]:,} tokens ({100 * lo:.3f}%–{100 * hi:.3f}%); the paper reports no "
             "balanced accuracy. Cells whose study was not judged (tokens without the own-update truth), without an "
-            "outside token or without a balanced accuracy are left out and named in the subtitle."
+            "outside token or without a balanced accuracy are left out and named in the subtitle. "
+            + interval_caption("pooled")
         ),
         study=None,
     )

@@ -18,7 +18,7 @@ from predmask.methods import method_anchor
 from predmask.rl.task import EVAL_SPLITS
 from reports import queries
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
-from reports.cells import detectable, detectable_note
+from reports.cells import detectable, detectable_note, interval_caption
 from reports.figures.draw import (
     LEGEND_ROW_IN,
     empty_panel,
@@ -234,7 +234,7 @@ def _per_setting_figure(
     result = ArtefactResult(
         name=name,
         title=title,
-        caption=f"{caption} {note[0].upper()}{note[1:]}.",
+        caption=f"{caption} {note[0].upper()}{note[1:]}. {interval_caption('seeds')}",
         selection_rule=sel.rule,
         command=command,
     )

@@ -16,6 +16,7 @@ from predmask.command_text import command
 from predmask.rl.task import EVAL_SPLITS
 from reports import queries
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
+from reports.cells import interval_caption
 from reports.figures.draw import (
     LEGEND_ROW_IN,
     empty_panel,
@@ -80,7 +81,7 @@ def vr_accuracy(ctx: ReportContext) -> ArtefactResult:
         caption=(
             f"Final avg@16 ({acc_name('<split>')}) on each held-out stand-in split, per method (VR recipes by "
             f"data setting and estimator): {training_stats.interval_note()} as a bar with its interval, each seed "
-            "a dot, the seeds named in the legend."
+            f"a dot, the seeds named in the legend. {interval_caption('seeds')}"
         ),
         runs=scores.runs,
         selection_rule=scores.rule,
@@ -161,7 +162,7 @@ def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
         caption=(
             f"pass@k ({pass_name('<split>', 1)} … pass@{AT_N}, the unbiased estimator from {AT_N} samples per "
             f"problem) of each method's final model on each stand-in split: line = mean over seeds, band = "
-            f"{training_stats.INTERVAL_NAME} (one seed: no band)."
+            f"{training_stats.INTERVAL_NAME} (one seed: no band). {interval_caption('seeds')}"
         ),
         runs=scores.runs,
         selection_rule=scores.rule,
@@ -239,7 +240,7 @@ def vr_accuracy_weighting(ctx: ReportContext) -> ArtefactResult:
             "projection of the method's per-question gradient on the estimated ∇log p) at the question's measured "
             "accuracy; the line the closed form of docs/math.md §9 at that accuracy. Bottom row (source 'bandit'): "
             "the exact check on a one-question bandit with known p. Questions without a correct sample have no "
-            "weight and are not drawn."
+            f"weight and are not drawn. {interval_caption('none')}"
         ),
         selection_rule=f"analysis {found.analysis_id}" if found else "no accuracy-weighting analysis",
         command=WEIGHTING_COMMAND,
@@ -338,7 +339,7 @@ def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
             "Each dot one sampled trace of the weights stage (vr_traces): left, its length against its per-token "
             "log-likelihood ratio (the log of the importance ratio's geometric mean); right, the hinted answer's "
             "length against its log-likelihood under π_θ0 given the trace. Pearson's r (analysis.training.stats) "
-            "in each panel's title."
+            f"in each panel's title. {interval_caption('none')}"
         ),
         runs=[r for r in runs if rows.height and r.run_id in set(rows["run_id"].to_list())],
         selection_rule=sel.rule + "; stage weights",
