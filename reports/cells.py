@@ -38,7 +38,9 @@ def interval_caption(*kinds: str) -> str:
     """The sentence every figure's caption ends with: the intervals it draws, by the one rule (INTERVALS)."""
     unknown = [k for k in kinds if k not in INTERVALS]
     if unknown or not kinds:
-        raise ValueError(f"interval kinds {unknown or list(kinds)!r} not allowed; allowed: {', '.join(INTERVALS)}")
+        raise ValueError(
+            f"interval kinds {unknown or list(kinds)!r} not allowed; allowed: {', '.join(INTERVALS)}"
+        )
     return f"Intervals, by the report's one rule ({INTERVAL_RULE_DOC}): {'; '.join(INTERVALS[k] for k in kinds)}."
 
 

@@ -132,7 +132,9 @@ def keep_inside(ax, texts: Iterable, margin_px: float = 3.0, rounds: int = 8) ->
     inside the axes box: no label past the axis. Call after the layout is final."""
     texts = list(texts)
     for _ in range(rounds):
-        left, right, bottom, top = (max(0.0, v + margin_px) if v > -margin_px else 0.0 for v in _overflow(ax, texts))
+        left, right, bottom, top = (
+            max(0.0, v + margin_px) if v > -margin_px else 0.0 for v in _overflow(ax, texts)
+        )
         if not (left or right or bottom or top):
             return
         box = ax.get_window_extent(ax.figure.canvas.get_renderer())

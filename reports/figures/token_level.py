@@ -15,7 +15,6 @@ from matplotlib.patches import Patch
 from analysis.store.token_level_tables import grid_cells
 from analysis.token_level.summary import stats
 from reports import labels, same_tokens
-from reports.cells import interval_caption
 from reports.artefact import (
     DRIFT_COMMAND,
     STUDY_COMMAND,
@@ -25,6 +24,7 @@ from reports.artefact import (
     Series,
     figure,
 )
+from reports.cells import interval_caption
 from reports.figures.draw import (
     LEGEND_ROW_IN,
     clear_of,
@@ -115,16 +115,18 @@ def _paired_dots(
             continue
         _draw_interval(ax, at, lo, hi, colour)
         ax.plot([at], [mid], marker="D", color=colour, markersize=6, linestyle="", zorder=4)
-        texts.append(ax.annotate(
-            notes[crit],
-            (at, mid),
-            xytext=(-10 if x == 0 else 10, 0),
-            textcoords="offset points",
-            fontsize=7,
-            color=colour,
-            va="center",
-            ha="right" if x == 0 else "left",
-        ))
+        texts.append(
+            ax.annotate(
+                notes[crit],
+                (at, mid),
+                xytext=(-10 if x == 0 else 10, 0),
+                textcoords="offset points",
+                fontsize=7,
+                color=colour,
+                va="center",
+                ha="right" if x == 0 else "left",
+            )
+        )
     ax.set_xticks([0, 1], [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in same_tokens.PAIR])
     ax.set_xlim(-1.3, 2.3)
     return texts
@@ -181,8 +183,10 @@ def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
             + " Left: each seed's balanced accuracy of both criteria joined by a grey line (seeds where both are "
             "defined), the pooled value with its interval. Right: the per-seed difference predictive − ratio, "
             "sorted, with the seeds where the predictive criterion is higher / tied / lower and the two-sided sign "
-            "and Wilcoxon signed-rank tests." + (f" This study was {where}." if where else "")
-            + " " + interval_caption("se", "pooled", "seeds")
+            "and Wilcoxon signed-rank tests."
+            + (f" This study was {where}." if where else "")
+            + " "
+            + interval_caption("se", "pooled", "seeds")
         ),
         study=ctx.study,
         selection_rule=_selection(ctx),
@@ -366,8 +370,10 @@ def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
             "rows (token_level_seeds). Right: "
             + SAME_TOKENS_CAPTION
             + " Bars: each criterion's balanced accuracy pooled over seeds (token_level_criteria); dotted line: "
-            "the constant predictor." + (f" This study was {where}." if where else "")
-            + " " + interval_caption("wilson", "pooled")
+            "the constant predictor."
+            + (f" This study was {where}." if where else "")
+            + " "
+            + interval_caption("wilson", "pooled")
         ),
         study=ctx.study,
         selection_rule=_selection(ctx),
@@ -475,7 +481,9 @@ def _draw_fig4(
             )
         if same.constant_balanced is not None:  # named under the axis, not written over the bars
             bx.axhline(100 * same.constant_balanced, color="black", linestyle=":", linewidth=1)
-            bx.set_xlabel(f"dotted line: constant predictor ({100 * same.constant_balanced:.0f}%)", fontsize=7)
+            bx.set_xlabel(
+                f"dotted line: constant predictor ({100 * same.constant_balanced:.0f}%)", fontsize=7
+            )
         n, k = same.point.judged_disagree or 0, same.point.n_seeds
         bx_top = bx.text(
             0.02,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from report_database import GRPO_VAL, SEEDS
+from report_database import GRPO_VAL
 
 from reports import queries
 from reports.figures import training
@@ -60,7 +60,7 @@ def _marker_points(line) -> set[tuple[float, float]]:
 def test_coinciding_methods_each_show_their_own_markers(drawn):
     """In the cpu_s panel DPPO-TopK-KL and the aggregated tail are the same runs: exactly coinciding lines. Each
     line still shows: a marker shape of its own, on points where no other line of the panel puts a marker."""
-    result, fig = drawn(training.fig1_main_comparison)
+    _, fig = drawn(training.fig1_main_comparison)
     ax = _axes(fig, QWEN4)
     lines = _by_gid(ax, "line")
     assert len(lines) == 3
@@ -86,7 +86,7 @@ def test_marker_slots_never_share_a_point_while_lines_have_points_enough(n_point
 
 def test_line_end_marks_table2_final_not_the_smoothed_value(drawn, ctx_factory):
     """fig1 draws EMA-smoothed lines; the hollow diamond at each line's end is Table 2's final of that method."""
-    result, fig = drawn(training.fig1_main_comparison)
+    _, fig = drawn(training.fig1_main_comparison)
     ctx = ctx_factory()
     sel = queries.select_runs(ctx.runs, sweep_delta(queries.MAIN_SWEEP), ctx.sweeps, queries.MAIN_SWEEP)
     table, _ = main_results(ctx, sel.runs)
@@ -104,7 +104,8 @@ def test_line_end_marks_table2_final_not_the_smoothed_value(drawn, ctx_factory):
             assert y[0] == pytest.approx(r.final.mean, rel=1e-12)
             checked += 1
             differs += abs(line_y[-1] - r.final.mean) > 1e-6
-    assert checked >= 4 and differs >= 1  # the smoothed end differs somewhere: the marker is what shows the final
+    # the smoothed end differs somewhere: the marker is what shows the final
+    assert checked >= 4 and differs >= 1
 
 
 def _band_y(band) -> np.ndarray:
@@ -115,10 +116,10 @@ def test_bands_stay_inside_the_quantitys_range(drawn):
     """GRPO's three seeds on fp8_e2e (GRPO_VAL) give a t-interval reaching below 0 at steps 1, 3 and 4: the drawn
     band stops at 0 (an accuracy cannot be negative); fig8's clip-fraction bands stay in [0, 1]."""
     assert min(np.mean(v) for v in zip(*GRPO_VAL.values())) < 0.2  # low means with a wide spread: the case
-    result, fig = drawn(training.fig1_main_comparison, raw=True)
+    _, fig = drawn(training.fig1_main_comparison, raw=True)
     bands = _band_y(next(iter(_by_gid(_axes(fig, E2E), "band").values())))
     assert bands.min() == 0.0 and bands.max() <= 1.0
-    result8, fig8 = drawn(training.fig8_ppo_kl_clipfrac, raw=True)
+    _, fig8 = drawn(training.fig8_ppo_kl_clipfrac, raw=True)
     clip_row = [ax for ax in fig8.axes if ax.get_visible() and ax.get_subplotspec().rowspan.start == 1]
     assert clip_row
     for ax in clip_row:
