@@ -181,8 +181,8 @@ def test_sharded_vocabulary_with_a_fake_all_reduce_equals_the_whole(temperature:
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"temperature": 0.0}, "temperature must be > 0, got 0.0"),
     ({"chunk": 0}, "chunk must be a positive number of vocabulary columns, got 0"),
-    ({"vocab_start": 20, "vocab_size": 30}, "vocab_start 20 with 23 weight rows does not fit a vocabulary of 30: "
-                                            "allowed 0 <= vocab_start <= 7"),
+    ({"vocab_start": 20, "vocab_size": 30},
+     "vocab_start 20 with 23 weight rows does not fit a vocabulary of 30: allowed 0 <= vocab_start <= 7"),
 ])
 def test_bad_arguments_name_the_value(kwargs: dict, message: str) -> None:
     hidden, weight, ids, valid = case(seed=12)
