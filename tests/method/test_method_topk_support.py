@@ -78,7 +78,7 @@ def test_the_top_k_only_divergence_is_the_references_aggregated_top_k_kl_and_tv(
 def test_the_loss_masks_on_the_chosen_support(method: str, col: int, support: str) -> None:
     """policy_loss's mask under each support: dropped = (D > delta) & A (r - 1) > 0, with D the reference's for
     support=topk and the reference's extended by the sampled token's own bucket for the default."""
-    train_logits, mu_lp, topk_ids, sampled, s, pi, off = _case(seed=1)
+    train_logits, mu_lp, topk_ids, _, s, pi, off = _case(seed=1)
     g = np.random.default_rng(2)
     adv = torch.from_numpy(g.choice([-1.0, 1.0], size=off.shape))
     log_prob = s.sampled_logprob(pi).clone().requires_grad_(True)
