@@ -225,6 +225,12 @@ class Method:
         return self.kind == "divergence"
 
     @property
+    def reads_tail_sq(self) -> bool:
+        """Whether the loss reads the exact tail's sum of squared probabilities (``pi_tail_sq``): only the exact tail
+        estimator does, so every other method's caller skips computing it."""
+        return self.tail == "exact"
+
+    @property
     def params(self) -> tuple[str, ...]:
         """The MethodParams fields this method's loss kind reads (its configurable parameters, recorded in every
         run's config)."""

@@ -60,8 +60,7 @@ class TrainLogprobs:
 
 def reads_tail_sq(method: str | Method) -> bool:
     """Whether ``method``'s loss reads ``pi_tail_sq``: its direction's tail estimator is the exact tail."""
-    m = method if isinstance(method, Method) else get_method(method)
-    return m.tail == "exact"
+    return (method if isinstance(method, Method) else get_method(method)).reads_tail_sq
 
 
 def response_logits(model: nn.Module, batch: RolloutBatch, precision: Precision | None = None) -> Tensor:
