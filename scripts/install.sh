@@ -17,6 +17,11 @@ TORCH="torch==2.13.0+cpu"
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 
 die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
+# pip's own progress: its bars in a terminal; when the output is redirected (a log, CI) one line per package it
+# collects, downloads and installs, without bars
+if [ -t 1 ]; then PIP_SHOW=(); else PIP_SHOW=(--progress-bar off); fi
+START=$SECONDS
+took() { printf '%dm%02ds' $(((SECONDS - START) / 60)) $(((SECONDS - START) % 60)); }
 
 [[ "$EXTRAS" =~ ^[A-Za-z0-9_-]+(,[A-Za-z0-9_-]+)*$ ]] \
   || die "EXTRAS must be comma-separated extra names such as dev,verl, got '$EXTRAS'"
@@ -72,13 +77,15 @@ else
   # (torch>=2.4) is then already satisfied and pip resolves nothing bigger.
   if ! "$VPY" -c 'import importlib.metadata as m, sys; sys.exit(0 if m.version("torch").startswith("2.") else 1)' \
     2>/dev/null; then
-    echo "install.sh: installing $TORCH into $VENV"
-    "$VPY" -m pip install --quiet "$TORCH" 2>/dev/null \
-      || "$VPY" -m pip install --quiet "$TORCH" --extra-index-url "$TORCH_CPU_INDEX" \
+    echo "install.sh: installing $TORCH into $VENV (about 200 MB; pip's progress follows)"
+    "$VPY" -m pip install "${PIP_SHOW[@]}" "$TORCH" 2>/dev/null \
+      || "$VPY" -m pip install "${PIP_SHOW[@]}" "$TORCH" --extra-index-url "$TORCH_CPU_INDEX" \
       || die "pip could not install $TORCH from its configured sources nor $TORCH_CPU_INDEX (output above)"
+    echo "install.sh: torch installed ($(took) so far)"
   fi
-  echo "install.sh: installing predmask[$EXTRAS] (editable) into $VENV"
-  "$VPY" -m pip install --quiet -e ".[${EXTRAS}]" || die "pip could not install -e .[$EXTRAS] (output above)"
+  echo "install.sh: installing predmask[$EXTRAS] (editable) into $VENV (pip's progress follows)"
+  "$VPY" -m pip install "${PIP_SHOW[@]}" -e ".[${EXTRAS}]" || die "pip could not install -e .[$EXTRAS] (output above)"
+  echo "install.sh: predmask[$EXTRAS] installed ($(took) in all)"
   "$VPY" -c 'import predmask, torch, sys
 print(f"install.sh: predmask {predmask.__version__} (torch {torch.__version__}, Python {sys.version.split()[0]})"
       f" in {sys.prefix}")' || die "predmask does not import from $VENV after the install (output above)"

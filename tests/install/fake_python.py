@@ -85,7 +85,10 @@ def main(argv: list[str]) -> int:
     if argv[:2] == ["-m", "venv"]:
         return make_venv(cfg, Path(argv[2]))
     if argv[:3] == ["-m", "pip", "install"] and cfg.get("venv"):
-        specs = [a for a in argv[3:] if not a.startswith("-") and not a.startswith("http")]
+        takes_value = {"--progress-bar", "--extra-index-url", "--index-url"}  # pip options followed by a value
+        args = argv[3:]
+        specs = [a for i, a in enumerate(args) if not a.startswith("-") and not a.startswith("http")
+                 and not (i and args[i - 1] in takes_value)]
         return install(cfg, specs[0], argv[3:])
     if argv[:2] == ["-m", "pytest"]:
         return int(os.environ.get("FAKE_PYTEST_RC", "0"))

@@ -81,9 +81,25 @@ def test_fresh_install_makes_venv_from_python_then_cpu_torch_then_the_project(pr
     assert proc.returncode == 0, proc.stderr
     seen = calls(project)
     assert ("base", ["-m", "venv", ".venv"]) in seen
-    assert pip_installs(seen) == [["--quiet", "torch==2.13.0+cpu"], ["--quiet", "-e", ".[dev]"]]
+    assert pip_installs(seen) == [["--progress-bar", "off", "torch==2.13.0+cpu"], ["--progress-bar", "off", "-e", ".[dev]"]]
     assert f"in {(project / '.venv').resolve()}" in proc.stdout
     assert proc.stdout.strip().splitlines()[-1].startswith("install.sh: next: .venv/bin/python -m sweeps ")
+
+
+def test_in_a_terminal_pip_shows_its_progress_and_each_step_says_how_long_it_took(project: Path, tmp_path: Path) -> None:
+    """Run under a real pseudo-terminal (util-linux ``script``): pip gets no ``--progress-bar off`` (its bars show),
+    while redirected output (the test above) turns the bars off and keeps pip's line per package."""
+    if shutil.which("script") is None:
+        pytest.skip("util-linux 'script' (a pseudo-terminal) is not installed")
+    py = make_fake(tmp_path / "sys", base_prefix="/usr")
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "EXTRAS", "CI", "SLURM_CONF")}
+    env = {**base, "FAKE_PYTHON_LOG": str(project.parent / "calls.jsonl"), "PYTHON": str(py)}
+    cmd = f"bash {project / 'scripts' / 'install.sh'}"
+    proc = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert pip_installs(calls(project)) == [["torch==2.13.0+cpu"], ["-e", ".[dev]"]]
+    assert "install.sh: torch installed (" in proc.stdout and "installed (0m" in proc.stdout
 
 
 def test_torch_comes_from_pytorchs_cpu_index_when_pips_sources_lack_it_never_as_cuda_build(
@@ -93,8 +109,8 @@ def test_torch_comes_from_pytorchs_cpu_index_when_pips_sources_lack_it_never_as_
     proc = run(project, PYTHON=str(py))
     assert proc.returncode == 0, proc.stderr
     torch_calls = [args for args in pip_installs(calls(project)) if any(a.startswith("torch") for a in args)]
-    assert torch_calls == [["--quiet", "torch==2.13.0+cpu"],
-                           ["--quiet", "torch==2.13.0+cpu", "--extra-index-url", CPU_INDEX]]
+    assert torch_calls == [["--progress-bar", "off", "torch==2.13.0+cpu"],
+                           ["--progress-bar", "off", "torch==2.13.0+cpu", "--extra-index-url", CPU_INDEX]]
 
 
 def test_torch_nowhere_is_one_line_and_leaves_no_stamp_so_the_next_run_retries(project: Path, tmp_path: Path) -> None:
@@ -123,7 +139,7 @@ def test_a_second_run_reuses_the_venv_and_installs_nothing_until_extras_or_pypro
     assert pip_installs(seen) == [] and not any(argv[:2] == ["-m", "venv"] for _, argv in seen)
 
     assert run(project, EXTRAS="dev,verl").returncode == 0  # no PYTHON: the existing venv, whatever made it
-    assert pip_installs(calls(project)) == [["--quiet", "-e", ".[dev,verl]"]]  # torch is there already
+    assert pip_installs(calls(project)) == [["--progress-bar", "off", "-e", ".[dev,verl]"]]  # torch is there already
     back = run(project, EXTRAS="verl,dev")  # what is installed already, in any order
     assert back.returncode == 0 and "; extras dev,verl)" in back.stdout
     assert run(project).returncode == 0
@@ -132,7 +148,7 @@ def test_a_second_run_reuses_the_venv_and_installs_nothing_until_extras_or_pypro
     with open(project / "pyproject.toml", "a") as f:
         f.write('version = "0.2.0"\n')
     assert run(project, EXTRAS="dev,verl").returncode == 0
-    assert pip_installs(calls(project)) == [["--quiet", "-e", ".[dev,verl]"]]
+    assert pip_installs(calls(project)) == [["--progress-bar", "off", "-e", ".[dev,verl]"]]
 
 
 def test_python_is_honoured_a_venv_of_another_interpreter_is_refused_not_reused(project: Path, tmp_path: Path) -> None:
@@ -199,7 +215,7 @@ def test_test_sh_installs_dev_and_verl_then_runs_pytest_with_the_venvs_interpret
     proc = run(project, "test.sh", "-x", "tests/method", PYTHON=str(py))
     assert proc.returncode == 0, proc.stderr
     seen = calls(project)
-    assert pip_installs(seen)[-1] == ["--quiet", "-e", ".[dev,verl]"]
+    assert pip_installs(seen)[-1] == ["--progress-bar", "off", "-e", ".[dev,verl]"]
     assert seen[-1] == ("venv", ["-m", "pytest", "-x", "tests/method"])
 
 
