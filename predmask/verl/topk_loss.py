@@ -88,7 +88,7 @@ class TopKPolicyLoss:
 
     @property
     def needs_tail(self) -> bool:
-        return self.method is not None and self.method.tail == "exact"
+        return self.method is not None and self.method.reads_tail_sq
 
     @property
     def strategy(self) -> str:
