@@ -141,6 +141,17 @@ def _split_seed(cfg: TaskConfig, split: str) -> int:
     return cfg.seed * 1_000_003 + SPLITS.index(split) * 7919
 
 
+#: a prime far above every split seed: streams of different (task seed, split, replicate) never share a seed
+_REPLICATE_STRIDE = 2**61 - 1
+
+
+def _stream_seed(cfg: TaskConfig, split: str, replicate: int) -> int:
+    """The seed of one replicate's stream of ``split``; replicate 0 is the split's own seed. Replicates map to
+    0, 1, 2, ... as 0, 1, -1, 2, -2, ... (``random.Random`` drops an int seed's sign, so -r would repeat r)."""
+    rank = 2 * replicate - 1 if replicate > 0 else -2 * replicate
+    return _split_seed(cfg, split) + rank * _REPLICATE_STRIDE
+
+
 def make_split(cfg: TaskConfig, split: str, size: int | None = None) -> list[Problem]:
     """The problems of one evaluation split (deterministic for ``cfg``); ``size`` defaults to ``cfg.eval_size``.
 
@@ -169,16 +180,19 @@ def _heldout(cfg: TaskConfig) -> frozenset[Problem]:
     return frozenset(p for s in EVAL_SPLITS for p in make_split(cfg, s))
 
 
-def iter_train_prompts(cfg: TaskConfig, split: str = "train", start: int = 0) -> Iterator[Problem]:
+def iter_train_prompts(cfg: TaskConfig, split: str = "train", start: int = 0,
+                       replicate: int = 0) -> Iterator[Problem]:
     """Endless deterministic stream of ``train`` (or ``pretrain``) problems, skipping held-out ones.
 
-    ``start`` skips that many problems (the data position of a resumed run).
+    ``start`` skips that many problems (the data position of a resumed run). ``replicate`` (an RL run's ``seed``)
+    draws that replicate's own stream from the same distribution: other problems in another order, the held-out
+    ones still excluded; replicate 0 is the split's stream as the task seed alone gives it.
     """
     if split not in ("train", "pretrain"):
         raise ValueError(f"iter_train_prompts takes split 'train' or 'pretrain', got {split!r}")
     lo, hi = cfg.train_ops if split == "train" else cfg.pretrain_ops
     heldout = _heldout(cfg)
-    rng = random.Random(_split_seed(cfg, split))
+    rng = random.Random(_stream_seed(cfg, split, replicate))
     i = 0
     while True:
         p = make_problem(rng, rng.randint(lo, hi), cfg.operand_max, cfg.max_number, cfg.slots)

@@ -35,8 +35,10 @@ the newest checkpoint reached is refused, nothing changed), the display keys and
 what it is: a runs root moved with ``mv`` resumes) is refused in one line. Ctrl-C ends with the one ``interrupted:``
 line and exit status 130; a full disk or a read-only file system with one ``error: cannot write <file>: ...`` line
 naming the remedy and exit status 1 (added to it when ``status.json`` itself cannot record the cause).
-Sampling is seeded per step from ``seed``, so the same seed and config give the same metrics on the same machine
-(all but the wall-clock metrics, ``predmask.metrics.wall_clock``). A completed run started again does nothing.
+A run's ``seed`` draws its own stream of training prompts (other problems of the same distribution, in another
+order; ``predmask.rl.task.iter_train_prompts``) and seeds its rollout and validation sampling per step; the base model
+(``base.seed``) and the evaluation splits (``task.seed``) are shared by every seed. So the same seed and config give
+the same metrics on the same machine (all but the wall-clock metrics, ``predmask.metrics.wall_clock``). A completed run started again does nothing.
 Hydra does not change the working directory and writes no ``outputs/`` or ``.hydra/`` directories.
 """
 
@@ -208,8 +210,9 @@ def _step_summary(step: int, data: Mapping[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def _problem_stream(task: TaskConfig, start: int) -> Iterator[Problem]:
-    return iter_train_prompts(task, split="train", start=start)
+def _problem_stream(task: TaskConfig, seed: int, start: int) -> Iterator[Problem]:
+    """The run's prompts from data position ``start``: the run's ``seed`` draws its own stream (seeds replicate)."""
+    return iter_train_prompts(task, split="train", start=start, replicate=seed)
 
 
 def run(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
@@ -346,7 +349,7 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | 
             record({**val, M.GLOBAL_STEP: 0}, step=0)
             last_val = val
             log.info(_step_summary(0, val), extra={"console": console})
-        stream = _problem_stream(engine.task, data_pos)
+        stream = _problem_stream(engine.task, seed, data_pos)
 
         title = f"GRPO {engine.method_name} {engine.model_cfg['name']} {engine.precision.name}"
         with show_progress(title, total=t.steps, completed=start_step, unit="steps", bar=progress) as bar:

@@ -147,3 +147,28 @@ def test_tokenizer_round_trip_and_vocabulary() -> None:
         tok.encode("256")
     with pytest.raises(ValueError, match="not in the vocabulary"):
         tok.encode("3 * 4")
+
+
+def test_each_replicate_draws_its_own_stream_of_the_same_distribution() -> None:
+    """An RL run's seed is a replicate: its stream holds other problems (not a shift of another replicate's),
+    replicate 0 is the task's own stream, a replicate's stream is the same on every call and resumes at its data
+    position, held-out problems stay out, and every replicate covers the same operation counts."""
+    cfg = TaskConfig(eval_ops=(1, 2), eval_size=40)
+    held = set(make_split(cfg, "aime24_standin")) | set(make_split(cfg, "aime25_standin"))
+
+    def first(n: int, **kw: int) -> list:
+        it = iter_train_prompts(cfg, **kw)
+        return [next(it) for _ in range(n)]
+
+    streams = {r: first(2000, replicate=r) for r in (0, 1, 2, -1)}
+    assert streams[0] == first(2000)
+    assert first(2000, replicate=1) == streams[1]
+    for a in streams:
+        for b in streams:
+            if a != b:  # not the same sequence, nor one offset against the other
+                assert streams[a][:20] != streams[b][:20]
+                assert not any(streams[a][k:k + 20] == streams[b][:20] for k in range(1, 1000))
+    for s in streams.values():
+        assert not held & set(s)
+        assert {len(p.ops) for p in s} == set(range(cfg.train_ops[0], cfg.train_ops[1] + 1))
+    assert first(30, replicate=2, start=20) == streams[2][20:50]

@@ -252,3 +252,46 @@ def test_cluster_model_maps_to_its_cpu_standin_and_unknown_names_fail() -> None:
     bad["model"]["backend"] = "hf"
     with pytest.raises(ValueError, match="not a CPU model"):
         prepare_config(bad)
+
+
+def _prompts_seen(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every prompt the real trainer hands to the real ``Engine.train_step``, in order (a spy: the step runs)."""
+    from predmask.rl.engine import Engine
+
+    seen: list[str] = []
+    real = Engine.train_step
+
+    def spy(self: Engine, problems: list, generator: torch.Generator) -> dict:
+        seen.extend(p.prompt for p in problems)
+        return real(self, problems, generator)
+
+    monkeypatch.setattr(Engine, "train_step", spy)
+    return seen
+
+
+def test_seeds_are_replicates_with_their_own_prompt_order(cache_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two seeds of one cell train on different prompt streams; one seed twice sees the same prompts and the same
+    metrics; a seed-1 run stopped at step 2 and resumed to step 3 sees the prompts of an uninterrupted one."""
+    seen = _prompts_seen(monkeypatch)
+
+    def prompts(name: str, *extra: str) -> tuple[list[str], list]:
+        start = len(seen)
+        run(compose("train", _overrides(cache_dir, tmp_path / name, "trainer.val_every=0", *extra)))
+        return seen[start:], _scientific(read_metrics(tmp_path / name / "metrics.jsonl"))
+
+    s0, m0 = prompts("s0", "trainer.steps=3", "seed=0")
+    s0_again, m0_again = prompts("s0-again", "trainer.steps=3", "seed=0")
+    s1, m1 = prompts("s1", "trainer.steps=3", "seed=1")
+    assert len(s0) == len(s1) == 3 * 4
+    assert s0_again == s0 and m0_again == m0
+    assert s1 != s0 and s1[:4] != s0[:4]
+    assert m1 != m0
+    cut, _ = prompts("s1-resumed", "trainer.steps=2", "trainer.save_every=1", "seed=1")
+    rest, m1_resumed = prompts("s1-resumed", "trainer.steps=3", "trainer.save_every=1", "seed=1")
+    assert cut + rest == s1
+
+    def training(records: list) -> list:  # the stopped run validated at its last step (2) too
+        return [(step, {k: v for k, v in d.items() if not k.startswith("val-")}) for step, d in records]
+
+    assert training(m1_resumed) == training(m1)
