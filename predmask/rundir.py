@@ -55,6 +55,8 @@ __all__ = [
     "METRICS_FILE",
     "PLANNED_CONFIG_FILE",
     "RECORD_SHAPE",
+    "ROOT_ENV",
+    "RUNS_DIRNAME",
     "RUNS_ENV",
     "RUN_LOCK_FILE",
     "STATUS_FILE",
@@ -72,6 +74,7 @@ __all__ = [
     "attempt_name",
     "hold_run_lock",
     "is_attempt_file",
+    "is_project_root",
     "is_run_dir",
     "iter_metrics",
     "keep_previous_attempt",
@@ -79,6 +82,7 @@ __all__ = [
     "merge_attempts",
     "metrics_line",
     "parse_metrics",
+    "project_root",
     "read_config",
     "read_job_record",
     "read_metrics",
@@ -115,13 +119,64 @@ DEAD = "dead"
 
 
 # ----------------------------------------------------------------------------------------------- paths
-#: the variable naming the root of all run directories (default ``runs/`` under the working directory)
+#: the variable naming the root of all run directories (default ``runs/`` under the project root)
 RUNS_ENV = "PREDMASK_RUNS"
+#: the variable naming the project root (the folder of ``runs/`` and ``results/``) when it is not found
+ROOT_ENV = "PREDMASK_ROOT"
+#: the folder of run directories under the project root
+RUNS_DIRNAME = "runs"
+_PROJECT_NAME = "predmask"
+
+
+def _names_this_project(pyproject: Path) -> bool:
+    """``pyproject`` is a file whose ``[project]`` table says ``name = "predmask"`` (read as text: no toml needed)."""
+    try:
+        text = pyproject.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    section = ""
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[project]" and re.fullmatch(r"name\s*=\s*[\"']predmask[\"']", line):
+            return True
+    return False
+
+
+def _holds_runs(folder: Path) -> bool:
+    """``folder/runs/<sweep>/<run>`` is a run directory, or a planned one, for at least one sweep and run."""
+    runs = folder / RUNS_DIRNAME
+    if not runs.is_dir():
+        return False
+    try:
+        return any(is_run_dir(d) or (d / PLANNED_CONFIG_FILE).is_file() for d in runs.glob("*/*"))
+    except OSError:
+        return False
+
+
+def is_project_root(folder: Path) -> bool:
+    """``folder`` holds the project's runs (``runs/<sweep>/<run>/``) or the repository's pyproject.toml."""
+    return _holds_runs(folder) or _names_this_project(folder / "pyproject.toml")
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The folder of the project's ``runs/`` and ``results/``, absolute: ``$PREDMASK_ROOT`` when set, else the
+    nearest of ``start`` (default: the working directory) and its ancestors that ``is_project_root``, else
+    ``start`` itself (a new project there). ``$PREDMASK_RUNS`` and ``$PREDMASK_DB`` still name their own paths."""
+    if configured := os.environ.get(ROOT_ENV):
+        return Path(configured).expanduser().absolute()
+    here = (start or Path.cwd()).absolute()
+    return next((d for d in (here, *here.parents) if is_project_root(d)), here)
 
 
 def runs_root() -> Path:
-    """Root of all run directories: ``$PREDMASK_RUNS`` or ``runs/`` under the working directory."""
-    return Path(os.environ.get(RUNS_ENV, "runs"))
+    """Root of all run directories: ``$PREDMASK_RUNS``, else ``runs/`` under ``project_root()`` (written ``runs``
+    when that is the working directory, an absolute path otherwise)."""
+    if configured := os.environ.get(RUNS_ENV):
+        return Path(configured)
+    root = project_root()
+    return Path(RUNS_DIRNAME) if root == Path.cwd().absolute() else root / RUNS_DIRNAME
 
 
 def sweep_path(sweep: str, root: Path | None = None) -> Path:

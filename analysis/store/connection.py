@@ -20,7 +20,7 @@ import duckdb
 from analysis.store.inputs import find_run_dirs
 from analysis.store.schema import SCHEMA_DDL
 from predmask.command_text import STUDY, command, sweep_command, with_db
-from predmask.rundir import runs_root
+from predmask.rundir import project_root, runs_root
 
 __all__ = [
     "DB_ENV",
@@ -100,9 +100,10 @@ class StoreError(RuntimeError):
 
 
 def default_db_path() -> Path:
-    """$PREDMASK_DB if set, else results/predmask.duckdb under the current directory."""
+    """$PREDMASK_DB if set, else results/predmask.duckdb under the project root (``predmask.rundir.project_root``:
+    the nearest folder up from the working directory holding the project's runs or its pyproject.toml)."""
     env = os.environ.get(DB_ENV)
-    return Path(env) if env else Path.cwd() / DEFAULT_DB_RELPATH
+    return Path(env) if env else project_root() / DEFAULT_DB_RELPATH
 
 
 def _nearest_existing(path: Path) -> Path:
