@@ -45,8 +45,11 @@ seeds=, not both). Default: the sweep's own seed axis (smoke: seed 0), else the 
 engine (local, slurm_emulated), 1 on h20_4x8. The count is not part of any run: a cell's seed-0 run has the same
 id whatever S, so a rerun with more seeds runs only the new ones. Runs go seed by seed (every cell at seed 0 first).
 Resume: a rerun of the same command skips completed runs, joins live ones and resumes the others.
-Dry run: needs no Slurm (no srun/sbatch) and no GPU; nothing is submitted. It opens with the plan: jobs, nodes x
-GPUs (or CPU cores) per job, the most held at once, the wall-time limit, the worst-case GPU-hours, the partition,
+Dry run: needs no Slurm (no srun/sbatch) and no GPU; nothing is submitted. It opens with a WARNINGS block on a
+Slurm cluster (runs on an unverified engine, no environment on the nodes, placeholder values, run directories on a
+filesystem the nodes may not share; --strict refuses to submit, exit 2, while one remains), then the plan: jobs,
+nodes x GPUs (or CPU cores) per job, the most held at once, the wall-time limit, the worst-case GPU-hours, the
+expected GPU-hours (an estimate: planned steps x sweeps.plan.ASSUMED_STEP_MINUTES), the partition,
 every data and model path the jobs read with whether it exists here, and the command that submits (the same
 without --dry-run). --format json prints {"summary": {...}, "runs": [...]}, also written to
 runs/<sweep>/dry-run/plan.json beside each run's .cmd and .sbatch:
@@ -54,8 +57,9 @@ runs/<sweep>/dry-run/plan.json beside each run's .cmd and .sbatch:
     jobs, nodes_per_job, resource ("GPU" or "CPU core"), per_node, per_job, max_parallel,
     at_once (= min(max_parallel, jobs) x per_job), timeout_min, worst_case_hours (= jobs x per_job x
     timeout_min / 60), max_num_timeout, worst_case_hours_with_requeues (x (1 + max_num_timeout)),
-    partition (null: the site default), check_paths, paths: [{kind (data|model), path, prepare, exists, runs}],
-    submit (the command line)
+    planned_steps, assumed_step_minutes, expected_hours (null: not estimated), partition (null: the site
+    default), check_paths, paths: [{kind (data|model), path, prepare, exists, runs}], submit (the command line),
+    warnings: [{cause (unverified|environment|placeholder|shared dirs), text, runs}]
   runs: [{run_id, method, delta, model, precision, seed, command (argv), sbatch (script text, null if local)}]
 Before anything is written, every run is checked as its trainer checks it (e.g. top_k within the vocabulary,
 trainer.steps >= 1, the mini-batch dividing the batch, delta finite and > 0, rollout.n >= 2) and the database path
@@ -170,19 +174,23 @@ def _submit_command(args: argparse.Namespace) -> str:
     for flag, value in (("--db", args.db), ("--runs-root", args.runs_root), ("--max-parallel", args.max_parallel)):
         if value is not None:
             argv += [flag, str(value)]
+    if args.strict:
+        argv.append("--strict")
     return sweep_command(shlex.join(argv))
 
 
 def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> int:
-    from sweeps.plan import max_parallel, plan_summary, summary_lines
+    from sweeps.plan import max_parallel, plan_summary, refuse_warnings, summary_lines
     from sweeps.submit import dry_run_records, write_dry_run
 
-    summary = plan_summary(specs, max_parallel(specs, args.max_parallel), _submit_command(args))
+    summary = plan_summary(specs, max_parallel(specs, args.max_parallel), _submit_command(args), root)
     payload = {"summary": summary, "runs": dry_run_records(specs, root)}
     out = write_dry_run(payload, sweep_path(args.sweep, root), root)
     if args.format == "json":
         print(json.dumps(payload, indent=2))
         print(f"scripts and commands written to {out}", file=sys.stderr)
+        if args.strict:
+            refuse_warnings(summary["warnings"])
         return 0
     lines = summary_lines(summary)
     for rec in payload["runs"]:
@@ -193,16 +201,19 @@ def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> i
             title = f"{rec['run_id']}  {rec['stage']}: {rec['method']}{data}  {rec['model']}  reads {reads}"
         lines += ["", f"=== {title}  seed={rec['seed']}"]
         if rec["sbatch"]:
-            lines.append(rec["sbatch"].rstrip("\n"))
+            lines += [rec["sbatch"].rstrip("\n"),
+                      "# (end of the sbatch script) the trainer command, run by rank 0 inside srun:"]
         lines.append(shlex.join(rec["command"]))
     lines += ["", f"{describe(specs)}; scripts and commands written to {out}", *summary_lines(summary)[-1:]]
     print("\n".join(lines))  # plain print: long lines stay whole when piped
+    if args.strict:
+        refuse_warnings(summary["warnings"])
     return 0
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from analysis.store import check_db_path
-    from sweeps.plan import check_paths, max_parallel
+    from sweeps.plan import check_paths, max_parallel, plan_warnings, refuse_warnings, warning_lines
     from sweeps.submit import backend_of, run_sweep, run_waves, validate_runs
 
     specs = expand(args.sweep, args.overrides)
@@ -224,6 +235,11 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         return cmd_dry_run(args, specs, root)
 
+    warnings = plan_warnings(specs, root)
+    if args.strict:
+        refuse_warnings(warnings)  # before anything is submitted
+    for line in warning_lines(warnings):
+        console.print(line, highlight=False)
     check_paths(specs)
     db = _db_path(args.db)
     check_db_path(db)  # before the first run starts, not when it ends
@@ -373,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--db", help="results database (default: $PREDMASK_DB or results/predmask.duckdb)")
     ap.add_argument("--runs-root", help="root of run directories (default: $PREDMASK_RUNS or runs/)")
     ap.add_argument("--max-parallel", type=int, help="runs at once (default: the cluster config's max_parallel)")
+    ap.add_argument("--strict", action="store_true", help="refuse to submit (exit 2) while the plan's WARNINGS block "
+                    "names a risk (unverified engine, no environment, placeholder, unshared run directories)")
     return ap
 
 

@@ -1,24 +1,175 @@
-"""The plan of a sweep before anything is submitted: its jobs, what they hold and may cost, the data and model
-paths they read (and whether each exists), and the check that refuses to submit while one is missing."""
+"""The plan of a sweep before anything is submitted: the risks it takes (a warning block), its jobs, what they
+hold and may cost, the data and model paths they read (and whether each exists), and the checks that refuse to
+submit while a path is missing or, with --strict, while a warning remains."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from launch.executor import job_python, job_shape
 from predmask.command_text import command
 from sweeps.compose import RunSpec, SweepError
 from sweeps.families import describe
-from launch.executor import job_shape
 from sweeps.submit import backend_of, job_cluster, trainer_of
 
-__all__ = ["InputPath", "check_paths", "input_paths", "max_parallel", "plan_summary",
-           "skips_old_log_prob_forward", "summary_lines"]
+__all__ = ["ASSUMED_STEP_MINUTES", "ENVIRONMENT_KEYS", "MOUNTS", "PLACEHOLDERS", "SHARED_FILESYSTEMS",
+           "UNVERIFIED_ENGINES", "InputPath", "check_paths", "filesystem_type", "input_paths", "max_parallel",
+           "plan_summary", "plan_warnings", "refuse_warnings", "skips_old_log_prob_forward", "summary_lines", "warning_lines"]
 
 SKIP_CHECK = "cluster.check_paths=false"
+
+#: verl engines the plugin has never run with, and why the plan says so (docs/cluster.md, "What was verified where")
+UNVERIFIED_ENGINES: dict[str, str] = {
+    "megatron": "verl's Megatron engine has never run with the plugin, on GPUs or in the tests (docs/cluster.md, "
+                "\"What was verified where\"): start with one such run",
+}
+
+#: per project cluster file, the keys whose shipped value stands in for a site's own: each is marked
+#: ``# placeholder`` in conf/cluster/<name>.yaml (a test holds the two together). A run's value is still a
+#: placeholder while it equals the file's and the command line does not set the key (setting it to the same value
+#: confirms it). ``modules`` and ``activate`` are marked too; the environment warning speaks for them.
+PLACEHOLDERS: dict[str, tuple[str, ...]] = {"h20_4x8": ("partition", "cpus_per_task", "mem_gb", "ray.temp_root")}
+
+#: the cluster keys that put the jobs' environment in place (launch.executor.setup_lines renders them)
+ENVIRONMENT_KEYS: tuple[str, ...] = ("modules", "activate", "conda", "setup")
+
+#: filesystem types that other machines mount too (network and parallel filesystems): a runs root on one of them
+#: may be shared with the nodes; on any other type (ext4, xfs, overlay, tmpfs, ...) it is this host's own disk
+SHARED_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "fuse.ceph", "glusterfs",
+                                "fuse.glusterfs", "wekafs", "panfs", "fuse.juicefs", "cifs", "smb3", "afs",
+                                "orangefs"})
+
+#: minutes one verl training step is assumed to take on the cluster's job (rollout, the actor update and the
+#: amortised validation): an assumption, not a measurement. No step of the paper's runs has been timed on GPUs;
+#: replace it with the median step time of a run's first steps once there is one
+ASSUMED_STEP_MINUTES = 5.0
+
+MOUNTS = Path("/proc/self/mounts")
+
+
+def filesystem_type(path: Path, mounts: Path = MOUNTS) -> str:
+    """The type of the filesystem ``path`` lies on (the longest mount point above it in ``mounts``, a
+    /proc/self/mounts table), ``unknown`` when the table cannot be read. ``path`` need not exist yet."""
+    try:
+        table = mounts.read_text()
+    except OSError:
+        return "unknown"
+    target = os.path.abspath(path)
+    best, fstype = "", "unknown"
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].encode().decode("unicode_escape")  # the table writes a space as \040
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    return fstype
+
+
+def _warning(cause: str, text: str, runs: Sequence[str] = ()) -> dict[str, Any]:
+    return {"cause": cause, "text": text, "runs": list(runs)}
+
+
+def _nested(mapping: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        mapping = mapping.get(part) if isinstance(mapping, dict) else None  # type: ignore[assignment]
+    return mapping
+
+
+def _yaml_value(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def _unverified(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """One warning per unverified engine that some VeRL run of the sweep trains with, naming its runs."""
+    out = []
+    for engine, why in UNVERIFIED_ENGINES.items():
+        runs = [spec.run_id for spec in specs
+                if trainer_of(spec) == "verl" and spec.config["model"].get("engine") == engine]
+        if runs:
+            out.append(_warning("unverified", f"{len(runs)} of {_count(len(specs), 'run')} use model.engine={engine}"
+                                f": {why}; runs {', '.join(runs)}", runs))
+    return out
+
+
+def _environment(cluster: dict[str, Any]) -> list[dict[str, Any]]:
+    """Nothing activates an environment on the nodes and the interpreter is a bare command."""
+    python = job_python(cluster)
+    if any(cluster.get(key) for key in ENVIRONMENT_KEYS) or os.path.isabs(python):
+        return []
+    return [_warning("environment", f"cluster.activate, conda, modules and setup are all unset: the nodes run "
+                     f"`{python}` from their bare PATH, without predmask, verl or vLLM unless the site installs them; "
+                     "set cluster.activate=DIR (or conda=NAME, modules=[...]; docs/cluster.md, section 1)")]
+
+
+def _placeholders(specs: Sequence[RunSpec], cluster: dict[str, Any]) -> list[dict[str, Any]]:
+    """The PLACEHOLDERS keys of the cluster's file that still hold the file's value, unset on the command line."""
+    from predmask.config import group_entry
+
+    name = str(cluster.get("name"))
+    keys = PLACEHOLDERS.get(name, ())
+    if not keys:
+        return []
+    shipped = group_entry("cluster", name)
+    given = {o.split("=", 1)[0].lstrip("+~") for spec in specs for o in spec.overrides}
+    held = [f"cluster.{key}={_yaml_value(_nested(cluster, key))}" for key in keys
+            if f"cluster.{key}" not in given and _nested(cluster, key) == _nested(shipped, key)]
+    if not held:
+        return []
+    return [_warning("placeholder", f"{', '.join(held)} still hold conf/cluster/{name}.yaml's placeholder values, "
+                     "not your site's: set each on the command line (the same value confirms it) or in a copy of "
+                     "the file")]
+
+
+def _shared_dirs(cluster: dict[str, Any], root: Path, mounts: Path) -> list[dict[str, Any]]:
+    """The run and checkpoint directories lie on a filesystem of this host only. A cluster whose ``python`` is null
+    runs this host's own interpreter (its nodes are this host, as the emulated one's) and is not asked."""
+    if cluster.get("python") is None:
+        return []
+    fstype = filesystem_type(root, mounts)
+    if fstype in SHARED_FILESYSTEMS:
+        return []
+    return [_warning("shared dirs", f"run and checkpoint directories go under {os.path.abspath(root)}, on this "
+                     f"host's {fstype} filesystem that the nodes may not see (nothing checks that they share "
+                     "it): give --runs-root (or $PREDMASK_RUNS) a directory on the cluster's shared filesystem "
+                     f"({', '.join(sorted(SHARED_FILESYSTEMS)[:4])}, ...)")]
+
+
+def plan_warnings(specs: Sequence[RunSpec], root: Path | None = None, mounts: Path = MOUNTS) -> list[dict[str, Any]]:
+    """Every risk a Slurm sweep's plan takes, as ``{cause, text, runs}``: runs on an unverified engine
+    (UNVERIFIED_ENGINES), no environment on the nodes, placeholder values (PLACEHOLDERS), and run and checkpoint
+    directories (under ``root``, default ``runs_root()``) on a filesystem the nodes may not share. A local sweep
+    takes none of them."""
+    slurm = [spec for spec in specs if backend_of(spec) == "slurm"]
+    if not slurm:
+        return []
+    from predmask.rundir import runs_root
+
+    cluster = job_cluster(slurm[0])
+    return [*_unverified(slurm), *_environment(cluster), *_placeholders(slurm, cluster),
+            *_shared_dirs(cluster, root if root is not None else runs_root(), mounts)]
+
+
+def refuse_warnings(warnings: Sequence[dict[str, Any]]) -> None:
+    """--strict: refuse (SweepError, one line) while the plan has a warning."""
+    if warnings:
+        n = len(warnings)
+        raise SweepError(f"--strict: {n} warning{'s' if n != 1 else ''} remain{'s' if n == 1 else ''} (the WARNINGS "
+                         "block at the top of the plan; --dry-run prints it); nothing submitted")
+
+
+def warning_lines(warnings: Sequence[dict[str, Any]]) -> list[str]:
+    """The warning block (nothing when there is no warning)."""
+    if not warnings:
+        return []
+    return [f"WARNINGS ({len(warnings)}): risks this plan takes; --strict refuses to submit while any remains",
+            *(f"  ! {w['cause']:<12} {w['text']}" for w in warnings)]
 
 
 @dataclass(frozen=True)
@@ -113,7 +264,14 @@ def max_parallel(specs: Sequence[RunSpec], given: int | None = None) -> int:
     return value
 
 
-def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str) -> dict[str, Any]:
+def _planned_steps(spec: RunSpec) -> int | None:
+    """The training steps a VeRL run plans (its model's ``batch.total_steps``); None for any other run."""
+    if trainer_of(spec) != "verl" or spec.stage is not None:
+        return None
+    return int(spec.config["model"]["batch"]["total_steps"])
+
+
+def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str, root: Path | None = None) -> dict[str, Any]:
     """The plan of a sweep of one cluster as plain data (the ``summary`` of ``--dry-run --format json``).
 
     ``resource`` is ``GPU`` when the jobs ask for GPUs, else ``CPU core``; ``per_node``/``per_job`` count it;
@@ -122,7 +280,9 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str) -> dict[s
     the bound when every attempt times out and is requeued. ``old_log_prob_skipped`` counts the runs that skip
     verl's old-log-prob forward and ``worst_case_hours_with_skip`` takes the assumed share of the actor's compute
     (``predmask.verl.trainer_hook.ASSUMED_OLD_LOG_PROB_SHARE``) off each such job's hours: an upper bound on the
-    saving, as if the actor were all of a job's GPU time (rollout time is not saved).
+    saving, as if the actor were all of a job's GPU time (rollout time is not saved). ``expected_hours`` (VeRL
+    training runs only, else None) is an estimate: per job, planned steps x ASSUMED_STEP_MINUTES (at most the
+    requeue bound), times per_job. ``warnings`` are :func:`plan_warnings` (run directories under ``root``).
     """
     if not specs:
         raise SweepError("the sweep has no runs")
@@ -140,7 +300,12 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str) -> dict[s
     jobs, per_job = len(specs), shape.nodes * per_node
     hours = jobs * per_job * shape.timeout_min / 60
     skipped = sum(skips_old_log_prob_forward(spec) for spec in specs)
+    steps = [_planned_steps(spec) for spec in specs]
+    bound_h = shape.timeout_min * (1 + shape.max_num_timeout) / 60
+    expected = (sum(min(n * ASSUMED_STEP_MINUTES / 60, bound_h) for n in steps if n is not None) * per_job
+                if all(n is not None for n in steps) else None)
     return {
+        "warnings": plan_warnings(specs, root),
         "sweep": first.sweep,
         "cluster": str(cluster.get("name")),
         "backend": backend_of(first),
@@ -157,6 +322,9 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str) -> dict[s
         "worst_case_hours": hours,
         "max_num_timeout": shape.max_num_timeout,
         "worst_case_hours_with_requeues": hours * (1 + shape.max_num_timeout),
+        "planned_steps": sum(n for n in steps if n is not None) if expected is not None else None,
+        "assumed_step_minutes": ASSUMED_STEP_MINUTES,
+        "expected_hours": expected,
         "old_log_prob_skipped": skipped,
         "assumed_old_log_prob_share": _assumed_share(),
         "worst_case_hours_with_skip": hours - skipped * per_job * shape.timeout_min / 60 * _assumed_share(),
@@ -187,8 +355,20 @@ def _skip_lines(s: dict[str, Any]) -> list[str]:
              "per step (an upper bound on the saving)")]
 
 
+def _expected_lines(s: dict[str, Any]) -> list[str]:
+    """The expected cost beside the worst case, labelled as the estimate it is (VeRL sweeps only)."""
+    if s["trainer"] != "verl":
+        return []
+    if s["expected_hours"] is None:
+        return ["  expected         not estimated (a variational stage plans no step count)"]
+    return [(f"  expected         ~{_num(round(s['expected_hours']))} {s['resource']}-hours, an estimate: "
+             f"{_num(s['planned_steps'])} planned steps over {_count(s['jobs'], 'job')} x "
+             f"{s['assumed_step_minutes']:g} min per step assumed (sweeps.plan.ASSUMED_STEP_MINUTES, not measured) "
+             f"x {_count(s['per_job'], s['resource'])}")]
+
+
 def summary_lines(summary: dict[str, Any]) -> list[str]:
-    """The plan as text lines (printed as they are, never wrapped)."""
+    """The plan as text lines (printed as they are, never wrapped), the warning block first."""
     s, unit = summary, summary["resource"]
     hours = _num(s["timeout_min"] / 60)
     worst = (f"{_num(s['worst_case_hours'])} {unit}-hours ({s['jobs']} jobs x {_count(s['per_job'], unit)} x "
@@ -197,12 +377,14 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         worst += (f"; requeues after a time-out (max_num_timeout {s['max_num_timeout']}) could multiply it by up to "
                   f"{1 + s['max_num_timeout']}: {_num(s['worst_case_hours_with_requeues'])} {unit}-hours")
     lines = [
+        *warning_lines(s.get("warnings", [])),
         f"plan: {s['sweep']} on {s['cluster']} ({s['backend']}, {s['trainer']} trainer): {s['runs']}",
         (f"  jobs             {s['jobs']}, each {_count(s['nodes_per_job'], 'node')} x "
          f"{_count(s['per_node'], unit)} = {_count(s['per_job'], unit)}"),
         f"  at once          {_count(s['at_once'], unit)} (max_parallel {s['max_parallel']})",
         f"  wall-time limit  {s['timeout_min']} min ({hours} h) per attempt",
         f"  worst case       {worst}",
+        *_expected_lines(s),
         *_skip_lines(s),
         f"  partition        {s['partition'] or '(the site default)'}",
     ]

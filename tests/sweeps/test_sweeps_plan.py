@@ -88,10 +88,11 @@ def test_cluster_dry_run_without_slurm_opens_with_the_plan_of_the_main_compariso
     text = _sweeps(tmp_path, "main_comparison", "cluster=h20_4x8", "--dry-run")
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    assert lines[0] == "plan: main_comparison on h20_4x8 (slurm, verl trainer): 16 runs (16 cells x 1 seed)"
-    assert "  jobs             16, each 4 nodes x 8 GPUs = 32 GPUs" in lines[:8]
-    assert "  at once          512 GPUs (max_parallel 16)" in lines[:8]
-    assert any(line.startswith("  worst case       24,576 GPU-hours") for line in lines[:8])
+    start = lines.index("plan: main_comparison on h20_4x8 (slurm, verl trainer): 16 runs (16 cells x 1 seed)")
+    assert lines[0].startswith(f"WARNINGS ({start - 1}): ")  # the risks first (tests/sweeps/test_plan_warnings.py)
+    assert "  jobs             16, each 4 nodes x 8 GPUs = 32 GPUs" in lines[start:start + 8]
+    assert "  at once          512 GPUs (max_parallel 16)" in lines[start:start + 8]
+    assert any(line.startswith("  worst case       24,576 GPU-hours") for line in lines[start:start + 8])
     assert f"    model MISSING {models / 'Qwen3-8B-Base'}  (4 runs)  -> download the model to this path, or set " \
            "model.path=DIR" in lines
     assert lines[-1] == "  submit           python -m sweeps main_comparison cluster=h20_4x8"
