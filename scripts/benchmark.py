@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,15 @@ def run_study(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def scratch_dir(keep: Path | None) -> Iterator[Path]:
+    """The folder a benchmark builds in: ``keep`` (made if missing, kept afterwards) or a temporary one, removed."""
+    with tempfile.TemporaryDirectory(prefix="predmask-bench-") as tmp:
+        root = keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        yield root
+
+
 def reports_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive_int, default=500, help="steps per run (default 500)")
     p.add_argument("--keep", type=Path, default=None, help="build in this folder and keep it (default: a temp dir)")
@@ -275,9 +285,7 @@ def reports_options(p: argparse.ArgumentParser) -> None:
 def run_reports(args: argparse.Namespace) -> int:
     from reports.bench import bench
 
-    with tempfile.TemporaryDirectory(prefix="predmask-bench-") as tmp:
-        root = args.keep or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
+    with scratch_dir(args.keep) as root:
         r = bench(root, args.steps)
     print(f"synthetic database: {r['runs']} runs x {r['steps']} steps x {r['metrics']} metrics + 61-seed study")
     print(f"ingest: {r['ingest_s']:.2f} s")
@@ -325,9 +333,7 @@ def ingest_options(p: argparse.ArgumentParser) -> None:
 def run_ingest(args: argparse.Namespace) -> int:
     from analysis.store import ingest_bench
 
-    with tempfile.TemporaryDirectory(prefix="predmask-bench-") as tmp:
-        root = args.keep or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
+    with scratch_dir(args.keep) as root:
         r = ingest_bench.measure(root, args.lines, args.metrics)
     print(f"metrics.jsonl: {r['lines']:,} lines x {r['metrics']} values, {r['file_bytes'] / 1e6:.0f} MB")
     print(f"ingest: {r['wall_s']:.1f} s wall, peak memory {r['peak_bytes'] / (1 << 20):.0f} MiB, "
@@ -347,9 +353,7 @@ def status_options(p: argparse.ArgumentParser) -> None:
 def run_status(args: argparse.Namespace) -> int:
     from sweeps import status_bench
 
-    with tempfile.TemporaryDirectory(prefix="predmask-bench-") as tmp:
-        root = args.keep or Path(tmp)
-        root.mkdir(parents=True, exist_ok=True)
+    with scratch_dir(args.keep) as root:
         r = status_bench.measure(root, args.runs)
     print(f"python -m sweeps status: {r['runs']:,} runs in {r['wall_s']:.1f} s wall ({r['ms_per_run']:.2f} ms a run), "
           f"{r['cpu_s']:.1f} s CPU, {r['rows']:,} rows shown; load average {r['load']:.1f} on {r['cores']} cores")
