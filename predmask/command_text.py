@@ -8,11 +8,20 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["DRIFT", "STUDY", "command", "python_command", "sweep_command", "with_db"]
+__all__ = ["ACCURACY_WEIGHTING", "DRIFT", "MAIN_COMPARISON", "PAPER", "PAPER_STEPS", "STUDY", "TIGHT_THRESHOLD",
+           "VARIATIONAL", "command", "python_command", "sweep_command", "with_db"]
 
 #: the commands (after ``python -m``) that produce the data of the token-level figures and tables
 STUDY = "analysis token_level --seeds 61"
 DRIFT = "analysis drift"
+#: the commands (after ``python -m``) that produce the data of the training and variational artefacts, and the report
+MAIN_COMPARISON = "sweeps main_comparison"
+TIGHT_THRESHOLD = "sweeps tight_threshold"
+VARIATIONAL = "sweeps variational_reasoning"
+ACCURACY_WEIGHTING = "analysis accuracy_weighting"
+PAPER = "reports paper"
+#: everything the paper's report shows, in the order ``python -m sweeps paper`` runs it (each step skips finished work)
+PAPER_STEPS = (MAIN_COMPARISON, TIGHT_THRESHOLD, STUDY, DRIFT, VARIATIONAL, ACCURACY_WEIGHTING, PAPER)
 
 
 def python_command() -> str:

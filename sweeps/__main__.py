@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from predmask.command_text import command, sweep_command, with_db
+from predmask.progress import duration_text, process_seconds
 from predmask.rundir import PLANNED_CONFIG_FILE, DamagedFileError, read_config, runs_root, sweep_path
 from sweeps.compose import RunSpec, SweepError, sweep_family, sweep_names
 from sweeps.families import describe, expand
@@ -31,6 +32,7 @@ examples:
   python -m sweeps main_comparison cluster=h20_4x8 --dry-run   # the 16 VeRL jobs (one seed), nothing submitted
   python -m sweeps main_comparison --dry-run --format json
   python -m sweeps status main_comparison
+  python -m sweeps paper --dry-run                       # every step the paper's report needs, with time estimates
   python -m sweeps variational_reasoning                 # 37 runs: 1 prior + 3 seeds x (3 stages + 9 finals)
   python -m sweeps variational_reasoning_smoke           # the same chain, one seed, 128 questions (<= 3 min)
   python -m sweeps variational_reasoning method=sft,vr_acc method.data=best_mixed data.questions=256
@@ -249,7 +251,6 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                   f"({specs[0].config['cluster']['name']}), runs in {sweep_path(args.sweep, root)}, database {db}")
     hint = with_db(command(f"analysis ingest {shlex.quote(str(sweep_path(args.sweep, root)))}"), args.db and db)
     ingest = Ingester(db, hint)
-    started = time.perf_counter()
     chained = any(spec.inputs for spec in specs)  # a variational sweep: each stage after the runs it reads
     with SweepLock(sweep_path(args.sweep, root)):
         if chained:
@@ -263,10 +264,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             if spec.run_id in outcome.skipped:
                 ingest(spec, root / spec.sweep / spec.run_id)
         deferred = ingest.catch_up()
-    elapsed = time.perf_counter() - started
+    elapsed = time.monotonic() - args.started  # the command's wall time: start-up, planning and checks included
     blocked = f", {len(outcome.blocked)} not started" if outcome.blocked else ""
     console.print(f"{len(outcome.completed)} completed, {len(outcome.skipped)} already done, "
-                  f"{len(outcome.failed)} failed{blocked} in {elapsed / 60:.1f} min{_target_text(args.sweep)}; "
+                  f"{len(outcome.failed)} failed{blocked} in {duration_text(elapsed)}{_target_text(args.sweep)}; "
                   f"database: {db}", highlight=False)
     for run_id, message in outcome.failed.items():
         console.print(f"[red]failed[/] {run_id}: {message}", highlight=False)
@@ -402,6 +403,9 @@ def _hang_up(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)  # options may sit between overrides
+    # the wall clock the end line reports: from the process's start when run as a command (interpreter start-up
+    # and imports included), else from this call
+    args.started = time.monotonic() - (process_seconds() if argv is None else 0.0)
     with contextlib.suppress(ValueError):  # not the main thread (main() called from a test's thread): leave it
         signal.signal(signal.SIGHUP, _hang_up)
     console = Console(stderr=args.format == "json", soft_wrap=True)  # long lines stay whole when piped
@@ -409,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.sweep == "status":
             args.sweep = args.overrides[0] if args.overrides else None
             return cmd_status(args, console)
+        if args.sweep == "paper":  # every command the paper's report needs, in order (sweeps.paper_plan)
+            from sweeps.paper_plan import run_plan
+
+            if args.overrides:
+                raise SweepError(f"'paper' runs the embedded default and takes no overrides, got {args.overrides}")
+            return run_plan(dry_run=args.dry_run)
         return cmd_run(args, console)
     except (ValueError, RuntimeError) as err:  # SweepError is a ValueError, StoreError a RuntimeError
         print(f"error: {err}", file=sys.stderr)
