@@ -20,7 +20,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -29,7 +29,7 @@ from torch import Tensor
 
 from predmask.divergence import predicted_divergence_change, topk_divergence
 from predmask.methods import MethodParams, policy_loss
-from predmask.support import build_support, gather_support_logprobs
+from predmask.support import TopKSupport, build_support, gather_support_logprobs
 
 __all__ = [
     "BASELINE",
@@ -93,6 +93,23 @@ def target(name: str, value: float, limit: float) -> dict[str, Any]:
     return {"target": name, "value": value, "limit": limit, "pass": bool(value <= limit)}
 
 
+def rollout_support(logit_chunks: Iterable[Tensor], topk: int, g: torch.Generator) -> tuple[TopKSupport, Tensor]:
+    """A rollout's top-K support and sampled ids drawn from row chunks of logits: each chunk plus noise of scale 0.3
+    (a stand-in for precision mismatch) is the rollout distribution mu, sampled once per row with ``g``."""
+    top_ids, top_lp, sampled, sampled_lp = [], [], [], []
+    for z in logit_chunks:
+        mu_lp = torch.log_softmax(z.float() + 0.3 * torch.randn(z.shape, generator=g, device=z.device), -1)
+        k = torch.multinomial(mu_lp.exp(), 1, generator=g)
+        top = mu_lp.topk(topk, -1)
+        top_ids.append(top.indices)
+        top_lp.append(top.values)
+        sampled.append(k.squeeze(-1))
+        sampled_lp.append(mu_lp.gather(-1, k).squeeze(-1))
+        del mu_lp
+    sampled_ids = torch.cat(sampled)
+    return build_support(torch.cat(top_ids), torch.cat(top_lp), sampled_ids, torch.cat(sampled_lp)), sampled_ids
+
+
 def make_inputs(tokens: int, vocab: int, topk: int, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
                 seed: int = 0) -> dict[str, Tensor]:
     """Logits [tokens, vocab] in ``dtype`` and a rollout support built from a perturbed copy of them.
@@ -105,20 +122,14 @@ def make_inputs(tokens: int, vocab: int, topk: int, *, device: str = "cpu", dtyp
     g = torch.Generator(device=device).manual_seed(seed)
     logits = torch.empty(tokens, vocab, dtype=dtype, device=device)
     sharp = 1.0 + 5.0 * torch.rand(tokens, 1, generator=g, device=device)
-    top_ids, top_lp, sampled, sampled_lp = [], [], [], []
-    for s in range(0, tokens, _CHUNK_ROWS):
-        e = min(s + _CHUNK_ROWS, tokens)
-        logits[s:e] = torch.randn(e - s, vocab, generator=g, device=device) * sharp[s:e]
-        mu_lp = torch.log_softmax(logits[s:e].float() + 0.3 * torch.randn(e - s, vocab, generator=g, device=device), -1)
-        k = torch.multinomial(mu_lp.exp(), 1, generator=g)
-        top = mu_lp.topk(topk, -1)
-        top_ids.append(top.indices)
-        top_lp.append(top.values)
-        sampled.append(k.squeeze(-1))
-        sampled_lp.append(mu_lp.gather(-1, k).squeeze(-1))
-        del mu_lp
-    sampled_ids = torch.cat(sampled)
-    sup = build_support(torch.cat(top_ids), torch.cat(top_lp), sampled_ids, torch.cat(sampled_lp))
+
+    def chunks() -> Iterator[Tensor]:
+        for s in range(0, tokens, _CHUNK_ROWS):
+            e = min(s + _CHUNK_ROWS, tokens)
+            logits[s:e] = torch.randn(e - s, vocab, generator=g, device=device) * sharp[s:e]
+            yield logits[s:e]
+
+    sup, sampled_ids = rollout_support(chunks(), topk, g)
     adv = torch.randn(tokens, generator=g, device=device)
     return {"logits": logits, "ids": sup.ids, "mu": sup.mu_logprobs, "valid": sup.valid,
             "sampled_index": sup.sampled_index, "sampled": sampled_ids, "adv": adv}

@@ -28,10 +28,10 @@ import torch
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
-from predmask.bench import DELTA, median_times, target
+from predmask.bench import DELTA, median_times, rollout_support, target
 from predmask.hidden_gather import gather_support_logprobs_from_hidden
 from predmask.methods import MethodParams, policy_loss
-from predmask.support import build_support, gather_support_logprobs
+from predmask.support import gather_support_logprobs
 
 __all__ = [
     "DEFAULT_HIDDEN_SIZE",
@@ -71,19 +71,8 @@ def make_hidden_inputs(tokens: int, vocab: int, dim: int, topk: int, *, seed: in
     sharp = 1.0 + 5.0 * torch.rand(tokens, 1, generator=g)
     hidden = torch.randn(tokens, dim, generator=g) * sharp / dim ** 0.5
     weight = torch.randn(vocab, dim, generator=g)
-    top_ids, top_lp, sampled, sampled_lp = [], [], [], []
-    for s in range(0, tokens, _CHUNK_ROWS):
-        z = hidden[s:s + _CHUNK_ROWS] @ weight.T
-        mu_lp = torch.log_softmax(z + 0.3 * torch.randn(z.shape, generator=g), -1)
-        k = torch.multinomial(mu_lp.exp(), 1, generator=g)
-        top = mu_lp.topk(topk, -1)
-        top_ids.append(top.indices)
-        top_lp.append(top.values)
-        sampled.append(k.squeeze(-1))
-        sampled_lp.append(mu_lp.gather(-1, k).squeeze(-1))
-        del z, mu_lp
-    sampled_ids = torch.cat(sampled)
-    sup = build_support(torch.cat(top_ids), torch.cat(top_lp), sampled_ids, torch.cat(sampled_lp))
+    chunks = (hidden[s:s + _CHUNK_ROWS] @ weight.T for s in range(0, tokens, _CHUNK_ROWS))
+    sup, sampled_ids = rollout_support(chunks, topk, g)
     return {"hidden": hidden, "weight": weight, "ids": sup.ids, "mu": sup.mu_logprobs, "valid": sup.valid,
             "sampled_index": sup.sampled_index, "sampled": sampled_ids, "adv": torch.randn(tokens, generator=g)}
 
