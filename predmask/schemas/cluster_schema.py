@@ -159,43 +159,40 @@ class SFTStageConfig:
 
 
 @dataclass
-class TracesSamplingConfig:
+class VLLMSamplingConfig:
+    """How a stage samples with vLLM: temperature, top-p, and at most ``max_tokens`` tokens a response."""
+
+    temperature: float = MISSING
+    top_p: float = MISSING
+    max_tokens: int = MISSING
+
+
+@dataclass
+class TracesSamplingConfig(VLLMSamplingConfig):
     """``k`` traces per question from q_phi."""
 
     k: int = MISSING
-    temperature: float = MISSING
-    top_p: float = MISSING
-    max_tokens: int = MISSING
 
 
 @dataclass
-class WeightsSamplingConfig:
+class WeightsSamplingConfig(VLLMSamplingConfig):
     """``m`` answers per trace from pi_theta0."""
 
     m: int = MISSING
-    temperature: float = MISSING
-    top_p: float = MISSING
-    max_tokens: int = MISSING
 
 
 @dataclass
-class RFTSamplingConfig:
+class RFTSamplingConfig(VLLMSamplingConfig):
     """``samples`` responses per question from pi_theta0 for the rft final (its correct ones are kept)."""
 
     samples: int = MISSING
-    temperature: float = MISSING
-    top_p: float = MISSING
-    max_tokens: int = MISSING
 
 
 @dataclass
-class EvalSamplingConfig:
-    """``n`` samples per problem of an evaluation (avg@n, pass@1..n), each at most ``max_tokens`` long."""
+class EvalSamplingConfig(VLLMSamplingConfig):
+    """``n`` samples per problem of an evaluation (avg@n, pass@1..n)."""
 
     n: int = MISSING
-    temperature: float = MISSING
-    top_p: float = MISSING
-    max_tokens: int = MISSING
 
 
 @dataclass
