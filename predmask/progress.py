@@ -12,18 +12,26 @@ seconds (default ``INTERVAL_S``, or ``$PREDMASK_PROGRESS_INTERVAL_S``) whether o
 heartbeat thread covers long units of work), and once at the end, to ``stream`` (default stderr) and to ``log`` when
 given; with ``log_file`` the same lines (and, beside a bar, the lines a piped run would write) are appended to
 that file too. ``Tracker.working`` tells the tracker how much of the units under way is done (e.g. the running runs' steps),
-so the ETA moves before the first unit is complete.
+so the ETA moves before the first unit is complete; ``Tracker.estimate`` replaces its extrapolation by a measured
+estimate (e.g. :func:`eta_from_durations`), or marks it rough when there is none yet.
+
+A phase that keeps a run from its first step (pretraining the base model, waiting for another run to build it) is
+made visible to a sweep: inside ``with report_phases(run_dir / PHASE_FILE)`` every progress display (and every
+:func:`waiting` block) also writes its state to that file (:func:`read_phase`), removed when the phase ends.
 """
 
 from __future__ import annotations
 
+import contextvars
+import json
 import logging
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -38,10 +46,30 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-__all__ = ["INTERVAL_ENV", "INTERVAL_S", "Tracker", "interactive", "interval_from_env", "progress"]
+from predmask.io import atomic_write_text
+
+__all__ = [
+    "INTERVAL_ENV",
+    "INTERVAL_S",
+    "PHASE_WRITE_S",
+    "Phase",
+    "Tracker",
+    "duration_text",
+    "eta_from_durations",
+    "interactive",
+    "interval_from_env",
+    "process_seconds",
+    "progress",
+    "read_phase",
+    "report_phases",
+    "seconds_since_start",
+    "waiting",
+]
 
 #: seconds between two plain progress lines
 INTERVAL_S = 10.0
+#: least seconds between two writes of the phase file (its reader polls about once a second)
+PHASE_WRITE_S = 1.0
 #: environment variable that replaces INTERVAL_S (a number of seconds >= 0) where ``interval_s`` is not given
 INTERVAL_ENV = "PREDMASK_PROGRESS_INTERVAL_S"
 
@@ -60,9 +88,120 @@ def interval_from_env() -> float:
     return value
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """A duration as people read it: ``42s``, ``3m05s``, ``2h07m``."""
     s = round(seconds)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+_IMPORTED = time.time()
+
+
+def seconds_since_start(proc_stat: str, uptime: str, ticks_per_s: float) -> float:
+    """Wall seconds a process has run, from its ``/proc/<pid>/stat`` line (field 22: its start, in clock ticks after
+    boot) and ``/proc/uptime`` (seconds since boot)."""
+    fields = proc_stat.rsplit(")", 1)[1].split()  # the command name (field 2) may hold spaces
+    return float(uptime.split()[0]) - int(fields[19]) / ticks_per_s
+
+
+def process_seconds() -> float:
+    """Wall seconds since this process started (interpreter start-up and imports included), for a command's
+    "... in 3m05s"; where /proc is missing, since this module was imported."""
+    try:
+        return seconds_since_start(Path("/proc/self/stat").read_text(), Path("/proc/uptime").read_text(),
+                                   os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time() - _IMPORTED
+
+
+def eta_from_durations(
+    completed: Mapping[str, Sequence[float]],
+    running: Sequence[tuple[str, float]],
+    pending: Sequence[str],
+    parallel: int,
+) -> float | None:
+    """Seconds until every run has ended, from the durations of completed runs of the same kind; None while any
+    running or pending run's kind has no completed run yet (the caller then has only a rough extrapolation).
+
+    ``completed``: kind -> wall seconds of each completed run of that kind; ``running``: (kind, seconds it has run)
+    per running run, each expected to take its kind's mean duration (at least 0 s more); ``pending``: the kinds of
+    the runs not started, in start order, each started on the first of ``parallel`` slots to come free.
+    """
+    if parallel < 1:
+        raise ValueError(f"parallel must be >= 1, got {parallel}")
+    mean = {kind: sum(times) / len(times) for kind, times in completed.items() if times}
+    if any(kind not in mean for kind, _ in running) or any(kind not in mean for kind in pending):
+        return None
+    slots = sorted(max(0.0, mean[kind] - ran) for kind, ran in running)
+    slots += [0.0] * max(0, parallel - len(slots))
+    for kind in pending:
+        slots.sort()
+        slots[0] += mean[kind]
+    return max(slots, default=0.0)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What a phase file says: the phase, units done of ``total`` (None: unknown) and their unit."""
+
+    description: str
+    done: int
+    total: int | None
+    unit: str = ""
+
+    def text(self) -> str:
+        """``pretraining base model 430/1000`` (``waiting for ...`` alone when there is nothing to count)."""
+        if self.total:
+            return f"{self.description} {self.done}/{self.total}"
+        return self.description
+
+
+_PHASE_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("predmask_phase_file", default=None)
+
+
+@contextmanager
+def report_phases(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Inside the block, progress displays and :func:`waiting` blocks write their state to ``path`` (a run's
+    phase file, read by the sweep following it); the file is removed when the block ends."""
+    file = Path(path)
+    token = _PHASE_FILE.set(file)
+    try:
+        yield
+    finally:
+        _PHASE_FILE.reset(token)
+        file.unlink(missing_ok=True)
+
+
+def _write_phase(file: Path, phase: Phase) -> None:
+    payload = {"phase": phase.description, "done": phase.done, "total": phase.total, "unit": phase.unit}
+    atomic_write_text(file, json.dumps(payload) + "\n")
+
+
+def read_phase(path: Path) -> Phase | None:
+    """The phase a run is in (its phase file), None when it is in none: no file, or one that is not what
+    :func:`report_phases` writes (a reader racing a removal, a damaged file: the run's steps speak instead)."""
+    try:
+        data = json.loads(path.read_text())
+        total = data["total"]
+        phase = Phase(str(data["phase"]), int(data["done"]), None if total is None else int(total),
+                      str(data.get("unit", "")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return phase
+
+
+@contextmanager
+def waiting(description: str) -> Iterator[None]:
+    """A phase with nothing to count (e.g. ``waiting for base model tiny (another run builds it)``): written to the
+    phase file of the enclosing :func:`report_phases`, if any, for the block's duration."""
+    file = _PHASE_FILE.get()
+    if file is not None:
+        _write_phase(file, Phase(description, 0, None))
+    try:
+        yield
+    finally:
+        if file is not None:
+            file.unlink(missing_ok=True)
 
 
 class Tracker:
@@ -77,6 +216,9 @@ class Tracker:
         self._bar, self._task = bar, (None if bar is None else self._add_task(bar))
         self._t0 = self._last = time.monotonic()
         self._lock = threading.Lock()
+        self._phase_file, self._phase_written = _PHASE_FILE.get(), float("-inf")
+        self._estimate: float | None = None
+        self._rough = False
 
     def _add_task(self, bar: Progress) -> TaskID:
         return bar.add_task(self.description, total=self.total, completed=self.completed, status="")
@@ -102,7 +244,14 @@ class Tracker:
         self.status = status or self.status
         self._update()
 
+    def estimate(self, seconds: float | None) -> None:
+        """The seconds left as measured by the caller (e.g. :func:`eta_from_durations`); None: no measured
+        estimate yet, so the line's extrapolation from the work done so far is shown as rough (``eta ~5m (rough)``)."""
+        self._estimate, self._rough = seconds, seconds is None
+
     def _update(self) -> None:
+        if self._phase_file is not None and time.monotonic() - self._phase_written >= PHASE_WRITE_S:
+            self.write_phase()
         if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=self.completed + self.partial, status=self.status)
         if (self._bar is None or self._log_file is not None) and time.monotonic() - self._last >= self._interval:
@@ -116,10 +265,13 @@ class Tracker:
         pct = f" ({100 * self.completed / self.total:.0f}%)" if self.total else ""
         status = f" {self.status}" if self.status else ""
         done_here = self.completed + self.partial - self._first
-        timing = f"elapsed {_duration(elapsed)}"
+        timing = f"elapsed {duration_text(elapsed)}"
         left = (self.total or 0) - self.completed - self.partial
-        if self.total and done_here > 0 and left > 0:
-            timing += f", eta {_duration(elapsed / done_here * left)}"
+        if self._estimate is not None:
+            timing += f", eta {duration_text(self._estimate)}"
+        elif self.total and done_here > 0 and left > 0:
+            rough = elapsed / done_here * left
+            timing += f", eta ~{duration_text(rough)} (rough)" if self._rough else f", eta {duration_text(rough)}"
         return f"{self.description}: {count}{pct}{status} [{timing}]"
 
     def emit(self) -> None:
@@ -134,6 +286,12 @@ class Tracker:
                 with self._log_file.open("a") as fh:
                     fh.write(text + "\n")
             self._last = time.monotonic()
+
+    def write_phase(self) -> None:
+        """Write this display's state to the phase file of the enclosing :func:`report_phases` (none: nothing)."""
+        if self._phase_file is not None:
+            _write_phase(self._phase_file, Phase(self.description, self.completed, self.total, self.unit))
+            self._phase_written = time.monotonic()
 
     def heartbeat(self, stop: threading.Event) -> None:
         """Until ``stop`` is set: write the line whenever ``interval_s`` passed without one."""
@@ -176,6 +334,7 @@ def progress(
     with _bar(bar) as rich_bar:
         tracker = Tracker(description, total, unit=unit, completed=completed, log=log, interval_s=interval,
                           bar=rich_bar, stream=stream, log_file=file)
+        tracker.write_phase()
         stop = threading.Event()
         beat = threading.Thread(target=tracker.heartbeat, args=(stop,), name="progress-heartbeat", daemon=True)
         if interval > 0 and (rich_bar is None or file is not None):
@@ -188,6 +347,8 @@ def progress(
                 beat.join()
             if rich_bar is None or file is not None:
                 tracker.emit()
+            if tracker._phase_file is not None:
+                tracker._phase_file.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -53,6 +53,7 @@ __all__ = [
     "JOB_RECORD_FILE",
     "LOG_FILE",
     "METRICS_FILE",
+    "PHASE_FILE",
     "PLANNED_CONFIG_FILE",
     "RECORD_SHAPE",
     "ROOT_ENV",
@@ -112,6 +113,8 @@ LOG_FILE = "train.log"
 JOB_LOG_FILE = "job.log"
 JOB_RECORD_FILE = "job.json"
 EXIT_STATUS_FILE = "exit_status.json"
+#: the phase that keeps a run from its first step (pretraining its base model), while it lasts (predmask.progress)
+PHASE_FILE = "phase.json"
 CHECKPOINT_DIR = "checkpoints"
 
 #: the status of a run whose status.json still says "running" while no process holds its lock (killed)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from predmask.io import atomic_write
 from predmask.progress import progress as show_progress
+from predmask.progress import waiting
 from predmask.rl.model import build_policy, hf_config
 from predmask.rl.rollout import encode_prompts, rollout_problems
 from predmask.rl.task import (
@@ -216,10 +217,15 @@ def base_cache_path(model_cfg: Mapping[str, Any], task: TaskConfig, cfg: BaseCon
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def _file_lock(path: Path, waiting_for: str = "") -> Iterator[None]:
+    """Hold an exclusive flock on ``path``; a wait for another process's lock is the phase ``waiting_for``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            with waiting(waiting_for or f"waiting for {path.name}"):
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield
         finally:
@@ -273,7 +279,7 @@ def load_base_model(
     del response_len
     path = base_cache_path(model_cfg, task, cfg, cache_dir)
     tok = ArithmeticTokenizer(task.max_number)
-    with _file_lock(path.with_suffix(".lock")):
+    with _file_lock(path.with_suffix(".lock"), f"waiting for base model {model_cfg.get('name')} (another run builds it)"):
         if not path.exists():
             model, info = _build(model_cfg, task, cfg, progress)
             blob = {"state_dict": model.state_dict(), "info": info}

@@ -62,6 +62,7 @@ from predmask import metrics as M
 from predmask.checkpoints import Checkpoint, checkpoint_files, latest_valid_checkpoint, save_checkpoint
 from predmask.config import store_schemas
 from predmask.progress import progress as show_progress
+from predmask.progress import report_phases
 from predmask.rl.engine import Engine, prepare_config
 from predmask.rl.task import STANDIN_LABEL, Problem, iter_train_prompts
 from predmask.rl.trackers import Trackers, require_installed
@@ -70,6 +71,7 @@ from predmask.rundir import (
     CORRUPT_METRICS_FILE,
     LOG_FILE,
     METRICS_FILE,
+    PHASE_FILE,
     STATUS_FILE,
     MetricsWriter,
     RunDirBusyError,
@@ -254,7 +256,8 @@ def _start(c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | None, total: int
     log.info("eval splits: %s", STANDIN_LABEL)
     progress = _use_progress(c["trainer"].get("progress", "auto"))
     log.info("loading the base model from %s (pretrained on first use, about a minute)", c["cache_dir"])
-    engine = Engine(c, progress=progress)
+    with report_phases(run_dir / PHASE_FILE):  # a sweep shows the base model's pretraining, not step 0
+        engine = Engine(c, progress=progress)
     log.info("policy: %d parameters, vocabulary %d; base model %s (train acc %.3f, %s)",
              engine.n_parameters, engine.tokenizer.vocab_size, engine.base_info.get("cache_path"),
              engine.base_info.get("train_acc", float("nan")),
