@@ -26,12 +26,13 @@ from launch.executor import make_executor as cluster_executor
 from launch.follow import Ended, follow, rejoin_slurm_job
 from launch.ray_job import RayJob
 from launch.ray_slurm import ray_options
-from predmask.progress import progress
-from predmask.rundir import JOB_LOG_FILE, read_job_record, run_writer_alive, write_job_record
+from predmask.progress import eta_from_durations, progress, read_phase
+from predmask.rundir import JOB_LOG_FILE, PHASE_FILE, read_job_record, run_writer_alive, write_job_record
 from sweeps.compose import RunSpec, SweepError
 from sweeps.jobs import trainer_argv
 from sweeps.run_dirs import (
     DAMAGED,
+    RunState,
     check_inside_root,
     failure_cause,
     log_size,
@@ -199,8 +200,12 @@ def run_sweep(
     with progress(f"sweep {specs[0].sweep}" if specs else "sweep", total=len(specs), unit="runs",
                   completed=len(outcome.skipped), stream=sys.stdout) as bar:
 
+        began: dict[str, float] = {}  # run_id -> when this invocation started it (monotonic seconds)
+        durations: dict[str, list[float]] = {}  # kind -> wall seconds of the runs of that kind completed here
+
         def started() -> Iterator[tuple[str, submitit.Job[Any]]]:
             for run_id, spec in pending.items():
+                began[run_id] = time.monotonic()
                 job = _start(spec, root)
                 console.print(f"run {run_id} {spec.method} {spec.model}/{spec.precision}: job {job.job_id}",
                               highlight=False)
@@ -209,13 +214,19 @@ def run_sweep(
         def poll(active: Mapping[str, Any]) -> None:
             """The running runs' steps beside the count; their share of their steps moves the ETA."""
             states = {run_id: read_state(run_dir(pending[run_id], root)) for run_id in active}
-            text = " · ".join(f"{run_id} step {s.step}/{s.total_steps or '?'}" for run_id, s in states.items())
+            text = " · ".join(f"{run_id} {run_progress_text(run_dir(pending[run_id], root), s)}"
+                              for run_id, s in states.items())
             bar.working(sum(min(1.0, s.step / s.total_steps) for s in states.values() if s.total_steps), text)
+            now = time.monotonic()
+            bar.estimate(eta_from_durations(
+                durations, [(run_kind(pending[r]), now - began[r]) for r in active],
+                [run_kind(spec) for r, spec in pending.items() if r not in began], max_parallel))
 
         def on_end(end: Ended[str]) -> None:
             spec, path = pending[end.key], run_dir(pending[end.key], root)
             if end.ok:
                 outcome.completed.append(end.key)
+                durations.setdefault(run_kind(spec), []).append(time.monotonic() - began[end.key])
             else:
                 outcome.failed[end.key] = f"{failure_cause(path) or end.error} (log: {path / JOB_LOG_FILE})"
             on_finished(spec, path)
@@ -229,6 +240,18 @@ def run_sweep(
             console.print(f"[yellow]interrupted: {stopped}; rerun the same command to resume them[/]")
             raise SweepInterrupted from None
     return outcome
+
+
+def run_kind(spec: RunSpec) -> str:
+    """Runs of one kind take about as long as each other (the sweep's ETA): the same model setting, trainer and
+    (variational) stage."""
+    return "/".join([spec.model, trainer_of(spec), *([spec.stage] if spec.stage is not None else [])])
+
+
+def run_progress_text(path: Path, state: RunState) -> str:
+    """``pretraining base model tiny 430/1000`` while the run is in a phase before its steps, else ``step 3/60``."""
+    phase = read_phase(path / PHASE_FILE) if state.status in ("new", "running") else None
+    return phase.text() if phase is not None else f"step {state.step}/{state.total_steps or '?'}"
 
 
 def validate_runs(specs: list[RunSpec], root: Path) -> None:

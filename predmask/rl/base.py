@@ -240,7 +240,7 @@ def _build(model_cfg: Mapping[str, Any], task: TaskConfig, cfg: BaseConfig,
         model = build_policy(model_cfg, tok.vocab_size, cfg.seed)
         torch.manual_seed(cfg.seed)
         stats = pretrain(model, tok, task, cfg, progress=progress,
-                         description=f"pretraining base {model_cfg.get('name')}")
+                         description=f"pretraining base model {model_cfg.get('name')}")
         train_problems = make_split(task, "train", cfg.eval_problems)
         info: dict[str, Any] = {
             "model": model_cfg.get("name"),
