@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from predmask.command_text import command, sweep_command, with_db
+from predmask.progress import duration_text, process_seconds
 from predmask.rundir import PLANNED_CONFIG_FILE, DamagedFileError, read_config, runs_root, sweep_path
 from sweeps.compose import RunSpec, SweepError, sweep_family, sweep_names
 from sweeps.families import describe, expand
@@ -250,7 +251,6 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
                   f"({specs[0].config['cluster']['name']}), runs in {sweep_path(args.sweep, root)}, database {db}")
     hint = with_db(command(f"analysis ingest {shlex.quote(str(sweep_path(args.sweep, root)))}"), args.db and db)
     ingest = Ingester(db, hint)
-    started = time.perf_counter()
     chained = any(spec.inputs for spec in specs)  # a variational sweep: each stage after the runs it reads
     with SweepLock(sweep_path(args.sweep, root)):
         if chained:
@@ -264,10 +264,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             if spec.run_id in outcome.skipped:
                 ingest(spec, root / spec.sweep / spec.run_id)
         deferred = ingest.catch_up()
-    elapsed = time.perf_counter() - started
+    elapsed = time.monotonic() - args.started  # the command's wall time: start-up, planning and checks included
     blocked = f", {len(outcome.blocked)} not started" if outcome.blocked else ""
     console.print(f"{len(outcome.completed)} completed, {len(outcome.skipped)} already done, "
-                  f"{len(outcome.failed)} failed{blocked} in {elapsed / 60:.1f} min{_target_text(args.sweep)}; "
+                  f"{len(outcome.failed)} failed{blocked} in {duration_text(elapsed)}{_target_text(args.sweep)}; "
                   f"database: {db}", highlight=False)
     for run_id, message in outcome.failed.items():
         console.print(f"[red]failed[/] {run_id}: {message}", highlight=False)
@@ -403,6 +403,9 @@ def _hang_up(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(argv)  # options may sit between overrides
+    # the wall clock the end line reports: from the process's start when run as a command (interpreter start-up
+    # and imports included), else from this call
+    args.started = time.monotonic() - (process_seconds() if argv is None else 0.0)
     with contextlib.suppress(ValueError):  # not the main thread (main() called from a test's thread): leave it
         signal.signal(signal.SIGHUP, _hang_up)
     console = Console(stderr=args.format == "json", soft_wrap=True)  # long lines stay whole when piped
