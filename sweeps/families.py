@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sweeps.compose import TRAIN_FAMILY, RunSpec, SweepError, describe_grid, expand_grid, sweep_family, sweep_names
+from sweeps.compose import (
+    TRAIN_FAMILY,
+    RunSpec,
+    SweepError,
+    describe_grid,
+    expand_grid,
+    sweep_family,
+    sweep_names,
+)
 from sweeps.vr_chain import describe_chain, expand_variational
 
 __all__ = ["describe", "expand"]

@@ -45,8 +45,8 @@ def write_run(root: Path, lines: int, metrics: int, seed: int = 0) -> Path:
     names = metric_names(metrics)
     rng = random.Random(seed)
     with open(run_dir / METRICS_FILE, "w") as fh:
-        for step in range(1, lines + 1):
-            fh.write(json.dumps({"step": step, "data": {n: rng.random() for n in names}}) + "\n")
+        fh.writelines(json.dumps({"step": step, "data": {n: rng.random() for n in names}}) + "\n"
+                      for step in range(1, lines + 1))
     return run_dir
 
 

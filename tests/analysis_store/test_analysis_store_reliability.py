@@ -68,7 +68,8 @@ def no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=300,
+                          check=False)
 
 
 def _lines(text: str) -> list[str]:
@@ -132,8 +133,8 @@ def test_a_sqlite_file_as_the_database_of_ingest_is_one_line(tmp_path, no_networ
     helpers.make_run(tmp_path, "s", "r1", helpers.cpu_config(), {"metrics.jsonl": _jsonl([(1, {"a": 1.0})])})
     done = _run(["-m", "analysis", "ingest", str(tmp_path / "runs"), "--db", str(db), "-q"], no_network, tmp_path)
     assert done.returncode != 0
-    assert _lines(done.stderr) == [f"error: {db} exists but is not a DuckDB database (it is a SQLite database; "
-                                   "expected a *.duckdb file the store wrote); move it away or choose another --db path"]
+    assert _lines(done.stderr) == [(f"error: {db} exists but is not a DuckDB database (it is a SQLite database; "
+                                   "expected a *.duckdb file the store wrote); move it away or choose another --db path")]
 
 
 def test_every_connection_has_extension_autoloading_and_autoinstalling_off(tmp_path, db_path, no_network):
@@ -267,9 +268,9 @@ def test_a_run_without_config_is_named_in_one_line_and_the_good_runs_are_stored(
                 tmp_path)
     assert done.returncode == 1
     assert "Traceback" not in done.stderr
-    assert _lines(done.stderr) == [f"error: 1 run director(ies) refused, the others stored: run noconfig: "
+    assert _lines(done.stderr) == [(f"error: 1 run director(ies) refused, the others stored: run noconfig: "
                                    f"{tmp_path / 'runs' / 's' / 'noconfig'} has no config.yaml, run refused (not "
-                                   "registered)"]
+                                   "registered)")]
     assert _stored(db_path, "good") == sorted(_expected_rows([good / "metrics.jsonl"]))
     assert _stored(db_path, "noconfig") == []
 
@@ -281,8 +282,8 @@ def test_a_step_beyond_the_store_is_refused_in_one_line_naming_file_and_line(tmp
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     warnings = [line for line in _lines(done.stderr) if line.startswith("warning:")]
-    assert warnings == [f"warning: run huge: {run / 'metrics.jsonl'}:2: step 3000000000 is outside the steps the "
-                        f"results store holds ({-STEP_MAX - 1} to {STEP_MAX}), line refused"]
+    assert warnings == [(f"warning: run huge: {run / 'metrics.jsonl'}:2: step 3000000000 is outside the steps the "
+                        f"results store holds ({-STEP_MAX - 1} to {STEP_MAX}), line refused")]
     assert _stored(db_path, "huge") == [(1, "a", 1.0), (2, "a", 3.0)]
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from sweeps.families import expand
 from launch.command_job import CommandJob
+from sweeps.families import expand
 from sweeps.submit import make_executor
 
 pytestmark = pytest.mark.slurm

@@ -26,9 +26,9 @@ import torch
 from omegaconf import OmegaConf
 from verl_helpers import REPO, require_verl, run_without
 
+from predmask import metrics as M
 from predmask.config import compose as compose_config
 from predmask.config import to_container
-from predmask import metrics as M
 from predmask.verl.vr_cluster import CLUSTER_RECIPES, VR_DATA_FILES, stage_command
 from predmask.vr_stages import stage_inputs
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from analysis.token_level.compute.study_config import StudyInputError, model_label, precision_of, task_of
 from analysis.token_level.compute.study import SeedStudy, StudySettings, study_batch
+from analysis.token_level.compute.study_config import StudyInputError, model_label, precision_of, task_of
 from predmask.precisions import Precision
 from predmask.rl.emulated_precision import make_rollout_model
 from predmask.rl.rollout import RolloutBatch, rollout_problems
