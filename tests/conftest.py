@@ -131,3 +131,30 @@ def float64_default() -> Iterator[None]:
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(before)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Any]:
+    """``tmpfs(size_mib) -> Path``: a real size-limited tmpfs under ``tmp_path``, unmounted after the test. Mounting
+    needs root: without it the test is skipped with the reason; under CI=true (root on a fresh machine) a mount that
+    cannot be made fails the test, as the Slurm tests do."""
+    mounted: list[Path] = []
+
+    def mount(size_mib: int) -> Path:
+        why = None if os.geteuid() == 0 else "mounting a size-limited tmpfs needs root; run the tests as root"
+        mnt = tmp_path / f"tmpfs-{len(mounted)}"
+        mnt.mkdir()
+        if why is None:
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", str(mnt)],
+                                  capture_output=True, text=True, check=False)
+            why = f"mounting a tmpfs failed here: {done.stderr.strip()}" if done.returncode else None
+        if why is not None:
+            if _under_ci():
+                pytest.fail(f"CI=true but the full-disk test cannot run: {why}", pytrace=False)
+            pytest.skip(why)
+        mounted.append(mnt)
+        return mnt
+
+    yield mount
+    for mnt in reversed(mounted):
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -1,7 +1,7 @@
 """The results store under hostile or unlucky input (issue 27): a file of another kind as the database, a full or
 read-only disk, a run without config.yaml, a step beyond the store's range, a run resumed with fewer steps, a file
 streamed in batches. Real files, a real DuckDB, real processes, and real size-limited file systems (a tmpfs mounted
-as root; skipped with the reason otherwise, and never under CI). Nothing here may touch the network: the
+as root; skipped with the reason otherwise, required under CI=true). Nothing here may touch the network: the
 ``no_network`` fixture fails the test on any socket connection, in this process and in the child processes."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import random
 import sqlite3
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,31 +152,10 @@ def test_every_connection_has_extension_autoloading_and_autoinstalling_off(tmp_p
 # ------------------------------------------------------------------------------- full and read-only disks
 
 
-def _can_mount() -> str | None:
-    """Why a real size-limited file system cannot be mounted here, or None."""
-    if os.environ.get("CI"):
-        return "never mounts file systems under CI"
-    if os.geteuid() != 0:
-        return "mounting a tmpfs needs root"
-    return None
-
-
 @pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A real 3 MiB tmpfs, unmounted at teardown."""
-    why = _can_mount()
-    if why:
-        pytest.skip(why)
-    mnt = tmp_path / f"tmpfs-{uuid.uuid4().hex[:8]}"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mnt)], capture_output=True,
-                          text=True, check=False)
-    if done.returncode:
-        pytest.skip(f"mounting a tmpfs failed here: {done.stderr.strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+def small_tmpfs(tmpfs) -> Path:
+    """A real 3 MiB tmpfs (tests/conftest.py's ``tmpfs``: skipped without root, required under CI=true)."""
+    return tmpfs(3)
 
 
 def _big_run(helpers, tmp_path: Path, run_id: str, lines: int) -> Path:
@@ -226,16 +204,10 @@ def _make_read_only(db: Path, mnt: Path | None) -> None:
         db.parent.chmod(0o555)
 
 
-def test_a_read_only_database_is_one_line_and_exit_non_zero(tmp_path, helpers, no_network):
+def test_a_read_only_database_is_one_line_and_exit_non_zero(tmp_path, helpers, no_network, tmpfs):
     """Runs everywhere: as root (whom permission bits do not stop) on a tmpfs remounted read-only, else by
     permission bits; skipped only as root where no tmpfs can be mounted."""
-    mnt: Path | None = None
-    if os.geteuid() == 0:
-        mnt = tmp_path / "ro"
-        mnt.mkdir()
-        if os.environ.get("CI") or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                                                  check=False).returncode:
-            pytest.skip("as root only a read-only mount makes a file read-only, and none can be mounted here")
+    mnt: Path | None = tmpfs(8) if os.geteuid() == 0 else None  # as root only a read-only mount stops a write
     folder = (mnt or tmp_path) / "results"
     folder.mkdir()
     db = folder / "results.duckdb"
@@ -250,9 +222,7 @@ def test_a_read_only_database_is_one_line_and_exit_non_zero(tmp_path, helpers, n
         assert str(db) in done.stderr and "not writable" in done.stderr and "Traceback" not in done.stderr
         assert _stored(db, "r1") == [(1, "a", 1.0)]  # still readable, as it was
     finally:
-        if mnt is not None:
-            subprocess.run(["umount", "-l", str(mnt)], check=False)
-        else:
+        if mnt is None:
             folder.chmod(0o755)
 
 

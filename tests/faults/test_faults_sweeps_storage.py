@@ -6,9 +6,6 @@ freed the catch-up stores every run whole."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,26 +17,10 @@ from sweeps.compose import RunSpec
 METRICS, STEPS = 40, 300  # a metrics file of about 0.4 MB per run: more than the full disk can take
 
 
-def _mount_note() -> str | None:
-    """Why a tmpfs cannot be mounted here, or None (needs root)."""
-    return None if os.geteuid() == 0 else "mounting a size-limited tmpfs needs root; run the tests as root"
-
-
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs, unmounted afterwards (skipped without root, failed under CI=true)."""
-    note = _mount_note()
-    if note is not None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but the full-disk test cannot run: {note}", pytrace=False)
-        pytest.skip(note)
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
-    try:
-        yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
+def small_disk(tmpfs) -> Path:
+    """A 4 MiB tmpfs (tests/conftest.py's ``tmpfs``: skipped without root, required under CI=true)."""
+    return tmpfs(4)
 
 
 def _run_dir(root: Path, run_id: str) -> Path:

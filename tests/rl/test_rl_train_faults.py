@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,30 +120,10 @@ def test_ctrl_c_stops_a_trainer_with_one_line_and_exit_130(cache_dir: Path, tmp_
     assert not run_writer_alive(run_dir)
 
 
-def _tmpfs_reason() -> str | None:
-    if os.environ.get("CI"):
-        return "CI is set: no file systems are mounted under CI"
-    if os.geteuid() != 0:
-        return "mounting a size-limited tmpfs needs root (run as root to test a full disk)"
-    return None
-
-
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 2 MiB tmpfs (one checkpoint of the tiny model fits, two do not), unmounted after the test."""
-    reason = _tmpfs_reason()
-    if reason:
-        pytest.skip(reason)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True,
-                          check=False)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()})")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
+def small_disk(tmpfs) -> Path:
+    """A real 2 MiB tmpfs (one checkpoint of the tiny model fits, two do not); tests/conftest.py's ``tmpfs``."""
+    return tmpfs(2)
 
 
 def _fill(path: Path) -> None:
