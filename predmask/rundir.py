@@ -10,7 +10,7 @@ The files:
 - ``status.json``: ``{"status", "step", "total_steps", "updated", "error"}``, replaced atomically (``write_status``).
 - ``metrics.jsonl``: verl's file-logger lines ``{"step": N, "data": {name: value}}``, one per logged step
   (``metrics_line``, ``MetricsWriter``); earlier attempts of a run kept as ``metrics.attempt-<n>.jsonl``
-  (``keep_previous_attempt``), merged by step with the latest attempt winning (``merge_attempts``); unparseable lines
+  (``keep_previous_attempt``), merged by ingest by step with the latest attempt winning; unparseable lines
   moved aside by the trainer's resume go to ``metrics.corrupt.jsonl``.
 - ``.run.lock``: the writer lock, held by the one process writing the run directory for its whole life
   (``hold_run_lock``); ``status.json`` saying "running" while the lock is free means the writer died (``DEAD``).
@@ -33,7 +33,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,7 +80,6 @@ __all__ = [
     "iter_metrics",
     "keep_previous_attempt",
     "last_step",
-    "merge_attempts",
     "metrics_line",
     "parse_metrics",
     "project_root",
@@ -579,16 +578,6 @@ def attempt_files(run_dir: Path) -> list[Path]:
 def is_attempt_file(name: str) -> bool:
     """Whether a file name is one of a run's metrics attempts (metrics.jsonl or metrics.attempt-<n>.jsonl)."""
     return name == METRICS_FILE or _attempt_number(Path(METRICS_FILE), name) is not None
-
-
-def merge_attempts(attempts: Iterable[Iterable[tuple[int, str, float]]]) -> dict[tuple[int, str], float]:
-    """(step, name) -> value over a run's attempts, each given as its (step, name, value) rows in line order, oldest
-    attempt first: the last write wins, so for a step logged by several attempts the latest attempt wins."""
-    merged: dict[tuple[int, str], float] = {}
-    for rows in attempts:
-        for step, name, value in rows:
-            merged[(step, name)] = value
-    return merged
 
 
 def is_run_dir(path: Path) -> bool:
