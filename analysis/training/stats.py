@@ -21,7 +21,10 @@ Definitions (one each):
   paired differences are normal with mean ``d`` and standard deviation ``sd`` rejects with probability
   ``P(|T| > t_{1-alpha/2, n-1})``, T noncentral t with n - 1 degrees of freedom and noncentrality
   ``d sqrt(n) / sd`` (exact, ``scipy.stats.nct``); the minimum detectable difference is the ``d > 0`` at which that
-  power is ``POWER`` (0.8 at alpha 0.05 by default), the seeds needed the smallest n >= 2 reaching it.
+  power is ``POWER`` (0.8 at alpha 0.05 by default), the seeds needed the smallest n >= 2 reaching it;
+- the minimum detectable difference of two accuracies, each a proportion over ``trials`` independent 0/1 outcomes
+  (an evaluation's problems x seeds), by the normal approximation of the two-sided z-test of two proportions:
+  ``(z_{1-alpha/2} + z_{POWER}) sqrt(2 p (1 - p) / trials)`` at accuracy ``p`` (0.5, the widest, unless given).
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ __all__ = [
     "paired_difference",
     "paired_t_power",
     "predictive_references",
+    "proportion_mdd",
     "run_summary",
     "seed_curve",
     "seeds_needed",
@@ -520,6 +524,19 @@ def seeds_needed(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if enough(mid) else (mid, hi)
     return hi
+
+
+def proportion_mdd(trials: int, p: float = 0.5, power: float = POWER, alpha: float = 1.0 - CONFIDENCE) -> float:
+    """The smallest difference of two accuracies, each a proportion over ``trials`` 0/1 outcomes at accuracy ``p``,
+    that the two-sided z-test at level ``alpha`` detects with probability ``power`` (normal approximation, module
+    docstring); it shrinks as 1/sqrt(trials), so a difference d needs ``trials * (mdd / d)**2`` trials."""
+    if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
+        raise ValueError(f"trials must be an integer >= 1 (problems x seeds), got {trials!r}")
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"the accuracy p must be in (0, 1), got {p!r}")
+    _check_power_args(1.0, power, alpha)
+    z = float(sps.norm.ppf(1.0 - alpha / 2) + sps.norm.ppf(power))
+    return z * math.sqrt(2.0 * p * (1.0 - p) / trials)
 
 
 # ------------------------------------------------------------------------------------------ one setting
