@@ -172,6 +172,24 @@ def project_root(start: Path | None = None) -> Path:
     return next((d for d in (here, *here.parents) if is_project_root(d)), here)
 
 
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        return sorted(d for d in folder.iterdir() if d.is_dir())
+    except OSError:
+        return []
+
+
+def other_roots(start: Path | None = None) -> list[Path]:
+    """The folders besides ``project_root(start)`` that hold the project's runs, each once, resolved, nearest kinds
+    first: ``$PREDMASK_ROOT``, the checkout this package runs from, ``start`` (default: the working directory) and
+    its ancestors, its subfolders, its siblings. Where a sweep's finished runs may be when it would start over."""
+    here = (start or Path.cwd()).absolute()
+    configured = [Path(c).expanduser()] if (c := os.environ.get(ROOT_ENV)) else []
+    found = [*configured, Path(__file__).parents[1], here, *here.parents, *_subfolders(here), *_subfolders(here.parent)]
+    current = project_root(here).resolve()
+    return [d for d in dict.fromkeys(p.resolve() for p in found) if d != current and _holds_runs(d)]
+
+
 def runs_root() -> Path:
     """Root of all run directories: ``$PREDMASK_RUNS``, else ``runs/`` under ``project_root()`` (written ``runs``
     when that is the working directory, an absolute path otherwise)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import signal
 import sys
@@ -17,10 +18,28 @@ from rich.console import Console
 
 from predmask.command_text import command, sweep_command, with_db
 from predmask.progress import duration_text, process_seconds
-from predmask.rundir import PLANNED_CONFIG_FILE, DamagedFileError, read_config, runs_root, sweep_path
+from predmask.rundir import (
+    PLANNED_CONFIG_FILE,
+    RUNS_DIRNAME,
+    RUNS_ENV,
+    DamagedFileError,
+    other_roots,
+    read_config,
+    runs_root,
+    sweep_path,
+)
 from sweeps.compose import RunSpec, SweepError, sweep_family, sweep_names
 from sweeps.families import describe, expand
-from sweeps.run_dirs import DAMAGED, RunState, SweepLock, check_inside_root, damaged_line, read_state, run_dir
+from sweeps.run_dirs import (
+    DAMAGED,
+    RunState,
+    SweepLock,
+    check_inside_root,
+    damaged_line,
+    finished_elsewhere,
+    read_state,
+    run_dir,
+)
 
 EPILOG = """\
 examples:
@@ -213,6 +232,19 @@ def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> i
     return 0
 
 
+def elsewhere_line(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> str | None:
+    """A warning when runs this sweep would start over under a runs root it found (not one named by --runs-root or
+    $PREDMASK_RUNS) have finished under another root of the project (``predmask.rundir.other_roots``): where, and
+    the command that uses them."""
+    found = None if args.runs_root or os.environ.get(RUNS_ENV) else finished_elsewhere(specs, root, other_roots())
+    if found is None:
+        return None
+    other, n = found
+    return (f"warning: {n} of these {len(specs)} runs would start over under {root.absolute()}, but runs with the "
+            f"same ids finished under {other / RUNS_DIRNAME}; to use them: PREDMASK_ROOT={shlex.quote(str(other))} "
+            f"{_submit_command(args)}")
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     from analysis.store import check_db_path
     from sweeps.plan import check_paths, max_parallel, plan_warnings, refuse_warnings, warning_lines
@@ -234,6 +266,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     sweep_dir = sweep_path(args.sweep, root)
     check_inside_root(root, [sweep_dir, sweep_dir / ("dry-run" if args.dry_run else ".submitit"),
                              *(run_dir(spec, root) for spec in specs)])  # nothing followed out of the runs root
+    if line := elsewhere_line(args, specs, root):
+        print(line, file=sys.stderr, flush=True)
     if args.dry_run:
         return cmd_dry_run(args, specs, root)
 

@@ -17,6 +17,7 @@ from predmask.rundir import (
     EXIT_STATUS_FILE,
     JOB_LOG_FILE,
     PLANNED_CONFIG_FILE,
+    RUNS_DIRNAME,
     STATUS_FILE,
     DamagedFileError,
     StatusError,
@@ -81,6 +82,16 @@ def read_state(path: Path) -> RunState:
     error = data.get("error")
     return RunState(run_status(path, str(data.get("status", "running"))), step, total,
                     None if error is None else str(error))
+
+
+def finished_elsewhere(specs: list[RunSpec], root: Path, others: list[Path]) -> tuple[Path, int] | None:
+    """The project root among ``others`` whose ``runs/`` holds the most of ``specs``' runs completed there and not
+    under the runs root ``root`` (a sweep here would run them again), with how many; None when none holds any."""
+    todo = [spec for spec in specs if read_state(run_dir(spec, root)).status != "completed"]
+    done = {other: sum(read_state(run_dir(spec, other / RUNS_DIRNAME)).status == "completed" for spec in todo)
+            for other in others}
+    best = max(done, key=lambda other: done[other], default=None)
+    return (best, done[best]) if best is not None and done[best] else None
 
 
 def check_inside_root(root: Path, paths: list[Path]) -> None:

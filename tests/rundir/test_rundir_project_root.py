@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from predmask.command_text import sweep_command
 from predmask.rundir import ROOT_ENV, project_root
 from sweeps.families import expand
 from sweeps.run_dirs import run_dir, write_planned_config
@@ -99,3 +100,48 @@ def test_sweeps_status_and_the_database_find_the_root_from_a_subfolder_and_a_con
         status, sub, PREDMASK_RUNS=str(sibling / "runs")
     )  # $PREDMASK_RUNS keeps priority
     assert run_id not in runs_elsewhere
+
+
+def test_other_roots_are_the_folders_near_here_holding_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from predmask.rundir import other_roots
+
+    proj, sibling, below = tmp_path / "proj", tmp_path / "sibling", tmp_path / "here" / "below"
+    for folder in (proj, sibling, below):
+        _project_with_a_completed_run(folder)
+    (tmp_path / "empty" / "runs").mkdir(parents=True)
+    here = tmp_path / "here"
+    found = other_roots(here)
+    assert {proj, sibling, below} <= set(found) and tmp_path / "empty" not in found and here not in found
+    assert other_roots(proj).count(sibling) == 1 and proj not in other_roots(proj)  # the root found is no other
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path / "new"))
+    assert proj in other_roots(tmp_path / "new")  # a configured root elsewhere: the runs near here are others
+
+
+def test_a_sweep_that_would_start_over_names_where_its_finished_runs_are(tmp_path: Path) -> None:
+    """From a sibling folder and from the folder above the project, `--dry-run` plans the run afresh and warns with
+    the finished run's root and the command that uses it; from a subfolder, or with that root configured, it does
+    not warn (the runs are found)."""
+    proj, sibling = tmp_path / "proj", tmp_path / "sibling"
+    seed = "seed=977"  # a run id no other folder on this machine holds (the checkout's own runs/ is searched too)
+    spec = expand("smoke", ["method=dppo_topk_kl", seed])[0]
+    path = run_dir(spec, proj / "runs")
+    path.mkdir(parents=True)
+    write_planned_config(path, spec)
+    (path / "status.json").write_text(json.dumps({"status": "completed", "step": 6, "total_steps": 6}))
+    (proj / "notes").mkdir()
+    sibling.mkdir()
+    dry = ["-m", "sweeps", "smoke", "method=dppo_topk_kl", seed, "--dry-run"]
+
+    def warnings(cwd: Path, **env: str) -> list[str]:
+        clean = {k: v for k, v in os.environ.items() if k not in ENVS}
+        out = subprocess.run([sys.executable, *dry], cwd=cwd, capture_output=True, text=True, timeout=120,
+                             check=True, env={**clean, **env})
+        return [line for line in out.stderr.splitlines() if line.startswith("warning: ")]
+
+    for cwd in (sibling, tmp_path):
+        assert warnings(cwd) == [(
+            f"warning: 1 of these 1 runs would start over under {cwd / 'runs'}, but runs with the same ids finished "
+            f"under {proj / 'runs'}; to use them: PREDMASK_ROOT={proj} {sweep_command(f'smoke {dry[3]} {seed}')}"
+        )]
+    assert warnings(proj / "notes") == [] and warnings(sibling, **{ROOT_ENV: str(proj)}) == []
+    assert warnings(sibling, PREDMASK_RUNS=str(sibling / "runs")) == []  # a runs root named, not found
