@@ -8,8 +8,8 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["ACCURACY_WEIGHTING", "DRIFT", "MAIN_COMPARISON", "PAPER", "PAPER_STEPS", "STUDY", "TIGHT_THRESHOLD",
-           "VARIATIONAL", "command", "python_command", "sweep_command", "with_db"]
+__all__ = ["ACCURACY_WEIGHTING", "DRIFT", "INGEST", "MAIN_COMPARISON", "PAPER", "PAPER_STEPS", "REPORT_VARIATIONAL",
+           "STUDY", "TIGHT_THRESHOLD", "VARIATIONAL", "command", "python_command", "sweep_command", "with_db"]
 
 #: the commands (after ``python -m``) that produce the data of the token-level figures and tables
 STUDY = "analysis token_level --seeds 61"
@@ -20,6 +20,9 @@ TIGHT_THRESHOLD = "sweeps tight_threshold"
 VARIATIONAL = "sweeps variational_reasoning"
 ACCURACY_WEIGHTING = "analysis accuracy_weighting"
 PAPER = "reports paper"
+REPORT_VARIATIONAL = "reports variational"
+#: ingest run directories into the results database (followed by the folder of a run or a sweep)
+INGEST = "analysis ingest"
 #: everything the paper's report shows, in the order ``python -m sweeps paper`` runs it (each step skips finished work)
 PAPER_STEPS = (MAIN_COMPARISON, TIGHT_THRESHOLD, STUDY, DRIFT, VARIATIONAL, ACCURACY_WEIGHTING, PAPER)
 

@@ -16,7 +16,15 @@ from pathlib import Path
 
 from rich.console import Console
 
-from predmask.command_text import command, sweep_command, with_db
+from predmask.command_text import (
+    ACCURACY_WEIGHTING,
+    INGEST,
+    PAPER,
+    REPORT_VARIATIONAL,
+    command,
+    sweep_command,
+    with_db,
+)
 from predmask.progress import duration_text, process_seconds
 from predmask.rundir import (
     PLANNED_CONFIG_FILE,
@@ -283,7 +291,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     parallel = max_parallel(specs, args.max_parallel)
     console.print(f"sweep [bold]{args.sweep}[/]: {describe(specs)} on {backend} "
                   f"({specs[0].config['cluster']['name']}), runs in {sweep_path(args.sweep, root)}, database {db}")
-    hint = with_db(command(f"analysis ingest {shlex.quote(str(sweep_path(args.sweep, root)))}"), args.db and db)
+    hint = with_db(command(f"{INGEST} {shlex.quote(str(sweep_path(args.sweep, root)))}"), args.db and db)
     ingest = Ingester(db, hint)
     chained = any(spec.inputs for spec in specs)  # a variational sweep: each stage after the runs it reads
     with SweepLock(sweep_path(args.sweep, root)):
@@ -331,8 +339,8 @@ def _target_text(sweep: str) -> str:
 def _next_commands(sweep: str) -> list[str]:
     """What to run once a sweep has completed: its family's analysis and report."""
     if sweep_family(sweep) == "variational":
-        return [command("analysis accuracy_weighting"), command("reports variational")]
-    return [command("reports paper")]
+        return [command(ACCURACY_WEIGHTING), command(REPORT_VARIATIONAL)]
+    return [command(PAPER)]
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
@@ -390,7 +398,7 @@ def _run_cells(run: RunSpec) -> tuple[str, str, str, str, str]:
 def status_next(counts: dict[str, Counter[str]], root: Path) -> list[str]:
     """What to run after ``status``, from the number of runs in each state per sweep."""
     if not any(counts.values()):
-        return [f"no runs under {root} yet; next: {sweep_command('smoke')} (a few minutes), then {command('reports paper')}"]
+        return [f"no runs under {root} yet; next: {sweep_command('smoke')} (a few minutes), then {command(PAPER)}"]
     lines = []
     for name, by_status in sorted(counts.items()):
         unfinished = sum(n for status, n in by_status.items() if status not in ("completed", "running"))
@@ -404,7 +412,7 @@ def status_next(counts: dict[str, Counter[str]], root: Path) -> list[str]:
                          "is in its job.log")
     if not lines:
         nexts = dict.fromkeys(c for name in counts if name in sweep_names() for c in _next_commands(name))
-        lines.append(f"every run completed; next: {' and '.join(nexts) or command('reports paper')}")
+        lines.append(f"every run completed; next: {' and '.join(nexts) or command(PAPER)}")
     return lines
 
 

@@ -10,6 +10,7 @@ from report_database import build_study_only_db
 
 import reports.__main__ as cli
 from analysis.store import connect
+from predmask.command_text import MAIN_COMPARISON, command
 from reports import artefact_registry
 from reports.paper import build_paper
 
@@ -167,5 +168,4 @@ def test_paper_ends_with_next_lines_naming_the_commands_that_fill_its_empty_arte
     out = capsys.readouterr().out.strip().splitlines()
     page = next(i for i, line in enumerate(out) if line.startswith("report page: "))
     nxt = out[page + 1 :]
-    assert len(nxt) == 1 and nxt[0].startswith("next: ") and "-m sweeps main_comparison" in nxt[0], out
-    assert "fills fig1_main_comparison)" in nxt[0] and "fig3" not in nxt[0]
+    assert nxt == [f"next: {command(MAIN_COMPARISON)}   (fills fig1_main_comparison)"], out  # the owner's spelling

@@ -58,6 +58,19 @@ def test_status_names_what_to_run_next(tmp_path: Path) -> None:
     assert _status(tmp_path).splitlines()[-1] == "every run completed; next: python -m reports paper"
 
 
+def test_the_next_commands_after_completed_sweeps_are_the_owners_spelling(tmp_path: Path) -> None:
+    from collections import Counter
+
+    from predmask.command_text import ACCURACY_WEIGHTING, PAPER, REPORT_VARIATIONAL, command
+    from sweeps.__main__ import status_next
+
+    done = Counter(completed=3)
+    variational = f"{command(ACCURACY_WEIGHTING)} and {command(REPORT_VARIATIONAL)}"
+    assert status_next({"variational_reasoning": done}, tmp_path) == [f"every run completed; next: {variational}"]
+    assert status_next({"main_comparison": done, "variational_reasoning": done}, tmp_path) == [
+        f"every run completed; next: {command(PAPER)} and {variational}"]
+
+
 def test_the_status_benchmark_shows_every_synthetic_run_in_its_state(tmp_path: Path) -> None:
     """scripts/benchmark.py status: its synthetic runs are real run directories that status reads as written."""
     from sweeps import status_bench
