@@ -45,6 +45,7 @@ __all__ = [
     "main",
     "make_console",
     "out_root",
+    "run_studies",
     "seed_row",
     "stored_in",
 ]
@@ -209,19 +210,50 @@ def worker_count(args: argparse.Namespace, cfg: Mapping[str, Any], n: int) -> in
     return max(1, min(os.cpu_count() or 1, n))
 
 
-def _run_inline(cfg: dict[str, Any], study_dir: Path, pending: list[int], bar: Any) -> None:
-    from analysis.token_level.compute.fanout import WorkerSpec, run_worker
+def run_studies(
+    studies: Sequence[tuple[dict[str, Any], Path, list[int]]], args: argparse.Namespace, title: str, jobs_dir: Path,
+    log_file: Path, console: Console,
+) -> tuple[list[str], bool]:
+    """Run the pending seeds of one study or several (config, study directory, pending seeds; the drift grid's
+    cells) on one pool of workers: each study prepared (``prepare_study``; each base model named once), the seeds
+    dealt to the workers (``fanout.deal``) and run in this process (``--inline``) or as jobs through the launch
+    layer, with a progress bar of finished seeds. Returns (the workers' failures, whether it was interrupted)."""
+    from analysis.token_level.compute.fanout import SeedFiles, deal, run_worker, submit_shares
+    from predmask.progress import progress
 
-    spec = WorkerSpec(cfg, str(study_dir), tuple(pending), threads=cfg["launcher"]["threads"])
-    run_worker(spec, on_seed=lambda seed: bar.advance(1, status=f"seed {seed} done"))
+    shown: set[str] = set()
+    for cfg, study_dir, _pending in studies:
+        info = prepare_study(cfg, study_dir)
+        if info is not None and info.get("cache_path") not in shown:
+            shown.add(info.get("cache_path"))
+            console.print(
+                f"base model: {info.get('cache_path')} (train accuracy {info.get('train_acc', float('nan')):.3f})"
+            )
+    cfg = studies[0][0]
+    n_pending = sum(len(pending) for *_, pending in studies)
+    shares = deal(studies, 1 if args.inline else worker_count(args, cfg, n_pending))
+    if not args.inline:
+        where = cfg["cluster"].get("name", "local")
+        console.print(f"{len(shares)} worker(s) on {where}; logs in {jobs_dir}", markup=False)
+    console.print(f"progress: {log_file}", markup=False)
+    todo = [(SeedFiles(study_dir), pending) for _cfg, study_dir, pending in studies]
 
+    def finished() -> int:
+        return sum(len(files.finished(pending)) for files, pending in todo)
 
-def _run_workers(
-    cfg: dict[str, Any], study_dir: Path, pending: list[int], workers: int, bar: Any
-) -> list[str]:
-    from analysis.token_level.compute.fanout import run_submitit
-
-    return run_submitit(cfg, study_dir, pending, workers, bar.advance_to)
+    failures: list[str] = []
+    with progress(title, n_pending, log=_log, unit="seeds", stream=sys.stdout, log_file=log_file) as bar:
+        try:
+            if not args.inline:
+                return submit_shares(cfg, jobs_dir, shares, finished, bar.advance_to), False
+            for spec in shares[0]:
+                try:
+                    run_worker(spec, on_seed=lambda seed: bar.advance_to(finished(), status=f"seed {seed} done"))
+                except RuntimeError as exc:  # the worker's failed seeds (tracebacks printed above)
+                    failures.append(f"inline worker: {Path(spec.study_dir).name}: {exc}")
+        except KeyboardInterrupt:
+            return failures, True
+    return failures, False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,7 +317,6 @@ def _run(
     from analysis.store import StoreError, check_db_path, connect, paper_command
     from analysis.token_level.compute.fanout import SeedFiles
     from analysis.token_level.summary.report import load_study, print_report
-    from predmask.progress import progress
 
     db = db_path(args.db)
     study_dir = out_root(args.out) / study_id
@@ -305,27 +336,8 @@ def _run(
     failures: list[str] = []
     interrupted = False
     if pending:
-        info = prepare_study(cfg, study_dir)
-        if info is not None:
-            console.print(
-                f"base model: {info.get('cache_path')} (train accuracy {info.get('train_acc', float('nan')):.3f})"
-            )
-        workers = 1 if args.inline else worker_count(args, cfg, len(pending))
-        if not args.inline:
-            where = cfg["cluster"].get("name", "local")
-            console.print(f"{workers} worker(s) on {where}; logs in {study_dir / 'jobs'}", markup=False)
-        console.print(f"progress: {study_dir / PROGRESS_LOG}", markup=False)
-        with progress(f"token-level study {study_id}", len(pending), log=_log, unit="seeds", stream=sys.stdout,
-                      log_file=study_dir / PROGRESS_LOG) as bar:
-            try:
-                if args.inline:
-                    _run_inline(cfg, study_dir, pending, bar)
-                else:
-                    failures = _run_workers(cfg, study_dir, pending, workers, bar)
-            except KeyboardInterrupt:
-                interrupted = True
-            except RuntimeError as exc:  # the inline worker's failed seeds (tracebacks printed above)
-                failures = [f"inline worker: {exc}"]
+        failures, interrupted = run_studies([(cfg, study_dir, pending)], args, f"token-level study {study_id}",
+                                            study_dir / "jobs", study_dir / PROGRESS_LOG, console)
     try:
         n_new = ingest(db, study_id, cfg, study_dir, [s for s in seeds if s not in stored])
     except StoreError as err:

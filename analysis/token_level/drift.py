@@ -339,90 +339,6 @@ def _pending(db: Path, out: Path, cells: Sequence[Cell], seeds: Sequence[int]) -
     return pending
 
 
-def _shares(
-    cells: Sequence[Cell], out: Path, pending: Mapping[int, list[int]], workers: int
-) -> list[list[Any]]:
-    """One list of WorkerSpecs per worker: each cell's pending seeds dealt round-robin, the dealer carrying on
-    across cells, so every worker gets about the same share of every cell (cells differ in cost)."""
-    from analysis.token_level.compute.fanout import WorkerSpec
-
-    dealt: list[dict[int, list[int]]] = [{} for _ in range(workers)]
-    turn = 0
-    for c in cells:
-        for seed in pending[c.index]:
-            dealt[turn % workers].setdefault(c.index, []).append(seed)
-            turn += 1
-    by_index = {c.index: c for c in cells}
-    shares = [
-        [
-            WorkerSpec(
-                by_index[i].config,
-                str(out / by_index[i].study_id),
-                tuple(s),
-                by_index[i].config["launcher"]["threads"],
-            )
-            for i, s in share.items()
-        ]
-        for share in dealt
-    ]
-    return [s for s in shares if s]
-
-
-def _prepare(cells: Sequence[Cell], out: Path, console: Console) -> None:
-    """Each cell prepared as the study prepares itself (``cli.prepare_study``); each base model named once."""
-    from analysis.token_level.cli import prepare_study
-
-    shown: set[str] = set()
-    for c in cells:
-        info = prepare_study(c.config, out / c.study_id)
-        if info is not None and info.get("cache_path") not in shown:
-            console.print(f"base model: {info.get('cache_path')}")
-            shown.add(info.get("cache_path"))
-
-
-def _run_pending(
-    args: argparse.Namespace, grid_id: str, cells: list[Cell], out: Path, pending: Mapping[int, list[int]],
-    console: Console,
-) -> tuple[list[str], bool]:
-    """Run the pending seeds of every cell (inline or through the launch layer's workers), with a progress bar:
-    (the workers' failures, whether it was interrupted)."""
-    import logging
-
-    from analysis.token_level.cli import worker_count
-    from analysis.token_level.compute.fanout import SeedFiles, run_specs, submit_shares
-    from predmask.progress import progress
-
-    n_pending = sum(map(len, pending.values()))
-    failures: list[str] = []
-    _prepare(cells, out, console)
-    workers = 1 if args.inline else worker_count(args, cells[0].config, n_pending)
-    shares = _shares(cells, out, pending, workers)
-    todo = [(SeedFiles(out / c.study_id), pending[c.index]) for c in cells]
-
-    def finished() -> int:
-        return sum(len(files.finished(p)) for files, p in todo)
-
-    log = logging.getLogger("analysis.drift")
-    log_file = out / "jobs" / grid_id / "drift.log"
-    console.print(f"progress: {log_file}", markup=False)
-    with progress(f"drift grid {grid_id}: cell seeds", n_pending, log=log, unit="seeds", stream=sys.stdout,
-                  log_file=log_file) as bar:
-        try:
-            if args.inline:
-                for spec in shares[0]:
-                    try:
-                        run_specs([spec])
-                    except RuntimeError as exc:
-                        failures.append(f"inline worker: {exc}")
-                    bar.advance_to(finished())
-            else:
-                console.print(f"{len(shares)} worker(s) on {cells[0].config['cluster'].get('name', 'local')}")
-                failures = submit_shares(cells[0].config, out / "jobs" / grid_id, shares, finished, bar.advance_to)
-        except KeyboardInterrupt:
-            return failures, True
-    return failures, False
-
-
 def _store_cells(db: Path, out: Path, grid: Mapping[str, Any], grid_id: str, cells: list[Cell],
                  seeds: Sequence[int]) -> None:
     """Ingest every cell's seeds not yet stored and link the cells to their studies (``token_level_grid``)."""
@@ -459,7 +375,15 @@ def _run(
     console.print(
         f"{len(cells) * len(seeds) - n_pending} of {len(cells) * len(seeds)} cell seeds done; {n_pending} to run"
     )
-    failures, interrupted = _run_pending(args, grid_id, cells, out, pending, console) if n_pending else ([], False)
+    failures: list[str] = []
+    interrupted = False
+    if n_pending:
+        from analysis.token_level.cli import run_studies
+
+        failures, interrupted = run_studies(
+            [(c.config, out / c.study_id, pending[c.index]) for c in cells], args, f"drift grid {grid_id}: cell seeds",
+            out / "jobs" / grid_id, out / "jobs" / grid_id / "drift.log", console,
+        )
     try:
         _store_cells(db, out, grid, grid_id, cells, seeds)
     except StoreError as err:

@@ -29,11 +29,10 @@ from predmask.io import atomic_write, atomic_write_text
 __all__ = [
     "SeedFiles",
     "WorkerSpec",
+    "deal",
     "make_seed_executor",
     "run_specs",
-    "run_submitit",
     "run_worker",
-    "split_seeds",
     "submit_shares",
 ]
 
@@ -133,10 +132,23 @@ def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -
     return finished
 
 
-def split_seeds(seeds: Sequence[int], workers: int) -> list[tuple[int, ...]]:
-    """Interleaved shares (worker i gets seeds i, i+W, ...), so partial progress is spread over the seed range."""
-    w = max(1, min(workers, len(seeds)))
-    return [tuple(seeds[i::w]) for i in range(w)]
+def deal(studies: Sequence[tuple[Mapping[str, Any], Path, Sequence[int]]], workers: int) -> list[list[WorkerSpec]]:
+    """One list of WorkerSpecs per worker for the pending seeds of one or several studies (config, study directory,
+    pending seeds): the seeds dealt round-robin, the dealer carrying on across studies, so partial progress is spread
+    over each seed range (worker i of one study gets seeds i, i+W, ...) and every worker gets about the same share
+    of every study (studies differ in cost); a worker dealt nothing is dropped."""
+    dealt: list[dict[int, list[int]]] = [{} for _ in range(max(1, workers))]
+    turn = 0
+    for index, (_cfg, _dir, pending) in enumerate(studies):
+        for seed in pending:
+            dealt[turn % len(dealt)].setdefault(index, []).append(seed)
+            turn += 1
+    return [
+        [WorkerSpec(dict(studies[i][0]), str(studies[i][1]), tuple(s), studies[i][0]["launcher"]["threads"])
+         for i, s in share.items()]
+        for share in dealt
+        if share
+    ]
 
 
 def make_seed_executor(
@@ -208,20 +220,3 @@ def submit_shares(
         for e in sorted(ends, key=lambda e: e.key)
         if not e.ok
     ]
-
-
-def run_submitit(
-    cfg: Mapping[str, Any],
-    study_dir: Path,
-    pending: Sequence[int],
-    workers: int,
-    on_poll: Callable[[int], None],
-) -> list[str]:
-    """One study's pending seeds on ``workers`` jobs (interleaved shares, ``submit_shares``); ``on_poll(finished
-    seeds)`` each round. Returns one message per failed job."""
-    threads = cfg["launcher"]["threads"]
-    shares = [
-        [WorkerSpec(dict(cfg), str(study_dir), share, threads)] for share in split_seeds(pending, workers)
-    ]
-    files = SeedFiles(study_dir)
-    return submit_shares(cfg, study_dir / "jobs", shares, lambda: len(files.finished(pending)), on_poll)
