@@ -16,6 +16,8 @@ composed ``conf/train.yaml`` (``predmask.config.compose("train", overrides)`` co
   the rollout batch before its first update, as verl's ``compute_log_prob``; else on the rollout's log mu.
 - ``engine.validate(seed)``: avg@``val_n`` accuracy on both stand-in splits -> ``val-core/<split>/acc/mean@16``,
   and pass@k for k = 1..val_n -> ``val-core/<split>/pass@<k>``.
+- ``engine.validate_base(seed)``: the same on the base policy (a run's step 0), computed once for every method of a
+  setting and seed: cached under ``<cache_dir>/validation/`` by ``base_validation_key`` (its inputs and code).
 
 ``resolve_cpu_model`` maps a model entry to the checked CPU model that trains for it (``predmask.config.cpu_standin``);
 ``prepare_config`` turns a composed train config into the resolved, validated config of a run (the trainer's
@@ -25,8 +27,12 @@ composed ``conf/train.yaml`` (``predmask.config.compose("train", overrides)`` co
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,10 +41,11 @@ from omegaconf import DictConfig
 from predmask import metrics as M
 from predmask.config import cpu_standin, to_container
 from predmask.evaluation import pass_at_k_curve
+from predmask.io import atomic_write_text
 from predmask.methods import get_method, method_config, method_params
 from predmask.metrics import reduce_metrics
 from predmask.rl.algo import TrainLogprobs, grpo_advantages, mismatch_metrics, policy_update, support_logprobs
-from predmask.rl.base import load_base_model
+from predmask.rl.base import base_cache_key, load_base_model
 from predmask.rl.emulated_precision import make_rollout_model, precision_of, sync_rollout_model
 from predmask.rl.model import check_cpu_model_config, count_parameters
 from predmask.rl.rollout import RolloutBatch, rollout_problems
@@ -50,6 +57,7 @@ from predmask.support import TopKSupport
 
 __all__ = [
     "Engine",
+    "base_validation_key",
     "batch_metrics",
     "prepare_config",
     "resolve_cpu_model",
@@ -213,6 +221,41 @@ class Engine:
             gen = torch.Generator().manual_seed(seed * 1_000_003 + 7 + i)
             out.update(validation_metrics(split, self.sample(problems, n=n, generator=gen), n))
         return out
+
+    def validate_base(self, seed: int) -> dict[str, float]:
+        """:meth:`validate` of the base policy (call it before any update), shared by the runs whose inputs are the
+        same (the methods of a setting and seed): read from ``<cache_dir>/validation/base-<key>.json`` when an earlier
+        run wrote it, else computed and written there atomically (JSON only)."""
+        key = base_validation_key(self, seed)
+        path = Path(str(self.cfg.get("cache_dir", "results/cache"))) / "validation" / f"base-{key}.json"
+        try:
+            cached = json.loads(path.read_text(encoding="utf-8"))
+            if isinstance(cached, dict) and all(isinstance(v, float) for v in cached.values()):
+                return cached
+        except (OSError, ValueError):
+            pass  # absent or unreadable: computed again and rewritten
+        out = self.validate(seed)
+        atomic_write_text(path, json.dumps(out))
+        return out
+
+
+#: the sources whose code computes a validation (sampling, models, precisions, task, metrics): part of its cache key
+_VALIDATION_SOURCES = ("rl/engine.py", "rl/rollout.py", "rl/model.py", "rl/emulated_precision.py", "rl/task.py",
+                       "rl/tokenizer.py", "precisions.py", "evaluation.py")
+
+
+def base_validation_key(engine: Engine, seed: int) -> str:
+    """The content key of the base policy's validation: the base model's key (model, task with its evaluation splits,
+    pretraining), the precision, the rollout and validation settings, top-K, the sampling seed, torch's version and
+    the code that computes it; the method is not in it."""
+    package = Path(__file__).resolve().parents[1]
+    code = hashlib.sha256(b"".join((package / name).read_bytes() for name in _VALIDATION_SOURCES)).hexdigest()
+    payload = {
+        "base": base_cache_key(engine.model_cfg, engine.task, engine.base_cfg), "precision": asdict(engine.precision),
+        "rollout": asdict(engine.rollout_cfg), "val_n": engine.trainer_cfg.val_n, "top_k": engine.top_k,
+        "seed": seed, "torch": torch.__version__, "code": code,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def validation_metrics(split: str, batch: RolloutBatch, n: int) -> dict[str, float]:

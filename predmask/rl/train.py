@@ -11,7 +11,8 @@ and writes the run directory (the contract of every CPU or VeRL run; its files, 
 - ``config.yaml``  the resolved config, written before training starts (the CPU model actually trained, every
                    parameter of the method, what the precision emulates, and the stand-in labels included);
 - ``metrics.jsonl`` one verl file-logger line ``{"step": N, "data": {...}}`` per step (step 0: validation before
-                   training), verl metric names plus the mask and mismatch metrics;
+                   training, computed once for every method of a setting and seed: ``Engine.validate_base``), verl metric
+                   names plus the mask and mismatch metrics;
 - ``status.json``  ``{"status", "step", "total_steps", "updated", "error"}``, replaced atomically;
 - ``checkpoints/step_XXXXXX.pt`` model, optimiser, RNG states and data position every ``trainer.save_every``
                    steps and at the end (the last ``trainer.keep_checkpoints`` are kept); written and read by
@@ -347,7 +348,7 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | 
     try:
         if start_step == 0 and t.val_before_train:
             t0 = time.perf_counter()
-            val = engine.validate(seed * 7_919)
+            val = engine.validate_base(seed * 7_919)  # the other methods of this setting and seed share it
             val[M.TIMING_TESTING] = time.perf_counter() - t0
             record({**val, M.GLOBAL_STEP: 0}, step=0)
             last_val = val
