@@ -203,14 +203,17 @@ def input_paths(spec: RunSpec) -> list[InputPath]:
 
 
 def _vr_input_paths(spec: RunSpec) -> list[InputPath]:
-    """A variational stage run on VeRL: the prepared Bespoke-Stratos files (``predmask.verl.vr_cluster``, the owner
-    of their names and directory) and the base model."""
-    from predmask.verl.vr_cluster import VR_DATA_FILES, merged_settings  # verl-free: commands only
+    """A variational stage run on VeRL: the prepared Bespoke-Stratos files, an eval run's AIME files
+    (``predmask.verl.vr_cluster``, the owner of their names and directories) and the base model."""
+    from predmask.verl.vr_cluster import VR_DATA_FILES, eval_files, merged_settings  # verl-free: commands only
 
     directory = merged_settings(spec.config)["data_dir"]
     prepare = command("sweeps.datasets prepare --family variational --bespoke-file PATH_TO_BESPOKE_STRATOS_17K "
                       f"--out {shlex.quote(directory)}")
     paths = [InputPath("data", f"{directory}/{name}", prepare) for name in VR_DATA_FILES.values()]
+    if spec.stage == "eval":
+        paths += [InputPath("data", f, command(f"sweeps.datasets prepare --out {shlex.quote(str(Path(f).parent))}"))
+                  for f in eval_files(spec.config)]
     model = str(spec.config["model"].get("path") or "")
     if model:
         paths.append(InputPath("model", model, "download the model to this path, or set model.path=DIR"))

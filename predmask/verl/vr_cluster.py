@@ -48,6 +48,7 @@ __all__ = [
     "checkpoint_dir",
     "cluster_settings",
     "cut_trace",
+    "eval_files",
     "max_safe_utilization",
     "merged_settings",
     "prompt_logprob_tokens",
@@ -117,6 +118,14 @@ def cluster_settings(config: Any) -> VerlClusterConfig:
         raise ValueError("the variational family on a cluster needs cluster.variational.data_dir or cluster.data_dir")
     cluster.variational.data_dir = cluster.variational.data_dir.rstrip("/")
     return cluster
+
+
+def eval_files(config: Any) -> list[str]:
+    """The evaluation files an ``eval`` stage reads, one per EVAL_SPLITS: the RL family's AIME files in
+    ``cluster.data_dir`` (else ``cluster.variational.data_dir``); what the eval command passes and the dry run checks."""
+    cluster = cluster_settings(config)
+    base = cluster.data_dir.rstrip("/") if cluster.data_dir else cluster.variational.data_dir
+    return [f"{base}/{DATA_FILES[s]}" for s in EVAL_SPLITS]
 
 
 def merged_settings(config: Any) -> dict[str, Any]:
@@ -255,9 +264,7 @@ def _sample_command(config: Any, run_dir: str, python: str, cluster: VerlCluster
                 "--temperature", repr(r.temperature), "--top-p", repr(r.top_p), "--max-tokens", str(r.max_tokens)]
     if stage == "eval":
         ev, (source,) = v.eval, upstream.values()
-        splits = [f"{cluster.data_dir.rstrip('/') if cluster.data_dir else v.data_dir}/{DATA_FILES[s]}"
-                  for s in EVAL_SPLITS]
-        return [python, "-m", SAMPLE_MODULE, "eval", *common, "--model", source, *(a for f in splits
+        return [python, "-m", SAMPLE_MODULE, "eval", *common, "--model", source, *(a for f in eval_files(config)
                 for a in ("--eval-file", f)), "--n", str(ev.n), "--temperature", repr(ev.temperature),
                 "--top-p", repr(ev.top_p), "--max-tokens", str(ev.max_tokens)]
     w = v.weights

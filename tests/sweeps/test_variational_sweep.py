@@ -288,3 +288,33 @@ def test_a_failed_upstream_stops_its_dependents_with_the_resume_command(tmp_path
     assert all("resume with: " in line and "-m sweeps variational_reasoning_smoke" in line for line in blocked.values())
     sweep = tmp_path / "runs" / "variational_reasoning_smoke"
     assert not (sweep / specs["final"].run_id).exists()  # a blocked run writes nothing
+
+
+def test_the_cluster_path_check_lists_the_evaluation_aime_files(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real files: with the Bespoke-Stratos files and the model in place, the AIME files the eval runs read are
+    still missing, and the check names the first of them with the command that prepares it; once written, it
+    passes. No grpo final here: its own validation reads the AIME files (and was checked before)."""
+    from predmask.verl.vr_cluster import VR_DATA_FILES
+    from sweeps.plan import check_paths, input_paths
+
+    monkeypatch.setenv("PREDMASK_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("PREDMASK_MODEL_ROOT", str(tmp_path / "models"))
+    specs = expand("variational_reasoning_smoke", [*CLUSTER, "method=sft,vr_acc"])
+    for name in VR_DATA_FILES.values():
+        (tmp_path / "data" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "data" / name).write_bytes(b"prepared")
+    (tmp_path / "models" / "Qwen3-4B-Base").mkdir(parents=True)
+    aime = [tmp_path / "data" / f"{split}.parquet" for split in ("aime24", "aime25")]
+    evals = [spec for spec in specs if spec.stage == "eval"]
+    assert evals and all({str(p) for p in aime} <= {item.path for item in input_paths(spec)} for spec in evals)
+    stages = [s for s in specs if s.stage != "eval"]
+    assert stages and not any(str(aime[0]) in {item.path for item in input_paths(s)} for s in stages)
+    with pytest.raises(SweepError) as err:
+        check_paths(specs)
+    assert str(err.value) == (f"data path {aime[0]} does not exist: python -m sweeps.datasets prepare "
+                              f"--out {tmp_path / 'data'} (1 more missing path: see --dry-run); nothing submitted "
+                              "(cluster.check_paths=false skips this check)")
+    for path in aime:
+        path.write_bytes(b"prepared")
+    check_paths(specs)
