@@ -15,7 +15,7 @@ from typing import Any, Literal
 import duckdb
 import numpy as np
 
-from analysis.token_level.summary import stats
+from analysis.token_level.summary import study_stats as stats
 from predmask.command_text import DRIFT, STUDY, command
 from reports import queries
 

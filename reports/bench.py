@@ -16,7 +16,7 @@ import polars as pl
 import pyarrow as pa
 
 from analysis.store import connect, ingest_paths, upsert_token_level
-from analysis.token_level.summary import stats
+from analysis.token_level.summary import study_stats as stats
 from predmask import config, metrics
 from predmask.bench import stopwatch, target
 from predmask.precisions import get_precision

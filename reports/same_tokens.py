@@ -1,6 +1,6 @@
 """Both criteria judged on the same tokens, as the token-level figures and the summary table read it (docs/math.md
 §5.1): on the aggregated-tail disagreement set, against the own-update ground truth, from the rows ingest stored
-(``token_level_criteria``, ``token_level_criteria_seeds``) and ``analysis.token_level.summary.stats.drift_point``.
+(``token_level_criteria``, ``token_level_criteria_seeds``) and ``analysis.token_level.summary.study_stats.drift_point``.
 Nothing is computed here: the rows are selected and handed on."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import duckdb
 import numpy as np
 import polars as pl
 
-from analysis.token_level.summary import stats
+from analysis.token_level.summary import study_stats as stats
 from analysis.token_level.summary.report import StudyData, measured_at
 from reports import queries
 

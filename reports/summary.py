@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from analysis.token_level.summary import stats
+from analysis.token_level.summary import study_stats as stats
 from predmask import config
 from predmask.command_text import sweep_command
 from reports import labels, queries

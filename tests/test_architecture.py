@@ -42,7 +42,7 @@ VERL_FREE: tuple[str, ...] = (
 )
 
 #: what the notebook library analysis.results may import of the project (docs/architecture.md, "Rooms")
-RESULTS_MAY_IMPORT: tuple[str, ...] = ("predmask", "analysis.store", "analysis.training", "analysis.token_level.summary.stats",
+RESULTS_MAY_IMPORT: tuple[str, ...] = ("predmask", "analysis.store", "analysis.training", "analysis.token_level.summary.study_stats",
                                        "analysis.token_level.summary.study_tables", "analysis.results")
 
 #: the project's rooms from the lowest up (docs/architecture.md, "Rooms, lowest first"): a module imports only its
@@ -93,8 +93,6 @@ PARALLEL_FAMILIES: dict[tuple[str, ...], str] = {
     ("predmask/bench.py", "predmask/rl/bench.py", "analysis/token_level/bench.py", "reports/bench.py"):
         "the measurements of one part, each printed by the one entry scripts/benchmark.py",
     ("analysis/*/cli.py",): "a study's command line (`python -m analysis <study>`)",
-    ("analysis/training/stats.py", "analysis/token_level/summary/stats.py"):
-        "the statistics of one kind of results (training runs over seeds; the token-level study)",
 }
 
 Graph = dict[str, set[str]]
@@ -348,7 +346,7 @@ def test_a_shared_basename_is_caught_in_a_made_up_tree(tmp_path: Path) -> None:
          "predmask/verl/stats.py"),
         "token_level.py: analysis/store/token_level.py, reports/figures/token_level.py, reports/tables/token_level.py",
     ]
-    assert shared_basenames(["analysis/training/stats.py", "analysis/token_level/summary/stats.py",
+    assert shared_basenames(["predmask/bench.py", "reports/bench.py",
                              "reports/figures/draw.py", "reports/tables/draw.py", "a/__init__.py", "b/c/__init__.py"]) == []
 
 
@@ -409,11 +407,11 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         ("conf", "predmask.config", "a room imports only its own and lower rooms"),
         ("launch.slurm", "analysis.store", "a room imports only its own and lower rooms"),
         ("launch.ray_job", "predmask.verl.settings", "the launch layer runs commands"),
-        ("analysis.token_level.compute.fanout", "analysis.token_level.summary.stats", "a runner imports no reader"),
+        ("analysis.token_level.compute.fanout", "analysis.token_level.summary.study_stats", "a runner imports no reader"),
         ("analysis.token_level.compute.study", "analysis.store", "a runner imports no reader"),
         ("analysis.calibrate_runs", "analysis.training.stats", "a runner imports no reader"),
         ("analysis.accuracy_weighting.measure", "analysis.accuracy_weighting.cli", "a runner imports no reader"),
-        ("analysis.token_level.summary.stats", "analysis.token_level.compute.study", "a reader of results imports"),
+        ("analysis.token_level.summary.study_stats", "analysis.token_level.compute.study", "a reader of results imports"),
         ("analysis.token_level.summary.report", "analysis.token_level.cli", "a reader of results imports"),
         ("analysis.store.ingest", "launch.follow", "a reader of results imports"),
         ("analysis.training.stats", "analysis.calibrate_runs", "a reader of results imports"),
@@ -422,7 +420,7 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         ("reports.figures.token_level", "analysis.token_level.compute.study", "reports reads results"),
         ("reports.paper", "analysis.calibrate", "reports reads results"),
         ("analysis.new_study", "numpy", "a module of analysis without a role"),
-        ("sweeps.submit", "analysis.token_level.summary.stats", "sweeps uses only the results store"),
+        ("sweeps.submit", "analysis.token_level.summary.study_stats", "sweeps uses only the results store"),
         ("launch.follow", "sweeps.run_dirs", "a room imports only its own and lower rooms"),
         ("predmask.rl.engine", "verl.utils", "only predmask/verl/ imports verl"),
         ("analysis.store.ingest", "predmask.verl.overrides", "only the cluster launcher"),
@@ -446,17 +444,17 @@ def test_allowed_edges_pass() -> None:
     allowed = {
         "sweeps.__main__": {"analysis.store", "predmask.config"},
         "analysis.token_level.compute.fanout": {"launch.follow", "predmask.io"},
-        "analysis.token_level.cli": {"analysis.token_level.compute.fanout", "analysis.token_level.summary.stats",
+        "analysis.token_level.cli": {"analysis.token_level.compute.fanout", "analysis.token_level.summary.study_stats",
                                      "analysis.store", "polars"},
         "analysis.calibrate": {"analysis.calibrate_runs", "analysis.training.stats", "predmask.config"},
         "analysis.calibrate_runs": {"launch.follow", "predmask.rundir"},
         "analysis.accuracy_weighting.measure": {"analysis.accuracy_weighting.theory", "predmask.rl.algo"},
-        "analysis.token_level.summary.criteria": {"analysis.paired", "analysis.token_level.summary.stats"},
+        "analysis.token_level.summary.criteria": {"analysis.paired", "analysis.token_level.summary.study_stats"},
         "scripts.gpu_check": {"predmask.verl.records", "analysis.token_level.compute.study"},
-        "reports.paper": {"analysis.store", "analysis.token_level.summary.stats", "predmask.config"},
+        "reports.paper": {"analysis.store", "analysis.token_level.summary.study_stats", "predmask.config"},
         "sweeps.submit": {"predmask.verl.overrides"},
         "predmask.verl.topk_loss": {"verl.utils", "predmask.verl.packing"},
         "analysis.results.library": {"pandas", "polars", "analysis.store", "analysis.training.stats",
-                                     "analysis.token_level.summary.stats", "analysis.results.curves", "predmask.methods"},
+                                     "analysis.token_level.summary.study_stats", "analysis.results.curves", "predmask.methods"},
     }
     assert violations(allowed) == []

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis import paired
-from analysis.token_level.summary import stats as token_stats
+from analysis.token_level.summary import study_stats as token_stats
 
 
 def loop_bootstrap(num, den, resamples, level, seed):

@@ -4,7 +4,7 @@
 ``open_results()`` opens the database read-only (the same default path and ``PREDMASK_DB`` as the commands)
 and returns a ``Results`` whose methods return pandas DataFrames (``backend="polars"``: polars DataFrames). No
 number is computed here: the main results come from ``analysis.training.stats`` (as Table 2 of the reports),
-smoothing is its EMA (as the figures), the token-level statistics are ``analysis.token_level.summary.stats``
+smoothing is its EMA (as the figures), the token-level statistics are ``analysis.token_level.summary.study_stats``
 (as the study's CLI), and validation curves are read by ``analysis.results.curves`` (as the reports read
 them). An unknown name (a metric, sweep, run, method, setting, study, backend or level) raises
 ``UnknownNameError`` listing what exists.
@@ -27,7 +27,7 @@ import polars as pl
 
 from analysis.results import curves
 from analysis.store import connect, default_db_path, table_exists
-from analysis.token_level.summary import stats as token_stats
+from analysis.token_level.summary import study_stats as token_stats
 from analysis.token_level.summary.study_tables import STUDY_TABLES
 from analysis.training import stats as training_stats
 from predmask import config
@@ -464,7 +464,7 @@ class Results:
 
     def token_level_summary(self, study: str | None = None) -> Any:
         """The study's numbers as the study's CLI prints them
-        (``analysis.token_level.summary.stats.study_summary``), one row per quantity and criterion: mean ±
+        (``analysis.token_level.summary.study_stats.study_summary``), one row per quantity and criterion: mean ±
         standard error over seeds (``over`` says which seeds: all, or the paired seeds of a comparison),
         pooled fractions k / n with their Wilson interval, the CLI's text, and the paper's number where the
         paper reports it."""

@@ -37,7 +37,7 @@ def bench(overrides: list[str], sequences: list[int], seeds: int, threads: int =
 
     from analysis.token_level.compute.backend import make_backend, run_seed
     from analysis.token_level.compute.study_config import compose_study, settings_of, validate
-    from analysis.token_level.summary.stats import seed_summary
+    from analysis.token_level.summary.study_stats import seed_summary
 
     torch.set_num_threads(threads)
     cfg = compose_study(overrides)

@@ -167,7 +167,7 @@ def stored_in(db: Path, study_id: str) -> set[int]:
 def seed_row(written: Mapping[str, Any], tokens: pl.DataFrame) -> dict[str, Any]:
     """A seed's row of ``token_level_seeds``: what its worker wrote (seed, ``n_tokens``, batch facts, timings)
     with the counts and rates its token rows give (``seed_summary``), keys in sorted order."""
-    from analysis.token_level.summary.stats import seed_summary
+    from analysis.token_level.summary.study_stats import seed_summary
 
     return dict(sorted({**seed_summary(tokens, written["n_tokens"]), **written}.items()))
 

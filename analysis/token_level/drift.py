@@ -10,7 +10,7 @@ disk, cell by cell.
 
 At the end: one row per cell (where it sits: the measured share of response tokens outside the trust region;
 both criteria judged against the own-update ground truth on the disagreement set, paired over seeds
-(docs/math.md §5.1); the paper's statistics there; all from ``analysis.token_level.summary.stats.drift_point``), the
+(docs/math.md §5.1); the paper's statistics there; all from ``analysis.token_level.summary.study_stats.drift_point``), the
 cell the grid's ``rule`` chooses as the study's default (``choose_default``), and a benchmark line (elapsed, per
 cell).
 
@@ -35,7 +35,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from analysis.token_level.compute.study_config import StudyInputError, compose_study, study_id_of, validate
-from analysis.token_level.summary.stats import DriftPoint
+from analysis.token_level.summary.study_stats import DriftPoint
 from predmask.config import ConfigError, compose, stable_id, to_container
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ def cell_criteria(tokens: pl.DataFrame) -> pl.DataFrame | None:
     """The criteria of a cell judged against the own-update ground truth on the disagreement set of its tokens
     (``criteria_table`` rows, what ``drift_point`` reads); None when the tokens carry no own-update truth."""
     from analysis.token_level.summary.criteria import criteria_table, judge
-    from analysis.token_level.summary.stats import DISAGREE_SET, OWN_UPDATE
+    from analysis.token_level.summary.study_stats import DISAGREE_SET, OWN_UPDATE
     from analysis.token_level.summary.study_tables import carried
 
     if not carried(tokens, OWN_UPDATE):
@@ -506,7 +506,7 @@ def _print_grid(
     """The grid table, the chosen default and the benchmark line; returns the number of missing cell seeds."""
     from analysis.store import connect
     from analysis.token_level.summary.report import load_study
-    from analysis.token_level.summary.stats import drift_point
+    from analysis.token_level.summary.study_stats import drift_point
 
     con = connect(db, read_only=True)
     try:

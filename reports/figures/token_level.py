@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from analysis.store.token_level_tables import grid_cells
-from analysis.token_level.summary import stats
+from analysis.token_level.summary import study_stats as stats
 from reports import labels, same_tokens
 from reports.artefact import (
     DRIFT_COMMAND,
@@ -520,7 +520,7 @@ FIG9_PANELS: dict[str, dict[str, str]] = {
 DIFFERENCE_PANEL = (
     "same tokens, against the own update:\nbalanced accuracy, predictive − ratio (mean over seeds)"
 )
-#: the paper's value of each statistic (analysis.token_level.summary.stats owns the numbers)
+#: the paper's value of each statistic (analysis.token_level.summary.study_stats owns the numbers)
 _PAPER_VALUE = {
     "disagreement": stats.paper_disagreement_share,
     "unsafe_keep_predictive": lambda: stats.PAPER_TOKEN_LEVEL["unsafe_keep_predictive"],

@@ -1,5 +1,5 @@
 """The token-level study's summary table: each quantity the study measures, the paper's number beside this
-database's (analysis.token_level.summary.stats computes both; this module only lays them out). The paper's
+database's (analysis.token_level.summary.study_stats computes both; this module only lays them out). The paper's
 statistics come first, under the paper's definitions; then both criteria judged on the same tokens (docs/math.md
 §5.1; the stored judgement as reports.same_tokens reads it), which the paper does not report."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from analysis.token_level.summary import stats
+from analysis.token_level.summary import study_stats as stats
 from reports import queries, same_tokens
 from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext, table
 from reports.tables.render import TextTable, write_tables

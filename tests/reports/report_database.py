@@ -25,7 +25,7 @@ import pyarrow as pa
 import yaml
 
 from analysis.store import connect, ingest_paths, upsert_grid, upsert_token_level
-from analysis.token_level.summary.stats import seed_summary
+from analysis.token_level.summary.study_stats import seed_summary
 from analysis.token_level.summary.study_tables import study_tables
 
 STAND_IN = {"cpu_s": "qwen3_4b_base", "cpu_m": "qwen3_8b_base", "cpu_moe": "qwen3_30b_a3b_base"}

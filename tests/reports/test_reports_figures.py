@@ -13,7 +13,7 @@ import scipy.stats
 from numpy.testing import assert_allclose
 from report_database import GRPO_VAL, SEEDS, UNI_OFFSET, dppo_val
 
-from analysis.token_level.summary import stats
+from analysis.token_level.summary import study_stats as stats
 from reports import artefact, artefact_registry, figures, tables
 
 QWEN4 = "Qwen3-4B-Base · BF16"

@@ -13,7 +13,7 @@ import pytest
 from numpy.testing import assert_allclose
 from report_database import GRID_CELLS, STUDY_TOKENS
 
-from analysis.token_level.summary.stats import paper_share_outside
+from analysis.token_level.summary.study_stats import paper_share_outside
 from reports import figures, queries, same_tokens, tables
 from reports.artefact import ReportContext
 

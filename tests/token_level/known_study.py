@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import numpy as np
 import polars as pl
 
-from analysis.token_level.summary.stats import seed_summary
+from analysis.token_level.summary.study_stats import seed_summary
 
 SEEDS = tuple(range(6))
 #: response tokens per seed (the population the outside tokens come from)

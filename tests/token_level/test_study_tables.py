@@ -18,7 +18,7 @@ from rich.console import Console
 from analysis.store import STUDY_RESULT_KEYS, connect, upsert_token_level
 from analysis.token_level.summary.criteria import criteria_table, judge
 from analysis.token_level.summary.report import StudyData, print_report
-from analysis.token_level.summary.stats import drift_point
+from analysis.token_level.summary.study_stats import drift_point
 from analysis.token_level.summary.study_tables import STUDY_TABLES, judge_study, study_tables
 
 TABLES = tuple(STUDY_RESULT_KEYS)

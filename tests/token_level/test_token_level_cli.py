@@ -18,7 +18,7 @@ from analysis.token_level.cli import ingest, main
 from analysis.token_level.compute.fanout import SeedFiles, WorkerSpec, run_worker
 from analysis.token_level.compute.step_settings import StepSettings
 from analysis.token_level.compute.study_config import compose_study, settings_of, study_id_of
-from analysis.token_level.summary.stats import seed_summary, study_summary
+from analysis.token_level.summary.study_stats import seed_summary, study_summary
 
 
 def _overrides(checkpoint: Path) -> list[str]:
@@ -101,7 +101,7 @@ def _token_rows(db: Path) -> list[tuple]:
 
 
 def _headline(db: Path) -> list[str]:
-    """The headline cells of the stored study as stats.py prints them, read from the database file."""
+    """The headline cells of the stored study as study_stats.py prints them, read from the database file."""
     con = duckdb.connect(str(db), read_only=True)
     try:
         summary = study_summary(con.sql("SELECT * FROM token_level_seeds").pl())
@@ -131,7 +131,7 @@ def test_study_end_to_end_reruns_and_recovery(
     assert "paper (Qwen3, 61 seeds)" in text and "CPU stand-in" in text and "emulation" in text
     seeds, n_tokens = _stored(db)
     assert seeds == [0, 1] and n_tokens > 0
-    # the CLI prints the numbers stats.py computes from the database file, each mean with its seeds
+    # the CLI prints the numbers study_stats.py computes from the database file, each mean with its seeds
     cells = _headline(db)
     assert cells[0] != "—" and "(n = 2 seeds)" in cells[0]
     for cell in cells:

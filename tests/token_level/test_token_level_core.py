@@ -16,7 +16,7 @@ import torch
 from token_level_helpers import TINY_VOCAB, perturbed, scored_batch, settings, tiny_backend
 
 from analysis.token_level.compute.study import MASKS, StudySettings, study_batch
-from analysis.token_level.summary.stats import seed_summary
+from analysis.token_level.summary.study_stats import seed_summary
 from predmask.precisions import get_precision
 
 V = TINY_VOCAB  # 3 specials + 6 symbols + 21 numbers = 30

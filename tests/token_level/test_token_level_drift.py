@@ -202,7 +202,7 @@ def test_the_rule_prefers_the_lowest_drift_whose_pooled_disagreement_set_is_meas
 
 
 def test_a_cell_row_reads_the_mean_disagreement_per_seed_of_its_drift_point() -> None:
-    from analysis.token_level.summary.stats import drift_point
+    from analysis.token_level.summary.study_stats import drift_point
 
     seeds = pl.DataFrame(
         {"seed": [0, 1, 2], "n_tokens": [100] * 3, "n_outside": [20, 30, 40], "n_disagree": [3, 0, 12]}
@@ -245,7 +245,7 @@ def _seed_frame(
 
 
 def test_fig9_plots_each_statistic_against_the_measured_share_outside(tmp_path: Path) -> None:
-    from analysis.token_level.summary.stats import PAPER_TOKEN_LEVEL
+    from analysis.token_level.summary.study_stats import PAPER_TOKEN_LEVEL
     from reports.artefact import ReportContext
     from reports.figures.token_level import fig9_drift_sensitivity
 
@@ -361,7 +361,7 @@ GRID_PRINTOUT = Path(__file__).with_name("drift_grid_printout.txt")
 
 def _criteria(pred: float, ratio: float) -> pl.DataFrame:
     """criteria_table rows on the disagreement set against the own update, with a paired predictive - ratio row."""
-    from analysis.token_level.summary.stats import DISAGREE_SET, OWN_UPDATE
+    from analysis.token_level.summary.study_stats import DISAGREE_SET, OWN_UPDATE
 
     paired = {"mean": pred - ratio, "lo": -0.01, "hi": 0.2, "seeds": 2, "lower": 0, "tied": 1, "higher": 1,
               "sign_p": 0.5, "wilcoxon_p": 0.5}

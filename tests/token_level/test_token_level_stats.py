@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analysis.token_level.summary.stats import (
+from analysis.token_level.summary.study_stats import (
     CRITERIA,
     PAPER_TOKEN_LEVEL,
     PREDICTIVE,

@@ -9,7 +9,7 @@ Definitions (one each):
 - token sets (``TOKEN_SETS``): ``outside``, every outside token with ``A != 0`` (a token without advantage has no
   update to keep or drop: every criterion keeps it and its own-update truth is 0, so it would only add agreement
   by construction); ``disagree<suffix>``, the outside tokens where the ratio criterion and one predictive
-  criterion decide differently (the suffix of ``analysis.token_level.summary.stats.PREDICTIVE``: ``disagree`` for the
+  criterion decide differently (the suffix of ``analysis.token_level.summary.study_stats.PREDICTIVE``: ``disagree`` for the
   aggregated tail, ``disagree_uniform``, ``disagree_exact``);
 - ground truths (``TRUTHS``), judged when their column is present: ``ddot_net``, ``ddot_net_adam``, ``dd_cf``,
   ``dd_all``; a token whose truth is null or not finite is left out of that truth's judgement (``n_missing``);
@@ -46,7 +46,7 @@ from analysis.paired import (
     wilson_interval,
     z_of,
 )
-from analysis.token_level.summary.stats import CRITERIA, PREDICTIVE
+from analysis.token_level.summary.study_stats import CRITERIA, PREDICTIVE
 from analysis.training.stats import CONFIDENCE
 
 __all__ = [

@@ -2,7 +2,7 @@
 paper's numbers under the paper's definitions (docs/math.md §5), and the checks beyond it.
 
 Reads one study's seeds from the results database (read-only) and renders rich tables, readable at 120 columns.
-Every number comes from ``analysis.token_level.summary.stats`` and, for the judgement against the per-token ground
+Every number comes from ``analysis.token_level.summary.study_stats`` and, for the judgement against the per-token ground
 truths, ``analysis.token_level.summary.study_tables`` (the functions whose tables ingest stores and ``reports``
 reads). The report opens with the judgement; each of its tables names the share of response tokens outside the
 trust region it was measured at. The paper's column is labelled as the paper's (Qwen3 scale, real bf16/FP8
@@ -25,7 +25,7 @@ from rich.text import Text
 
 from analysis.paired import WILSON_NOTE, ClusterInterval, PairedComparison
 from analysis.token_level.summary.criteria import RATIO, Judgement
-from analysis.token_level.summary.stats import (
+from analysis.token_level.summary.study_stats import (
     DISAGREE_SET,
     OWN_UPDATE,
     PAPER_LABEL,

@@ -5,7 +5,7 @@ judgements the report prints, from one function.
 (``analysis.token_level.summary.criteria.judge_all``), on the tokens of all the seeds it is given. A ground truth is
 carried when its column holds at least one finite value: a database keeps a column for every study once one study
 has it, so an older study's rows hold it as NULL. Nothing is judged unless the own-update truth
-(``analysis.token_level.summary.stats.OWN_UPDATE``) is carried; then the tables are empty and ``reason`` says why.
+(``analysis.token_level.summary.study_stats.OWN_UPDATE``) is carried; then the tables are empty and ``reason`` says why.
 
 The tables (``STUDY_TABLES``; their columns are criteria.py's): ``token_level_criteria`` (``criteria_table``),
 ``token_level_criteria_seeds`` (``per_seed_table``) and ``token_level_sign_agreement`` (``agreement_table``).
@@ -31,7 +31,7 @@ from analysis.token_level.summary.criteria import (
     judge_all,
     per_seed_table,
 )
-from analysis.token_level.summary.stats import OWN_UPDATE
+from analysis.token_level.summary.study_stats import OWN_UPDATE
 from analysis.training.stats import CONFIDENCE
 
 __all__ = ["STUDY_TABLES", "StudyJudgement", "carried", "judge_study", "study_tables"]
