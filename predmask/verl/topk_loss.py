@@ -3,7 +3,9 @@
 :class:`TopKPolicyLoss` wraps verl's ``ppo_loss`` partial. With the micro-batch flag ``distillation_use_topk``
 (set by :mod:`predmask.verl.worker`) verl's FSDP and Megatron engines first call it with the temperature-scaled
 logits: it gathers the training log-probs on the rollout support (packed, shifted to the rows that predict each
-response token; TP-sharded vocab on Megatron) into ``model_output``. Then, as the loss, it rebuilds the
+response token; TP-sharded vocab on Megatron) into ``model_output``; on verl's fused FSDP path, which builds no
+logits, the worker's hook calls :meth:`TopKPolicyLoss.hidden_support` with the final hidden states and the lm_head
+weight instead (:func:`predmask.verl.worker.install_hidden_gather`). Then, as the loss, it rebuilds the
 response-aligned support and the rollout anchor and calls verl's ``ppo_loss`` inside
 :func:`predmask.verl.loss.rollout_support`, so verl's entropy/KL/aggregation/metrics stay verl's. With a
 :class:`~predmask.verl.loss_stats.LossStatsWriter` (``stats_writer``, set by the worker) every micro-batch's metrics are
@@ -22,17 +24,23 @@ from verl.utils.ulysses import get_ulysses_sequence_parallel_rank, get_ulysses_s
 from verl.workers.utils.padding import no_padding_2_padding
 
 from predmask.methods import METHODS, Method
-from predmask.verl.gather import chunked_support_logprobs, vocab_parallel_support_logprobs
+from predmask.verl.gather import (
+    chunked_support_logprobs,
+    hidden_support_logprobs,
+    vocab_parallel_support_logprobs,
+)
 from predmask.verl.loss import RolloutSupport, loss_statistics, rollout_support
 from predmask.verl.loss_stats import LossStatsWriter
 from predmask.verl.packing import pack_response_tensor, sequence_lengths, support_from_records
 from predmask.verl.records import TOPK_KEY, TopKRecord
 
-__all__ = ["PI_KEY_PREFIX", "PI_TAIL_KEY", "TopKPolicyLoss"]
+__all__ = ["FUSED_STRATEGIES", "PI_KEY_PREFIX", "PI_TAIL_KEY", "TopKPolicyLoss"]
 
 #: model_output keys written by the logits processor: one per support slot, plus the exact tail
 PI_KEY_PREFIX = "predmask_pi_lp_"
 PI_TAIL_KEY = "predmask_pi_tail_sq"
+#: the actor strategies whose fused-kernel path gathers the support from the hidden states (predmask.verl.worker)
+FUSED_STRATEGIES = ("fsdp", "fsdp2")
 
 
 def _records_of(data: Any) -> list[TopKRecord | None]:
@@ -76,9 +84,11 @@ class TopKPolicyLoss:
         self.method: Method | None = METHODS.get(name)
         self.vocab_size: int | None = None
         self.stats_writer: LossStatsWriter | None = None
-        if self.needs_logits and bool(getattr(self.config, "use_fused_kernels", False)):
+        fused = bool(getattr(self.config, "use_fused_kernels", False))
+        if self.needs_logits and fused and self.strategy not in FUSED_STRATEGIES:
             raise ValueError(
-                f"policy loss {name!r} gathers log-probs from the logits: set "
+                f"policy loss {name!r} gathers its support from the logits or, with fused kernels, the hidden "
+                f"states on {' or '.join(FUSED_STRATEGIES)} only (strategy {self.strategy!r}): set "
                 "actor_rollout_ref.model.use_fused_kernels=false"
             )
 
@@ -125,6 +135,33 @@ class TopKPolicyLoss:
         return self._fsdp_support(student_logits, ids, valid)
 
     def _fsdp_support(self, logits: Tensor, ids: Tensor, valid: Tensor) -> dict[str, Tensor]:
+        rows = logits.reshape(-1, logits.shape[-1])
+        ids, valid = self._sp_local(ids, valid, rows.shape[0], "logits")
+        self.vocab_size = int(logits.shape[-1])
+        pi, tail = chunked_support_logprobs(rows, ids, valid, return_tail_sq=self.needs_tail)
+        return self._outputs(pi, tail, logits.shape[:2])
+
+    def hidden_support(self, hidden: Tensor, lm_head_weight: Tensor, data: Any) -> dict[str, Tensor]:
+        """The logits processor on verl's fused FSDP path, from the final hidden states and the lm_head weight:
+        the same outputs, shaped [1, packed rows]. ``hidden`` is verl's packed [1, rows, D] (this Ulysses rank's
+        slice) or, without remove-padding, the padded [B, L, D] (its rows packed here as verl packs the logits);
+        the temperature is the micro-batch's, as verl's fused forward applies it."""
+        if not self.needs_logits:
+            return {}
+        if not tu.get_non_tensor_data(data, "use_remove_padding", True):
+            lengths = data["input_ids"].offsets().diff().to(hidden.device)
+            hidden = hidden[torch.arange(hidden.shape[1], device=hidden.device) < lengths[:, None]]
+        rows = hidden.reshape(-1, hidden.shape[-1]).to(lm_head_weight.dtype)
+        ids, valid = self._packed_support(data)
+        ids, valid = self._sp_local(ids.to(rows.device), valid.to(rows.device), rows.shape[0], "hidden states")
+        self.vocab_size = int(lm_head_weight.shape[0])
+        pi, tail = hidden_support_logprobs(rows, lm_head_weight, ids, valid, temperature=float(data["temperature"]),
+                                           return_tail_sq=self.needs_tail)
+        return self._outputs(pi, tail, torch.Size((1, rows.shape[0])))
+
+    @staticmethod
+    def _sp_local(ids: Tensor, valid: Tensor, rows: int, source: str) -> tuple[Tensor, Tensor]:
+        """This Ulysses rank's rows of the packed support (verl's pad-then-slice), checked against ``rows``."""
         sp = get_ulysses_sequence_parallel_world_size()
         if sp > 1:  # same pad-then-slice as verl's Ulysses inputs
             pad = (-ids.shape[0]) % sp
@@ -134,15 +171,12 @@ class TopKPolicyLoss:
             part = ids.shape[0] // sp
             rank = get_ulysses_sequence_parallel_rank()
             ids, valid = ids[rank * part:(rank + 1) * part], valid[rank * part:(rank + 1) * part]
-        rows = logits.reshape(-1, logits.shape[-1])
-        if rows.shape[0] != ids.shape[0]:
+        if rows != ids.shape[0]:
             raise ValueError(
-                f"top-K support has {ids.shape[0]} packed rows but the logits have {rows.shape[0]} "
+                f"top-K support has {ids.shape[0]} packed rows but the {source} have {rows} "
                 "(static padding such as engine pad_to_length is not supported)"
             )
-        self.vocab_size = int(logits.shape[-1])
-        pi, tail = chunked_support_logprobs(rows, ids, valid, return_tail_sq=self.needs_tail)
-        return self._outputs(pi, tail, logits.shape[:2])
+        return ids, valid
 
     def _megatron_support(self, logits: Tensor, data: Any, ids: Tensor, valid: Tensor, data_format: str) -> dict[str, Tensor]:
         from megatron.core import parallel_state as mpu

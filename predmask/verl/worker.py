@@ -3,7 +3,9 @@
 ``ActorRolloutRefWorker.actor_worker_cls`` is a class attribute verl 0.9.1 provides for swapping the actor's
 TrainingWorker. The subclass wraps the loss in :class:`predmask.verl.topk_loss.TopKPolicyLoss` (``set_loss_fn``)
 and, when the batch carries top-K records and the method needs the support, sets the micro-batch flag
-``distillation_use_topk`` (``train_batch``) so that the engines call the loss as logits processor first.
+``distillation_use_topk`` (``train_batch``) so that the engines call the loss as logits processor first. With
+verl's fused kernels on (FSDP), whose forward builds no logits, it hooks the engine once
+(:func:`install_hidden_gather`) so that the support comes from the decoder's final hidden states instead.
 
 With ``predmask.stats_dir`` set (:mod:`predmask.verl.settings`) it also gives the loss a
 :class:`~predmask.verl.loss_stats.LossStatsWriter` on the first rank of each model-parallel group and tells it the step
@@ -16,9 +18,13 @@ the checkpoint it resumed from (``load_checkpoint``'s ``global_step_<N>`` path; 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import torch
+from torch import Tensor
 from verl.utils import tensordict_utils as tu
 
 from predmask.verl.loss_stats import LossStatsWriter, checkpoint_step
@@ -26,7 +32,7 @@ from predmask.verl.records import TOPK_KEY
 from predmask.verl.settings import current_settings
 from predmask.verl.topk_loss import TopKPolicyLoss
 
-__all__ = ["install_actor", "make_training_worker_cls"]
+__all__ = ["install_actor", "install_hidden_gather", "make_training_worker_cls"]
 
 
 def make_training_worker_cls(base: type) -> type:
@@ -69,6 +75,8 @@ def make_training_worker_cls(base: type) -> type:
             loss_fn = self.loss_fn
             if isinstance(loss_fn, TopKPolicyLoss) and loss_fn.needs_logits and TOPK_KEY in data:
                 tu.assign_non_tensor(data, distillation_use_topk=True)
+                if self.engine_config.use_fused_kernels:
+                    install_hidden_gather(self.engine)
             writer = self._stats_writer()
             if writer is not None:
                 writer.begin_mini_batch()
@@ -76,6 +84,73 @@ def make_training_worker_cls(base: type) -> type:
 
     PredmaskTrainingWorker.__qualname__ = PredmaskTrainingWorker.__name__ = f"Predmask{base.__name__}"
     return PredmaskTrainingWorker
+
+
+@dataclass
+class _FusedStep:
+    """One fused forward step's logits processor: its loss, its micro-batch and, once the decoder ran, the outputs."""
+
+    loss_fn: TopKPolicyLoss
+    data: Any
+    outputs: dict[str, Tensor] | None = None
+
+
+_FUSED_STEP: ContextVar[_FusedStep | None] = ContextVar("predmask_fused_step", default=None)
+
+
+def _decoder_hook(lm: Any) -> Callable[..., None]:
+    """Forward hook of the decoder: inside the model's forward (where FSDP holds the lm_head weight unsharded), the
+    logits processor of the current fused step reads the final hidden states and ``lm.lm_head.weight``."""
+
+    def hook(_module: Any, _args: Any, output: Any) -> None:
+        step = _FUSED_STEP.get()
+        if step is None:
+            return
+        weight = lm.get_output_embeddings().weight
+        weight = weight.full_tensor() if hasattr(weight, "full_tensor") else weight  # a TP DTensor: its rows
+        step.outputs = step.loss_fn.hidden_support(output[0].detach(), weight.detach(), step.data)
+
+    return hook
+
+
+def install_hidden_gather(engine: Any) -> None:
+    """verl's fused FSDP forward builds no logits and calls no logits processor: hook the engine so that its
+    ``forward_step`` on a top-K micro-batch gathers the support from the decoder's hidden states
+    (:meth:`TopKPolicyLoss.hidden_support`) and ``prepare_model_outputs`` puts the result in ``model_output``
+    exactly where the logits path puts it (idempotent; the logits path is untouched)."""
+    if getattr(engine, "predmask_hidden_gather", False):
+        return
+    lm = next(m for m in engine.module.modules() if hasattr(m, "get_output_embeddings") and hasattr(m, "get_decoder"))
+    lm.get_decoder().register_forward_hook(_decoder_hook(lm))
+    forward_step, prepare_model_outputs = engine.forward_step, engine.prepare_model_outputs
+
+    def fused_forward_step(micro_batch: Any, loss_function: Any, forward_only: bool) -> Any:
+        if not (isinstance(loss_function, TopKPolicyLoss) and loss_function.needs_logits
+                and tu.get_non_tensor_data(micro_batch, "distillation_use_topk", False)
+                and tu.get_non_tensor_data(micro_batch, "use_fused_kernels", False)):
+            return forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
+        token = _FUSED_STEP.set(_FusedStep(loss_function, micro_batch))
+        try:
+            return forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
+        finally:
+            _FUSED_STEP.reset(token)
+
+    def fused_model_outputs(output: Any, output_args: dict[str, Any], micro_batch: Any, **kwargs: Any) -> Any:
+        model_output = prepare_model_outputs(output, output_args, micro_batch, **kwargs)
+        step = _FUSED_STEP.get()
+        if step is not None:
+            if step.outputs is None:
+                raise RuntimeError("verl's fused forward did not run the decoder hook: no support log-probs")
+            cu_seqlens = micro_batch["input_ids"].offsets()
+            for key, value in step.outputs.items():
+                value = value.squeeze(0)
+                if "pad_size" in output_args:  # remove-padding: all-gather the Ulysses ranks, drop the pad
+                    value = engine._gather_and_unpad_packed(value, output_args["pad_size"])
+                model_output[key] = torch.nested.nested_tensor_from_jagged(value, cu_seqlens)
+        return model_output
+
+    engine.forward_step, engine.prepare_model_outputs = fused_forward_step, fused_model_outputs
+    engine.predmask_hidden_gather = True
 
 
 def install_actor(engine_workers: ModuleType) -> None:

@@ -1,5 +1,12 @@
 """predmask.verl.gather.hidden_support_logprobs, the logits processor's gather from hidden states: equal to the
-logits path's chunked gather on one rank, and over two real gloo ranks each holding half of the lm_head rows."""
+logits path's chunked gather on one rank, and over two real gloo ranks each holding half of the lm_head rows; and
+verl's real FSDP2 actor worker with its fused kernels on (the plugin gathering the support from the hidden states)
+against the same worker with them off (the logits path).
+
+Stand-ins for the worker test, because this machine has no GPU: verl's CPU platform (tests/verl/cpu_platform.py,
+gloo), transformers' ``sdpa`` attention, verl's torch backend of the fused kernel (its default; the triton one
+needs a GPU); one process, no Ray (tests/verl/verl_cpu_worker.py).
+"""
 
 from __future__ import annotations
 
@@ -60,3 +67,41 @@ def test_two_gloo_ranks_each_holding_half_the_vocabulary(tmp_path) -> None:
         res = torch.load(tmp_path / f"tp.{rank}")
         torch.testing.assert_close(res["out"], ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(res["tail"], ref_tail, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.verl
+def test_verl_worker_with_fused_kernels_trains_as_the_logits_path(tmp_path) -> None:
+    """The same batch (predmask_kl_exact: support and exact tail) through ActorRolloutRefWorker.update_actor with
+    verl's fused kernels off, then on: per micro-batch the same support log-probs, tail and loss, and the same
+    gradient on every parameter (float32: verl's fused kernel computes its log-probs in float32 chunks)."""
+    import torch.multiprocessing as mp
+    from verl_helpers import require_verl
+
+    require_verl("verl.plugin.platform")
+    import verl_cpu_worker as cpu_worker
+
+    # tied lm_head (as Qwen3-4B's): verl 0.9.1 shards an untied lm_head as its own FSDP2 unit, which its fused
+    # forward then multiplies still sharded (verl's own fused path fails, predmask's hook or not)
+    model_dir = cpu_worker.save_tiny_qwen3(tmp_path / "model", tied=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(cpu_worker.run_fused_pair, nprocs=1, args=(port, str(model_dir), str(tmp_path)),
+                       start_method="spawn", join=True)
+    ref, fused = (torch.load(tmp_path / f"fused-{i}.pt", weights_only=False) for i in (0, 1))
+    assert ref["actor_cls"] == fused["actor_cls"] == "PredmaskTrainingWorker"
+    assert len(ref["micro_batches"]) == len(fused["micro_batches"]) > 1
+    for a, b in zip(ref["micro_batches"], fused["micro_batches"], strict=True):
+        assert torch.equal(a["responses"], b["responses"])
+        ok = a["pi"].isfinite()
+        assert torch.equal(ok, b["pi"].isfinite()) and ok.any()
+        torch.testing.assert_close(b["pi"][ok], a["pi"][ok], rtol=1e-5, atol=1e-5)
+        mask = a["mask"]
+        torch.testing.assert_close(b["tail"][mask], a["tail"][mask], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(b["log_prob"][mask], a["log_prob"][mask], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(b["loss"], a["loss"], rtol=1e-5, atol=1e-6)
+    assert ref["grads"].keys() == fused["grads"].keys() and len(ref["grads"]) > 10
+    for name, grad in ref["grads"].items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(fused["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)

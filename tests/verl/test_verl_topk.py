@@ -15,7 +15,7 @@ import asyncio
 import json
 import math
 from functools import partial
-from types import ModuleType, SimpleNamespace
+from types import MethodType, ModuleType, SimpleNamespace
 
 import numpy as np
 import pytest
@@ -36,7 +36,7 @@ from predmask.verl.packing import (
 )
 from predmask.verl.records import TOPK_KEY, parse_vllm_logprobs
 from predmask.verl.settings import SETTINGS_ENV
-from predmask.verl.topk_loss import PI_KEY_PREFIX, TopKPolicyLoss
+from predmask.verl.topk_loss import PI_KEY_PREFIX, PI_TAIL_KEY, TopKPolicyLoss
 
 pytestmark = pytest.mark.verl
 
@@ -134,17 +134,31 @@ def test_records_survive_verl_tensordict_splitting() -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def run_fsdp_engine(model, td, loss_fn):
-    """FSDPEngineWithLMHead.forward_step without the device move/autocast (no GPU here)."""
+def run_fsdp_engine(model, td, loss_fn, fused: bool = False):
+    """FSDPEngineWithLMHead.forward_step without the device move/autocast (no GPU here). ``fused``: verl's fused
+    path -- its torch-backend fused forward bound to this model only (verl's own patch would change the class of
+    every test's model) and the plugin's hidden-states hooks (worker.install_hidden_gather) on the engine."""
+    from verl.models.transformers.dense_common import forward_with_torch_backend
+    from verl.utils import tensordict_utils as tu
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
     engine = FSDPEngineWithLMHead.__new__(FSDPEngineWithLMHead)
     engine.pad_to_length, engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size = False, False, 1
     engine.module = model
-    inputs, output_args = engine.prepare_model_inputs(td)
-    raw = model(**inputs, use_cache=False)
-    model_output = engine.prepare_model_outputs(raw, output_args, td, logits_processor_func=loss_fn)
-    return model_output, loss_fn(model_output=model_output, data=td)
+
+    def forward_step(micro_batch, loss_function, forward_only):
+        inputs, output_args = engine.prepare_model_inputs(micro_batch)
+        raw = engine.module(**inputs, use_cache=False)
+        model_output = engine.prepare_model_outputs(output=raw, output_args=output_args, micro_batch=micro_batch,
+                                                    logits_processor_func=loss_function)
+        return model_output, loss_function(model_output=model_output, data=micro_batch)
+
+    engine.forward_step = forward_step
+    if fused:
+        model.forward = MethodType(forward_with_torch_backend, model)
+        worker.install_hidden_gather(engine)
+    tu.assign_non_tensor(td, use_fused_kernels=fused)
+    return engine.forward_step(td, loss_fn, forward_only=False)
 
 
 @pytest.mark.parametrize(("layers", "remove_padding"), [(1, False), (0, True)])
@@ -198,6 +212,57 @@ def test_fsdp_engine_gathers_the_support_at_the_predicting_positions(settings, l
         assert math.isclose(float(values[key]), ref_metrics[key], rel_tol=1e-4, abs_tol=1e-6), key
     assert float(values["actor/mask/pi_sampled_gap"]) < 1e-4
     assert 0 < ref_metrics["actor/mask/outside_frac"] < 1  # the check is not vacuous
+
+
+@pytest.mark.parametrize(("loss_mode", "remove_padding"), [("predmask_kl_exact", True),
+                                                         ("predmask_kl_exact", False), ("dppo_topk_kl", True)])
+def test_fused_path_gathers_the_support_from_hidden_states_as_the_logits_path(settings, loss_mode: str,
+                                                                              remove_padding: bool) -> None:
+    """The same micro-batch through verl's fused path (no logits; the support from the decoder's hidden states)
+    and its logits path: the same support log-probs, exact tail, loss and gradient on every parameter."""
+    from verl.workers.config import FSDPActorConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    settings(delta=0.05, ratio_cap=10.0)
+    model = tiny_causal_lm(layers=1)  # float32, as verl's fused kernel computes (whatever the model's dtype)
+    td, *_ = verl_micro_batch(model, [3, 5, 2], [6, 4, 1], k=4, temperature=0.7, remove_padding=remove_padding,
+                              loss_mode=loss_mode)
+    config = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, use_fused_kernels=True,
+                             policy_loss={"loss_mode": loss_mode})
+    runs = []
+    for fused in (False, True):
+        model.zero_grad()
+        model_output, (loss, _) = run_fsdp_engine(model, td.clone(), TopKPolicyLoss(partial(ppo_loss, config=config)),
+                                                  fused=fused)
+        loss.backward()
+        runs.append((model_output, loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (ref, ref_loss, ref_grads), (out, loss, grads) = runs
+    assert "logits" not in out and set(ref) == set(out)
+    assert (PI_TAIL_KEY in out) == (loss_mode == "predmask_kl_exact")
+    for key in (k for k in ref if k.startswith("predmask_")):
+        torch.testing.assert_close(out[key].values(), ref[key].values(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-7)
+    assert ref_grads.keys() == grads.keys() and any(g.abs().sum() > 0 for g in grads.values())
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fused_path_without_support_is_verls_own(settings) -> None:
+    """A method that reads no support (grpo_clip_higher): the hooked fused engine gathers nothing and computes
+    verl's fused log-probs and loss."""
+    from verl.workers.config import FSDPActorConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    settings()
+    model = tiny_causal_lm(layers=1)
+    td, *_ = verl_micro_batch(model, [3, 2], [2, 4], k=3, temperature=0.9, remove_padding=True)
+    config = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, use_fused_kernels=True,
+                             policy_loss={"loss_mode": "grpo_clip_higher"})
+    out, (loss, _) = run_fsdp_engine(model, td, TopKPolicyLoss(partial(ppo_loss, config=config)), fused=True)
+    assert set(out) == {"log_probs"}
+    ref, (ref_loss, _) = run_fsdp_engine(tiny_causal_lm(layers=1), td, partial(ppo_loss, config=config), fused=True)
+    torch.testing.assert_close(out["log_probs"].values(), ref["log_probs"].values(), rtol=0, atol=0)
+    torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0)
 
 
 def _run_layout(model, pieces, loss_fn, directory, session: str = "1") -> tuple[dict[str, float], list]:
@@ -334,13 +399,15 @@ def test_loss_wrapper_passes_verl_losses_through() -> None:
     assert wrapped(student_logits=torch.zeros(1, 2, 3), data=None) == {}
 
 
-def test_loss_wrapper_refuses_fused_kernels_and_distillation() -> None:
+def test_loss_wrapper_refuses_fused_kernels_where_unwired_and_distillation() -> None:
     from verl.workers.config import FSDPActorConfig
 
     config = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, use_fused_kernels=True,
                              policy_loss={"loss_mode": "dppo_topk_kl"})
-    with pytest.raises(ValueError, match="use_fused_kernels=false"):
-        TopKPolicyLoss(lambda **kw: None, config=config)
+    assert TopKPolicyLoss(lambda **kw: None, config=config).needs_logits  # FSDP's fused path is wired
+    unwired = SimpleNamespace(strategy="veomni", use_fused_kernels=True, policy_loss={"loss_mode": "dppo_topk_kl"})
+    with pytest.raises(ValueError, match="strategy 'veomni'.*use_fused_kernels=false"):
+        TopKPolicyLoss(lambda **kw: None, config=unwired)
     with pytest.raises(ValueError, match="distillation"):
         TopKPolicyLoss(partial(lambda **kw: None, config=config, distillation_config=object()))
 
@@ -363,10 +430,11 @@ def test_training_worker_subclass_wraps_the_loss_and_sets_the_flag() -> None:
     from verl.utils import tensordict_utils as tu
     from verl.workers.config import FSDPActorConfig
 
-    class Base:
+    class Base:  # verl's TrainingWorker as far as the subclass reads it (fused kernels off)
         def __init__(self):
             self.loss_fn = None
             self.seen = None
+            self.engine_config = SimpleNamespace(use_fused_kernels=False)
 
         def train_batch(self, data):
             self.seen = tu.get_non_tensor_data(data, "distillation_use_topk", False)

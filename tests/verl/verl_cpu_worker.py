@@ -1,15 +1,17 @@
-"""One rank of verl's real actor worker on the CPU, for test_verl_worker_cpu.py: build it, run update_actor, save.
+"""One rank of verl's real actor worker on the CPU, for test_verl_worker_cpu.py and test_verl_hidden_gather.py:
+build it, run update_actor, save.
 
 :func:`run_rank` is the body of each spawned process: it installs the CPU platform (tests/verl/cpu_platform.py),
 joins a gloo process group, builds ``ActorRolloutRefWorker(role="actor")`` from verl's own Hydra config with the
 FSDP2 engine and the plugin on, computes the old log-probs and updates the actor with a batch prepared the way
 ``RayPPOTrainer._compute_old_log_prob`` and ``_update_actor`` prepare it, and writes to ``out/rank<r>-rmpad<0|1>.pt``
 what the test checks: the parameters before and after, and per micro-batch the responses it saw, verl's log-prob of
-each response token and the plugin's support gather at the sampled token.
+each response token and the plugin's support gather at the sampled token. :func:`run_fused_pair` runs the same
+update with verl's fused kernels off and on and saves both, with the gradients and each micro-batch's loss.
 
 Test instrumentation (not part of the plugin): the loss set on the worker is a subclass of the plugin's
 :class:`~predmask.verl.topk_loss.TopKPolicyLoss` that records each micro-batch's ``rollout_batch`` inputs and
-outputs; it computes nothing else.
+outputs and its loss; it computes nothing else.
 """
 
 from __future__ import annotations
@@ -30,17 +32,21 @@ RESPONSE_LENS = (6, 4, 1, 5, 3, 7, 2, 4)
 MINI_BATCH, MAX_TOKENS, SEED = 4, 16, 7
 
 
-def save_tiny_qwen3(path: Path) -> Path:
-    """A randomly initialised tiny Qwen3 saved as a Hugging Face model directory (what verl loads by path)."""
+def save_tiny_qwen3(path: Path, tied: bool = False) -> Path:
+    """A randomly initialised tiny Qwen3 saved as a Hugging Face model directory (what verl loads by path);
+    ``tied``: the lm_head shares the input embedding (as Qwen3-4B's does)."""
     from verl_helpers import tiny_causal_lm
 
     model = tiny_causal_lm(vocab=VOCAB, layers=LAYERS, seed=SEED)
-    model.config.update({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0})
+    model.config.update({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": tied})
+    if tied:
+        model.tie_weights()
     model.save_pretrained(path)
     return path
 
 
-def worker_config(model_dir: Path, sp: int, remove_padding: bool) -> Any:
+def worker_config(model_dir: Path, sp: int, remove_padding: bool, fused: bool = False,
+                  mini_batch: int = MINI_BATCH) -> Any:
     """``actor_rollout_ref`` of verl's own ``ppo_trainer`` config, composed with the overrides of a CPU run."""
     import verl
     from hydra import compose, initialize_config_dir
@@ -50,14 +56,15 @@ def worker_config(model_dir: Path, sp: int, remove_padding: bool) -> Any:
     overrides = [
         f"{a}.model.path={model_dir}", f"+{a}.model.load_tokenizer=false",
         f"+{a}.model.override_config.attn_implementation=sdpa",  # flash-attention needs a GPU
-        f"{a}.model.use_remove_padding={str(remove_padding).lower()}", f"{a}.model.use_fused_kernels=false",
+        f"{a}.model.use_remove_padding={str(remove_padding).lower()}",
+        f"{a}.model.use_fused_kernels={str(fused).lower()}",
         f"{a}.model.enable_gradient_checkpointing=false",
         f"{a}.actor.strategy=fsdp2", f"{a}.actor.fsdp_config.strategy=fsdp2",
         f"+{a}.actor.fsdp_config.mixed_precision={{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}}",
         f"{a}.actor.use_torch_compile=false", f"{a}.actor.fsdp_config.use_torch_compile=false",
         f"{a}.actor.ulysses_sequence_parallel_size={sp}",
         f"{a}.actor.fsdp_config.ulysses_sequence_parallel_size={sp}",
-        f"{a}.actor.ppo_mini_batch_size={MINI_BATCH}", f"{a}.actor.shuffle=true",
+        f"{a}.actor.ppo_mini_batch_size={mini_batch}", f"{a}.actor.shuffle=true",
         f"{a}.actor.use_dynamic_bsz=true", f"{a}.rollout.log_prob_use_dynamic_bsz=true",
         f"{a}.actor.ppo_max_token_len_per_gpu={MAX_TOKENS // sp}",  # verl multiplies it by sp
         f"{a}.rollout.log_prob_max_token_len_per_gpu={MAX_TOKENS // sp}",
@@ -106,7 +113,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone()
 
 
-def _update(worker: Any, batch: Any) -> None:
+def _update(worker: Any, batch: Any, mini_batch: int = MINI_BATCH) -> None:
     """RayPPOTrainer._compute_old_log_prob then _update_actor (verl 0.9.1), on every rank, without Ray."""
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
@@ -122,12 +129,13 @@ def _update(worker: Any, batch: Any) -> None:
 
     td = left_right_2_no_padding(batch.to_tensordict())
     tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
-                         global_batch_size=MINI_BATCH, mini_batch_size=MINI_BATCH, epochs=1, seed=42,
+                         global_batch_size=mini_batch, mini_batch_size=mini_batch, epochs=1, seed=42,
                          dataloader_kwargs={"shuffle": True}, compute_loss=True)
     worker.update_actor(td)
 
 
-def _run_layout(sp: int, remove_padding: bool, model_dir: Path, run_dir: Path) -> dict[str, Any]:
+def _run_layout(sp: int, remove_padding: bool, model_dir: Path, run_dir: Path, fused: bool = False,
+                mini_batch: int = MINI_BATCH) -> dict[str, Any]:
     """Build the actor worker for one layout, update it once, return what the test checks. The plugin's loss
     statistics go to ``run_dir/loss_stats`` (predmask's settings, as the launcher gives them to Ray workers)."""
     from verl.workers.engine_workers import ActorRolloutRefWorker
@@ -142,6 +150,12 @@ def _run_layout(sp: int, remove_padding: bool, model_dir: Path, run_dir: Path) -
     seen: list[dict[str, torch.Tensor]] = []
 
     class RecordingLoss(TopKPolicyLoss):
+        def __call__(self, model_output=None, data=None, dp_group=None, **kwargs):
+            out = super().__call__(model_output=model_output, data=data, dp_group=dp_group, **kwargs)
+            if model_output is not None:
+                seen[-1]["loss"] = out[0].detach().clone()
+            return out
+
         def rollout_batch(self, model_output, data):
             result = super().rollout_batch(model_output, data)
             support = result.support
@@ -151,19 +165,30 @@ def _run_layout(sp: int, remove_padding: bool, model_dir: Path, run_dir: Path) -
                 "log_prob": no_padding_2_padding(model_output["log_probs"], data).detach().clone(),
                 "pi_sampled": result.pi_logprobs.gather(-1, support.sampled_index.unsqueeze(-1))
                 .squeeze(-1).detach().clone(),
+                "pi": result.pi_logprobs.detach().clone(),
+                "tail": None if result.pi_tail_sq is None else result.pi_tail_sq.detach().clone(),
             })
             return result
 
-    worker = ActorRolloutRefWorker(config=worker_config(model_dir, sp, remove_padding), role="actor")
+    worker = ActorRolloutRefWorker(config=worker_config(model_dir, sp, remove_padding, fused, mini_batch),
+                                   role="actor")
     worker.init_model()
     worker.set_loss_fn(RecordingLoss(worker.loss_fn))
     module = worker.actor.engine.module
     before = {n: _full(p) for n, p in module.named_parameters()}
-    _update(worker, rollout_batch())
+    grads: dict[str, torch.Tensor] = {}  # the accumulated gradient before the (last) optimizer step
+    engine, optimizer_step = worker.actor.engine, worker.actor.engine.optimizer_step
+
+    def recording_step() -> Any:
+        grads.update({n: _full(p.grad) for n, p in module.named_parameters() if p.grad is not None})
+        return optimizer_step()
+
+    engine.optimizer_step = recording_step
+    _update(worker, rollout_batch(), mini_batch)
     after = {n: _full(p) for n, p in module.named_parameters()}
     return {"actor_cls": type(worker.actor).__name__, "engine_cls": type(worker.actor.engine).__name__,
             "module_cls": type(module).__name__, "run_dir": str(run_dir), "before": before, "after": after,
-            "micro_batches": seen}
+            "grads": grads, "micro_batches": seen}
 
 
 def run_rank(rank: int, world_size: int, port: int, sp: int, layouts: tuple[bool, ...], model_dir: str,
@@ -184,5 +209,27 @@ def run_rank(rank: int, world_size: int, port: int, sp: int, layouts: tuple[bool
             tag = f"rmpad{int(remove_padding)}"
             result = _run_layout(sp, remove_padding, Path(model_dir), Path(out) / f"run-{tag}")
             torch.save(result, Path(out) / f"rank{rank}-{tag}.pt")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def run_fused_pair(rank: int, port: int, model_dir: str, out: str) -> None:
+    """Spawned process (one rank): the same batch through the FSDP2 actor worker with verl's fused kernels off
+    (the logits path), then on (the hidden-states path), one mini-batch holding the whole batch (so that both
+    gradients are taken at the same parameters); saves both runs to ``out/fused-<0|1>.pt``. The logits path runs
+    first: verl's fused patch replaces the model class's forward for the rest of the process."""
+    import cpu_platform
+
+    cpu_platform.install()
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        import predmask.verl.plugin  # noqa: F401
+
+        for fused in (False, True):
+            result = _run_layout(1, True, Path(model_dir), Path(out) / f"fused-{int(fused)}", fused=fused,
+                                 mini_batch=len(PROMPT_LENS))
+            torch.save(result, Path(out) / f"fused-{int(fused)}.pt")
     finally:
         torch.distributed.destroy_process_group()
