@@ -205,7 +205,11 @@ def input_paths(spec: RunSpec) -> list[InputPath]:
 def _vr_input_paths(spec: RunSpec) -> list[InputPath]:
     """A variational stage run on VeRL: the prepared Bespoke-Stratos files, an eval run's AIME files
     (``predmask.verl.vr_cluster``, the owner of their names and directories) and the base model."""
-    from predmask.verl.vr_cluster import VR_DATA_FILES, eval_files, merged_settings  # verl-free: commands only
+    from predmask.verl.vr_cluster import (  # verl-free: commands only
+        VR_DATA_FILES,
+        eval_files,
+        merged_settings,
+    )
 
     directory = merged_settings(spec.config)["data_dir"]
     prepare = command("sweeps.datasets prepare --family variational --bespoke-file PATH_TO_BESPOKE_STRATOS_17K "
