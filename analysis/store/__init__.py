@@ -52,7 +52,6 @@ from analysis.store.ingest import (
     ingest_run_dir,
 )
 from analysis.store.inputs import find_run_dirs
-from analysis.store.metrics_files import parse_metrics_file
 from analysis.store.runs import EMPTY, RunRefusedError, UpsertCounts, run_row_from_dir, upsert_runs
 from analysis.store.schema import (
     ACCURACY_WEIGHTING_COLUMNS,
@@ -111,7 +110,6 @@ __all__ = [
     "is_weights_stage",
     "missing_db_hint",
     "paper_command",
-    "parse_metrics_file",
     "run_row_from_dir",
     "storage_error",
     "stored_seeds",

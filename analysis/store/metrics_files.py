@@ -20,7 +20,7 @@ from pathlib import Path
 from analysis.store.schema import STEP_MAX
 from predmask.rundir import BadLine, iter_metrics
 
-__all__ = ["FileCounts", "ParsedFile", "iter_file_values", "parse_metrics_file"]
+__all__ = ["FileCounts", "iter_file_values"]
 
 _STEP_MIN = -STEP_MAX - 1
 
@@ -39,20 +39,6 @@ class FileCounts:
 
     def note(self, line: int, text: str) -> None:
         self.warnings.append(f"{self.path}:{line}: {text}")
-
-
-@dataclass
-class ParsedFile:
-    """The numeric metric values of one verl file-logger file, in line order."""
-
-    path: Path
-    rows: list[tuple[int, str, float]]
-    lines: int
-    skipped_lines: int
-    skipped_values: int
-    warnings: list[str]
-    nonfinite_values: int = 0
-    backward_lines: int = 0
 
 
 def _as_float(value: float) -> float:
@@ -99,11 +85,3 @@ def iter_file_values(path: Path, counts: FileCounts) -> Iterator[tuple[int, str,
         if bad:
             counts.nonfinite_values += len(bad)
             counts.note(rec.line, f"step {rec.step}: non-finite value(s) {', '.join(bad)} not stored")
-
-
-def parse_metrics_file(path: Path) -> ParsedFile:
-    """A whole file-logger file's stored rows and counts (``iter_file_values``, kept in memory)."""
-    counts = FileCounts(path)
-    rows = list(iter_file_values(path, counts))
-    return ParsedFile(path, rows, counts.lines, counts.skipped_lines, counts.skipped_values, counts.warnings,
-                      counts.nonfinite_values, counts.backward_lines)

@@ -506,13 +506,6 @@ class DriftPoint:
     balanced_ratio: Estimate | None = None
     balanced_difference: PairedEstimate | None = None
 
-    @property
-    def judged_disagree_per_seed(self) -> float | None:
-        """The judged disagreement tokens per seed (their pooled count / seeds)."""
-        if self.judged_disagree is None or self.n_seeds == 0:
-            return None
-        return self.judged_disagree / self.n_seeds
-
 
 def drift_point(seed_rows: SeedRows, criteria: pl.DataFrame | None = None) -> DriftPoint:
     """The drift-grid point of one study from its per-seed rows (the headline, aggregated-tail comparison) and,
