@@ -1,4 +1,5 @@
-"""Display labels of methods, models, precisions and settings, and the paper's settings, all read from conf/.
+"""Display labels of methods, models, precisions and settings, the paper's settings (read from conf/), and the
+size of the runs' evaluation splits (read from their recorded configs).
 
 conf/ declares every option once (predmask.config); this module only looks them up, caches them and falls back to
 the raw name for an option conf/ does not have (a run of an option that was since removed still draws).
@@ -6,7 +7,9 @@ the raw name for an option conf/ does not have (a run of an option that was sinc
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from functools import cache
+from typing import Any
 
 from predmask import config
 
@@ -76,6 +79,16 @@ def setting_choice(setting: str) -> tuple[str, str]:
     """(model, precision) that a setting of conf/setting selects."""
     choices = config.option_choices("setting", setting)
     return choices["model"], choices["precision"]
+
+
+def split_size_text(configs: Iterable[Mapping[str, Any]]) -> str:
+    """'n = 30 problems per evaluation split' from the runs' recorded configs (``task.eval_size``; a range when they
+    differ), '' when none records one (e.g. a cluster run on the real AIME files)."""
+    sizes = sorted({n for c in configs if isinstance(task := c.get("task"), Mapping)
+                    and isinstance(n := task.get("eval_size"), int)})
+    if not sizes:
+        return ""
+    return f"n = {sizes[0] if len(sizes) == 1 else f'{sizes[0]}–{sizes[-1]}'} problems per evaluation split"
 
 
 def paper_settings() -> tuple[tuple[str, str], ...]:

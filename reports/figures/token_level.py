@@ -14,7 +14,7 @@ from matplotlib.patches import Patch
 
 from analysis.store.token_level_tables import grid_cells
 from analysis.token_level.summary import study_stats as stats
-from reports import labels, same_tokens
+from reports import labels, queries, same_tokens
 from reports.artefact import (
     DRIFT_COMMAND,
     STUDY_COMMAND,
@@ -44,12 +44,15 @@ NO_STUDY = f"no token-level study in the database\n({STUDY_COMMAND})"
 
 
 def _study_title(ctx: ReportContext) -> str:
-    s = ctx.study
-    return f"this database: {s.describe()}; study {s.study_id}, {s.n_seeds} seeds" if s else "no study"
+    return f"this database: {ctx.study.describe()}; {_selection(ctx)}" if ctx.study else "no study"
 
 
 def _selection(ctx: ReportContext) -> str:
-    return f"study {ctx.study.study_id}" if ctx.study else "no token-level study"
+    """ "study S: 4 seeds, 400 response tokens": the study and the units its numbers are over."""
+    if not ctx.study:
+        return "no token-level study"
+    tokens = stats.share_outside(queries.seed_rows(ctx.con, ctx.study.study_id)).n
+    return f"study {ctx.study.study_id}: {ctx.study.n_seeds} seeds, {tokens:,} response tokens"
 
 
 def _mean_label(m: stats.MeanSE) -> str:

@@ -29,7 +29,7 @@ from reports.figures.draw import (
     suptitle,
     wrap_lines,
 )
-from reports.labels import method_label, setting_label, sweep_delta
+from reports.labels import method_label, setting_label, split_size_text, sweep_delta
 from reports.queries import MAIN_SWEEP, TIGHT_SWEEP
 from reports.style import method_marker, method_rank, method_style
 
@@ -265,6 +265,8 @@ def _per_setting_figure(
             result.panels.append(panel)
     result.runs = [r for r in sel.runs if r.run_id in used]
     result.has_data = bool(used)
+    if size := split_size_text(r.config for r in result.runs):
+        result.caption += f" Validation: {size}."
     if any(p.text for p in result.panels):
         result.caption += f" {detectable_note()}."
     if ctx.draw:
@@ -303,7 +305,9 @@ def render_per_setting(
     n_cols = min(MAX_COLS, max(n_settings, 1))
     setting_rows = math.ceil(n_settings / n_cols)
     labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
-    title = [result.title, result.selection_rule, _method_note(ctx, rows), *_detectable_lines(result)]
+    size = split_size_text(r.config for r in result.runs)
+    rule = f"{result.selection_rule}; validation: {size}" if size else result.selection_rule
+    title = [result.title, rule, _method_note(ctx, rows), *_detectable_lines(result)]
     width_in = 0.95 + n_cols * 2.7 + (n_cols - 1) * 0.6
     n_title = len(wrap_lines(title, width_in))
     fig, axes = grid_figure(

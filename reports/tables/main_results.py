@@ -15,7 +15,7 @@ from predmask.command_text import sweep_command
 from reports import queries
 from reports.artefact import ArtefactResult, ReportContext, table
 from reports.cells import DETECTABLE_HEADER, detectable, detectable_note, pct
-from reports.labels import method_label, sweep_delta
+from reports.labels import method_label, split_size_text, sweep_delta
 from reports.style import method_rank
 from reports.tables.render import TextTable, write_tables
 
@@ -58,7 +58,7 @@ def main_results(
     return out, used
 
 
-def main_results_table(results: SettingResults, n_runs: int, n_cpu: int) -> TextTable:
+def main_results_table(results: SettingResults, n_runs: int, n_cpu: int, split_size: str = "") -> TextTable:
     references = {r.vs_final.reference for _, rs in results for r in rs.values() if r.vs_final is not None}
     rows = []
     for key, by_method in results:
@@ -84,7 +84,8 @@ def main_results_table(results: SettingResults, n_runs: int, n_cpu: int) -> Text
             )
     note = (
         f"From {n_runs} run(s) ({n_cpu} on the CPU engine: small stand-in models, emulated precision; not the "
-        "paper's scale). Validation accuracy = mean of the two AIME avg@16 scores (CPU: their stand-in splits). "
+        "paper's scale). Validation accuracy = mean of the two AIME avg@16 scores (CPU: their stand-in splits"
+        f"{'; ' + split_size if split_size else ''}). "
         f"Each accuracy cell: {training_stats.interval_note()} (half-width after ±; one seed: no interval). "
         "final = the last evaluated step; best = the highest evaluation; AUC = trapezoid area under the "
         "validation curve over steps divided by the step span (a mean accuracy over the run). Δ = predictive mask "
@@ -153,13 +154,14 @@ def headline_table(results: SettingResults) -> TextTable:
 def table2_main_results(ctx: ReportContext) -> ArtefactResult:
     sel = queries.select_runs(ctx.runs, sweep_delta(queries.MAIN_SWEEP), ctx.sweeps, queries.MAIN_SWEEP)
     results, runs = main_results(ctx, sel.runs)
-    text = main_results_table(results, len(runs), sum(r.is_cpu for r in runs))
+    size = split_size_text(r.config for r in runs)
+    text = main_results_table(results, len(runs), sum(r.is_cpu for r in runs), size)
     result = ArtefactResult(
         title=text.title,
         caption=(
             "Final, best and mean (AUC) validation accuracy per setting and method over seeds, the paired "
             "difference of each predictive mask against its DPPO reference with the smallest difference its seeds "
-            "can detect, and collapses; Markdown and LaTeX."
+            "can detect, and collapses; Markdown and LaTeX." + (f" Validation: {size}." if size else "")
         ),
         runs=runs,
         selection_rule=sel.rule,

@@ -32,6 +32,10 @@ STAND_IN = {"cpu_s": "qwen3_4b_base", "cpu_m": "qwen3_8b_base", "cpu_moe": "qwen
 A24, A25 = "val-core/aime24_standin/acc/mean@16", "val-core/aime25_standin/acc/mean@16"
 
 
+#: problems per evaluation split in every run's recorded config (not conf/'s 30: the report must read it)
+EVAL_SIZE = 24
+
+
 def config(method: str, model: str, precision: str, delta: float, seed: int = 0) -> dict[str, Any]:
     m: dict[str, Any] = {"name": method, "loss_agg_mode": "token-mean"}
     if method == "grpo_clip_higher":
@@ -50,6 +54,7 @@ def config(method: str, model: str, precision: str, delta: float, seed: int = 0)
             "hidden_size": {"cpu_s": 32, "cpu_moe": 48}[model],
         },
         "precision": {"name": precision},
+        "task": {"name": "arithmetic", "eval_size": EVAL_SIZE},
         "cluster": {"name": "local"},
         "trainer": {"lr": 0.001, "batch_size": 8, "data_path": "/some/where/long/path"},
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from report_database import GRPO_VAL
+from report_database import EVAL_SIZE, GRPO_VAL
 
 from reports import queries
 from reports.figures import training
@@ -136,3 +136,9 @@ def test_fig8_legend_names_each_methods_ppo_kl_anchor(drawn):
     assert grpo and all("ppo_kl vs π_old" in t for t in grpo)
     assert dppo and all("ppo_kl vs μ" in t for t in dppo)
     assert "anchor" in result.caption and "π_old" in result.caption
+
+
+def test_the_subtitle_states_the_evaluation_split_size_the_runs_recorded(drawn):
+    """The runs of the test database record task.eval_size = EVAL_SIZE (not conf/'s default): the subtitle says so."""
+    _, fig = drawn(training.fig6_aime24_aime25)
+    assert f"n = {EVAL_SIZE} problems per evaluation split" in fig._suptitle.get_text().replace("\n", " ")

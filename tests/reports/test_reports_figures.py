@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.stats
 from numpy.testing import assert_allclose
-from report_database import GRPO_VAL, SEEDS, UNI_OFFSET, dppo_val
+from report_database import GRPO_VAL, SEEDS, STUDY_SEEDS, UNI_OFFSET, dppo_val
 
 from analysis.token_level.summary import study_stats as stats
 from reports import artefact, artefact_registry, figures, tables
@@ -201,6 +201,8 @@ def _stored_seed_rows(report_db, study_id: str):
 def test_fig3_paired_rates_mean_se_and_lower_count(ctx_factory):
     res = figures.fig3_unsafe_keep(ctx_factory())
     assert res.study.study_id == "st_tokens"  # the newest study by default
+    tokens = sum(STUDY_SEEDS["n_tokens"])  # the units its numbers are over, on the page and in the subtitle
+    assert res.selection_rule == f"study st_tokens: {len(STUDY_SEEDS['seed'])} seeds, {tokens:,} response tokens"
     pair = res.stats
     ratio, pred = [0.5, 0.4, 0.3], [0.25, 0.5, 0.2]  # seed 3 has no ratio rate: not paired
     assert list(pair.seeds) == [0, 1, 2] and pair.n_seeds == 4 and pair.n_paired == 3

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from report_database import build_study_only_db
+from report_database import EVAL_SIZE, build_study_only_db
 
 import reports.__main__ as cli
 from analysis.store import connect
@@ -169,3 +169,23 @@ def test_paper_ends_with_next_lines_naming_the_commands_that_fill_its_empty_arte
     page = next(i for i, line in enumerate(out) if line.startswith("report page: "))
     nxt = out[page + 1 :]
     assert nxt == [f"next: {command(MAIN_COMPARISON)}   (fills fig1_main_comparison)"], out  # the owner's spelling
+
+
+def test_every_main_figure_and_table_and_the_page_state_the_evaluation_split_size(paper):
+    """fig1, fig2, fig5-fig8 and Table 2 draw runs that record task.eval_size = EVAL_SIZE: each caption (the page's
+    text for it) and Table 2's note state it; the variational and token-level artefacts have their own units."""
+    stated = f"n = {EVAL_SIZE} problems per evaluation split"
+    names = ["fig1_main_comparison", "fig2_tight_threshold", "fig5_training_reward", "fig6_aime24_aime25",
+             "fig7_response_length", "fig8_ppo_kl_clipfrac", "table2_main_results"]
+    by_name = {r.name: r for r in paper.results}
+    assert [n for n in names if stated not in by_name[n].caption] == []
+    assert paper.index.read_text().count(stated) >= len(names)
+    assert stated in (paper.index.parent / "table2_main_results.md").read_text()
+
+
+def test_split_size_text_is_a_range_when_runs_differ_and_empty_when_none_records_one():
+    from reports.labels import split_size_text
+
+    assert split_size_text([{"task": {"eval_size": 30}}, {"task": {"eval_size": 8}}, {}]) == (
+        "n = 8–30 problems per evaluation split")
+    assert split_size_text([{}, {"task": "arithmetic"}, {"task": {"eval_size": "30"}}]) == ""
