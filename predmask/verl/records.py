@@ -6,8 +6,8 @@ decoded_token)}`` holding the K most likely tokens plus the sampled one (rank > 
 into ``TokenOutput.extra_fields[TOPK_KEY]`` and verl's agent loop carries to the actor in ``non_tensor_batch``.
 It reads each entry's two fields in C-level loops and sorts the whole sequence at once in numpy; vLLM's
 ``FlatLogprobs`` (the same data as flat lists: ``start_indices``, ``end_indices``, ``token_ids``, ``logprobs``,
-``ranks``; the sampled token first, then ranks 1..K, the sampled one repeated when it is in the top-K) is read
-from its lists directly. :func:`parse_vllm_logprobs_per_entry` is the per-entry reading of the same structure, kept
+``ranks``; the sampled token first, then ranks 1..K, the sampled one repeated when it is in the top-K; what the
+rollout hook asks vLLM for) is read from its lists directly, reshaped to [T, K + 1] when it has that layout. :func:`parse_vllm_logprobs_per_entry` is the per-entry reading of the same structure, kept
 as the reference the parser is checked and benchmarked against (``python scripts/benchmark.py parse``).
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, islice
 from operator import methodcaller
 from typing import Any
 
@@ -141,6 +141,34 @@ def _top_order(pos: np.ndarray, ids: np.ndarray, lps: np.ndarray, ranks: np.ndar
     return np.lexsort((ids, -lps, ranks, pos))
 
 
+def _vllm_flat_record(flat: Any, tokens: np.ndarray, k: int) -> TopKRecord | None:
+    """The record of a ``FlatLogprobs`` in vLLM's own layout, read by reshaping its lists to [T, k + 1]: per
+    position the sampled token, then ranks 1..k (distinct ids; the sampled one repeated among them or ranked below
+    k). None when the lists differ from that layout or hold a bad log-prob (the general path decides them)."""
+    n = tokens.size
+    starts = np.asarray(flat.start_indices, dtype=np.int64)
+    ends = np.asarray(flat.end_indices, dtype=np.int64)
+    if n == 0 or (ends - starts != k + 1).any() or (starts[1:] != ends[:-1]).any():
+        return None
+    lo, hi = int(starts[0]), int(ends[-1])
+    try:  # a rank None (or not a number) leaves the layout to the general path
+        ids, lps, ranks = (np.fromiter(islice(values, lo, hi), dtype=dtype, count=hi - lo).reshape(n, k + 1)
+                           for values, dtype in ((flat.token_ids, np.int64), (flat.logprobs, np.float64),
+                                                 (flat.ranks, np.int64)))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    top_ids, top_lps = ids[:, 1:], lps[:, 1:]
+    in_top = top_ids == tokens[:, None]
+    found = in_top.any(axis=1)
+    sorted_ids = np.sort(top_ids, axis=1)
+    if not ((lps < np.inf).all() and (ranks[:, 1:] == np.arange(1, k + 1)).all() and (ids[:, 0] == tokens).all()
+            and (sorted_ids[:, 1:] != sorted_ids[:, :-1]).all() and (found | ~(ranks[:, 0] <= k)).all()):
+        return None
+    sampled_lp = np.where(found, top_lps[np.arange(n), in_top.argmax(axis=1)], lps[:, 0]).astype(np.float32)
+    return TopKRecord(tokens.astype(np.int32), sampled_lp, top_ids.astype(np.int32), top_lps.astype(np.float32),
+                      np.ones((n, k), dtype=bool))
+
+
 def parse_vllm_logprobs(position_logprobs: Sequence[Mapping[int, Any]] | Any, token_ids: Sequence[int],
                         k: int) -> TopKRecord:
     """Parse vLLM's per-position log-probs (``CompletionOutput.logprobs``: a list of ``{id: Logprob}`` or vLLM's
@@ -156,6 +184,8 @@ def parse_vllm_logprobs(position_logprobs: Sequence[Mapping[int, Any]] | Any, to
         raise ValueError(f"vLLM returned log-probs for {len(position_logprobs)} positions but {n} tokens")
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(n)
     flat = all(hasattr(position_logprobs, f) for f in _FLAT_FIELDS)
+    if flat and (record := _vllm_flat_record(position_logprobs, tokens, k)) is not None:
+        return record
     pos, ids, lps, ranks = _flat_arrays(position_logprobs, n, flat)
     bad = np.flatnonzero(np.isnan(lps) | (lps == np.inf))
     if bad.size:

@@ -4,7 +4,8 @@ verl 0.9.1 turns the agent loop's ``logprobs`` into ``SamplingParams(logprobs=0)
 token's log-prob; no hook exposes vLLM's ``RequestOutput``. When predmask's ``top_k`` setting is K >= 1
 (``predmask.top_k``, :mod:`predmask.verl.settings`) and the request asks for log-probs (verl's
 ``rollout.calculate_log_probs=true``), the wrapper registers the request, wraps the server's engine client ``generate`` (an instance attribute)
-to raise ``logprobs`` to K for that request and keep the final output, parses it
+to raise ``logprobs`` to K for that request, ask for vLLM's flat log-prob lists (``flat_logprobs``; verl still
+reads them position by position) and keep the final output, parses it
 (:func:`predmask.verl.records.parse_vllm_logprobs`) and puts the record into ``TokenOutput.extra_fields``
 (key :data:`~predmask.verl.records.TOPK_KEY`); verl's agent loop and ``DataProto.to_tensordict`` carry it to the
 actor unchanged. The record is parsed in a worker thread (``asyncio.to_thread``), off the server's event loop, by
@@ -55,6 +56,8 @@ def _wrap_engine(server: Any) -> None:
         params = kwargs.get("sampling_params")
         if pending is not None and params is not None and getattr(params, "logprobs", None) is not None:
             params.logprobs = max(int(params.logprobs), pending.k)
+            if hasattr(params, "flat_logprobs"):  # vLLM's flat lists: cheaper for vLLM to build and for us to parse
+                params.flat_logprobs = True
         stream = original(*args, **kwargs)
         if pending is None:
             return stream

@@ -18,7 +18,7 @@ import pytest
 
 from predmask.verl.records import parse_vllm_logprobs, parse_vllm_logprobs_per_entry
 from predmask.verl.records_bench import LogprobLike as L
-from predmask.verl.records_bench import same_record, vllm_like_logprobs
+from predmask.verl.records_bench import FlatLogprobsLike, same_record, vllm_like_logprobs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +45,40 @@ def test_ranks_missing_tied_or_too_few_follow_the_reference(k: int) -> None:
     ]
     ids = [4, 3, 6, 2]
     assert same_record(parse_vllm_logprobs(positions, ids, k), parse_vllm_logprobs_per_entry(positions, ids, k))
+
+
+def _as_dicts(flat: FlatLogprobsLike) -> list[dict[int, L]]:
+    """The flat lists as vLLM's dict form: an id listed twice at a position keeps its last entry."""
+    return [{flat.token_ids[i]: L(flat.logprobs[i], flat.ranks[i]) for i in range(start, end)}
+            for start, end in zip(flat.start_indices, flat.end_indices, strict=True)]
+
+
+@pytest.mark.parametrize("change", ["none", "rank_none", "tied_rank", "short", "repeated_id", "offset"])
+def test_flat_lists_outside_vllms_layout_follow_the_reference(change: str) -> None:
+    """vLLM's flat layout (read by reshaping) and its departures (read by the general path) against the reference
+    on the same entries as a dict: a rank None, the sampled token ranked within k yet not among ranks 1..k, a
+    position with one entry fewer, an id repeated among the top-k, lists that start at an offset."""
+    k = 4
+    _, flat, ids = vllm_like_logprobs(12, 40, k, seed=5)
+    outside = next(t for t, start in enumerate(flat.start_indices) if flat.ranks[start] > k)
+    at = flat.start_indices[outside]
+    if change == "rank_none":
+        flat.ranks[at] = None
+    elif change == "tied_rank":
+        flat.ranks[at] = 2
+    elif change == "short":
+        for name in ("token_ids", "logprobs", "ranks", "decoded_tokens"):
+            del getattr(flat, name)[at + k]
+        flat.end_indices[outside:] = [e - 1 for e in flat.end_indices[outside:]]
+        flat.start_indices[outside + 1:] = [s - 1 for s in flat.start_indices[outside + 1:]]
+    elif change == "repeated_id":
+        flat.token_ids[at + 2] = flat.token_ids[at + 1]
+    elif change == "offset":
+        for name in ("token_ids", "logprobs", "ranks", "decoded_tokens"):
+            setattr(flat, name, getattr(flat, name)[:3] + getattr(flat, name))
+        flat.start_indices = [s + 3 for s in flat.start_indices]
+        flat.end_indices = [e + 3 for e in flat.end_indices]
+    assert same_record(parse_vllm_logprobs(flat, ids, k), parse_vllm_logprobs_per_entry(_as_dicts(flat), ids, k))
 
 
 @pytest.mark.parametrize(("positions", "ids", "message"), [
