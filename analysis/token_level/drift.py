@@ -408,37 +408,32 @@ def _pct(v: float | None, digits: int = 2) -> str:
 
 def _grid_table(grid: Mapping[str, Any], grid_id: str, axes: Sequence[str]) -> Table:
     """The grid table's title, caption and columns (no rows)."""
+    from analysis.token_level.summary.report import titled_table
+
     rule = grid["rule"]
     at = rule["pooled_over_seeds"]
-    t = Table(
-        title=escape(
-            f"drift grid {grid['name']} {grid_id} ({' '.join(_flatten('', grid['fixed']))}): both criteria against "
-            "the own update, and the paper's statistics, per cell"
-        ),
-        title_justify="left",
-        caption=escape(
-            "share outside: outside tokens / response tokens, pooled over seeds; disagree: aggregated-tail "
-            f"predictive vs ratio; x{at}: disagreement tokens per seed x {at} seeds (pooled at the study's default "
-            "seed count).\n"
-            "own update (docs/math.md §5.1), on the disagreement tokens with a truth: balanced accuracy of each "
-            "criterion against ddot_net > 0, pooled, 95% seed-cluster bootstrap interval; Δ: predictive − ratio per "
-            "seed (percentage points), mean with its 95% t interval, and the seeds where predictive is lower / tied "
-            "/ higher; — where the study's tokens carry no own-update truth.\n"
-            "paper's statistics: unsafe-keep: mean over paired seeds (both criteria kept a disagreement token); "
-            "corrective: pooled. Paper (Qwen3, 61 seeds): share outside not reported (0.017%-0.14% for a mean "
-            "response length of 8,192-1,024 tokens, assumed), disagreement ≈ 82 of 1,435 outside (5.7%), "
-            "unsafe-keep 34.2% vs 36.9%, corrective 65.1% vs 62.9%.\n"
-            f"measurable (rule): mean disagreement tokens per seed x {at} >= {rule['min_pooled_disagree']:,} (the "
-            "paired statistics pool over seeds: no seed needs a minimum); default = the measurable "
-            f"{rule['precision']} cell with the lowest share outside."
-        ),
-        caption_justify="left",
+    t = titled_table(
+        f"drift grid {grid['name']} {grid_id} ({' '.join(_flatten('', grid['fixed']))}): both criteria against "
+        "the own update, and the paper's statistics, per cell",
+        "share outside: outside tokens / response tokens, pooled over seeds; disagree: aggregated-tail "
+        f"predictive vs ratio; x{at}: disagreement tokens per seed x {at} seeds (pooled at the study's default "
+        "seed count).\n"
+        "own update (docs/math.md §5.1), on the disagreement tokens with a truth: balanced accuracy of each "
+        "criterion against ddot_net > 0, pooled, 95% seed-cluster bootstrap interval; Δ: predictive − ratio per "
+        "seed (percentage points), mean with its 95% t interval, and the seeds where predictive is lower / tied "
+        "/ higher; — where the study's tokens carry no own-update truth.\n"
+        "paper's statistics: unsafe-keep: mean over paired seeds (both criteria kept a disagreement token); "
+        "corrective: pooled. Paper (Qwen3, 61 seeds): share outside not reported (0.017%-0.14% for a mean "
+        "response length of 8,192-1,024 tokens, assumed), disagreement ≈ 82 of 1,435 outside (5.7%), "
+        "unsafe-keep 34.2% vs 36.9%, corrective 65.1% vs 62.9%.\n"
+        f"measurable (rule): mean disagreement tokens per seed x {at} >= {rule['min_pooled_disagree']:,} (the "
+        "paired statistics pool over seeds: no seed needs a minimum); default = the measurable "
+        f"{rule['precision']} cell with the lowest share outside.",
+        ("cell", "precision", *axes, "seeds", "share outside", "outside/seed", "disagree/seed (min)", f"x{at}",
+         "bal. acc. pred", "bal. acc. ratio", "Δ bal. acc. [95% t]", "lower/tied/higher", "disagree share", "paired",
+         "pred lower", "unsafe-keep pred", "ratio", "corrective pred", "ratio", "cpu s"),
+        left=0,
     )
-    for col in ("cell", "precision", *axes, "seeds", "share outside", "outside/seed", "disagree/seed (min)",
-                f"x{at}", "bal. acc. pred", "bal. acc. ratio", "Δ bal. acc. [95% t]", "lower/tied/higher",
-                "disagree share", "paired", "pred lower", "unsafe-keep pred", "ratio", "corrective pred", "ratio",
-                "cpu s"):
-        t.add_column(col, justify="right")
     t.add_column("rule", justify="left")
     return t
 

@@ -55,6 +55,7 @@ __all__ = [
     "paper_table",
     "print_report",
     "seed_line",
+    "titled_table",
 ]
 
 #: how the tables name the criteria
@@ -148,6 +149,14 @@ def _p(p: float | None) -> str:
     return "—" if p is None else f"{p:.3g}"
 
 
+def titled_table(title: str, caption: str, columns: Sequence[str], left: int = 1) -> Table:
+    """A table titled and captioned on the left; its first ``left`` columns left-justified, the others right."""
+    t = Table(title=escape(title), title_justify="left", caption=escape(caption), caption_justify="left")
+    for i, column in enumerate(columns):
+        t.add_column(column, justify="left" if i < left else "right")
+    return t
+
+
 def _set_lines(name: str, j: Judgement) -> str:
     """The set's name and what was judged: tokens, distinct (context, token) pairs, seeds, the share that rises."""
     lines = [SET_LABELS[name], f"{j.n_tokens:,} tokens, {j.seeds.size} seeds"]
@@ -162,24 +171,15 @@ def _set_lines(name: str, j: Judgement) -> str:
 
 
 def _judged_table(judged: StudyJudgement, where: str) -> Table:
-    t = Table(
-        title=escape(
-            f"Both criteria on the same tokens, judged against each token's own update ({OWN_UPDATE}), {where}"
-        ),
-        title_justify="left",
-        caption=escape(
-            f"A decision is right when the criterion drops exactly the tokens whose own update raises their D "
-            f"({OWN_UPDATE} > 0: first order, through the network, SGD direction). Balanced accuracy: the mean of the "
-            "share of rising tokens dropped and of falling tokens kept. Intervals: 95% seed-cluster bootstrap "
-            "(seeds resampled). Constant: one decision for every token, the set's majority (its balanced accuracy "
-            "is 50%)."
-        ),
-        caption_justify="left",
+    t = titled_table(
+        f"Both criteria on the same tokens, judged against each token's own update ({OWN_UPDATE}), {where}",
+        f"A decision is right when the criterion drops exactly the tokens whose own update raises their D "
+        f"({OWN_UPDATE} > 0: first order, through the network, SGD direction). Balanced accuracy: the mean of the "
+        "share of rising tokens dropped and of falling tokens kept. Intervals: 95% seed-cluster bootstrap "
+        "(seeds resampled). Constant: one decision for every token, the set's majority (its balanced accuracy "
+        "is 50%).",
+        ("token set", "criterion", "balanced acc. [95% CI]", "accuracy [95% CI]"), left=2,
     )
-    t.add_column("token set")
-    t.add_column("criterion")
-    t.add_column("balanced acc. [95% CI]", justify="right")
-    t.add_column("accuracy [95% CI]", justify="right")
     for name, crits in SET_CRITERIA.items():
         js = judged.of(name, OWN_UPDATE)
         if RATIO not in js:
@@ -202,19 +202,10 @@ def _judged_table(judged: StudyJudgement, where: str) -> Table:
 
 
 def _paired_table(judged: StudyJudgement, where: str) -> Table:
-    t = Table(
-        title=escape(
-            f"Paired over seeds: predictive − ratio, against the own update ({OWN_UPDATE}), {where}"
-        ),
-        title_justify="left",
-        caption_justify="left",
+    t = titled_table(
+        f"Paired over seeds: predictive − ratio, against the own update ({OWN_UPDATE}), {where}", "",
+        ("token set / criterion", "rate", "mean Δ [95% t]", "lower/tied/higher", "sign p", "Wilcoxon p"), left=2,
     )
-    t.add_column("token set / criterion")
-    t.add_column("rate")
-    t.add_column("mean Δ [95% t]", justify="right")
-    t.add_column("lower/tied/higher", justify="right")
-    t.add_column("sign p", justify="right")
-    t.add_column("Wilcoxon p", justify="right")
     notes: list[str] = []
     for name, crits in SET_CRITERIA.items():
         js = judged.of(name, OWN_UPDATE)
@@ -250,19 +241,13 @@ def _truths_table(judged: StudyJudgement, where: str) -> Table | None:
     truths = [tr for tr in TRUTH_LABELS if judged.of(OUTSIDE_SET, tr)]
     if len(truths) < 2:
         return None
-    t = Table(
-        title=escape(f"The same tokens against each ground truth: balanced accuracy [95% CI], {where}"),
-        title_justify="left",
-        caption=escape(
-            "own update: the first-order change of the token's D under its own update (SGD, or through Adam's "
-            "preconditioner); counterfactual: D after the step with the token's gradient minus without it; "
-            "realised ΔD: the change after the step that keeps every token (every token's update mixed in)."
-        ),
-        caption_justify="left",
+    t = titled_table(
+        f"The same tokens against each ground truth: balanced accuracy [95% CI], {where}",
+        "own update: the first-order change of the token's D under its own update (SGD, or through Adam's "
+        "preconditioner); counterfactual: D after the step with the token's gradient minus without it; "
+        "realised ΔD: the change after the step that keeps every token (every token's update mixed in).",
+        ("token set / criterion", *(f"{TRUTH_LABELS[tr]} ({tr})" for tr in truths)),
     )
-    t.add_column("token set / criterion")
-    for tr in truths:
-        t.add_column(f"{TRUTH_LABELS[tr]} ({tr})", justify="right")
     for name, crits in SET_CRITERIA.items():
         by_truth = {tr: judged.of(name, tr) for tr in truths}
         head = [f"{by_truth[tr][RATIO].n_tokens:,} tokens" if RATIO in by_truth[tr] else "—" for tr in truths]
@@ -283,22 +268,12 @@ def _agreement_table(judged: StudyJudgement, where: str) -> Table | None:
     rows = judged.tables["token_level_sign_agreement"]
     if rows.height == 0:
         return None
-    t = Table(
-        title=escape(
-            f"Sign of the own update vs the logit-space prediction A·Ḋ (the paper's §3.4 caveat), {where}"
-        ),
-        title_justify="left",
-        caption=escape(
-            "Share of the outside tokens (A ≠ 0) where the network-aware truth and A·Ḋ have the same sign; 95% "
-            f"seed-cluster bootstrap interval; beside it the {WILSON_NOTE}."
-        ),
-        caption_justify="left",
+    t = titled_table(
+        f"Sign of the own update vs the logit-space prediction A·Ḋ (the paper's §3.4 caveat), {where}",
+        "Share of the outside tokens (A ≠ 0) where the network-aware truth and A·Ḋ have the same sign; 95% "
+        f"seed-cluster bootstrap interval; beside it the {WILSON_NOTE}.",
+        ("truth", "A·Ḋ of", "tokens", "same sign [95% CI]", "Wilson, assumes independent tokens"), left=2,
     )
-    t.add_column("truth")
-    t.add_column("A·Ḋ of")
-    t.add_column("tokens", justify="right")
-    t.add_column("same sign [95% CI]", justify="right")
-    t.add_column("Wilson, assumes independent tokens", justify="right")
     tails = {ddot: crit for crit, (ddot, _s) in PREDICTIVE.items()}
     for r in rows.iter_rows(named=True):
         lo, hi = r["agreement_wilson_indep_lo"], r["agreement_wilson_indep_hi"]
@@ -332,74 +307,34 @@ def criteria_section(data: StudyData, judged: StudyJudgement | None = None) -> l
 def paper_table(data: StudyData) -> Table:
     """docs/math.md §5: outside / disagreement sizes, unsafe-keep rates, seeds where predictive is lower, corrective."""
     summary = study_summary(data.seeds)
-    t = Table(
-        title=escape(
-            f"The paper's definitions (§4.2), study {data.study_id}: the paper vs this run, {measured_at(data)}"
-        ),
-        title_justify="left",
-        caption=escape(
-            f"this run: {_run_label(data.config)}; δ={data.config.get('delta')}, "
-            f"K={data.config.get('top_k')}, {data.config.get('sequences')} sequences/seed.\n"
-            "Means ± SE of per-seed rates are over the paired seeds (both criteria kept a disagreement token); "
-            "corrective fractions are pooled over seeds.\n"
-            "Paper: Qwen3 scale, real precision mismatch."
-            + (
-                " A CPU stand-in reproduces the mechanism, not the paper's numbers."
-                if "CPU stand-in" in _run_label(data.config)
-                else ""
-            )
-        ),
-        caption_justify="left",
+    label = _run_label(data.config)
+    t = titled_table(
+        f"The paper's definitions (§4.2), study {data.study_id}: the paper vs this run, {measured_at(data)}",
+        f"this run: {label}; δ={data.config.get('delta')}, K={data.config.get('top_k')}, "
+        f"{data.config.get('sequences')} sequences/seed.\n"
+        "Means ± SE of per-seed rates are over the paired seeds (both criteria kept a disagreement token); "
+        "corrective fractions are pooled over seeds.\n"
+        "Paper: Qwen3 scale, real precision mismatch."
+        + (" A CPU stand-in reproduces the mechanism, not the paper's numbers." if "CPU stand-in" in label else ""),
+        ("quantity", PAPER_LABEL, "this run: aggregated tail", "uniform tail", "exact tail"),
     )
-    t.add_column("quantity")
-    t.add_column(PAPER_LABEL, justify="right")
-    t.add_column("this run: aggregated tail", justify="right")
-    t.add_column("uniform tail", justify="right")
-    t.add_column("exact tail", justify="right")
-
-    def per_pair(fn: Callable[[PairSummary], str]) -> list[str]:
-        return [fn(summary.pairs[c]) if c in summary.pairs else "—" for c in PREDICTIVE]
-
+    lo, hi = paper_share_outside()
     t.add_row("seeds", paper_text("seeds"), *[str(summary.n_seeds)] * 3)
-    share, (lo, hi) = share_outside(data.seeds), paper_share_outside()
-    t.add_row(
-        "share of response tokens outside",
-        f"{100 * lo:.2g}–{100 * hi:.2g}% (assumed)",
-        *[share.pct()] * 3,
-    )
-    t.add_row(
-        "tokens outside the trust region / seed",
-        paper_text("outside_per_seed"),
-        *[summary.outside.count()] * 3,
-    )
-    t.add_row(
-        "disagreement set / seed", paper_text("disagree_per_seed"), *per_pair(lambda p: p.disagree.count())
-    )
-    t.add_row(
-        "unsafe-keep, predictive (mean ± SE)",
-        paper_text("unsafe_keep_predictive"),
-        *per_pair(lambda p: p.unsafe_keep.pred_mean.pct()),
-    )
-    t.add_row(
-        "unsafe-keep, ratio (mean ± SE)",
-        paper_text("unsafe_keep_ratio"),
-        *per_pair(lambda p: p.unsafe_keep.ratio_mean.pct()),
-    )
-    t.add_row(
-        "seeds where predictive is lower",
-        paper_text("seeds_predictive_lower"),
-        *per_pair(lambda p: f"{p.unsafe_keep.n_lower} of {p.unsafe_keep.n_paired}"),
-    )
-    t.add_row(
-        "corrective, predictive (pooled)",
-        paper_text("corrective_predictive"),
-        *per_pair(lambda p: p.corrective_pred.pct()),
-    )
-    t.add_row(
-        "corrective, ratio (pooled)",
-        paper_text("corrective_ratio"),
-        *per_pair(lambda p: p.corrective_ratio.pct()),
-    )
+    t.add_row("share of response tokens outside", f"{100 * lo:.2g}–{100 * hi:.2g}% (assumed)",
+              *[share_outside(data.seeds).pct()] * 3)
+    t.add_row("tokens outside the trust region / seed", paper_text("outside_per_seed"), *[summary.outside.count()] * 3)
+    per_pair: list[tuple[str, str, Callable[[PairSummary], str]]] = [
+        ("disagreement set / seed", "disagree_per_seed", lambda p: p.disagree.count()),
+        ("unsafe-keep, predictive (mean ± SE)", "unsafe_keep_predictive", lambda p: p.unsafe_keep.pred_mean.pct()),
+        ("unsafe-keep, ratio (mean ± SE)", "unsafe_keep_ratio", lambda p: p.unsafe_keep.ratio_mean.pct()),
+        ("seeds where predictive is lower", "seeds_predictive_lower",
+         lambda p: f"{p.unsafe_keep.n_lower} of {p.unsafe_keep.n_paired}"),
+        ("corrective, predictive (pooled)", "corrective_predictive", lambda p: p.corrective_pred.pct()),
+        ("corrective, ratio (pooled)", "corrective_ratio", lambda p: p.corrective_ratio.pct()),
+    ]
+    for quantity, paper, cell in per_pair:
+        cells = [cell(summary.pairs[c]) if c in summary.pairs else "—" for c in PREDICTIVE]
+        t.add_row(quantity, paper_text(paper), *cells)
     return t
 
 
@@ -409,22 +344,14 @@ def beyond_table(data: StudyData) -> Table | None:
     if tok.height == 0:
         return None
     has_ref = "dd_all" in tok.columns and tok.get_column("dd_all").null_count() < tok.height
-    t = Table(
-        title=escape(f"Beyond the paper (same data, all outside tokens), {measured_at(data)}"),
-        title_justify="left",
-        caption=escape(
-            "sign accuracy: P[A·x > 0 ⇔ ΔD_all > 0] per seed, over outside tokens with A≠0, where ΔD_all is "
-            "the realised change after the unmasked step; first order: correlation of A·min(r,c)·x with ΔD_all "
-            "(x = Ddot, or r−1 for the ratio criterion), pooled."
-        ),
-        caption_justify="left",
+    t = titled_table(
+        f"Beyond the paper (same data, all outside tokens), {measured_at(data)}",
+        "sign accuracy: P[A·x > 0 ⇔ ΔD_all > 0] per seed, over outside tokens with A≠0, where ΔD_all is "
+        "the realised change after the unmasked step; first order: correlation of A·min(r,c)·x with ΔD_all "
+        "(x = Ddot, or r−1 for the ratio criterion), pooled.",
+        ("criterion", "sign accuracy (mean ± SE)", "first order: Pearson", "Spearman", "sign flips vs exact tail",
+         "keep flips vs exact"),
     )
-    t.add_column("criterion")
-    t.add_column("sign accuracy (mean ± SE)", justify="right")
-    t.add_column("first order: Pearson", justify="right")
-    t.add_column("Spearman", justify="right")
-    t.add_column("sign flips vs exact tail", justify="right")
-    t.add_column("keep flips vs exact", justify="right")
     acc = sign_accuracy(tok) if has_ref else {}
     fo = first_order(tok, float(data.config["ratio_cap"])) if has_ref else {}
     flips = tail_flips(tok)
