@@ -74,40 +74,24 @@ class RunIngest:
         return self.status in (DEAD, EMPTY)
 
 
+def _total(counter: str) -> Any:
+    """A property of IngestSummary: the runs' ``counter`` summed."""
+    return property(lambda self: sum(getattr(r, counter) for r in self.runs), doc=f"{counter}, summed over the runs")
+
+
 @dataclass
 class IngestSummary:
     """The result of ingest_paths: one RunIngest per run, and the inputs that matched nothing."""
 
     runs: list[RunIngest] = field(default_factory=list)
     unmatched: list[str] = field(default_factory=list)
-
-    @property
-    def rows_added(self) -> int:
-        return sum(r.rows_added for r in self.runs)
-
-    @property
-    def rows_changed(self) -> int:
-        return sum(r.rows_changed for r in self.runs)
-
-    @property
-    def skipped_lines(self) -> int:
-        return sum(r.skipped_lines for r in self.runs)
-
-    @property
-    def skipped_values(self) -> int:
-        return sum(r.skipped_values for r in self.runs)
-
-    @property
-    def rows_removed(self) -> int:
-        return sum(r.rows_removed for r in self.runs)
-
-    @property
-    def nonfinite_values(self) -> int:
-        return sum(r.nonfinite_values for r in self.runs)
-
-    @property
-    def backward_lines(self) -> int:
-        return sum(r.backward_lines for r in self.runs)
+    rows_added = _total("rows_added")
+    rows_changed = _total("rows_changed")
+    rows_removed = _total("rows_removed")
+    skipped_lines = _total("skipped_lines")
+    skipped_values = _total("skipped_values")
+    nonfinite_values = _total("nonfinite_values")
+    backward_lines = _total("backward_lines")
 
     @property
     def refused(self) -> list[RunIngest]:
@@ -219,11 +203,8 @@ def _stage(con: duckdb.DuckDBPyConnection, result: RunIngest, exact: bool) -> in
     for source, path in enumerate(result.files):
         counts = FileCounts(path)
         _stage_source(con, iter_file_values(path, counts), source)
-        result.lines += counts.lines
-        result.skipped_lines += counts.skipped_lines
-        result.skipped_values += counts.skipped_values
-        result.nonfinite_values += counts.nonfinite_values
-        result.backward_lines += counts.backward_lines
+        for counter in ("lines", "skipped_lines", "skipped_values", "nonfinite_values", "backward_lines"):
+            setattr(result, counter, getattr(result, counter) + getattr(counts, counter))
         result.warnings.extend(f"run {result.run_id}: {w}" for w in counts.warnings)
     sources = len(result.files)
     if exact and _overlay_exact(con, result, sources):
