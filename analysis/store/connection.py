@@ -3,6 +3,7 @@ its default path, and small query helpers."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -10,7 +11,7 @@ import re
 import shlex
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "storage_error",
     "table_columns",
     "table_exists",
+    "transaction",
     "utcnow",
 ]
 
@@ -307,6 +309,21 @@ def connect(
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None, microsecond=0)
+
+
+@contextlib.contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """The block in one transaction: committed at its end, rolled back when anything in it (the commit included)
+    raises. A connection that cannot roll back (DuckDB invalidates it after a failed write to a full disk) has
+    nothing to undo that it could keep: the block's error is the one raised."""
+    con.execute("BEGIN TRANSACTION")
+    try:
+        yield
+        con.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(duckdb.Error):
+            con.execute("ROLLBACK")
+        raise
 
 
 def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:

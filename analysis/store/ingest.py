@@ -27,7 +27,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.connection import StoreError, fetch_one, storage_error
+from analysis.store.connection import StoreError, fetch_one, storage_error, transaction
 from analysis.store.exact_metrics import exact_step_metrics
 from analysis.store.inputs import find_run_dirs
 from analysis.store.metrics_files import FileCounts, iter_file_values
@@ -289,15 +289,6 @@ def _db_file(con: duckdb.DuckDBPyConnection) -> str:
     return str(row[0]) if row and row[0] else "the results database"
 
 
-def _rollback(con: duckdb.DuckDBPyConnection) -> None:
-    """Roll back the open transaction; a connection that cannot (DuckDB invalidates it after a failed write to a
-    full disk) has nothing to undo that it could keep: its failure is not the error to report."""
-    try:
-        con.execute("ROLLBACK")
-    except duckdb.Error:
-        pass
-
-
 def _ingest(
     con: duckdb.DuckDBPyConnection, run_row: dict[str, Any], run_dir: Path, files: list[Path], exact: bool = False
 ) -> RunIngest:
@@ -315,14 +306,9 @@ def _ingest(
                 result.warnings.append(f"run {run_id}: status.json says completed but no metrics file holds a valid "
                                        f"line: stored as status '{EMPTY}'")
             result.status = run_row.get("status")
-            con.execute("BEGIN TRANSACTION")
-            try:
+            with transaction(con):
                 counts = upsert_runs(con, [run_row])
                 result.rows_added, result.rows_changed, result.rows_removed = _write_metrics(con, run_id)
-                con.execute("COMMIT")
-            except BaseException:
-                _rollback(con)
-                raise
     except (OSError, duckdb.Error) as exc:
         if isinstance(exc, OSError) and exc.filename is not None and Path(exc.filename) != Path(db):
             raise  # a run file that cannot be read: the caller's

@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.connection import table_columns, table_exists, utcnow
+from analysis.store.connection import table_columns, table_exists, transaction, utcnow
 from analysis.store.runs import canonical_config, upsert_config_row
 from analysis.store.schema import GRID_COLUMNS, STUDY_RESULT_KEYS
 
@@ -159,8 +159,7 @@ def upsert_token_level(
         keys = ["seed", "sequence", "position"] if "sequence" in tokens.column_names else ["seed", "position"]
         _check_unique(tokens, keys, "token_rows")
     added: tuple[str, ...] = ()
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         study = upsert_config_row(con, "token_level_studies", "study_id", study_id, config)
         if seeds is not None and seeds.num_rows:
             added += _replace_rows(con, "token_level_seeds", study_id, seeds, by_seed=True)
@@ -168,10 +167,6 @@ def upsert_token_level(
             added += _replace_rows(con, "token_level_tokens", study_id, tokens, by_seed=True)
         wrote = (seeds is not None and seeds.num_rows > 0) or (tokens is not None and tokens.num_rows > 0)
         derived = _derive(con, study_id, derive) if derive is not None and wrote else {}
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     if added:
         warnings.warn(f"token-level tables gained columns {list(added)}", stacklevel=2)
     return TokenLevelWrite(
@@ -202,8 +197,7 @@ def upsert_grid(con: duckdb.DuckDBPyConnection, grid_id: str, rows: Sequence[Map
     studies = [str(r["study_id"]) for r in rows]
     if len(set(studies)) != len(studies):
         raise ValueError(f"grid {grid_id}: a study id appears in more than one cell ({sorted(studies)})")
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         created = dict(
             con.execute(
                 "SELECT study_id, created_at FROM token_level_grid WHERE grid_id = ?", [grid_id]
@@ -215,10 +209,6 @@ def upsert_grid(con: duckdb.DuckDBPyConnection, grid_id: str, rows: Sequence[Map
         for row in rows:
             cell = {**row, "params": canonical_config(row["params"])}
             con.execute(insert, [grid_id, *(cell[k] for k in keys), created.get(str(row["study_id"]), now)])
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     return len(rows)
 
 

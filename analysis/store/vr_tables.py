@@ -12,6 +12,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
+from analysis.store.connection import transaction
 from analysis.store.runs import upsert_config_row
 from analysis.store.schema import ACCURACY_WEIGHTING_COLUMNS, VR_TRACE_COLUMNS
 
@@ -103,8 +104,7 @@ def ingest_vr_traces(
     table = _vr_table(path, run_id, seed)
     columns = list(VR_TRACE_COLUMNS)
     key = ("question", "trace")
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         old = con.execute(
             f"SELECT {', '.join(columns)} FROM vr_traces WHERE run_id = ? ORDER BY question, trace", [run_id]
         ).fetchall()
@@ -117,10 +117,6 @@ def ingest_vr_traces(
                 con.execute(f"INSERT INTO vr_traces ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _predmask_vr")
             finally:
                 con.unregister("_predmask_vr")
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     return VrTracesWrite(rows=table.num_rows, changed=changed)
 
 
@@ -152,8 +148,7 @@ def upsert_accuracy_weighting(
          for r in rows),
         key=lambda r: tuple(r[columns.index(k)] for k in _AW_KEY),
     )
-    con.execute("BEGIN TRANSACTION")
-    try:
+    with transaction(con):
         analysis = upsert_config_row(con, "accuracy_weighting_analyses", "analysis_id", analysis_id, config)
         old = con.execute(
             f"SELECT {', '.join(columns)} FROM accuracy_weighting WHERE analysis_id = ? "
@@ -166,8 +161,4 @@ def upsert_accuracy_weighting(
             insert = (f"INSERT INTO accuracy_weighting (analysis_id, {', '.join(columns)}) "
                       f"VALUES ({', '.join('?' * (len(columns) + 1))})")
             con.executemany(insert, [[analysis_id, *r] for r in new])
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
     return AccuracyWeightingWrite(analysis=analysis, rows=len(rows), changed=changed)
