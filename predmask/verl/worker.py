@@ -120,16 +120,19 @@ def install_hidden_gather(engine: Any) -> None:
     exactly where the logits path puts it (idempotent; the logits path is untouched)."""
     if getattr(engine, "predmask_hidden_gather", False):
         return
-    lm = next(m for m in engine.module.modules() if hasattr(m, "get_output_embeddings") and hasattr(m, "get_decoder"))
+    lm = next((m for m in engine.module.modules() if hasattr(m, "get_output_embeddings") and hasattr(m, "get_decoder")),
+              None)
+    if lm is None:
+        raise ValueError(f"use_fused_kernels with a top-K method needs a causal LM with an lm_head and a decoder; "
+                         f"{type(engine.module).__name__} has neither")
     lm.get_decoder().register_forward_hook(_decoder_hook(lm))
     forward_step, prepare_model_outputs = engine.forward_step, engine.prepare_model_outputs
 
     def fused_forward_step(micro_batch: Any, loss_function: Any, forward_only: bool) -> Any:
-        if not (isinstance(loss_function, TopKPolicyLoss) and loss_function.needs_logits
-                and tu.get_non_tensor_data(micro_batch, "distillation_use_topk", False)
-                and tu.get_non_tensor_data(micro_batch, "use_fused_kernels", False)):
-            return forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
-        token = _FUSED_STEP.set(_FusedStep(loss_function, micro_batch))
+        gathers = (isinstance(loss_function, TopKPolicyLoss) and loss_function.needs_logits
+                   and tu.get_non_tensor_data(micro_batch, "distillation_use_topk", False)
+                   and tu.get_non_tensor_data(micro_batch, "use_fused_kernels", False))
+        token = _FUSED_STEP.set(_FusedStep(loss_function, micro_batch) if gathers else None)
         try:
             return forward_step(micro_batch, loss_function=loss_function, forward_only=forward_only)
         finally:

@@ -71,10 +71,12 @@ def test_two_gloo_ranks_each_holding_half_the_vocabulary(tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.verl
-def test_verl_worker_with_fused_kernels_trains_as_the_logits_path(tmp_path) -> None:
+@pytest.mark.parametrize("sp", [1, 2], ids=["one-process", "ulysses-sp2"])
+def test_verl_worker_with_fused_kernels_trains_as_the_logits_path(tmp_path, sp: int) -> None:
     """The same batch (predmask_kl_exact: support and exact tail) through ActorRolloutRefWorker.update_actor with
-    verl's fused kernels off, then on: per micro-batch the same support log-probs, tail and loss, and the same
-    gradient on every parameter (float32: verl's fused kernel computes its log-probs in float32 chunks)."""
+    verl's fused kernels off, then on, one mini-batch holding the whole batch (both gradients at the same
+    parameters), in one process and over two Ulysses ranks: per micro-batch the same support log-probs, tail and
+    loss, and the same gradient on every parameter (float32: verl's fused kernel computes in float32)."""
     import torch.multiprocessing as mp
     from verl_helpers import require_verl
 
@@ -87,9 +89,15 @@ def test_verl_worker_with_fused_kernels_trains_as_the_logits_path(tmp_path) -> N
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(cpu_worker.run_fused_pair, nprocs=1, args=(port, str(model_dir), str(tmp_path)),
-                       start_method="spawn", join=True)
-    ref, fused = (torch.load(tmp_path / f"fused-{i}.pt", weights_only=False) for i in (0, 1))
+    mp.start_processes(cpu_worker.run_rank, nprocs=sp, start_method="spawn", join=True,
+                       args=(sp, port, sp, (True,), str(model_dir), str(tmp_path), (False, True),
+                             len(cpu_worker.PROMPT_LENS)))
+    for rank in range(sp):
+        ref, fused = (torch.load(tmp_path / f"rank{rank}-rmpad1{tag}.pt", weights_only=False) for tag in ("", "-fused"))
+        check_same_update(ref, fused)
+
+
+def check_same_update(ref: dict, fused: dict) -> None:
     assert ref["actor_cls"] == fused["actor_cls"] == "PredmaskTrainingWorker"
     assert len(ref["micro_batches"]) == len(fused["micro_batches"]) > 1
     for a, b in zip(ref["micro_batches"], fused["micro_batches"], strict=True):

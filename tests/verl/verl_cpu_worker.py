@@ -6,8 +6,8 @@ joins a gloo process group, builds ``ActorRolloutRefWorker(role="actor")`` from 
 FSDP2 engine and the plugin on, computes the old log-probs and updates the actor with a batch prepared the way
 ``RayPPOTrainer._compute_old_log_prob`` and ``_update_actor`` prepare it, and writes to ``out/rank<r>-rmpad<0|1>.pt``
 what the test checks: the parameters before and after, and per micro-batch the responses it saw, verl's log-prob of
-each response token and the plugin's support gather at the sampled token. :func:`run_fused_pair` runs the same
-update with verl's fused kernels off and on and saves both, with the gradients and each micro-batch's loss.
+each response token and the plugin's support gather at the sampled token. With ``fused=(False, True)`` it runs the same
+update with verl's fused kernels off, then on, and saves both, with the gradients and each micro-batch's loss.
 
 Test instrumentation (not part of the plugin): the loss set on the worker is a subclass of the plugin's
 :class:`~predmask.verl.topk_loss.TopKPolicyLoss` that records each micro-batch's ``rollout_batch`` inputs and
@@ -192,10 +192,12 @@ def _run_layout(sp: int, remove_padding: bool, model_dir: Path, run_dir: Path, f
 
 
 def run_rank(rank: int, world_size: int, port: int, sp: int, layouts: tuple[bool, ...], model_dir: str,
-             out: str) -> None:
-    """Spawned process ``rank``: for each remove-padding setting in ``layouts``, build verl's actor worker on the
-    CPU, update it once and save what was seen to ``out/rank<rank>-rmpad<0|1>.pt`` (the plugin's loss statistics
-    to ``out/run-rmpad<0|1>/loss_stats``)."""
+             out: str, fused: tuple[bool, ...] = (False,), mini_batch: int = MINI_BATCH) -> None:
+    """Spawned process ``rank``: for each fused-kernel setting in ``fused`` and each remove-padding setting in
+    ``layouts``, build verl's actor worker on the CPU, update it once and save what was seen to
+    ``out/rank<rank>-rmpad<0|1>[-fused].pt`` (the plugin's loss statistics to ``out/run-rmpad<0|1>[-fused]/
+    loss_stats``). Fused kernels off must come first: verl's fused patch replaces the model class's forward for
+    the rest of the process."""
     import cpu_platform
 
     cpu_platform.install()
@@ -205,31 +207,11 @@ def run_rank(rank: int, world_size: int, port: int, sp: int, layouts: tuple[bool
     try:
         import predmask.verl.plugin  # noqa: F401  (as VERL_USE_EXTERNAL_MODULES does in every verl process)
 
-        for remove_padding in layouts:
-            tag = f"rmpad{int(remove_padding)}"
-            result = _run_layout(sp, remove_padding, Path(model_dir), Path(out) / f"run-{tag}")
-            torch.save(result, Path(out) / f"rank{rank}-{tag}.pt")
-    finally:
-        torch.distributed.destroy_process_group()
-
-
-def run_fused_pair(rank: int, port: int, model_dir: str, out: str) -> None:
-    """Spawned process (one rank): the same batch through the FSDP2 actor worker with verl's fused kernels off
-    (the logits path), then on (the hidden-states path), one mini-batch holding the whole batch (so that both
-    gradients are taken at the same parameters); saves both runs to ``out/fused-<0|1>.pt``. The logits path runs
-    first: verl's fused patch replaces the model class's forward for the rest of the process."""
-    import cpu_platform
-
-    cpu_platform.install()
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        import predmask.verl.plugin  # noqa: F401
-
-        for fused in (False, True):
-            result = _run_layout(1, True, Path(model_dir), Path(out) / f"fused-{int(fused)}", fused=fused,
-                                 mini_batch=len(PROMPT_LENS))
-            torch.save(result, Path(out) / f"fused-{int(fused)}.pt")
+        for on in fused:
+            for remove_padding in layouts:
+                tag = f"rmpad{int(remove_padding)}" + ("-fused" if on else "")
+                result = _run_layout(sp, remove_padding, Path(model_dir), Path(out) / f"run-{tag}", fused=on,
+                                     mini_batch=mini_batch)
+                torch.save(result, Path(out) / f"rank{rank}-{tag}.pt")
     finally:
         torch.distributed.destroy_process_group()
