@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -291,13 +290,9 @@ class Results:
         with self._connect():  # a missing or unreadable file fails here, in one line
             pass
 
-    @contextmanager
-    def _connect(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        con = connect(self.path, read_only=True)
-        try:
-            yield con
-        finally:
-            con.close()
+    def _connect(self) -> duckdb.DuckDBPyConnection:
+        """The database read-only, for one ``with`` block (the connection closes at its end)."""
+        return connect(self.path, read_only=True)
 
     def __repr__(self) -> str:
         return (

@@ -157,11 +157,8 @@ def stored_in(db: Path, study_id: str) -> set[int]:
 
     if not db.is_file():
         return set()
-    con = connect(db, read_only=True)
-    try:
+    with connect(db, read_only=True) as con:
         return stored_seeds(con, study_id) if table_exists(con, "token_level_seeds") else set()
-    finally:
-        con.close()
 
 
 def seed_row(written: Mapping[str, Any], tokens: pl.DataFrame) -> dict[str, Any]:
@@ -185,8 +182,7 @@ def ingest(db: Path, study_id: str, cfg: Mapping[str, Any], study_dir: Path, see
 
     files = SeedFiles(study_dir)
     done = files.finished(seeds)
-    con = connect(db)
-    try:
+    with connect(db) as con:
         if not done:
             upsert_token_level(con, study_id, study_config(cfg), None, None)
             return 0
@@ -196,8 +192,6 @@ def ingest(db: Path, study_id: str, cfg: Mapping[str, Any], study_dir: Path, see
         )
         tokens = pl.concat(seed_tokens, how="diagonal_relaxed")
         upsert_token_level(con, study_id, study_config(cfg), rows, tokens, derive=study_tables)
-    finally:
-        con.close()
     return len(done)
 
 
@@ -352,11 +346,8 @@ def _run(
             f"interrupted: finished seeds are stored; rerun the same command to run the other {remaining} seed(s)"
         )
         return 130
-    con = connect(db, read_only=True)
-    try:
+    with connect(db, read_only=True) as con:
         data = load_study(con, study_id, seeds)
-    finally:
-        con.close()
     print_report(data, console)
     missing = len(seeds) - data.seeds.height
     if missing:

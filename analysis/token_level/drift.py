@@ -349,11 +349,8 @@ def _store_cells(db: Path, out: Path, grid: Mapping[str, Any], grid_id: str, cel
     for c in cells:
         stored = stored_in(db, c.study_id)
         ingest(db, c.study_id, c.config, out / c.study_id, [s for s in seeds if s not in stored])
-    con = connect(db)
-    try:
+    with connect(db) as con:
         upsert_grid(con, grid_id, grid_rows(cells, grid["name"]))
-    finally:
-        con.close()
 
 
 def _run(
@@ -503,11 +500,8 @@ def _print_grid(
     from analysis.token_level.summary.report import load_study
     from analysis.token_level.summary.study_stats import drift_point
 
-    con = connect(db, read_only=True)
-    try:
+    with connect(db, read_only=True) as con:
         studies = {c.index: load_study(con, c.study_id, seeds) for c in cells}
-    finally:
-        con.close()
     frames = {i: study.seeds for i, study in studies.items()}
     rule = grid["rule"]
     points = {c.index: drift_point(frames[c.index], cell_criteria(studies[c.index].tokens)) for c in cells}
