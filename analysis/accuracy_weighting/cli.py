@@ -69,7 +69,7 @@ def compose_analysis(overrides: Sequence[str]) -> dict[str, Any]:
         raise AnalysisInputError(str(err)) from None
 
 
-def _positive_int(cfg: Mapping[str, Any], key: str, value: Any) -> int:
+def _positive_int(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise AnalysisInputError(f"{key} = {value!r} is not allowed; allowed: an integer >= 1")
     return value
@@ -78,7 +78,7 @@ def _positive_int(cfg: Mapping[str, Any], key: str, value: Any) -> int:
 def validate(cfg: Mapping[str, Any]) -> None:
     """One AnalysisInputError line for the first bad value of ``cfg``."""
     for key in ("questions", "samples", "group_size"):
-        _positive_int(cfg, key, cfg[key])
+        _positive_int(key, cfg[key])
     if cfg["samples"] % cfg["group_size"]:
         raise AnalysisInputError(
             f"samples = {cfg['samples']} is not a multiple of group_size = {cfg['group_size']}; allowed: k * group_size")
@@ -92,11 +92,11 @@ def validate(cfg: Mapping[str, Any]) -> None:
     if cfg["model"].get("backend") != "cpu":
         raise AnalysisInputError(f"model = {cfg['model'].get('name')!r} is not allowed; allowed: a CPU model (cpu_s, cpu_m, cpu_moe)")
     bandit = cfg["bandit"]
-    arms = _positive_int(cfg, "bandit.arms", bandit["arms"])
+    arms = _positive_int("bandit.arms", bandit["arms"])
     if not 1 <= bandit["correct"] < arms:
         raise AnalysisInputError(f"bandit.correct = {bandit['correct']!r} is not allowed; allowed: 1 .. bandit.arms - 1")
     for g in bandit["group_sizes"]:
-        _positive_int(cfg, "bandit.group_sizes[]", g)
+        _positive_int("bandit.group_sizes[]", g)
         if arms ** g > 2_000_000:
             raise AnalysisInputError(f"bandit.group_sizes has {g}: {arms}^{g} batches; allowed: arms^G <= 2,000,000")
     for p in bandit["accuracies"]:
@@ -213,14 +213,11 @@ def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int
     finally:
         torch.set_num_threads(threads)
     try:
-        con = connect(db)
+        with connect(db) as con:
+            written = upsert_accuracy_weighting(con, analysis_id, run_cfg, rows)
     except StoreError as err:
         ERR.print(f"error: {err}", markup=False)
         return 1
-    try:
-        written = upsert_accuracy_weighting(con, analysis_id, run_cfg, rows)
-    finally:
-        con.close()
     print_summary(rows, console)
     if questions:
         console.print(f"{no_correct} of {questions} question(s) had no correct sample among {cfg['samples']}: their "
