@@ -533,6 +533,38 @@ def _chunk(p: _Pass, ids: Tensor, index: Tensor, u: Tensor, w: Tensor, c: Tensor
     return out
 
 
+def _chunked(p: _Pass, rows: _Rows, seq: Tensor, pos: Tensor, u: Tensor, w: Tensor, c: Tensor,
+             chunk_size: int) -> dict[str, Tensor]:
+    """``_chunk`` over the tokens (``seq``, ``pos``) in chunks of ``chunk_size``, its results in the tokens' order."""
+    index = rows.logit_index[seq, pos]
+    order = torch.argsort(index)  # chunks of similar context length: little padding per chunk
+    parts: dict[str, list[Tensor]] = {}
+    for start in range(0, int(seq.numel()), chunk_size):
+        sel = order[start : start + chunk_size]
+        ids = rows.ids[seq[sel], : int(index[sel].max()) + 1]
+        for k, v in _chunk(p, ids, index[sel], u[sel], w[sel], c[sel]).items():
+            parts.setdefault(k, []).append(v.detach())
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return {k: torch.cat(v)[inverse] for k, v in parts.items()}
+
+
+def _check_arguments(tokens: Tensor, response: Tensor, cf_modes: Sequence[str], dtype: torch.dtype,
+                     chunk_size: int, micro_batch: int | None) -> None:
+    """One ValueError line naming the first bad argument of ``ground_truths`` and what is allowed."""
+    bad = [m for m in cf_modes if m not in CF_MODES]
+    if bad:
+        raise ValueError(f"cf_modes {bad} unknown; allowed: {', '.join(CF_MODES)}")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size}")
+    if micro_batch is not None and micro_batch < 1:
+        raise ValueError(f"micro_batch must be an integer >= 1 or None, got {micro_batch}")
+    if tokens.dtype != torch.bool or tokens.shape != response.shape or bool((tokens & ~response).any()):
+        raise ValueError(f"tokens must be a bool mask of response tokens of shape {tuple(response.shape)}")
+
+
 def ground_truths(
     model: nn.Module,
     batch: RolloutBatch,
@@ -571,24 +603,12 @@ def ground_truths(
     ``ddot_net_adam`` (with ``adam_preconditioner``) and ``dd_cf_<mode>`` per mode of ``cf_modes``. The model and
     the optimiser are left as they were.
     """
-    bad = [m for m in cf_modes if m not in CF_MODES]
-    if bad:
-        raise ValueError(f"cf_modes {bad} unknown; allowed: {', '.join(CF_MODES)}")
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size}")
-    if micro_batch is not None and micro_batch < 1:
-        raise ValueError(f"micro_batch must be an integer >= 1 or None, got {micro_batch}")
     response = batch.response_mask
-    if tokens.dtype != torch.bool or tokens.shape != response.shape or bool((tokens & ~response).any()):
-        raise ValueError(f"tokens must be a bool mask of response tokens of shape {tuple(response.shape)}")
+    _check_arguments(tokens, response, cf_modes, dtype, chunk_size, micro_batch)
     rule = StepRule.of(optimizer, grad_clip)
     named = dict(model.named_parameters())
     trainable = {k: p for k, p in named.items() if p.requires_grad}
-    work = next(
-        iter(trainable.values())
-    ).dtype  # per-token gradients and optimiser updates: the model's dtype
+    work = next(iter(trainable.values())).dtype  # per-token gradients and optimiser updates: the model's dtype
     theta = {k: p.detach() for k, p in trainable.items()}
     carried = _adam_state(optimizer, trainable, work)
     states = {"adam_carried": carried, "adam_reset": _fresh(carried), "sgd": carried}
@@ -636,19 +656,9 @@ def ground_truths(
             work,
             dtype,
         )
-        index = rows.logit_index[seq, pos]
-        order = torch.argsort(index)  # chunks of similar context length: little padding per chunk
         c = weights[seq, pos].to(work)
-        parts: dict[str, list[Tensor]] = {}
         with _eager_attention(model):
-            for start in range(0, int(seq.numel()), chunk_size):
-                sel = order[start : start + chunk_size]
-                ids = rows.ids[seq[sel], : int(index[sel].max()) + 1]
-                for k, v in _chunk(setup, ids, index[sel], u[sel], w[sel], c[sel]).items():
-                    parts.setdefault(k, []).append(v.detach())
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    res = {k: torch.cat(v)[inverse].to(dtype) for k, v in parts.items()}
+            res = {k: v.to(dtype) for k, v in _chunked(setup, rows, seq, pos, u, w, c, chunk_size).items()}
     a = advantages[all_seq, all_pos].to(dtype)
     out = {
         "context_id": _context_ids(rows, all_seq, all_pos),
