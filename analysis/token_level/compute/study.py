@@ -19,7 +19,7 @@ import copy
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -436,6 +436,14 @@ def _keep_of(name: str, q: Mapping[str, Tensor], mask: Tensor) -> Tensor:
     return mask if name == REFERENCE_MASK else q[_MASK_KEEP[name]] & mask
 
 
+def _kept_by_all(names: Iterable[str], q: Mapping[str, Tensor], mask: Tensor) -> Tensor:
+    """The tokens of ``mask`` that every mask of ``names`` keeps."""
+    keep = mask.clone()
+    for name in names:
+        keep &= _keep_of(name, q, mask)
+    return keep
+
+
 _MASK_KEEP = {
     "ratio": "keep_ratio",
     "pred_agg": "keep_pred_agg",
@@ -509,11 +517,7 @@ def _steps_split(
 
     def common_tokens(rows: slice, lp: TrainLogprobs) -> Tensor:
         mb, sup = batch.select(rows), support.select(rows)
-        q = token_quantities(mb, sup, lp, adv_tok[rows], s)
-        keep = mb.response_mask.clone()
-        for name in masks:
-            keep &= _keep_of(name, q, mb.response_mask)
-        return keep
+        return _kept_by_all(masks, token_quantities(mb, sup, lp, adv_tok[rows], s), mb.response_mask)
 
     lp_pre, dropped = accumulate_gradient(
         model, batch, support, adv_tok, MASKS["ratio"], s, tokens_fn=common_tokens, info=info
@@ -522,9 +526,7 @@ def _steps_split(
         raise RuntimeError(f"the common-token loss dropped {dropped} tokens that every mask keeps")
     q = token_quantities(batch, support, lp_pre, adv_tok, s)
     mask = batch.response_mask
-    common = mask.clone()
-    for name in masks:
-        common &= _keep_of(name, q, mask)
+    common = _kept_by_all(masks, q, mask)
     params = [p for p in model.parameters() if p.requires_grad]
     g_common = [None if p.grad is None else p.grad.detach().clone() for p in params]
     d_post: dict[str, Tensor] = {}
