@@ -149,26 +149,9 @@ def _run_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
             parsed = {}
         parsed = parsed if isinstance(parsed, dict) else {}
         paper = curves.paper_model(model, parsed) or model
-        out.append(
-            {
-                "run_id": run_id,
-                "sweep": sweep,
-                "method": method,
-                "setting": _run_setting(parsed, paper, precision),
-                "model": model,
-                "paper_model": paper,
-                "precision": precision,
-                "delta": delta,
-                "seed": seed,
-                "backend": backend,
-                "status": status,
-                "anchor": _anchor(parsed),
-                "scale": _model_label(model) if model else None,
-                "run_dir": run_dir,
-                "updated_at": updated,
-            }
-        )
-    return pl.DataFrame(out, schema=schema)
+        out.append((run_id, sweep, method, _run_setting(parsed, paper, precision), model, paper, precision, delta,
+                    seed, backend, status, _anchor(parsed), _model_label(model) if model else None, run_dir, updated))
+    return pl.DataFrame(out, schema=schema, orient="row")  # each row in the schema's column order
 
 
 @dataclass(frozen=True)
