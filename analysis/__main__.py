@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.store import IngestSummary, StoreError, connect, default_db_path, ingest_paths, paper_command
+from analysis.store.ingest import RunIngest
 
 # ------------------------------------------------------------------------------------------------------
 # Delegated subcommands: name -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`
@@ -78,40 +79,31 @@ def _ingest_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: the ingest table's columns: header, and what it shows of a run's RunIngest
+INGEST_COLUMNS: tuple[tuple[str, Callable[[RunIngest], object]], ...] = (
+    ("run", lambda r: r.run_id),
+    ("files", lambda r: len(r.files)),
+    ("lines", lambda r: r.lines),
+    ("rows", lambda r: r.metric_rows),
+    ("added", lambda r: r.rows_added),
+    ("changed", lambda r: r.rows_changed),
+    ("bad lines", lambda r: r.skipped_lines),
+    ("non-numeric", lambda r: r.skipped_values),
+    ("non-finite", lambda r: r.nonfinite_values),
+    ("backwards", lambda r: r.backward_lines),
+    ("status", lambda r: r.status or "—"),
+    ("runs row", lambda r: r.run_registered),
+)
+
+
 def print_summary(summary: IngestSummary, db: Path, console: Console, quiet: bool = False) -> None:
     """A per-run table (unless quiet) and one totals line."""
     if not quiet and summary.runs:
         table = Table(title=f"ingest → {db}", show_lines=False)
-        for col in (
-            "run",
-            "files",
-            "lines",
-            "rows",
-            "added",
-            "changed",
-            "bad lines",
-            "non-numeric",
-            "non-finite",
-            "backwards",
-            "status",
-            "runs row",
-        ):
-            table.add_column(col, justify="left" if col == "run" else "right")
+        for header, _value in INGEST_COLUMNS:
+            table.add_column(header, justify="left" if header == "run" else "right")
         for r in summary.runs:
-            table.add_row(
-                r.run_id,
-                str(len(r.files)),
-                str(r.lines),
-                str(r.metric_rows),
-                str(r.rows_added),
-                str(r.rows_changed),
-                str(r.skipped_lines),
-                str(r.skipped_values),
-                str(r.nonfinite_values),
-                str(r.backward_lines),
-                r.status or "—",
-                r.run_registered,
-            )
+            table.add_row(*(str(value(r)) for _header, value in INGEST_COLUMNS))
         console.print(table)
     console.print(summary.totals_line())
 
