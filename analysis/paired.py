@@ -10,8 +10,7 @@ Definitions (one each):
 - its **seed-cluster bootstrap interval**: draw the n seeds with replacement ``resamples`` times (row b of
   ``numpy.random.default_rng(seed).integers(0, n, size=(resamples, n))`` is resample b), recompute the statistic
   on each resample's sums, and take the percentile interval (``numpy.quantile``, linear interpolation) at
-  ``(1 - level) / 2`` and ``(1 + level) / 2``. The mean of per-seed values is the pooled ratio with denominator 1
-  per seed. Degenerate cases:
+  ``(1 - level) / 2`` and ``(1 + level) / 2``. Degenerate cases:
   - no seed, or a statistic undefined on the seeds themselves (a zero denominator): no estimate, no interval;
   - one seed: the estimate and no interval (one seed says nothing about how seeds vary; ``t_interval`` does the
     same);
@@ -35,7 +34,7 @@ Definitions (one each):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +50,6 @@ __all__ = [
     "ClusterInterval",
     "PairedComparison",
     "cluster_bootstrap",
-    "cluster_bootstrap_mean",
     "cluster_bootstrap_ratio",
     "min_untied",
     "paired_comparison",
@@ -187,19 +185,6 @@ def cluster_bootstrap_ratio(
     return cluster_bootstrap(np.stack([a, b], axis=1), _ratio, level=level, resamples=resamples, seed=seed)
 
 
-def cluster_bootstrap_mean(
-    values: Iterable[float | None],
-    *,
-    level: float = CONFIDENCE,
-    resamples: int = RESAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-) -> ClusterInterval:
-    """The mean of per-seed values (None and NaN left out) with its seed-cluster bootstrap interval."""
-    x = np.array([np.nan if v is None else v for v in values], dtype=float)
-    x = x[np.isfinite(x)]
-    return cluster_bootstrap_ratio(x, np.ones_like(x), level=level, resamples=resamples, seed=seed)
-
-
 # ------------------------------------------------------------------------------------- paired comparison
 
 
@@ -230,10 +215,6 @@ class PairedComparison:
     @property
     def n(self) -> int:
         return int(self.diffs.size)
-
-    @property
-    def n_untied(self) -> int:
-        return self.n_lower + self.n_higher
 
 
 def _tests(d: np.ndarray, level: float) -> tuple[float | None, float | None, str]:
