@@ -79,7 +79,7 @@ def reference_step() -> tuple[str, dict[str, Any]]:
     return MASKS["ratio"], dict(_NO_TRUST_REGION)
 #: Ddot column -> tail estimator
 TAIL_COLUMNS: dict[str, str] = {"ddot_agg": "aggregated", "ddot_uniform": "uniform", "ddot_exact": "exact"}
-#: keep column -> Ddot column (predictive) or None (ratio)
+#: keep column (``keep_<mask>``) -> Ddot column (predictive) or None (ratio)
 _KEEP_COLUMNS: dict[str, str | None] = {
     "keep_ratio": None,
     "keep_pred_agg": "ddot_agg",
@@ -252,7 +252,7 @@ def accumulate_gradient(
     for rows in _chunks(batch.batch_size, s.micro_batch):
         mb, sup = batch.select(rows), support.select(rows)
         lp = support_logprobs(model, mb, sup, temperature=s.temperature, precision=s.precision)
-        detached = TrainLogprobs(lp.pi.detach(), lp.pi_tail_sq.detach(), lp.log_prob.detach())
+        detached = lp.detach()
         mask = mb.response_mask if tokens is None else tokens[rows]
         if tokens_fn is not None:
             mask = tokens_fn(rows, detached)
@@ -341,7 +341,7 @@ def forward_logprobs(
             temperature=s.temperature,
             precision=s.precision,
         )
-        parts.append(TrainLogprobs(lp.pi.detach(), lp.pi_tail_sq.detach(), lp.log_prob.detach()))
+        parts.append(lp.detach())
     return _cat_logprobs(parts)
 
 
@@ -433,7 +433,7 @@ def token_quantities(
 
 
 def _keep_of(name: str, q: Mapping[str, Tensor], mask: Tensor) -> Tensor:
-    return mask if name == REFERENCE_MASK else q[_MASK_KEEP[name]] & mask
+    return mask if name == REFERENCE_MASK else q[f"keep_{name}"] & mask
 
 
 def _kept_by_all(names: Iterable[str], q: Mapping[str, Tensor], mask: Tensor) -> Tensor:
@@ -442,14 +442,6 @@ def _kept_by_all(names: Iterable[str], q: Mapping[str, Tensor], mask: Tensor) ->
     for name in names:
         keep &= _keep_of(name, q, mask)
     return keep
-
-
-_MASK_KEEP = {
-    "ratio": "keep_ratio",
-    "pred_agg": "keep_pred_agg",
-    "pred_uniform": "keep_pred_uniform",
-    "pred_exact": "keep_pred_exact",
-}
 
 
 def _d_post_on(
