@@ -43,20 +43,6 @@ from predmask.config import ConfigError, group_options, label, sweep_params
 from predmask.io import atomic_write_text
 from predmask.rl.task import EVAL_SPLITS
 
-__all__ = [
-    "BF16_OUTSIDE",
-    "DEFAULT_OUT",
-    "METHODS",
-    "MIN_DISAGREEMENT",
-    "RunRegime",
-    "SettingRegime",
-    "check_targets",
-    "main",
-    "next_step",
-    "run_regime",
-    "setting_regime",
-]
-
 #: the calibration's output root (run directories and the table), under the working directory
 DEFAULT_OUT = Path("results") / "calibrate"
 #: the sweep whose settings are calibrated

@@ -13,8 +13,6 @@ from typing import Any
 from predmask.config import ConfigError, compose, stable_id, to_container
 from predmask.rundir import JOB_LOG_FILE, METRICS_FILE, read_metrics, read_status
 
-__all__ = ["METHODS", "PROGRESS_LOG", "PlannedRun", "plan_runs", "read_run", "train_runs"]
-
 #: the ratio-direction method and the predictive mask whose runs the calibration compares
 METHODS: tuple[str, str] = ("dppo_topk_kl", "predmask_kl_agg")
 #: the calibration's progress lines, under the output root

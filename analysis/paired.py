@@ -43,20 +43,6 @@ from scipy import stats as sps
 
 from analysis.training.stats import CONFIDENCE, Interval, t_interval
 
-__all__ = [
-    "BOOTSTRAP_SEED",
-    "RESAMPLES",
-    "WILSON_NOTE",
-    "ClusterInterval",
-    "PairedComparison",
-    "cluster_bootstrap",
-    "cluster_bootstrap_ratio",
-    "min_untied",
-    "paired_comparison",
-    "wilson_interval",
-    "z_of",
-]
-
 #: resamples of a seed-cluster bootstrap
 RESAMPLES = 2000
 #: the generator seed of every bootstrap: the same inputs always give the same interval

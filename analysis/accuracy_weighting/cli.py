@@ -20,8 +20,6 @@ from rich.table import Table
 
 from analysis.accuracy_weighting.theory import METHODS
 
-__all__ = ["ANALYSIS_VERSION", "PRIMARY", "analysis_id_of", "build_parser", "compose_analysis", "main", "validate"]
-
 PRIMARY = "accuracy_weighting"
 #: bump when a code change alters what the analysis computes (it is part of the analysis id)
 ANALYSIS_VERSION = 1

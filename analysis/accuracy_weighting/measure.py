@@ -39,20 +39,6 @@ from analysis.accuracy_weighting.theory import (
     predicted_weight,
 )
 
-__all__ = [
-    "CLIP",
-    "BanditCase",
-    "ModelMeasurement",
-    "bandit_logits",
-    "bandit_rows",
-    "bandit_weights",
-    "method_loss",
-    "model_rows",
-    "projection",
-    "question_weights",
-    "summarise",
-]
-
 #: PPO clip range of the grpo method (0.2 / 0.2, as the engine's grpo)
 CLIP = 0.2
 

@@ -24,8 +24,6 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.stats import binom
 
-__all__ = ["METHODS", "batch_weight", "check_method", "grpo_weight", "predicted_weight"]
-
 #: the objectives of the analysis, in display order
 METHODS: tuple[str, ...] = ("rft", "reinforce", "grpo", "vr")
 #: the engine's GRPO epsilon (``predmask.rl.algo.grpo_advantages``'s default)

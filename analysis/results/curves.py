@@ -19,20 +19,6 @@ from analysis.store import table_exists
 from analysis.training import stats as training_stats
 from predmask import config, metrics
 
-__all__ = [
-    "AIME_RE",
-    "PREFERRED_AT_N",
-    "RunKey",
-    "Series",
-    "aime_metric_names",
-    "aime_series",
-    "by_method_and_seed",
-    "metric_names_by_run",
-    "metric_series",
-    "paper_model",
-    "validation_series",
-]
-
 Series = tuple[np.ndarray, np.ndarray]  # (steps, values), sorted by step
 
 AIME_RE = {

@@ -32,8 +32,6 @@ from analysis.training import stats as training_stats
 from predmask import config
 from predmask.command_text import command
 
-__all__ = ["BACKENDS", "LEVELS", "Results", "UnknownNameError", "open_results"]
-
 Backend = Literal["pandas", "polars"]
 BACKENDS: tuple[str, ...] = ("pandas", "polars")
 LEVELS: tuple[str, ...] = ("seed", "token")

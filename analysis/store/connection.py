@@ -23,29 +23,6 @@ from analysis.store.schema import SCHEMA_DDL
 from predmask.command_text import STUDY, command, sweep_command, with_db
 from predmask.rundir import project_root, runs_root
 
-__all__ = [
-    "DB_ENV",
-    "DB_WAIT_ENV",
-    "DEFAULT_DB_RELPATH",
-    "DUCKDB_CONFIG",
-    "READ_WAIT_S",
-    "WRITE_WAIT_S",
-    "StoreError",
-    "check_db_path",
-    "check_duckdb_file",
-    "connect",
-    "default_db_path",
-    "ensure_schema",
-    "fetch_one",
-    "missing_db_hint",
-    "paper_command",
-    "storage_error",
-    "table_columns",
-    "table_exists",
-    "transaction",
-    "utcnow",
-]
-
 DB_ENV = "PREDMASK_DB"
 DEFAULT_DB_RELPATH = Path("results") / "predmask.duckdb"
 #: seconds to wait for the database's lock (a writer waits for readers and for another writer, a reader for a

@@ -20,8 +20,6 @@ from typing import Any
 
 from predmask.metrics import LOSS_STATS_DIR, STATS_FIELDS, merge_micro_batches, reduce_metrics
 
-__all__ = ["exact_step_metrics", "merge_records", "read_records"]
-
 
 def _record(line: str, where: str) -> dict[str, Any]:
     try:

@@ -36,14 +36,6 @@ from analysis.store.vr_tables import ingest_vr_traces, is_weights_stage
 from predmask.progress import progress
 from predmask.rundir import DEAD, METRICS_FILE, attempt_files
 
-__all__ = [
-    "IngestSummary",
-    "RunIngest",
-    "ingest_metrics_file",
-    "ingest_paths",
-    "ingest_run_dir",
-]
-
 
 @dataclass
 class RunIngest:

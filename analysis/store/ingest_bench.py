@@ -19,8 +19,6 @@ import yaml
 from predmask.bench import target
 from predmask.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
 
-__all__ = ["PEAK_MAX_BYTES", "measure", "write_run"]
-
 #: the largest peak memory an ingest may reach, whatever the file's length
 PEAK_MAX_BYTES = 1 << 30
 _REPO = Path(__file__).resolve().parents[2]

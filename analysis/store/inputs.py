@@ -11,8 +11,6 @@ from pathlib import Path
 
 from predmask.rundir import is_attempt_file, is_run_dir
 
-__all__ = ["find_run_dirs"]
-
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 

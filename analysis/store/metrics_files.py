@@ -20,8 +20,6 @@ from pathlib import Path
 from analysis.store.schema import STEP_MAX
 from predmask.rundir import BadLine, iter_metrics
 
-__all__ = ["FileCounts", "iter_file_values"]
-
 _STEP_MIN = -STEP_MAX - 1
 
 

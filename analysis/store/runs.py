@@ -31,8 +31,6 @@ from predmask.rundir import (
     run_status,
 )
 
-__all__ = ["EMPTY", "RunRefusedError", "UpsertCounts", "canonical_config", "run_row_from_dir", "upsert_runs"]
-
 #: the stored status of a run whose status.json says "completed" but whose metrics files hold no valid line
 EMPTY = "empty"
 

@@ -6,18 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-__all__ = [
-    "ACCURACY_WEIGHTING_COLUMNS",
-    "GRID_COLUMNS",
-    "RUN_COLUMNS",
-    "SCHEMA_DDL",
-    "SEED_COLUMNS",
-    "STEP_MAX",
-    "STUDY_RESULT_KEYS",
-    "TOKEN_COLUMNS",
-    "VR_TRACE_COLUMNS",
-]
-
 RUN_COLUMNS: dict[str, str] = {
     "run_id": "VARCHAR PRIMARY KEY",
     "sweep": "VARCHAR",

@@ -17,15 +17,6 @@ from analysis.store.connection import table_columns, table_exists, transaction, 
 from analysis.store.runs import canonical_config, upsert_config_row
 from analysis.store.schema import GRID_COLUMNS, STUDY_RESULT_KEYS
 
-__all__ = [
-    "Derive",
-    "TokenLevelWrite",
-    "grid_cells",
-    "stored_seeds",
-    "upsert_grid",
-    "upsert_token_level",
-]
-
 Frame = Any  # a pyarrow Table or a polars DataFrame (anything with .to_arrow())
 #: a study's stored token rows (all its seeds) -> its study-level result tables (names of STUDY_RESULT_KEYS)
 Derive = Callable[[pa.Table], Mapping[str, Frame]]

@@ -16,14 +16,6 @@ from analysis.store.connection import transaction
 from analysis.store.runs import upsert_config_row
 from analysis.store.schema import ACCURACY_WEIGHTING_COLUMNS, VR_TRACE_COLUMNS
 
-__all__ = [
-    "AccuracyWeightingWrite",
-    "VrTracesWrite",
-    "ingest_vr_traces",
-    "is_weights_stage",
-    "upsert_accuracy_weighting",
-]
-
 _AW_KEY = ("source", "method", "question")
 
 

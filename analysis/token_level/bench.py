@@ -16,8 +16,6 @@ from typing import Any
 
 from predmask.bench import stopwatch, target
 
-__all__ = ["GROUND_TRUTH_RATIO_MAX", "bench", "extrapolate", "ground_truth_ratio", "ground_truth_target"]
-
 #: the study with its per-token ground truths may take at most this multiple of its time without them
 GROUND_TRUTH_RATIO_MAX = 1.5
 

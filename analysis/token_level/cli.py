@@ -36,19 +36,6 @@ from analysis.token_level.compute.study_config import (
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = [
-    "ERR",
-    "absolute_paths",
-    "build_parser",
-    "db_path",
-    "ingest",
-    "main",
-    "make_console",
-    "out_root",
-    "run_studies",
-    "seed_row",
-    "stored_in",
-]
 
 ERR = Console(stderr=True, highlight=False, soft_wrap=True)
 _log = logging.getLogger("analysis.token_level")

@@ -41,21 +41,6 @@ from predmask.config import ConfigError, compose, stable_id, to_container
 if TYPE_CHECKING:
     import polars as pl
 
-__all__ = [
-    "Cell",
-    "DriftGridConfig",
-    "RuleSettings",
-    "build_parser",
-    "cell_criteria",
-    "cell_row",
-    "choose_default",
-    "compose_grid",
-    "expand",
-    "grid_id_of",
-    "main",
-    "measurable",
-    "pooled_disagree",
-]
 
 PRIMARY = "drift"
 SCHEMA = "drift_schema"

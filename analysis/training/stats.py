@@ -39,44 +39,6 @@ from scipy import optimize as sps_optimize
 from scipy import signal as sps_signal
 from scipy import stats as sps
 
-__all__ = [
-    "CONFIDENCE",
-    "IDENTICAL_ATOL",
-    "INTERVAL_NAME",
-    "MIN_COLLAPSE_POINTS",
-    "POWER",
-    "RAW",
-    "STEP_SMOOTHING",
-    "VAL_SMOOTHING",
-    "Collapse",
-    "Correlation",
-    "Curve",
-    "Interval",
-    "MethodResult",
-    "PairedDifference",
-    "RunSummary",
-    "Smoothing",
-    "area_under_curve",
-    "coincidences",
-    "collapse",
-    "correlation",
-    "ema",
-    "identical",
-    "interval_note",
-    "mean_on_common_steps",
-    "minimum_detectable_difference",
-    "paired_difference",
-    "paired_t_power",
-    "predictive_references",
-    "proportion_mdd",
-    "run_summary",
-    "seed_curve",
-    "seeds_needed",
-    "setting_results",
-    "t_band",
-    "t_interval",
-]
-
 Series = tuple[np.ndarray, np.ndarray]  # (steps ascending, values)
 
 CONFIDENCE = 0.95

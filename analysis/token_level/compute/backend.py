@@ -27,16 +27,6 @@ from predmask.rl.task import Problem, iter_train_prompts
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.schemas.task_schema import TaskConfig
 
-__all__ = [
-    "Backend",
-    "CpuEngineBackend",
-    "check_checkpoint",
-    "load_checkpoint_weights",
-    "make_backend",
-    "problems_for_seed",
-    "run_seed",
-]
-
 
 class Backend(Protocol):
     """What the study needs from a policy source."""

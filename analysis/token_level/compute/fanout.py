@@ -26,16 +26,6 @@ import polars as pl
 
 from predmask.io import atomic_write, atomic_write_text
 
-__all__ = [
-    "SeedFiles",
-    "WorkerSpec",
-    "deal",
-    "make_seed_executor",
-    "run_specs",
-    "run_worker",
-    "submit_shares",
-]
-
 
 @dataclass(frozen=True)
 class SeedFiles:

@@ -75,8 +75,6 @@ from predmask.rl.algo import TrainLogprobs, rollout_policy_loss
 from predmask.rl.rollout import RolloutBatch
 from predmask.support import TopKSupport, gather_support_logprobs
 
-__all__ = ["CF_MODES", "StepRule", "ground_truths", "loss_weights"]
-
 #: torch.nn.utils.clip_grad_norm_'s guard: clip factor = max_norm / (total_norm + 1e-6), at most 1
 _CLIP_GUARD = 1e-6
 _DTYPES = (torch.float32, torch.float64)

@@ -32,8 +32,6 @@ from predmask.rl.emulated_precision import make_rollout_model
 from predmask.rl.rollout import RolloutBatch
 from predmask.rl.task import Problem, reward
 
-__all__ = ["HFBackend", "batch_from_vllm", "generate_transformers", "resolve_device"]
-
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> cuda when available, else cpu; otherwise the named device (must be available)."""

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CF_MODES", "UPDATE_PATHS", "StepSettings", "require"]
-
 #: how the masked steps are taken (StepSettings.update_path)
 UPDATE_PATHS: tuple[str, ...] = ("auto", "split", "direct")
 #: the optimiser state of the same-token counterfactual (StepSettings.cf_mode; docs/math.md §5.1)

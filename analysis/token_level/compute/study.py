@@ -45,22 +45,6 @@ from predmask.support import TopKSupport
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "MASKS",
-    "REFERENCE_MASK",
-    "TAIL_COLUMNS",
-    "SeedStudy",
-    "StudySettings",
-    "accumulate_gradient",
-    "forward_logprobs",
-    "make_optimizer",
-    "masked_update",
-    "minibatch_slices",
-    "stale_updates",
-    "study_batch",
-    "sub_batch",
-    "token_quantities",
-]
 
 #: mask name -> the predmask method whose loss makes the studied step with that mask
 MASKS: dict[str, str] = {

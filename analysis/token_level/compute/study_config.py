@@ -21,23 +21,6 @@ if TYPE_CHECKING:  # the engine's modules import torch: loaded only when a confi
     from predmask.precisions import Precision
     from predmask.schemas.task_schema import TaskConfig
 
-__all__ = [
-    "LAUNCHER_KEYS",
-    "STUDY_VERSION",
-    "HFSettings",
-    "LauncherSettings",
-    "PathSettings",
-    "StudyConfig",
-    "StudyInputError",
-    "compose_study",
-    "model_label",
-    "precision_of",
-    "settings_of",
-    "study_config",
-    "study_id_of",
-    "task_of",
-    "validate",
-]
 
 #: bump when a code change alters what a study computes (it is part of the study id)
 STUDY_VERSION = 1

@@ -49,24 +49,6 @@ from analysis.paired import (
 from analysis.token_level.summary.study_stats import CRITERIA, PREDICTIVE
 from analysis.training.stats import CONFIDENCE
 
-__all__ = [
-    "AGREEMENT_COLUMNS",
-    "CRITERIA_COLUMNS",
-    "PER_SEED_COLUMNS",
-    "RATIO",
-    "TOKEN_SETS",
-    "TRUTHS",
-    "Agreement",
-    "Judgement",
-    "agreement_table",
-    "criteria_table",
-    "judge",
-    "judge_all",
-    "per_seed_table",
-    "sign_agreement",
-    "token_set",
-]
-
 RATIO = "ratio"
 OUTSIDE = "outside"
 #: token set -> what it holds

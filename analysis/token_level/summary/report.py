@@ -45,19 +45,6 @@ from analysis.token_level.summary.study_stats import (
 )
 from analysis.token_level.summary.study_tables import StudyJudgement, judge_study
 
-__all__ = [
-    "CRITERION_LABELS",
-    "StudyData",
-    "beyond_table",
-    "criteria_section",
-    "load_study",
-    "measured_at",
-    "paper_table",
-    "print_report",
-    "seed_line",
-    "titled_table",
-]
-
 #: how the tables name the criteria
 CRITERION_LABELS: dict[str, str] = {
     "ratio": "ratio A(r−1)",

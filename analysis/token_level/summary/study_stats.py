@@ -41,38 +41,6 @@ import polars as pl
 
 from analysis.paired import wilson_interval  # its one owner; re-exported for this module's callers
 
-__all__ = [
-    "CRITERIA",
-    "DISAGREE_SET",
-    "OWN_UPDATE",
-    "PAPER_LABEL",
-    "PAPER_RESPONSE_LENGTHS",
-    "PAPER_TOKEN_LEVEL",
-    "PREDICTIVE",
-    "DriftPoint",
-    "Estimate",
-    "MeanSE",
-    "PairSummary",
-    "Paired",
-    "PairedEstimate",
-    "Pooled",
-    "StudySummary",
-    "drift_point",
-    "first_order",
-    "mean_se",
-    "paired_unsafe_keep",
-    "paper_disagreement_share",
-    "paper_share_outside",
-    "paper_text",
-    "seed_columns",
-    "seed_summary",
-    "share_outside",
-    "sign_accuracy",
-    "study_summary",
-    "tail_flips",
-    "wilson_interval",
-]
-
 #: criterion -> (keep column, dD column of the update made with that criterion's mask)
 CRITERIA: dict[str, tuple[str, str]] = {
     "ratio": ("keep_ratio", "dd_ratio"),

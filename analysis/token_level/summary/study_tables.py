@@ -34,8 +34,6 @@ from analysis.token_level.summary.criteria import (
 from analysis.token_level.summary.study_stats import OWN_UPDATE
 from analysis.training.stats import CONFIDENCE
 
-__all__ = ["STUDY_TABLES", "StudyJudgement", "carried", "judge_study", "study_tables"]
-
 #: stored table -> its columns (besides ``study_id``), as criteria.py builds them
 STUDY_TABLES: dict[str, dict[str, pl.DataType]] = {
     "token_level_criteria": CRITERIA_COLUMNS,
