@@ -5,7 +5,7 @@ run's config with ``predmask.config.typed_view``, which runs the range checks be
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any
 
 from omegaconf import MISSING
@@ -79,6 +79,8 @@ class BatchConfig:
 @dataclass
 class ClusterModelConfig:
     """A real model of the cluster path: ``path`` its local checkpoint, ``engine`` verl's training engine (ENGINES),
+    ``fused_kernels`` verl's fused log-prob kernels on engine=fsdp (no [tokens, vocab] logits; Megatron keeps the
+    logits path, where the support gather from the hidden states is not wired),
     its parallelism and batch, ``verl`` raw verl overrides applied after ours; ``cpu_standin`` trains in its place on
     the CPU engine."""
 
@@ -90,6 +92,7 @@ class ClusterModelConfig:
     cpu_standin: str = MISSING
     stands_in_for: str = MISSING
     engine: str = MISSING
+    fused_kernels: bool = MISSING
     parallel: ParallelConfig = MISSING
     batch: BatchConfig = MISSING
     verl: dict[str, Any] = MISSING
@@ -167,32 +170,18 @@ class VLLMSamplingConfig:
     max_tokens: int = MISSING
 
 
-@dataclass
-class TracesSamplingConfig(VLLMSamplingConfig):
-    """``k`` traces per question from q_phi."""
-
-    k: int = MISSING
-
-
-@dataclass
-class WeightsSamplingConfig(VLLMSamplingConfig):
-    """``m`` answers per trace from pi_theta0."""
-
-    m: int = MISSING
+def _sampling(name: str, count: str, doc: str) -> Any:
+    """A stage's sampling: :class:`VLLMSamplingConfig` and the stage's own count, the int field ``count``."""
+    return make_dataclass(name, [(count, int, field(default=MISSING))], bases=(VLLMSamplingConfig,),
+                          namespace={"__doc__": doc, "__module__": __name__})
 
 
-@dataclass
-class RFTSamplingConfig(VLLMSamplingConfig):
-    """``samples`` responses per question from pi_theta0 for the rft final (its correct ones are kept)."""
-
-    samples: int = MISSING
-
-
-@dataclass
-class EvalSamplingConfig(VLLMSamplingConfig):
-    """``n`` samples per problem of an evaluation (avg@n, pass@1..n)."""
-
-    n: int = MISSING
+TracesSamplingConfig = _sampling("TracesSamplingConfig", "k", "``k`` traces per question from q_phi.")
+WeightsSamplingConfig = _sampling("WeightsSamplingConfig", "m", "``m`` answers per trace from pi_theta0.")
+RFTSamplingConfig = _sampling("RFTSamplingConfig", "samples", "``samples`` responses per question from pi_theta0 "
+                              "for the rft final (its correct ones are kept).")
+EvalSamplingConfig = _sampling("EvalSamplingConfig", "n", "``n`` samples per problem of an evaluation (avg@n, "
+                               "pass@1..n).")
 
 
 @dataclass

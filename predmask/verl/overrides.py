@@ -4,8 +4,9 @@
 per verl section by one small function each; :func:`verl_command` is the full argv of one run. ``run_cfg`` is the
 composed conf/train.yaml (a mapping or a DictConfig) with a cluster model and a verl cluster, whose keys are the
 dataclasses of :mod:`predmask.schemas.cluster_schema`; further keys read: ``method``, ``delta``, ``top_k``, ``precision``
-(``predmask.precisions.CLUSTER_PRECISIONS``), ``seed``, ``trainer.logger`` and ``trainer.val_n`` (the CPU engine's
-own), and optionally ``data`` (``train_files`` and ``val_files``, or ``dir``; else ``cluster.data_dir``: the files of
+(``predmask.precisions.CLUSTER_PRECISIONS``), ``seed``, ``trainer.logger``, ``trainer.val_n``, ``trainer.ppo_epochs``,
+``trainer.val_before_train`` and ``rollout.top_p`` (the CPU engine's own: one value for both engines), and optionally
+``data`` (``train_files`` and ``val_files``, or ``dir``; else ``cluster.data_dir``: the files of
 ``python -m sweeps.datasets prepare``), ``run_dir``, ``run_id``, ``sweep`` (verl's project name), ``verl`` (raw verl
 overrides, applied after ``model.verl``).
 
@@ -244,16 +245,17 @@ def _data(r: _Run) -> dict[str, Any]:
 
 
 def _actor(r: _Run) -> dict[str, Any]:
-    """The model and the actor: the loss and its parameters (predmask.verl.loss maps them), one PPO epoch per batch
-    (paper), no KL, the engine's parallelism, FP8 training."""
+    """The model and the actor: the loss and its parameters (predmask.verl.loss maps them), the PPO epochs per batch
+    (``trainer.ppo_epochs``, the CPU engine's: the paper's one), no KL, the engine's parallelism, FP8 training."""
     actor, b, p = "actor_rollout_ref.actor", r.model.batch, r.model.parallel
     o: dict[str, Any] = {"actor_rollout_ref.model.path": r.model.path,
                          "actor_rollout_ref.model.use_remove_padding": True,
-                         "actor_rollout_ref.model.use_fused_kernels": False,  # the support gather needs the logits
+                         "actor_rollout_ref.model.use_fused_kernels": r.model.fused_kernels and r.model.engine == "fsdp",
                          f"{actor}.policy_loss.loss_mode": r.name, f"{actor}.loss_agg_mode": r.params.loss_agg_mode}
     if r.method.kind == "clip":  # verl's PPO clip range, in verl's meaning
         o |= {f"{actor}.clip_ratio_low": r.params.eps_low, f"{actor}.clip_ratio_high": r.params.eps_high}
-    o |= {f"{actor}.ppo_epochs": 1, f"{actor}.ppo_mini_batch_size": b.ppo_mini_batch_prompts,
+    o |= {f"{actor}.ppo_epochs": _positive_int(require(r.cfg, "trainer.ppo_epochs"), "trainer.ppo_epochs"),
+          f"{actor}.ppo_mini_batch_size": b.ppo_mini_batch_prompts,
           f"{actor}.use_dynamic_bsz": True, f"{actor}.ppo_max_token_len_per_gpu": r.token_len,
           f"{actor}.use_kl_loss": False, f"{actor}.entropy_coeff": 0, f"{actor}.optim.lr": b.lr,
           f"{actor}.data_loader_seed": r.seed}
@@ -278,8 +280,9 @@ def _rollout(r: _Run) -> dict[str, Any]:
                          f"{ro}.logprobs_mode": "processed_logprobs"}
     if r.wants_topk and r.top_k > VLLM_DEFAULT_MAX_LOGPROBS:
         o[f"+{ro}.engine_kwargs.vllm.max_logprobs"] = r.top_k
-    o |= {f"{ro}.n": b.responses_per_prompt, f"{ro}.temperature": b.temperature, f"{ro}.top_p": 1.0,
-          f"{ro}.top_k": -1, f"{ro}.tensor_model_parallel_size": r.model.parallel.rollout_tensor,
+    o |= {f"{ro}.n": b.responses_per_prompt, f"{ro}.temperature": b.temperature,
+          f"{ro}.top_p": require(r.cfg, "rollout.top_p"), f"{ro}.top_k": -1,
+          f"{ro}.tensor_model_parallel_size": r.model.parallel.rollout_tensor,
           f"{ro}.gpu_memory_utilization": b.gpu_memory_utilization,
           f"{ro}.log_prob_max_token_len_per_gpu": r.token_len, f"{ro}.seed": r.seed,
           f"{ro}.val_kwargs.n": r.val_n, f"{ro}.val_kwargs.do_sample": True,
@@ -299,7 +302,8 @@ def _trainer(r: _Run, file_logger_path: str | None) -> dict[str, Any]:
         "trainer.logger": list(check_loggers(plain_value(require(r.cfg, "trainer.logger")))),
         "trainer.project_name": str(config_get(r.cfg, "sweep") or "predmask"),
         "trainer.experiment_name": str(config_get(r.cfg, "run_id") or r.name),
-        "trainer.val_before_train": True, "trainer.test_freq": b.val_every, "trainer.save_freq": b.save_every,
+        "trainer.val_before_train": bool(require(r.cfg, "trainer.val_before_train")),
+        "trainer.test_freq": b.val_every, "trainer.save_freq": b.save_every,
         "trainer.resume_mode": "auto", "trainer.total_training_steps": b.total_steps,
         "trainer.total_epochs": 1000,  # an upper bound: total_training_steps ends the run
     }

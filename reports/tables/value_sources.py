@@ -58,6 +58,8 @@ SOURCE_RULES: tuple[SourceRule, ...] = (
     SourceRule("model.backend", _ours("a real checkpoint on the cluster")),
     SourceRule("model.engine", _ours("FSDP for the dense models, Megatron for the MoE (the paper trains with "
                                      "Megatron-LM)")),
+    SourceRule("model.fused_kernels", _ours("verl's fused log-probs on FSDP (no [tokens, vocab] logits; the support "
+                                            "from the hidden states); off on Megatron, where it is not wired")),
     SourceRule("model.parallel.*", _ours("sized for 4 x 8 GPUs; the paper gives no parallelism")),
     SourceRule("model.batch.train_prompts", RECIPE + " (256 prompts per rollout batch)"),
     SourceRule("model.batch.responses_per_prompt", RECIPE + " (16 responses per prompt)"),
@@ -90,6 +92,7 @@ SOURCE_RULES: tuple[SourceRule, ...] = (
     SourceRule("rollout.*", _ours("the CPU engine's group size and response length (conf/train.yaml)"), "cpu"),
     SourceRule("trainer.ppo_epochs", PAPER + " (one epoch per batch)"),
     SourceRule("trainer.val_n", PAPER + " (avg@16)"),
+    SourceRule("trainer.val_before_train", _ours("a step-0 validation, the base model's score (verl's default)")),
     SourceRule("trainer.ppo_mini_batch_size", RECIPE + " (8 mini-batches per rollout batch)", "cpu"),
     SourceRule("trainer.logger", SITE),
     SourceRule("trainer.*", _ours("the CPU engine's regime (conf/train.yaml; the README's training regime)"), "cpu"),

@@ -256,6 +256,9 @@ def test_fsdp_engine_and_explicit_data_files(compose) -> None:
     cfg["verl"] = {"trainer.total_training_steps": 3}
     composed = compose(verl_overrides(cfg))
     assert composed.actor_rollout_ref.actor.strategy == "fsdp"
+    assert composed.actor_rollout_ref.model.use_fused_kernels is True  # conf/model/qwen3_4b_base.yaml's fused_kernels
+    cfg["model"]["fused_kernels"] = False
+    assert compose(verl_overrides(cfg)).actor_rollout_ref.model.use_fused_kernels is False
     assert composed.actor_rollout_ref.actor.fsdp_config.param_offload is True
     assert list(composed.data.train_files) == ["/d/train.parquet"] and composed.trainer.total_training_steps == 3
 
@@ -364,6 +367,9 @@ def test_project_model_configs_translate_and_compose(compose, name: str) -> None
     composed = compose(verl_overrides(cfg))
     assert composed.actor_rollout_ref.model.path == model["path"]
     assert composed.actor_rollout_ref.actor.strategy == model["engine"]
+    # verl's fused log-prob kernels (the support from the hidden states) where they are wired: the FSDP models
+    assert composed.actor_rollout_ref.model.use_fused_kernels is {"qwen3_4b_base": True, "qwen3_8b_base": True,
+                                                                  "qwen3_30b_a3b_base": False}[name]
 
 
 def test_omegaconf_run_config_is_accepted() -> None:

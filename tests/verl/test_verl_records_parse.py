@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from predmask.verl.records import parse_vllm_logprobs, parse_vllm_logprobs_per_entry
-from predmask.verl.records_bench import LogprobLike as L
 from predmask.verl.records_bench import FlatLogprobsLike, same_record, vllm_like_logprobs
+from predmask.verl.records_bench import LogprobLike as L
 
 ROOT = Path(__file__).resolve().parents[2]
 
