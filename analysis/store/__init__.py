@@ -31,9 +31,6 @@ study-level results derived from them),
 """
 
 from analysis.store.connection import (
-    DB_ENV,
-    DB_WAIT_ENV,
-    DEFAULT_DB_RELPATH,
     StoreError,
     check_db_path,
     connect,
@@ -41,77 +38,30 @@ from analysis.store.connection import (
     ensure_schema,
     missing_db_hint,
     paper_command,
-    storage_error,
     table_exists,
 )
-from analysis.store.ingest import (
-    IngestSummary,
-    RunIngest,
-    ingest_metrics_file,
-    ingest_paths,
-    ingest_run_dir,
-)
-from analysis.store.inputs import find_run_dirs
-from analysis.store.runs import EMPTY, RunRefusedError, UpsertCounts, run_row_from_dir, upsert_runs
-from analysis.store.schema import (
-    ACCURACY_WEIGHTING_COLUMNS,
-    GRID_COLUMNS,
-    RUN_COLUMNS,
-    SEED_COLUMNS,
-    STUDY_RESULT_KEYS,
-    TOKEN_COLUMNS,
-    VR_TRACE_COLUMNS,
-)
-from analysis.store.token_level_tables import (
-    TokenLevelWrite,
-    grid_cells,
-    stored_seeds,
-    upsert_grid,
-    upsert_token_level,
-)
-from analysis.store.vr_tables import (
-    AccuracyWeightingWrite,
-    VrTracesWrite,
-    ingest_vr_traces,
-    is_weights_stage,
-    upsert_accuracy_weighting,
-)
+from analysis.store.ingest import IngestSummary, ingest_paths, ingest_run_dir
+from analysis.store.runs import EMPTY, upsert_runs
+from analysis.store.schema import RUN_COLUMNS, STUDY_RESULT_KEYS, VR_TRACE_COLUMNS
+from analysis.store.token_level_tables import stored_seeds, upsert_grid, upsert_token_level
+from analysis.store.vr_tables import upsert_accuracy_weighting
 
+#: the names the project's commands, reports and tests take from the store (each module keeps its others)
 __all__ = [
-    "ACCURACY_WEIGHTING_COLUMNS",
-    "DB_ENV",
-    "DB_WAIT_ENV",
-    "DEFAULT_DB_RELPATH",
     "EMPTY",
-    "GRID_COLUMNS",
     "RUN_COLUMNS",
-    "SEED_COLUMNS",
     "STUDY_RESULT_KEYS",
-    "TOKEN_COLUMNS",
     "VR_TRACE_COLUMNS",
-    "AccuracyWeightingWrite",
     "IngestSummary",
-    "RunIngest",
-    "RunRefusedError",
     "StoreError",
-    "TokenLevelWrite",
-    "UpsertCounts",
-    "VrTracesWrite",
     "check_db_path",
     "connect",
     "default_db_path",
     "ensure_schema",
-    "find_run_dirs",
-    "grid_cells",
-    "ingest_metrics_file",
     "ingest_paths",
     "ingest_run_dir",
-    "ingest_vr_traces",
-    "is_weights_stage",
     "missing_db_hint",
     "paper_command",
-    "run_row_from_dir",
-    "storage_error",
     "stored_seeds",
     "table_exists",
     "upsert_accuracy_weighting",
