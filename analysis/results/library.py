@@ -351,22 +351,16 @@ class Results:
             selected = _select(every, sweep=sweep, runs=runs)
             _check("metric", wanted, _metric_names(con, every))
             series = curves.metric_series(con, selected.get_column("run_id").to_list(), wanted)
-        parts = []
-        for (run_id, name), (steps, values) in series.items():
-            shown = values if smoothing is None else smoothing.apply(values)
-            parts.append(
-                pl.DataFrame(
-                    {"run_id": run_id, "step": steps, "name": name, "value": shown},
-                    schema={"run_id": pl.String, "step": pl.Int64, "name": pl.String, "value": pl.Float64},
-                )
+        schema = {"run_id": pl.String, "step": pl.Int64, "name": pl.String, "value": pl.Float64}
+        parts = [
+            pl.DataFrame(
+                {"run_id": run_id, "step": steps, "name": name,
+                 "value": values if smoothing is None else smoothing.apply(values)},
+                schema=schema,
             )
-        tidy = (
-            pl.concat(parts)
-            if parts
-            else pl.DataFrame(
-                schema={"run_id": pl.String, "step": pl.Int64, "name": pl.String, "value": pl.Float64}
-            )
-        )
+            for (run_id, name), (steps, values) in series.items()
+        ]
+        tidy = pl.concat(parts) if parts else pl.DataFrame(schema=schema)
         axes = selected.select("run_id", *AXES)
         tidy = tidy.join(axes, on="run_id", how="left").select("run_id", *AXES, "step", "name", "value")
         if wide:
@@ -464,11 +458,12 @@ class Results:
                 ),
                 _mean_row("unsafe-keep, ratio", crit, u.ratio_mean, "unsafe_keep_ratio" if paper else None),
                 {
-                    **_count_row("seeds where predictive is lower", crit, u.n_lower, None),
+                    **_count_row(
+                        "seeds where predictive is lower", crit, u.n_lower, "seeds_predictive_lower" if paper else None
+                    ),
                     "n": u.n_paired,
                     "over": "paired seeds",
                     "text": f"{u.n_lower} of {u.n_paired}",
-                    "paper": token_stats.paper_text("seeds_predictive_lower") if paper else None,
                 },
                 _pooled_row(
                     "corrective, predictive",
@@ -538,18 +533,15 @@ _SUMMARY_SCHEMA = {
 }
 
 
-def _row(quantity: str, criterion: str | None, **values: Any) -> dict[str, Any]:
-    return {key: values.get(key) for key in _SUMMARY_SCHEMA} | {"quantity": quantity, "criterion": criterion}
+def _row(quantity: str, criterion: str | None, paper: str | None, **values: Any) -> dict[str, Any]:
+    """A row of ``_SUMMARY_SCHEMA``; ``paper``: the key of the paper's number printed beside it (None: none)."""
+    paper_text = token_stats.paper_text(paper) if paper else None
+    return {key: values.get(key) for key in _SUMMARY_SCHEMA} | {
+        "quantity": quantity, "criterion": criterion, "paper": paper_text}
 
 
 def _count_row(quantity: str, criterion: str | None, value: int, paper: str | None) -> dict[str, Any]:
-    return _row(
-        quantity,
-        criterion,
-        value=float(value),
-        text=str(value),
-        paper=token_stats.paper_text(paper) if paper else None,
-    )
+    return _row(quantity, criterion, paper, value=float(value), text=str(value))
 
 
 def _mean_row(
@@ -558,12 +550,12 @@ def _mean_row(
     return _row(
         quantity,
         criterion,
+        paper,
         value=m.mean,
         se=m.se,
         n=m.n,
         over=m.over,
         text=m.count() if count else m.pct(),
-        paper=token_stats.paper_text(paper) if paper else None,
     )
 
 
@@ -574,6 +566,7 @@ def _pooled_row(
     return _row(
         quantity,
         criterion,
+        paper,
         value=p.fraction,
         lo=None if np.isnan(lo) else lo,
         hi=None if np.isnan(hi) else hi,
@@ -581,7 +574,6 @@ def _pooled_row(
         n=p.n,
         over="tokens pooled over seeds",
         text=p.pct(),
-        paper=token_stats.paper_text(paper) if paper else None,
     )
 
 

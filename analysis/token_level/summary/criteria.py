@@ -99,21 +99,17 @@ def _finite(column: str) -> pl.Expr:
     return pl.col(column).is_not_null() & pl.col(column).cast(pl.Float64).is_finite()
 
 
+def _per_seed(frame: pl.DataFrame, seeds: np.ndarray, *counts: pl.Expr) -> np.ndarray:
+    """Seeds × len(counts) sums of ``counts`` over each seed's rows of ``frame``, zero for seeds without rows."""
+    per = frame.group_by("seed").agg(*(c.sum().alias(f"c{i}") for i, c in enumerate(counts)))
+    full = pl.DataFrame({"seed": seeds}, schema={"seed": frame.schema["seed"]}).join(per, on="seed", how="left")
+    return full.drop("seed").fill_null(0).to_numpy().astype(float)
+
+
 def _seed_counts(judged: pl.DataFrame, seeds: np.ndarray, drop: pl.Expr, truth: str) -> np.ndarray:
     """Seeds × 6 counts (right, tokens, TP, positives, TN, negatives) of one decision, zero for seeds without tokens."""
     pos = pl.col(truth) > 0
-    per = judged.group_by("seed").agg(
-        (drop == pos).sum().alias("right"),
-        pl.len().alias("n"),
-        (drop & pos).sum().alias("tp"),
-        pos.sum().alias("pos"),
-        (~drop & ~pos).sum().alias("tn"),
-        (~pos).sum().alias("neg"),
-    )
-    full = pl.DataFrame({"seed": seeds}, schema={"seed": judged.schema["seed"]}).join(
-        per, on="seed", how="left"
-    )
-    return full.drop("seed").fill_null(0).to_numpy().astype(float)
+    return _per_seed(judged, seeds, drop == pos, pl.len(), drop & pos, pos, ~drop & ~pos, ~pos)
 
 
 def _rates(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -420,11 +416,7 @@ def sign_agreement(
     seeds = np.sort(tokens.get_column("seed").unique().to_numpy())
     live = token_set(tokens, OUTSIDE).filter(_finite(truth) & _finite(ddot))
     agree = pl.col(truth).sign() == (pl.col("a") * pl.col(ddot)).sign()
-    per = live.group_by("seed").agg(agree.sum().alias("k"), pl.len().alias("n"))
-    full = pl.DataFrame({"seed": seeds}, schema={"seed": tokens.schema["seed"]}).join(
-        per, on="seed", how="left"
-    )
-    counts = full.drop("seed").fill_null(0).to_numpy().astype(float)
+    counts = _per_seed(live, seeds, agree, pl.len())
     k, n = int(counts[:, 0].sum()), int(counts[:, 1].sum())
     return Agreement(
         truth=truth,
