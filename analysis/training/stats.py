@@ -89,10 +89,22 @@ class Interval:
         return f"{text} (n = {self.n} seeds)" if with_n else text
 
 
+def finite_values(values: Iterable[float | None]) -> np.ndarray:
+    """The finite values as a float array (None, NaN and infinities left out)."""
+    x = np.array([np.nan if v is None else v for v in values], dtype=float)
+    return x[np.isfinite(x)]
+
+
+def _finite_points(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A series' points whose value is finite (steps keep their dtype, values are floats)."""
+    y = np.asarray(values, dtype=float)
+    ok = np.isfinite(y)
+    return np.asarray(steps)[ok], y[ok]
+
+
 def t_interval(values: Iterable[float | None], confidence: float = CONFIDENCE) -> Interval:
     """The Student-t interval of the mean of the finite values (None and NaN are left out)."""
-    x = np.array([np.nan if v is None else v for v in values], dtype=float)
-    x = x[np.isfinite(x)]
+    x = finite_values(values)
     if x.size == 0:
         return Interval(None, None, None, 0)
     mean, lo, hi = (float(a[0]) for a in t_band(x[:, None], confidence))  # one formula: t_band's
@@ -260,9 +272,7 @@ def coincidences(
 def area_under_curve(steps: np.ndarray, values: np.ndarray) -> float:
     """Trapezoid area under the curve over steps divided by the step span: the curve's mean value over the run
     (one point: that point). Non-finite points are left out."""
-    x, y = np.asarray(steps, dtype=float), np.asarray(values, dtype=float)
-    ok = np.isfinite(y)
-    x, y = x[ok], y[ok]
+    x, y = _finite_points(np.asarray(steps, dtype=float), values)
     if len(x) == 0:
         return float("nan")
     if len(x) == 1 or x[-1] == x[0]:
@@ -285,9 +295,7 @@ class RunSummary:
 
 def run_summary(steps: np.ndarray, values: np.ndarray) -> RunSummary | None:
     """Final, best and AUC of one run's curve (its finite points); None when it has none."""
-    x, y = np.asarray(steps), np.asarray(values, dtype=float)
-    ok = np.isfinite(y)
-    x, y = x[ok], y[ok]
+    x, y = _finite_points(steps, values)
     if len(x) == 0:
         return None
     i = int(np.argmax(y))
@@ -314,9 +322,7 @@ def collapse(steps: np.ndarray, values: np.ndarray, min_points: int = MIN_COLLAP
     learned (b <= 0) or has no point after its best cannot collapse. Non-finite points are left out."""
     if min_points < 1:
         raise ValueError(f"min_points must be >= 1, got {min_points!r}")
-    x, y = np.asarray(steps), np.asarray(values, dtype=float)
-    ok = np.isfinite(y)
-    x, y = x[ok], y[ok]
+    x, y = _finite_points(steps, values)
     if len(y) == 0:
         return Collapse(False, None, None, None)
     i = int(np.argmax(y))

@@ -40,6 +40,7 @@ import numpy as np
 import polars as pl
 
 from analysis.paired import wilson_interval  # its one owner; re-exported for this module's callers
+from analysis.training.stats import finite_values
 
 #: criterion -> (keep column, dD column of the update made with that criterion's mask)
 CRITERIA: dict[str, tuple[str, str]] = {
@@ -143,14 +144,9 @@ class MeanSE:
         return self._fmt(1.0, ",.1f", "")
 
 
-def _finite(values: Iterable[float | None]) -> np.ndarray:
-    x = np.array([np.nan if v is None else v for v in values], dtype=float)
-    return x[np.isfinite(x)]
-
-
 def mean_se(values: Iterable[float | None], over: str = SEEDS) -> MeanSE:
     """Mean, standard error and n of the defined values (None and NaN are left out)."""
-    x = _finite(values)
+    x = finite_values(values)
     if x.size == 0:
         return MeanSE(None, None, 0, over)
     se = float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else None
