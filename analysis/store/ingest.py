@@ -159,10 +159,10 @@ def _step_groups(rows: Iterable[tuple[int, str, float]]) -> Iterator[tuple[int, 
         yield step, values
 
 
-def _insert_batch(con: duckdb.DuckDBPyConnection, steps: list[int], names: list[str], values: list[float],
-                  source: int) -> None:
-    if not steps:
+def _insert_batch(con: duckdb.DuckDBPyConnection, rows: list[tuple[int, str, float]], source: int) -> None:
+    if not rows:
         return
+    steps, names, values = zip(*rows)
     batch = pa.table({"step": pa.array(steps, pa.int64()), "name": pa.array(names, pa.string()),
                       "value": pa.array(values, pa.float64())})
     con.register(_BATCH, batch)
@@ -174,18 +174,13 @@ def _insert_batch(con: duckdb.DuckDBPyConnection, steps: list[int], names: list[
 
 def _stage_source(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[int, str, float]], source: int) -> None:
     """One source's rows into the staged table, in batches of BATCH_ROWS."""
-    steps: list[int] = []
-    names: list[str] = []
-    values: list[float] = []
+    batch: list[tuple[int, str, float]] = []
     for step, by_name in _step_groups(rows):
-        for name, value in by_name.items():
-            steps.append(step)
-            names.append(name)
-            values.append(value)
-        if len(steps) >= BATCH_ROWS:
-            _insert_batch(con, steps, names, values, source)
-            steps, names, values = [], [], []
-    _insert_batch(con, steps, names, values, source)
+        batch += [(step, name, value) for name, value in by_name.items()]
+        if len(batch) >= BATCH_ROWS:
+            _insert_batch(con, batch, source)
+            batch = []
+    _insert_batch(con, batch, source)
 
 
 def _stage(con: duckdb.DuckDBPyConnection, result: RunIngest, exact: bool) -> int:
