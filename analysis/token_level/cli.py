@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="number of seeds: the study covers seeds START..START+N-1 (the paper uses 61)",
     )
     p.add_argument("--seed-start", type=int, default=0, metavar="START", help="first seed (default 0)")
+    add_run_options(p, "print the resolved config and study id; run nothing")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (see below)")
+    return p
+
+
+def add_run_options(p: argparse.ArgumentParser, dry_run: str) -> None:
+    """The options of every command that runs the study's seeds (this one, the drift grid): where the workers run,
+    the database, the seed files, the workers, inline, and ``--dry-run`` (``dry_run``: what it prints)."""
     p.add_argument(
         "--cluster",
         default=None,
@@ -113,11 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the seeds in this process, one after another (no submitit; for debugging)",
     )
-    p.add_argument(
-        "--dry-run", action="store_true", help="print the resolved config and study id; run nothing"
-    )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (see below)")
-    return p
+    p.add_argument("--dry-run", action="store_true", help=dry_run)
 
 
 def make_console(min_width: int = 120) -> Console:

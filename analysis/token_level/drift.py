@@ -261,20 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m analysis drift --dry-run"
         ),
     )
-    p.add_argument(
-        "--cluster", default=None, metavar="NAME", help="conf/cluster entry of the workers (local)"
-    )
-    p.add_argument(
-        "--db", type=Path, default=None, help="results database (default: $PREDMASK_DB or results/)"
-    )
-    p.add_argument(
-        "--out", type=Path, default=None, help="per-seed files, one folder per study (results/token_level)"
-    )
-    p.add_argument(
-        "--workers", type=int, default=None, metavar="W", help="worker processes (default: CPU count)"
-    )
-    p.add_argument("--inline", action="store_true", help="run every seed in this process (no submitit)")
-    p.add_argument("--dry-run", action="store_true", help="print the cells and their study ids; run nothing")
+    from analysis.token_level.cli import add_run_options
+
+    add_run_options(p, "print the cells and their study ids; run nothing")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="grid or study overrides (see below)")
     return p
 
