@@ -160,13 +160,8 @@ def run_delegated(name: str, argv: Sequence[str]) -> int:
     return int(module.main(list(argv)) or 0)
 
 
-COMMANDS: dict[str, tuple[Callable[[Sequence[str]], int], str]] = {
-    "ingest": (cmd_ingest, "load run directories / verl file-logger JSONL into the results database"),
-}
-
-
 def _usage() -> str:
-    entries = {name: help_ for name, (_, help_) in COMMANDS.items()}
+    entries = {"ingest": "load run directories / verl file-logger JSONL into the results database"}
     entries.update({name: help_ for name, (_, help_) in DELEGATED.items()})
     width = max(len(n) for n in entries)
     lines = [f"  {n.ljust(width)}  {h}" for n, h in entries.items()]
@@ -183,11 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_usage())
         return 0 if args else 2
     name, rest = args[0], args[1:]
-    if name in COMMANDS:
-        return COMMANDS[name][0](rest)
+    if name == "ingest":
+        return cmd_ingest(rest)
     if name in DELEGATED:
         return run_delegated(name, rest)
-    _err.print(f"error: unknown command {name!r}; valid: {', '.join([*COMMANDS, *DELEGATED])}")
+    _err.print(f"error: unknown command {name!r}; valid: {', '.join(['ingest', *DELEGATED])}")
     return 2
 
 
