@@ -31,38 +31,22 @@ RUN_COLUMNS: dict[str, str] = {
 # n_corrective_c = those with dD_c < 0, unsafe_keep_c = n_unsafe_c / n_keep_c (NULL when n_keep_c = 0);
 # c = ratio_uniform / ratio_exact is the ratio criterion on the uniform / exact disagreement set.
 # Extra columns in the frames written by upsert_token_level are added to the table.
+#: the criteria of the per-seed counts and rates, and the counts of each (see above)
+_SEED_CRITERIA = ("ratio", "predictive", "predictive_uniform", "predictive_exact")
+_SEED_COUNTS = ("n_keep", "n_unsafe", "n_corrective")
 SEED_COLUMNS: dict[str, str] = {
     "study_id": "VARCHAR NOT NULL",
     "seed": "INTEGER NOT NULL",
     "n_tokens": "BIGINT",
     "n_outside": "BIGINT",
-    "n_disagree": "BIGINT",
-    "n_disagree_uniform": "BIGINT",
-    "n_disagree_exact": "BIGINT",
-    "unsafe_keep_ratio": "DOUBLE",
-    "unsafe_keep_predictive": "DOUBLE",
-    "unsafe_keep_predictive_uniform": "DOUBLE",
-    "unsafe_keep_predictive_exact": "DOUBLE",
-    "n_keep_ratio": "BIGINT",
-    "n_unsafe_ratio": "BIGINT",
-    "n_corrective_ratio": "BIGINT",
-    "n_keep_predictive": "BIGINT",
-    "n_unsafe_predictive": "BIGINT",
-    "n_corrective_predictive": "BIGINT",
-    "n_keep_predictive_uniform": "BIGINT",
-    "n_unsafe_predictive_uniform": "BIGINT",
-    "n_corrective_predictive_uniform": "BIGINT",
-    "n_keep_predictive_exact": "BIGINT",
-    "n_unsafe_predictive_exact": "BIGINT",
-    "n_corrective_predictive_exact": "BIGINT",
-    "unsafe_keep_ratio_uniform": "DOUBLE",
-    "n_keep_ratio_uniform": "BIGINT",
-    "n_unsafe_ratio_uniform": "BIGINT",
-    "n_corrective_ratio_uniform": "BIGINT",
-    "unsafe_keep_ratio_exact": "DOUBLE",
-    "n_keep_ratio_exact": "BIGINT",
-    "n_unsafe_ratio_exact": "BIGINT",
-    "n_corrective_ratio_exact": "BIGINT",
+    **{f"n_disagree{s}": "BIGINT" for s in ("", "_uniform", "_exact")},
+    **{f"unsafe_keep_{c}": "DOUBLE" for c in _SEED_CRITERIA},
+    **{f"{n}_{c}": "BIGINT" for c in _SEED_CRITERIA for n in _SEED_COUNTS},
+    **{
+        column: kind
+        for s in ("uniform", "exact")
+        for column, kind in ((f"unsafe_keep_ratio_{s}", "DOUBLE"), *((f"{n}_ratio_{s}", "BIGINT") for n in _SEED_COUNTS))
+    },
     # context of the seed: batch statistics and where the time went
     "reward_mean": "DOUBLE",
     "d_pre_mean": "DOUBLE",
