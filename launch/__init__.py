@@ -5,6 +5,7 @@ It sits below ``sweeps`` and ``analysis`` and imports neither (nor ``reports``);
 
 * :mod:`launch.executor`    the submitit executor of a cluster config (``conf/cluster/*.yaml``)
 * :mod:`launch.local_controller` a local job's controller: its own session, quiet when cancelled
+* :mod:`launch.warm_worker` a local sweep's warm worker: imports once, forks a child per run
 * :mod:`launch.command_job` :class:`CommandJob`: one command in one task, requeued on preemption
 * :mod:`launch.ray_job`     :class:`RayJob`: a Ray cluster over a multi-node job, the command on rank 0
 * :mod:`launch.ray_slurm`   Ray inside a Slurm allocation: options, node start/stop, cluster wait

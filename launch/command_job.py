@@ -20,6 +20,7 @@ import submitit
 from launch.procs import terminate_group
 from launch.shell import check_env_name, shell_join
 from launch.slurm import restart_count
+from launch.warm_worker import WORKER_ENV, WorkerRun, start_in_worker
 from predmask.io import atomic_write_text
 from predmask.rundir import EXIT_STATUS_FILE
 
@@ -172,19 +173,42 @@ class CommandJob(submitit.helpers.Checkpointable):
             write_json(Path(self.run_dir) / EXIT_STATUS_FILE, record)
 
     def _run_command(self, extra_env: Mapping[str, str]) -> int:
-        """Run the command to completion; on any interruption, end its whole process group."""
+        """Run the command to completion (in the warm worker that ``PREDMASK_WORKER`` names, if any: a run the
+        worker lost runs again as its own process, resuming from its checkpoints); on any interruption, end its
+        whole process group."""
         env = {**os.environ, **self.env, **extra_env}
+        worker = env.pop(WORKER_ENV, None)  # a local sweep's warm worker (launch.warm_worker); not the command's
         cwd = None
         if self.run_dir is not None:
             Path(self.run_dir).mkdir(parents=True, exist_ok=True)
             cwd = self.run_dir
+        proc = self._start(env, cwd, worker)
+        try:
+            code = proc.wait()
+            if isinstance(proc, WorkerRun) and proc.lost:
+                proc = self._start(env, cwd, None, note=f"launch: the warm worker lost run pid {proc.pid} (killed); "
+                                                        "it runs again as its own process\n")
+                code = proc.wait()
+            return code
+        finally:
+            if proc.poll() is None:
+                terminate_group(proc, self.stop_timeout_s)
+
+    def _start(self, env: Mapping[str, str], cwd: str | None, worker: str | None,
+               note: str = "") -> subprocess.Popen[bytes] | WorkerRun:
+        """The command started, its output appended to the log file (else the task's): in ``worker`` when it takes
+        it, else as a process in a session of its own; ``note`` is written to the log first."""
         out: Any = None
         if self.log_file is not None:
             Path(self.log_file).parent.mkdir(parents=True, exist_ok=True)
             # appended, never through a link (a job.log linked out of the run directory is refused: OSError ELOOP)
             out = os.fdopen(os.open(self.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644), "ab")
         try:
-            proc = subprocess.Popen(
+            if note:
+                (out or sys.stderr.buffer).write(note.encode())
+                (out or sys.stderr.buffer).flush()
+            fds = [0, *([out.fileno()] * 2 if out is not None else [1, 2])]
+            return (worker and start_in_worker(worker, self.command, env=env, cwd=cwd, fds=fds)) or subprocess.Popen(
                 self.command,
                 env=env,
                 cwd=cwd,
@@ -195,11 +219,6 @@ class CommandJob(submitit.helpers.Checkpointable):
         finally:
             if out is not None:
                 out.close()
-        try:
-            return proc.wait()
-        finally:
-            if proc.poll() is None:
-                terminate_group(proc, self.stop_timeout_s)
 
     def _checked(self, record: dict[str, Any]) -> dict[str, Any]:
         if self.check and record["returncode"] != 0:

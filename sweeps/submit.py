@@ -13,6 +13,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from launch.executor import make_executor as cluster_executor
 from launch.follow import Ended, follow, rejoin_slurm_job
 from launch.ray_job import RayJob
 from launch.ray_slurm import ray_options
+from launch.warm_worker import WORKER_ENV, local_worker
 from predmask.progress import eta_from_durations, progress, read_phase
 from predmask.rundir import JOB_LOG_FILE, PHASE_FILE, read_job_record, run_writer_alive, write_job_record
 from sweeps.compose import RunSpec, SweepError
@@ -85,6 +87,9 @@ def job_name(spec: RunSpec) -> str:
     return f"predmask-{spec.sweep}-{spec.run_id}"
 
 
+#: what a local sweep's warm worker imports once for its CPU runs (``launch.warm_worker``): the trainer and Hydra
+WORKER_PRELOAD = ("hydra", "predmask.rl.train")
+
 #: the CPU program of a variational stage run (reads RUN_DIR/config.yaml, which the sweep writes)
 VR_STAGE_MODULE = "predmask.rl.vr_runner"
 
@@ -112,19 +117,24 @@ def make_executor(spec: RunSpec, folder: Path) -> submitit.Executor:
     return cluster_executor(folder, job_cluster(spec), name=job_name(spec))
 
 
-def make_job(spec: RunSpec, path: Path) -> Any:
-    """The picklable callable a run's job executes."""
+def make_job(spec: RunSpec, path: Path, worker: str | None = None) -> Any:
+    """The picklable callable a run's job executes; ``worker``: the socket of the sweep's warm worker (local CPU
+    runs, ``launch.warm_worker``), which runs the command in a forked child instead of a new interpreter."""
     log = str(path / JOB_LOG_FILE)
     if trainer_of(spec) == "verl":
         return RayJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
                       env=dict(spec.config["cluster"].get("env") or {}), ray=ray_options(spec.config["cluster"]))
-    threads = str(spec.config["cluster"].get("threads", 1))
     # the job runs inside its run directory: hand it the sweep's base-model cache as an absolute path, so
     # every run of the sweep shares one base model
     cache = Path(str(spec.config.get("cache_dir", "results/cache"))).resolve()
     return CommandJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
-                      env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PREDMASK_THREADS": threads,
-                           "PREDMASK_CACHE": str(cache)})
+                      env={**thread_env(spec), "PREDMASK_CACHE": str(cache), **({WORKER_ENV: worker} if worker else {})})
+
+
+def thread_env(spec: RunSpec) -> dict[str, str]:
+    """The thread settings of a CPU run's job (the cluster config's ``threads``)."""
+    threads = str(spec.config["cluster"].get("threads", 1))
+    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PREDMASK_THREADS": threads}
 
 
 def submitit_folder(spec: RunSpec, root: Path) -> Path:
@@ -151,7 +161,7 @@ def _rejoin(path: Path) -> submitit.Job[Any] | None:
     return rejoin_slurm_job(str(record["folder"]), str(record["job_id"]))
 
 
-def _start(spec: RunSpec, root: Path) -> submitit.Job[Any]:
+def _start(spec: RunSpec, root: Path, worker: str | None) -> submitit.Job[Any]:
     """The run's job: the live one of an earlier invocation (Slurm), else a new submission."""
     path = run_dir(spec, root)
     if backend_of(spec) == "local" and run_writer_alive(path):
@@ -164,7 +174,7 @@ def _start(spec: RunSpec, root: Path) -> submitit.Job[Any]:
             write_run_config(path, spec)
         folder = submitit_folder(spec, root)
         submitted, log_offset = time.time(), log_size(path)  # before the job can write: its lines and records follow
-        job = make_executor(spec, folder).submit(make_job(spec, path))
+        job = make_executor(spec, folder).submit(make_job(spec, path, worker))
         write_job_record(path, {"backend": backend_of(spec), "job_id": str(job.job_id), "folder": str(folder),
                                 "command": job_command(spec, path), "submitted": submitted,
                                 "log_offset": log_offset})
@@ -196,9 +206,11 @@ def run_sweep(
                 console.print(f"run {spec.run_id}: {state.error}; started again (it resumes from its checkpoints)",
                               highlight=False)
             pending[spec.run_id] = spec
+    warm = [spec for spec in pending.values() if backend_of(spec) == "local" and trainer_of(spec) == "cpu"]
     # plain lines go to stdout beside the sweep's other lines: `python -m sweeps ... | tee log` keeps them
-    with progress(f"sweep {specs[0].sweep}" if specs else "sweep", total=len(specs), unit="runs",
-                  completed=len(outcome.skipped), stream=sys.stdout) as bar:
+    with (local_worker(root, WORKER_PRELOAD, thread_env(warm[0])) if warm else nullcontext()) as worker, \
+            progress(f"sweep {specs[0].sweep}" if specs else "sweep", total=len(specs), unit="runs",
+                     completed=len(outcome.skipped), stream=sys.stdout) as bar:
 
         began: dict[str, float] = {}  # run_id -> when this invocation started it (monotonic seconds)
         durations: dict[str, list[float]] = {}  # kind -> wall seconds of the runs of that kind completed here
@@ -206,7 +218,7 @@ def run_sweep(
         def started() -> Iterator[tuple[str, submitit.Job[Any]]]:
             for run_id, spec in pending.items():
                 began[run_id] = time.monotonic()
-                job = _start(spec, root)
+                job = _start(spec, root, worker if spec in warm else None)
                 console.print(f"run {run_id} {spec.method} {spec.model}/{spec.precision}: job {job.job_id}",
                               highlight=False)
                 yield run_id, job

@@ -1,6 +1,7 @@
 """Ctrl-C to a real `python -m sweeps` mid-sweep, sent as a terminal sends it (SIGINT to the whole foreground process
 group): one line, ``interrupted: ... rerun the same command to resume them``, exit status 130, and no traceback from
-the sweep, its jobs' controllers or their workers. On the local backend every run's processes are gone afterwards;
+the sweep, its jobs' controllers or their workers. On the local backend the runs train in the sweep's warm worker
+(``launch.warm_worker``) and every run's processes, the worker's included, are gone afterwards;
 on Slurm the jobs go on (a rerun joins them) and the test cancels them itself."""
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ TINY = ["smoke", "method=dppo_topk_kl,grpo_clip_higher", "trainer.steps=40", "tr
 TRAINING = re.compile(r".* step [1-9]\d*/40\b.*")
 
 
-def _interrupt_mid_sweep(tmp: Path, *extra: str, sig: int = signal.SIGINT) -> tuple[int, list[str]]:
+def _interrupt_mid_sweep(tmp: Path, *extra: str, sig: int = signal.SIGINT,
+                         training: list[list[str]] | None = None) -> tuple[int, list[str]]:
     """Start the sweep in a process group of its own, send ``sig`` to the group once a run has trained a step; its
-    exit status and output lines."""
+    exit status and output lines. ``training`` gets the command lines of the processes under the runs root then."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PREDMASK_RUNS": str(tmp / "runs"),
            "PREDMASK_CACHE": str(tmp / "cache"), "OMP_NUM_THREADS": "1", "PREDMASK_PROGRESS_INTERVAL_S": "0.2"}
     proc = subprocess.Popen([sys.executable, "-m", "sweeps", *TINY, *extra, "--db", str(tmp / "db.duckdb")],
@@ -40,6 +42,8 @@ def _interrupt_mid_sweep(tmp: Path, *extra: str, sig: int = signal.SIGINT) -> tu
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
             if TRAINING.fullmatch(line.strip()):
+                if training is not None:
+                    training += [_cmdline(pid) for pid in pids_using_dir(str(tmp / "runs"))]
                 break
             assert time.monotonic() < deadline, "\n".join(lines[-20:])
         else:
@@ -51,6 +55,13 @@ def _interrupt_mid_sweep(tmp: Path, *extra: str, sig: int = signal.SIGINT) -> tu
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return proc.returncode, lines + rest.splitlines()
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
 
 
 def _assert_one_clean_line(code: int, lines: list[str], stopped: str) -> None:
@@ -66,8 +77,12 @@ def _assert_one_clean_line(code: int, lines: list[str], stopped: str) -> None:
 def test_ctrl_c_to_a_local_sweep_is_one_line_exit_130_and_stops_every_run(tmp_path: Path, sig: int) -> None:
     """SIGHUP (the terminal closed) stops the runs as Ctrl-C does: their controllers never see the terminal's
     signals, the sweep cancels them."""
-    code, lines = _interrupt_mid_sweep(tmp_path, sig=sig)
+    training: list[list[str]] = []
+    code, lines = _interrupt_mid_sweep(tmp_path, sig=sig, training=training)
     _assert_one_clean_line(code, lines, "local runs stopped")
+    # the runs trained in the sweep's warm worker (launch.warm_worker: imports once, a forked child per run)
+    assert len([cmd for cmd in training if "launch.warm_worker" in cmd]) >= 3, training  # the worker, a watcher, a run
+    assert not [cmd for cmd in training if "predmask.rl.train" in cmd and "launch.warm_worker" not in cmd], training
     deadline = time.monotonic() + 60  # the controllers stop their tasks, which stop their trainers
     while pids_using_dir(str(tmp_path / "runs")) and time.monotonic() < deadline:
         time.sleep(0.5)
