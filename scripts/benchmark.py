@@ -171,7 +171,8 @@ def engine_options(p: argparse.ArgumentParser) -> None:
                    help="time the engine against its previous path: rollouts per precision, short runs per setting")
     p.add_argument("--precisions", type=names, default="fp32,bf16,fp8_rollout",
                    help="rollout precisions compared (--previous)")
-    p.add_argument("--run-precisions", type=names, default="fp32,bf16", help="short-run precisions (--previous)")
+    p.add_argument("--settings", type=names, default=None,
+                   help="conf/setting names of the short runs (default: the main comparison's; --previous)")
     p.add_argument("--run-steps", type=positive_int, default=15,
                    help="GRPO steps of a short run, then one validation (default 15, a run's val_every; --previous)")
     p.add_argument("--repeats", type=positive_int, default=3, help="interleaved repetitions of each rollout and run (--previous)")
@@ -204,26 +205,56 @@ def run_engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_engine_previous(args: argparse.Namespace) -> int:
-    """The engine against its previous path (``predmask.rl.bench.compare_rollouts`` / ``compare_runs``)."""
-    from predmask.rl.bench import compare_rollouts, compare_runs
+def main_comparison_shape() -> dict[str, Any]:
+    """The main comparison on the local cluster, read from its configs: its settings, and methods, seeds, slots,
+    steps and validations per run (step 0's included)."""
+    from predmask.config import compose, group_entry, sweep_params
+    from predmask.rl.bench import validations_per_run
 
+    params, cluster = sweep_params("main_comparison"), group_entry("cluster", "local")
+    trainer = compose("train", []).trainer
+    return {"settings": params["+setting"].split(","), "methods": len(params["method"].split(",")),
+            "seeds": int(cluster["seeds"]), "slots": int(cluster["max_parallel"]), "steps": int(trainer.steps),
+            "validations": validations_per_run(trainer)}
+
+
+def run_engine_previous(args: argparse.Namespace) -> int:
+    """The engine against its previous path (``predmask.rl.bench.compare_rollouts`` / ``compare_runs``), and the
+    main comparison projected from one short run per setting (``project_sweep``) with the warm worker's start-up
+    (``launch.warm_worker.time_start_up``)."""
+    from launch.warm_worker import time_start_up
+    from predmask.rl.bench import compare_rollouts, compare_runs, project_sweep
+    from sweeps.submit import WORKER_PRELOAD
+
+    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
     rows = [[r["model"], r["precision"], r["rollout"], f"{r['old_s']:.3f}", f"{r['new_s']:.3f}",
              f"{r['ratio']:.2f}", "yes" if r["same_tokens"] else "no", f"{r['max_dlogmu']:.2g}"]
             for model in args.models for r in compare_rollouts(model, args.precisions, args.overrides, args.repeats)]
     print_table(f"rollout, previous path / this one (median CPU s of {args.repeats}, {args.threads} thread(s))",
                 ("model", "precision", "rollout", "old s", "new s", "old/new", "same tokens", "max |Δ log μ|"), rows)
-    runs = [r for model in args.models for r in compare_runs(model, args.run_precisions, args.overrides,
-                                                             args.run_steps, args.repeats)]
+    shape = main_comparison_shape()
+    settings = shape.pop("settings")
+    runs = compare_runs(args.settings or settings, args.overrides, args.run_steps, args.repeats)
     print_table(f"short run: {args.run_steps} GRPO steps + 1 validation from the base model, previous path / this "
                 f"one (median CPU s of {args.repeats})",
-                ("model", "precision", "method", "old s", "new s", "old/new", "old wall s", "new wall s",
-                 "old val acc", "new val acc"),
-                [[r["model"], r["precision"], r["method"], f"{r['old_cpu_s']:.2f}", f"{r['new_cpu_s']:.2f}",
-                  f"{r['ratio']:.2f}", f"{r['old_wall_s']:.2f}", f"{r['new_wall_s']:.2f}", f"{r['old_val']:.3f}",
-                  f"{r['new_val']:.3f}"] for r in runs])
+                ("setting", "model", "precision", "method", "old s", "new s", "old/new", "old val s", "new val s",
+                 "old wall s", "new wall s", "old val acc", "new val acc"),
+                [[r["setting"], r["model"], r["precision"], r["method"], f"{r['old_cpu_s']:.2f}",
+                  f"{r['new_cpu_s']:.2f}", f"{r['ratio']:.2f}", f"{r['old_val_cpu_s']:.2f}", f"{r['new_val_cpu_s']:.2f}",
+                  f"{r['old_wall_s']:.2f}", f"{r['new_wall_s']:.2f}", f"{r['old_val']:.3f}", f"{r['new_val']:.3f}"]
+                 for r in runs])
     total_old, total_new = sum(r["old_cpu_s"] for r in runs), sum(r["new_cpu_s"] for r in runs)
     print(f"short runs together: {total_old:.1f} s -> {total_new:.1f} s CPU, x{total_old / total_new:.2f}")
+    start = time_start_up([sys.executable, "-m", "predmask.rl.train", "--help"], WORKER_PRELOAD, args.repeats)
+    print(f"a run's start-up (python -m predmask.rl.train --help, median CPU s of {args.repeats}): "
+          f"{start['process_s']:.2f} s as its own process, {start['worker_s']:.2f} s as a warm worker's child")
+    stages = project_sweep(runs, start_up_s=start["process_s"], worker_start_s=start["worker_s"], **shape)
+    print_table(f"main comparison PROJECTED from the short runs ({shape['methods']} methods x {len(runs)} settings x "
+                f"{shape['seeds']} seeds, {shape['steps']} steps, {shape['validations']} validations per run; CPU "
+                f"seconds summed, over {shape['slots']} single-thread slots; base models and install not included)",
+                ("path", "CPU min", "projected wall min", "previous / this"),
+                [[r["stage"], f"{r['cpu_min']:.1f}", f"{r['wall_min']:.1f}", f"{r['ratio']:.2f}"] for r in stages])
+    print(f"base models (pretrained once per model, their recorded time): {stages[0]['base_models_min']:.1f} min")
     return 0
 
 

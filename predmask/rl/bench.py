@@ -10,13 +10,15 @@ tail the estimators model). ``compare_rollouts`` and ``compare_runs`` time, in o
 against the previous one (``use_previous_path``: torch's own bf16 products instead of the matrix-product rule of
 ``predmask.precisions``, every sample's prompt prefilled apart, the exact tail computed for every method): rollouts
 of a training batch and of a validation split per precision (median CPU seconds, old and new interleaved), and a
-short run (GRPO steps and one validation) per setting.
+short run (GRPO steps and one validation) per setting; ``project_sweep`` projects a whole sweep (the main comparison)
+from those runs, with and without the shared step-0 validation and the warm worker of local runs.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -30,7 +32,16 @@ from predmask.rl.engine import Engine
 from predmask.rl.rollout import RolloutBatch
 from predmask.rl.task import Problem, iter_train_prompts
 
-__all__ = ["bench_model", "compare_rollouts", "compare_runs", "measure_mismatch", "use_previous_path"]
+__all__ = ["bench_model", "compare_rollouts", "compare_runs", "measure_mismatch", "project_sweep", "use_previous_path",
+           "validations_per_run"]
+
+
+def validations_per_run(trainer: Any) -> int:
+    """The validations of a run of ``trainer`` (its config section), as ``predmask.rl.train`` schedules them: step
+    0's (``val_before_train``), every ``val_every`` steps, and the last step's."""
+    every = int(trainer.val_every)
+    return int(trainer.val_before_train) + sum(1 for s in range(1, int(trainer.steps) + 1)
+                                               if (every and s % every == 0) or s == int(trainer.steps))
 
 
 def bench_model(model: str, overrides: list[str], steps: int, warmup: int = 2) -> dict[str, float]:
@@ -53,7 +64,7 @@ def bench_model(model: str, overrides: list[str], steps: int, warmup: int = 2) -
     with stopwatch() as val:
         engine.validate(0)
     val_s = val["wall"]
-    n_val = (t.steps // t.val_every if t.val_every else 0) + 1 + int(t.val_before_train)
+    n_val = validations_per_run(t)
     return {
         "params": float(engine.n_parameters),
         "s_per_step": total / steps,
@@ -170,28 +181,62 @@ def _short_run(engine: Engine, steps: int) -> dict[str, float]:
         for i in range(steps):
             problems = [next(stream) for _ in range(engine.trainer_cfg.train_batch_size)]
             m = engine.train_step(problems, torch.Generator().manual_seed(i))
+    with stopwatch() as tv:
         val = engine.validate(0)
-    return {"cpu_s": t["cpu"], "wall_s": t["wall"], "score": m[M.SCORE_MEAN],
+    return {"steps_cpu_s": t["cpu"], "val_cpu_s": tv["cpu"], "cpu_s": t["cpu"] + tv["cpu"],
+            "wall_s": t["wall"] + tv["wall"], "score": m[M.SCORE_MEAN],
             "val": statistics.mean(v for k, v in val.items() if "/acc/mean@" in k)}
 
 
-def compare_runs(model: str, precisions: list[str], overrides: list[str], steps: int = 4,
+def compare_runs(settings: Sequence[str], overrides: list[str], steps: int = 4,
                  repeats: int = 3) -> list[dict[str, float | str]]:
-    """Per precision: ``steps`` GRPO steps and one validation from the base model, previous path and this one
-    (each from a fresh engine, same seeds; ``repeats`` interleaved repetitions); median CPU and wall seconds."""
+    """Per setting (``conf/setting``, e.g. the main comparison's four): ``steps`` GRPO steps and one validation from
+    the base model, previous path and this one (each from a fresh engine, whose build is timed too; same seeds;
+    ``repeats`` interleaved repetitions); median CPU and wall seconds."""
     rows: list[dict[str, float | str]] = []
-    for name in precisions:
-        cfg = _train_config(model, name, overrides)
+    for setting in settings:
+        cfg = compose("train", [f"+setting={setting}", *overrides])
+        base = Engine(cfg, progress=False).base_info  # untimed: pretrains the base model if the cache lacks it
         runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
         for _ in range(repeats):
             for path in ("old", "new"):
-                engine = Engine(cfg, progress=False)
-                if path == "old":
-                    use_previous_path(engine)
-                runs[path].append(_short_run(engine, steps))
+                with stopwatch() as build:
+                    engine = Engine(cfg, progress=False)
+                    if path == "old":
+                        use_previous_path(engine)
+                runs[path].append({**_short_run(engine, steps), "build_cpu_s": build["cpu"]})
         old, new = ({k: statistics.median(r[k] for r in runs[path]) for k in runs[path][0]} for path in ("old", "new"))
-        rows.append({"model": model, "precision": name, "method": str(cfg.method.name), "steps": float(steps),
-                     "old_cpu_s": old["cpu_s"], "new_cpu_s": new["cpu_s"], "ratio": old["cpu_s"] / new["cpu_s"],
-                     "old_wall_s": old["wall_s"], "new_wall_s": new["wall_s"],
-                     "old_val": old["val"], "new_val": new["val"]})
+        rows.append({"setting": setting, "model": str(engine.model_cfg["name"]), "precision": engine.precision.name,
+                     "method": str(cfg.method.name), "steps": float(steps), "ratio": old["cpu_s"] / new["cpu_s"],
+                     "pretrain_s": float(base.get("pretrain_seconds", 0.0)),
+                     **{f"old_{k}": v for k, v in old.items()}, **{f"new_{k}": v for k, v in new.items()}})
     return rows
+
+
+def project_sweep(rows: Sequence[dict[str, float | str]], *, start_up_s: float, worker_start_s: float,
+                  methods: int = 4, seeds: int = 3, steps: int = 60, validations: int = 5,
+                  slots: int = 2) -> list[dict[str, float | str]]:
+    """A sweep's projected time from :func:`compare_runs`'s rows (one per setting; each setting run by ``methods`` x
+    ``seeds`` runs of ``steps`` steps and ``validations`` validations, step 0's included), step by step from the
+    previous path to this engine with the shared step-0 validation and the warm worker: per-run CPU seconds summed
+    (a run's process start-up ``start_up_s``, its engine build, its steps and validations), then divided over
+    ``slots`` single-thread slots. The base models' pretraining (once per model, from their cache record) is beside
+    it; the install is not in it."""
+    def total(path: str, shared_val: bool, worker: bool) -> float:
+        out = start_up_s if worker else 0.0  # the worker imports once
+        for r in rows:
+            run_s = (float(r[f"{path}_build_cpu_s"]) + float(r[f"{path}_steps_cpu_s"]) * steps / float(r["steps"])
+                     + (validations - 1) * float(r[f"{path}_val_cpu_s"]))
+            step0 = float(r[f"{path}_val_cpu_s"]) * (seeds if shared_val else methods * seeds)
+            out += methods * seeds * (run_s + (worker_start_s if worker else start_up_s)) + step0
+        return out
+
+    stages = [("previous path, a process per run", "old", False, False),
+              ("this engine, a process per run", "new", False, False),
+              ("+ step-0 validation shared across methods", "new", True, False),
+              ("+ warm worker (imports once)", "new", True, True)]
+    first = total("old", False, False)
+    pretrain = sum({str(r["model"]): float(r["pretrain_s"]) for r in rows}.values())
+    return [{"stage": name, "cpu_min": total(path, shared, worker) / 60,
+             "wall_min": total(path, shared, worker) / 60 / slots, "ratio": first / total(path, shared, worker),
+             "base_models_min": pretrain / 60} for name, path, shared, worker in stages]

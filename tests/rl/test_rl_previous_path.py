@@ -1,13 +1,17 @@
-"""The benchmark's switch back to the engine's previous path (predmask.rl.bench.use_previous_path)."""
+"""The benchmark's switch back to the engine's previous path (predmask.rl.bench.use_previous_path) and its sweep
+projection (project_sweep, validations_per_run)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 from rl_helpers import peaked_policy
 
 from predmask.methods import MethodParams, get_method
 from predmask.precisions import get_precision
-from predmask.rl.bench import use_previous_path
+from predmask.rl.bench import project_sweep, use_previous_path, validations_per_run
 from predmask.rl.emulated_precision import RoundedLinear, make_rollout_model
 from predmask.rl.engine import Engine
 from predmask.rl.task import make_split
@@ -57,3 +61,34 @@ def test_the_previous_path_uses_torchs_products_per_row_prefill_and_the_tail_alw
     assert prefill_rows == [6, 24]
     assert asked == [False, True]
     assert all(b.batch_size == 24 for b in batches)
+
+
+def test_the_sweep_projection_counts_each_runs_parts_by_hand() -> None:
+    """``project_sweep`` on one made-up setting (2 methods x 3 seeds, 10 steps, 3 validations per run, 2 slots),
+    against the sums written out: each run pays its start-up, engine build, steps and validations; the shared step-0
+    validation is paid once per seed; the worker imports once and each run pays only its child's start-up."""
+    row = {"setting": "s", "model": "m", "steps": 2.0, "pretrain_s": 90.0}
+    row.update({"old_build_cpu_s": 1.0, "old_steps_cpu_s": 4.0, "old_val_cpu_s": 3.0,
+                "new_build_cpu_s": 1.0, "new_steps_cpu_s": 2.0, "new_val_cpu_s": 1.5})
+    stages = project_sweep([row], start_up_s=6.0, worker_start_s=0.5, methods=2, seeds=3, steps=10, validations=3,
+                           slots=2)
+    old = 6 * (6.0 + 1.0 + 4.0 * 5 + 3 * 3.0)                   # 216 s
+    new = 6 * (6.0 + 1.0 + 2.0 * 5 + 3 * 1.5)                   # 129 s
+    shared = 6 * (6.0 + 1.0 + 2.0 * 5 + 2 * 1.5) + 3 * 1.5      # 124.5 s
+    warm = 6.0 + 6 * (0.5 + 1.0 + 2.0 * 5 + 2 * 1.5) + 3 * 1.5  # 97.5 s
+    assert [round(s["cpu_min"] * 60, 6) for s in stages] == [old, new, shared, warm]
+    assert [round(s["wall_min"] * 60, 6) for s in stages] == [old / 2, new / 2, shared / 2, warm / 2]
+    assert [round(s["ratio"], 6) for s in stages] == [1.0, round(old / new, 6), round(old / shared, 6),
+                                                       round(old / warm, 6)]
+    assert stages[0]["base_models_min"] == 1.5
+
+
+@pytest.mark.parametrize(("steps", "every", "before", "expected"), [
+    (60, 15, True, 5),   # step 0, 15, 30, 45, 60
+    (10, 4, True, 4),    # step 0, 4, 8, and the last step, 10
+    (10, 4, False, 3),
+    (7, 0, True, 2),     # no periodic validation: step 0 and the last step
+])
+def test_validations_per_run_counts_the_trainers_schedule(steps: int, every: int, before: bool, expected: int) -> None:
+    trainer = SimpleNamespace(steps=steps, val_every=every, val_before_train=before)
+    assert validations_per_run(trainer) == expected
