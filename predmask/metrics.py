@@ -76,6 +76,7 @@ __all__ = [
     "VR_DECOY_HIT",
     "VR_LOG_RATIO_MEAN",
     "VR_POSTERIOR_CORRECT",
+    "VR_PRIOR_CORRECT",
     "VR_RFT_KEPT",
     "VR_TRACE_TOKENS_MEAN",
     "Metric",
@@ -156,6 +157,7 @@ VAL_PASS_RE = re.compile(r"^val-core/(?P<source>.+)/pass@(?P<k>\d+)$")
 TRAIN_LOSS = "train/loss"
 #: variational-reasoning stage metrics (predmask.rl.vr_runner)
 VR_POSTERIOR_CORRECT = "vr/posterior_correct/mean"
+VR_PRIOR_CORRECT = "vr/prior_correct/mean"
 VR_DECOY_HIT = "vr/posterior_decoy_hit/mean"
 VR_DECOY_CORRECT = "vr/posterior_decoy_correct/mean"
 VR_TRACE_TOKENS_MEAN = "vr/trace_tokens/mean"
@@ -225,6 +227,8 @@ _CATALOGUE: tuple[Metric, ...] = (
     # the variational-reasoning family (predmask.rl.vr_runner; stand-in scale)
     Metric(TRAIN_LOSS, "mean", "the supervised (weighted) SFT loss of a step: -sum_b w_b sum_t log p / normaliser"),
     Metric(VR_POSTERIOR_CORRECT, "mean", "share of q_phi's traces whose own answer equals the hinted (correct) answer"),
+    Metric(VR_PRIOR_CORRECT, "mean", "share of pi_theta0's samples on the traces stage's questions (K each, same "
+           "sampler and temperature) whose answer is correct: what q_phi's hinted rate is compared with"),
     Metric(VR_DECOY_HIT, "mean", "share of q_phi's traces sampled with a decoy hint (the answer +-3) whose own answer "
            "is the decoy: whether q_phi follows its hint (near 0: it ignores it)"),
     Metric(VR_DECOY_CORRECT, "mean", "share of q_phi's traces sampled with a decoy hint whose own answer is the "

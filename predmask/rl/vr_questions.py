@@ -13,7 +13,7 @@ from predmask.rl.task import Problem, format_solution, make_split, noisy_steps
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.schemas.task_schema import TaskConfig
 
-__all__ = ["Question", "answer_text", "hint_prompt", "join_response", "original_data", "split_trace"]
+__all__ = ["Question", "answer_text", "join_response", "original_data", "split_trace"]
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,6 @@ def original_data(task: TaskConfig, questions: int, noise: float, seed: int) -> 
     rng = random.Random(seed)
     return [Question(i, p, noisy_steps(p, rng, noise, task.max_number))
             for i, p in enumerate(make_split(task, "train", questions))]
-
-
-def hint_prompt(template: str, question_prompt: str, hint: int) -> str:
-    """q_phi's prompt: ``template`` with the question and the hinted answer."""
-    return template.format(prompt=question_prompt, hint=hint)
 
 
 def answer_text(answer: int) -> str:

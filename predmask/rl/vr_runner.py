@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,13 +47,12 @@ from predmask.rl.base import load_base_model, sft_batch, single_thread, task_res
 from predmask.rl.engine import resolve_cpu_model, validation_metrics
 from predmask.rl.model import build_policy
 from predmask.rl.rollout import encode_prompts, generate, rollout_problems
-from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, make_split, reward
+from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, Problem, make_split, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.rl.train import setup_logging
 from predmask.rl.vr_questions import (
     Question,
     answer_text,
-    hint_prompt,
     join_response,
     original_data,
     split_trace,
@@ -74,7 +73,7 @@ from predmask.rundir import (
 )
 from predmask.schemas.task_schema import TaskConfig
 from predmask.schemas.train_schema import BaseConfig
-from predmask.schemas.variational_schema import VRConfig
+from predmask.schemas.variational_schema import HintConfig, VRConfig
 from predmask.vr_stages import stage_inputs
 
 __all__ = [
@@ -86,6 +85,9 @@ __all__ = [
     "TRACES_FILE",
     "WEIGHTS_COLUMNS",
     "WEIGHTS_FILE",
+    "Sampler",
+    "hint_use",
+    "hint_use_line",
     "main",
     "prepare_stage",
     "run_stage",
@@ -108,6 +110,8 @@ WEIGHTS_COLUMNS: tuple[str, ...] = ("question", "trace", "trace_tokens", "answer
 EVAL_SEED = 20_261_201
 #: sequences per teacher-forced or sampled chunk
 _CHUNK = 1024
+#: a model's sampler (pi_theta0's or q_phi's): (prompts, salt of the draw) -> one response's token ids per prompt
+Sampler = Callable[[Sequence[str], int], list[list[int]]]
 
 log = logging.getLogger("predmask.rl.vr_runner")
 
@@ -191,7 +195,7 @@ def prepare_stage(run_dir: str | Path) -> Stage:
     tokenizer = ArithmeticTokenizer(task.max_number)
     example = make_split(task, "train", 1)[0]
     try:
-        tokenizer.encode(hint_prompt(vr.hint.template, example.prompt, example.answer))
+        tokenizer.encode(vr.hint.prompt(example.prompt, example.answer))
     except ValueError as err:
         raise ValueError(f"hint.template = {vr.hint.template!r} does not tokenise: {err}") from None
     inputs: dict[str, Path] = {}
@@ -284,9 +288,8 @@ def run_prior(st: Stage) -> dict[str, Any]:
 def run_posterior(st: Stage) -> dict[str, Any]:
     """q_phi: SFT of the base model on hint prompts (hint = the original solution's own final answer)."""
     model, info = _base_model(st)
-    qs = st.questions
-    rows = [Row(q.index, hint_prompt(st.vr.hint.template, q.problem.prompt, q.original_answer), q.solution, 1.0)
-            for q in qs]
+    rows = [Row(q.index, st.vr.hint.prompt(q.problem.prompt, q.original_answer), q.solution, 1.0)
+            for q in st.questions]
     log.info("q_phi: base model fine-tuned on %d hint prompts, e.g. %r -> %r", len(rows), rows[0].prompt,
              rows[0].response)
     summary = _train(st, model, rows, st.vr.posterior.epochs)
@@ -312,11 +315,14 @@ def _sample(st: Stage, model: nn.Module, prompts: Sequence[str], temperature: fl
 
 
 def run_traces(st: Stage) -> dict[str, Any]:
-    """K traces per question sampled from q_phi with the hint = the correct answer; q_phi's log-prob of each z."""
+    """K traces per question sampled from q_phi with the hint = the correct answer; q_phi's log-prob of each z; the
+    hint check (``hint_use``) against pi_theta0 on the same questions."""
     model, _ = load_model(st, st.inputs["posterior"])
     model.eval()
+    prior, _ = _base_model(st)
+    prior.eval()
     qs, k, tok = st.questions, st.vr.traces.k, st.tokenizer
-    prompts = [hint_prompt(st.vr.hint.template, q.problem.prompt, q.problem.answer) for q in qs for _ in range(k)]
+    prompts = [st.vr.hint.prompt(q.problem.prompt, q.problem.answer) for q in qs for _ in range(k)]
     rows: list[dict[str, Any]] = []
     texts: list[str] = []
     for i, resp in enumerate(_sample(st, model, prompts, st.vr.traces.temperature, salt=11)):
@@ -332,17 +338,15 @@ def run_traces(st: Stage) -> dict[str, Any]:
     for r, lp in zip(rows, log_z.tolist()):
         r["log_posterior"] = float(lp)
     frame = pd.DataFrame(rows, columns=list(TRACES_COLUMNS))
-    decoy_hit, decoy_correct = _decoy_rates(st, model, qs)
+    temperature = st.vr.traces.temperature
     data = {M.VR_POSTERIOR_CORRECT: float(frame["posterior_correct"].mean()),
             M.VR_TRACE_TOKENS_MEAN: float(frame["trace_tokens"].mean()),
-            M.VR_DECOY_HIT: decoy_hit, M.VR_DECOY_CORRECT: decoy_correct}
+            **hint_use(tok, st.vr.hint, [q.problem for q in qs], k, st.task.max_number,
+                       posterior=lambda p, salt: _sample(st, model, p, temperature, salt),
+                       prior=lambda p, salt: _sample(st, prior, p, temperature, salt))}
     _log_metrics(st, data, 0)
     atomic_write(st.output, lambda tmp: frame.to_parquet(tmp, index=False))
-    log.info("traces: %d (K=%d per question); q_phi's own answer equals the hint in %.3f of them", len(frame), k,
-             data[M.VR_POSTERIOR_CORRECT])
-    log.info("does q_phi follow its hint? with a decoy hint (the answer %+d) its answer is the decoy in %.3f and the "
-             "correct answer in %.3f of traces (a posterior that ignores its hint: decoy near 0, correct as above)",
-             DECOY_OFFSET, decoy_hit, decoy_correct)
+    log.info("traces: %d (K=%d per question); seed %d %s", len(frame), k, st.vr.seed, hint_use_line(data))
     return {"step": 0, "rows": len(frame), **data}
 
 
@@ -351,17 +355,30 @@ DECOY_OFFSET = 3
 
 
 @torch.no_grad()
-def _decoy_rates(st: Stage, model: nn.Module, qs: Sequence[Question]) -> tuple[float, float]:
-    """One trace per question from q_phi with a decoy hint (the answer +- DECOY_OFFSET): the share whose own answer is
-    the decoy, and the share whose answer is the correct one. A posterior that uses its hint follows the decoy."""
-    tok, top = st.tokenizer, st.task.max_number
-    decoys = [q.problem.answer + (DECOY_OFFSET if q.problem.answer + DECOY_OFFSET <= top else -DECOY_OFFSET)
-              for q in qs]
-    prompts = [hint_prompt(st.vr.hint.template, q.problem.prompt, d) for q, d in zip(qs, decoys)]
-    texts = [tok.decode(split_trace(tok, r)[1]) for r in _sample(st, model, prompts, st.vr.traces.temperature, salt=13)]
-    hit = sum(reward(t, d) > 0 for t, d in zip(texts, decoys))
-    correct = sum(reward(t, q.problem.answer) > 0 for t, q in zip(texts, qs))
-    return hit / len(qs), correct / len(qs)
+def hint_use(tokenizer: ArithmeticTokenizer, hint: HintConfig, problems: Sequence[Problem], k: int, max_number: int,
+             *, posterior: Sampler, prior: Sampler) -> dict[str, float]:
+    """Whether q_phi uses its hint: pi_theta0's share of correct answers over ``k`` samples per problem (the plain
+    question), and over one sample per problem from q_phi given a decoy hint (the answer +- DECOY_OFFSET, minus where
+    plus leaves [0, max_number]) the share whose own answer is the decoy and the share that is correct."""
+    answers = [p.answer for p in problems]
+    decoys = [a + (DECOY_OFFSET if a + DECOY_OFFSET <= max_number else -DECOY_OFFSET) for a in answers]
+
+    def answered(responses: list[list[int]], truth: Sequence[int]) -> float:
+        texts = [tokenizer.decode(split_trace(tokenizer, r)[1]) for r in responses]
+        return sum(reward(t, a) > 0 for t, a in zip(texts, truth)) / len(texts)
+
+    decoyed = posterior([hint.prompt(p.prompt, d) for p, d in zip(problems, decoys)], 13)
+    return {M.VR_PRIOR_CORRECT: answered(prior([p.prompt for p in problems for _ in range(k)], 17),
+                                         [a for a in answers for _ in range(k)]),
+            M.VR_DECOY_HIT: answered(decoyed, decoys), M.VR_DECOY_CORRECT: answered(decoyed, answers)}
+
+
+def hint_use_line(data: Mapping[str, float]) -> str:
+    """The traces stage's one-line summary of the hint check (percentages; the ratio of q_phi's rate to pi_theta0's)."""
+    post, prior = data[M.VR_POSTERIOR_CORRECT], data[M.VR_PRIOR_CORRECT]
+    ratio = f"{post / prior:.2f}" if prior > 0 else "inf"
+    return (f"hint use: q_φ reaches the hinted answer in {100 * post:.1f}% (π_θ0 {100 * prior:.1f}%, ratio {ratio}×); "
+            f"follows a decoy hint in {100 * data[M.VR_DECOY_HIT]:.1f}%")
 
 
 @torch.no_grad()

@@ -83,12 +83,20 @@ class DataConfig(_Section):
 
 @dataclass(frozen=True)
 class HintConfig(_Section):
-    """q_phi's prompt: ``template.format(prompt=<question>, hint=<answer>)``; the hint sits in a marked segment."""
+    """q_phi's prompt: ``template.format(prompt=<question>, hint=<answer>)``; the hint sits in a marked segment.
+    ``use: false`` is the ablation without hint conditioning: q_phi is trained and sampled on the question alone."""
 
     _name = "hint"
     template: str = "\\boxed{{{hint}}} {prompt}"
+    use: bool = True
+
+    def prompt(self, question: str, hint: int) -> str:
+        """q_phi's prompt for ``question`` with the hinted answer ``hint`` (the question alone when not ``use``)."""
+        return self.template.format(prompt=question, hint=hint) if self.use else question
 
     def __post_init__(self) -> None:
+        if not isinstance(self.use, bool):
+            raise ValueError(f"hint.use = {self.use!r} is not allowed; allowed: true, false")  # noqa: TRY004
         try:
             names = {f for _, f, _, _ in string.Formatter().parse(self.template) if f is not None}
         except ValueError as err:

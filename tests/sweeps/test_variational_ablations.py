@@ -76,8 +76,14 @@ def test_hint_use_sweep_is_both_arms_crossed_with_the_estimators_in_both_data_se
     assert all(kinds[("final", m)] == 2 * 2 * len(seeds) for m in ESTIMATORS)
     assert len(specs) == 1 + len(seeds) * (3 * 2 + 2 * 2 * len(ESTIMATORS))
     assert {s.config["hint"]["use"] for s in specs if s.stage == "posterior"} == {True, False}
+    by_id = {s.run_id: s for s in specs}
+
+    def hinted(spec) -> bool | None:  # a final reads its hint setting through its traces run; the prior has none
+        own = spec if "hint" in spec.config else by_id.get(spec.inputs.get("traces", ""))
+        return None if own is None else own.config["hint"]["use"]
+
     on = {(s.stage, s.method, s.seed, s.config["method"].get("data")): s.run_id for s in specs
-          if s.stage == "prior" or s.config.get("hint", {}).get("use") is True}
+          if hinted(s) in (None, True)}
     main = {(s.stage, s.method, s.seed, s.config["method"].get("data")): s.run_id
             for s in expand("variational_reasoning", [f"method={','.join(ESTIMATORS)}", "seeds=3"])}
     assert on == main  # the hinted arm is the main sweep's runs
