@@ -47,7 +47,7 @@ from predmask.rl.base import load_base_model, sft_batch, single_thread, task_res
 from predmask.rl.engine import resolve_cpu_model, validation_metrics
 from predmask.rl.model import build_policy
 from predmask.rl.rollout import encode_prompts, generate, rollout_problems
-from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, Problem, make_split, reward
+from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, Problem, extract_answer, make_split, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.rl.train import setup_logging
 from predmask.rl.vr_questions import (
@@ -73,7 +73,7 @@ from predmask.rundir import (
 )
 from predmask.schemas.task_schema import TaskConfig
 from predmask.schemas.train_schema import BaseConfig
-from predmask.schemas.variational_schema import HintConfig, VRConfig
+from predmask.schemas.variational_schema import HintConfig, PosteriorConfig, VRConfig
 from predmask.vr_stages import stage_inputs
 
 __all__ = [
@@ -89,6 +89,7 @@ __all__ = [
     "hint_use",
     "hint_use_line",
     "main",
+    "posterior_rows",
     "prepare_stage",
     "run_stage",
 ]
@@ -285,13 +286,36 @@ def run_prior(st: Stage) -> dict[str, Any]:
     return {"step": 0, **data}
 
 
+def posterior_rows(tokenizer: ArithmeticTokenizer, hint: HintConfig, posterior: PosteriorConfig,
+                   questions: Sequence[Question], max_number: int, *, prior: Sampler) -> list[Row]:
+    """q_phi's training rows (``posterior.source``): each original solution with its own final answer as the hint,
+    and/or ``posterior.samples`` responses per question drawn by ``prior`` (pi_theta0 on the bare question), the
+    worked ones (a step before the box, an answer in 0..max_number) with their own final answer as the hint, each
+    weighted 1/samples: fitting these is the forward KL to pi_theta0's posterior given the answer."""
+    rows = [Row(q.index, hint.prompt(q.problem.prompt, q.original_answer), q.solution, 1.0)
+            for q in questions] if posterior.source != "prior" else []
+    if posterior.source != "original":
+        n = posterior.samples
+        for i, ids in enumerate(prior([q.problem.prompt for q in questions for _ in range(n)], 7)):
+            z, a = split_trace(tokenizer, ids)
+            y = extract_answer(tokenizer.decode(a))
+            if z and y is not None and 0 <= y <= max_number:
+                q = questions[i // n]
+                rows.append(Row(q.index, hint.prompt(q.problem.prompt, y), tokenizer.decode(ids), 1.0 / n))
+        if not rows:
+            raise ValueError(f"posterior.source = {posterior.source!r}: none of pi_theta0's {len(questions) * n} "
+                             f"samples is a worked response (a step before the box, an answer in 0..{max_number}); "
+                             f"allowed here: posterior.source=original or original+prior")
+    return rows
+
+
 def run_posterior(st: Stage) -> dict[str, Any]:
-    """q_phi: SFT of the base model on hint prompts (hint = the original solution's own final answer)."""
+    """q_phi: SFT of the base model on hint prompts (hint = the response's own final answer)."""
     model, info = _base_model(st)
-    rows = [Row(q.index, st.vr.hint.prompt(q.problem.prompt, q.original_answer), q.solution, 1.0)
-            for q in st.questions]
-    log.info("q_phi: base model fine-tuned on %d hint prompts, e.g. %r -> %r", len(rows), rows[0].prompt,
-             rows[0].response)
+    rows = posterior_rows(st.tokenizer, st.vr.hint, st.vr.posterior, st.questions, st.task.max_number,
+                          prior=lambda p, salt: _sample(st, model, p, 1.0, salt))
+    log.info("q_phi: base model fine-tuned on %d hint prompts (%s), e.g. %r -> %r", len(rows),
+             st.vr.posterior.source, rows[-1].prompt, rows[-1].response)
     summary = _train(st, model, rows, st.vr.posterior.epochs)
     _save_model(st.output, model, {"base": info.get("cache_path"), "stage": "posterior",
                                    "role": "q_phi: base model fine-tuned on hint prompts"})

@@ -19,6 +19,7 @@ __all__ = [
     "DATA_MODES",
     "FAMILY",
     "FINAL_RECIPES",
+    "POSTERIOR_SOURCES",
     "STAGES",
     "STAGE_METHODS",
     "DataConfig",
@@ -129,15 +130,27 @@ class SFTConfig(_Section):
         _at_least("sft", "save_every", self.save_every, 0)
 
 
+#: what q_phi is fitted to: the original solutions, or pi_theta0's own worked samples (POSTERIOR_SOURCES)
+POSTERIOR_SOURCES: tuple[str, ...] = ("original", "prior", "original+prior")
+
+
 @dataclass(frozen=True)
 class PosteriorConfig(_Section):
-    """q_phi's SFT on hint prompts: ``epochs`` shuffled passes over the original data."""
+    """q_phi's SFT on hint prompts, ``epochs`` shuffled passes over its rows: each original solution with its own
+    answer as the hint (``source`` original), ``samples`` responses per question sampled from pi_theta0 with their own
+    answer as the hint, the worked ones kept, each weighted 1/samples (prior), or both."""
 
     _name = "posterior"
     epochs: int = 4
+    source: str = "original"
+    samples: int = 8
 
     def __post_init__(self) -> None:
         _at_least("posterior", "epochs", self.epochs, 1)
+        _at_least("posterior", "samples", self.samples, 1)
+        if self.source not in POSTERIOR_SOURCES:
+            raise ValueError(f"posterior.source = {self.source!r} is not allowed; allowed: "
+                             f"{', '.join(POSTERIOR_SOURCES)}")
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,12 @@ from predmask import metrics as M
 from predmask.rl.model import build_policy
 from predmask.rl.task import Problem, extract_answer, make_split
 from predmask.rl.tokenizer import ArithmeticTokenizer
-from predmask.rl.vr_questions import split_trace
-from predmask.rl.vr_runner import MODEL_FILE, TRACES_FILE, hint_use, hint_use_line, run_stage
+from predmask.rl.vr_questions import original_data, split_trace
+from predmask.rl.vr_runner import MODEL_FILE, TRACES_FILE, hint_use, hint_use_line, posterior_rows, run_stage
+from predmask.rl.weighted_sft import Row
 from predmask.rundir import read_metrics
 from predmask.schemas.task_schema import TaskConfig
-from predmask.schemas.variational_schema import HintConfig
+from predmask.schemas.variational_schema import HintConfig, PosteriorConfig
 
 TASK = TaskConfig()
 TOK = ArithmeticTokenizer(TASK.max_number)
@@ -94,6 +95,8 @@ def test_the_summary_line_is_percentages_and_the_ratio() -> None:
 
 @pytest.mark.parametrize(("section", "values", "message"), [
     (HintConfig, {"use": "yes"}, "hint.use = 'yes' is not allowed; allowed: true, false"),
+    (PosteriorConfig, {"source": "web"}, "posterior.source = 'web' is not allowed; allowed: original, prior, original+prior"),
+    (PosteriorConfig, {"samples": 0}, "posterior.samples = 0 is not allowed"),
 ])
 def test_bad_hint_and_posterior_settings_are_one_line(section: type, values: dict, message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)) as err:
@@ -101,10 +104,41 @@ def test_bad_hint_and_posterior_settings_are_one_line(section: type, values: dic
     assert "\n" not in str(err.value)
 
 
+def test_posterior_rows_are_the_originals_and_pi_theta0s_worked_samples_hinted_with_their_own_answer() -> None:
+    """posterior.source: pi_theta0's samples (stubbed, two per question) enter with their own final answer as the hint
+    and weight 1/samples; a response without a step before the box, or without an answer in its box, is dropped;
+    original+prior adds the original solutions (weight 1); none left: one line naming the setting."""
+    canned = ["3 , 9 \\boxed{9}", "\\boxed{4}", "5 , 6", "7 \\boxed{}"]
+    seen: list[tuple[str, int]] = []
+
+    def prior(prompts: Sequence[str], salt: int) -> list[list[int]]:
+        seen.extend((p, salt) for p in prompts)
+        return [TOK.encode(canned[i % len(canned)], eos=True) for i in range(len(prompts))]
+
+    qs, hint = original_data(TASK, 2, 0.1, 0), HintConfig()
+    rows = posterior_rows(TOK, hint, PosteriorConfig(source="original+prior", samples=2), qs, TASK.max_number,
+                          prior=prior)
+    prompts = [p for p, _ in seen]
+    assert prompts == [qs[0].problem.prompt] * 2 + [qs[1].problem.prompt] * 2  # the bare question, `samples` times
+    originals = [Row(q.index, f"\\boxed{{{q.original_answer}}} {q.problem.prompt}", q.solution, 1.0) for q in qs]
+    assert rows == [*originals, Row(0, f"\\boxed{{9}} {qs[0].problem.prompt}", "3 , 9 \\boxed{9}", 0.5)]
+    only_prior = PosteriorConfig(source="prior", samples=2)
+    assert posterior_rows(TOK, hint, only_prior, qs, TASK.max_number, prior=prior) == rows[-1:]
+    assert posterior_rows(TOK, hint, PosteriorConfig(), qs, TASK.max_number, prior=prior) == originals
+    assert len(seen) == 8  # source=original draws nothing
+    canned[0] = "\\boxed{9}"
+    with pytest.raises(ValueError, match=re.escape("posterior.source = 'prior': none of pi_theta0's 4 samples is a "
+                                                   "worked response")) as err:
+        posterior_rows(TOK, hint, only_prior, qs, TASK.max_number, prior=prior)
+    assert "\n" not in str(err.value)
+
+
 def test_hint_use_false_trains_and_samples_q_phi_on_the_bare_question(tmp_path: Path) -> None:
-    """Posterior and traces stages at test size with hint.use=false: every trace's log q_phi(z|x) is the log-prob of a plain full forward of q_phi on the bare question."""
+    """Posterior and traces stages at test size with hint.use=false (q_phi fitted to the originals and pi_theta0's own
+    samples): every trace's log q_phi(z|x) is the log-prob of a plain full forward of q_phi on the bare question."""
     torch.set_num_threads(1)
-    cache, extra = tmp_path / "cache", ("hint.use=false",)
+    cache, extra = tmp_path / "cache", ("hint.use=false", "posterior.source=original+prior",
+                                            "posterior.samples=2")
     run_stage(write_stage(tmp_path, "posterior", stage_config(cache, "posterior", "posterior", {}, *extra)))
     c = stage_config(cache, "traces", "traces", {"posterior": "posterior"}, *extra)
     run_stage(write_stage(tmp_path, "traces", c))
