@@ -289,16 +289,19 @@ VR_FAMILY = "variational"
 @dataclass(frozen=True)
 class VrKey:
     """What a variational-family run is compared by: method (runs.method), data setting and estimator (a final
-    recipe's ``method.data`` / ``method.estimator``; None for the baselines and the prior)."""
+    recipe's ``method.data`` / ``method.estimator``; None for the baselines and the prior), and the regime of the
+    traces it was trained on when an ablation varies it (``reports.vr_scores``; None otherwise)."""
 
     method: str | None
     data: str | None = None
     estimator: str | None = None
+    regime: str | None = None
 
     @property
     def label(self) -> str:
         head = labels.vr_method_label(self.method)
-        return f"{head} · {labels.vr_data_label(self.data)}" if self.data else head
+        head = f"{head} · {labels.vr_data_label(self.data)}" if self.data else head
+        return f"{head} · {self.regime}" if self.regime else head
 
 
 def vr_key(run: RunInfo) -> VrKey:

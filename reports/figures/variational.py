@@ -2,7 +2,8 @@
 
 Every number comes from the database (final-stage and GRPO runs' last logged evaluation, the vr_traces rows of the
 weights stage, the newest accuracy-weighting analysis); intervals and correlations come from analysis.training.stats.
-The family runs on the CPU engine with stand-in models and π_θ0 = the engine's cached base model: every figure says so.
+The family runs on the CPU engine with stand-in models and π_θ0 = the engine's cached base model: every figure says so,
+names its evaluation splits (those in the database) with their size, and carries the hint-use gate in its title.
 """
 
 from __future__ import annotations
@@ -29,7 +30,16 @@ from reports.figures.draw import (
 )
 from reports.labels import WEIGHTING_ORDER, weighting_method_label
 from reports.style import GREY, method_style, vr_data_style
-from reports.vr_scores import AT_N, SWEEP_COMMAND, VrScores, acc_name, pass_name, scale_note, vr_scores
+from reports.vr_scores import (
+    AT_N,
+    SWEEP_COMMAND,
+    VrScores,
+    acc_name,
+    mdd_note,
+    pass_name,
+    scale_note,
+    vr_scores,
+)
 
 PASS_KS: tuple[int, ...] = tuple(range(1, AT_N + 1))
 WEIGHTING_COMMAND = command("analysis accuracy_weighting")
@@ -46,6 +56,22 @@ SEED_DOT = 7  # marker size of the per-seed points
 def _seeds_text(keys: Sequence[Hashable]) -> str:
     what = "seed" if all(isinstance(k, int) for k in keys) else "run"
     return f"{what}{'' if len(keys) == 1 else 's'} {', '.join(str(k) for k in keys)}"
+
+
+def _split_title(split: str) -> str:
+    return f"{split} (stand-in split)" if split in EVAL_SPLITS else split
+
+
+def title_lines(result: ArtefactResult, scores: VrScores, *lines: str) -> list[str]:
+    """A figure's title lines: its title (with the hint-use gate's failures, VrScores.gated_title), the scale and
+    splits, the selection, then ``lines``."""
+    note = scale_note(result.runs, scores.splits)
+    return [result.title, f"{note}; selection: {result.selection_rule}", *lines]
+
+
+def _gate_caption(scores: VrScores) -> str:
+    """The hint use per regime, for a caption ('' when not measured)."""
+    return f" Hint use: {text}." if (text := scores.hint_text()) else ""
 
 
 def _style(key: queries.VrKey, index: int) -> tuple[str, str, str, bool]:
@@ -77,19 +103,20 @@ def vr_accuracy(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
     result = ArtefactResult(
         name=vr_accuracy.name,
-        title="Variational reasoning: avg@16 per method, data setting and estimator",
+        title=scores.gated_title("Variational reasoning: avg@16 per method, data setting and estimator"),
         caption=(
-            f"Final avg@16 ({acc_name('<split>')}) on each held-out stand-in split, per method (VR recipes by "
+            f"Final avg@{AT_N} ({acc_name('<split>')}) on each held-out evaluation split, per method (VR recipes by "
             f"data setting and estimator): {training_stats.interval_note()} as a bar with its interval, each seed "
-            f"a dot, the seeds named in the legend. {interval_caption('seeds')}"
+            f"a dot, the seeds named in the legend. {mdd_note(scores.runs, scores.seed_count())}. "
+            f"{interval_caption('seeds')}{_gate_caption(scores)}"
         ),
         runs=scores.runs,
         selection_rule=scores.rule,
         has_data=bool(scores.runs),
         command=SWEEP_COMMAND,
     )
-    for split in EVAL_SPLITS:
-        panel = Panel(title=f"{split} (stand-in split)")
+    for split in scores.splits:
+        panel = Panel(title=_split_title(split))
         for i, key in enumerate(scores.by_key):
             vals = scores.values(key, acc_name(split))
             if not vals:
@@ -117,8 +144,7 @@ def vr_accuracy(ctx: ReportContext) -> ArtefactResult:
 
 def _draw_accuracy(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> list:
     keys = list(scores.by_key)
-    title = [result.title, f"{scale_note(result.runs)}; selection: {result.selection_rule}",
-             f"bar: {training_stats.interval_note()}; dots: seeds"]
+    title = title_lines(result, scores, f"bar: {training_stats.interval_note()}; dots: seeds")
     fig, axes = _layout(len(result.panels), len(keys), title, ax_w=max(3.4, 0.45 * len(keys) + 1.0))
     handles: dict[str, object] = {}
     for ax, panel in zip(axes, result.panels):
@@ -158,18 +184,18 @@ def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
     result = ArtefactResult(
         name=vr_pass_at_k.name,
-        title="Variational reasoning: pass@k for k = 1..16",
+        title=scores.gated_title(f"Variational reasoning: pass@k for k = 1..{AT_N}"),
         caption=(
             f"pass@k ({pass_name('<split>', 1)} … pass@{AT_N}, the unbiased estimator from {AT_N} samples per "
-            f"problem) of each method's final model on each stand-in split: line = mean over seeds, band = "
-            f"{training_stats.INTERVAL_NAME} (one seed: no band). {interval_caption('seeds')}"
+            f"problem) of each method's final model on each evaluation split: line = mean over seeds, band = "
+            f"{training_stats.INTERVAL_NAME} (one seed: no band). {interval_caption('seeds')}{_gate_caption(scores)}"
         ),
         runs=scores.runs,
         selection_rule=scores.rule,
         command=SWEEP_COMMAND,
     )
-    for split in EVAL_SPLITS:
-        panel = Panel(title=f"{split} (stand-in split)")
+    for split in scores.splits:
+        panel = Panel(title=_split_title(split))
         for key, per_seed in scores.by_key.items():
             names = [pass_name(split, k) for k in PASS_KS]
             seeds = [s for s, m in per_seed.items() if all(n in m for n in names)]
@@ -193,13 +219,13 @@ def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
         result.panels.append(panel)
     result.has_data = any(p.series for p in result.panels)
     if ctx.draw:
-        result.files = _draw_pass(ctx, result, list(scores.by_key))
+        result.files = _draw_pass(ctx, result, scores)
     return result
 
 
-def _draw_pass(ctx: ReportContext, result: ArtefactResult, keys: list[queries.VrKey]) -> list:
-    title = [result.title, f"{scale_note(result.runs)}; selection: {result.selection_rule}",
-             f"line: {training_stats.interval_note()} (shaded)"]
+def _draw_pass(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> list:
+    keys = list(scores.by_key)
+    title = title_lines(result, scores, f"line: {training_stats.interval_note()} (shaded)")
     labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
     fig, axes = _layout(len(result.panels), len(labels), title)
     handles: dict[str, object] = {}
@@ -331,15 +357,18 @@ def weights_runs(ctx: ReportContext) -> list[queries.RunInfo]:
 def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
     sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
     runs = weights_runs(ctx)
+    scores = vr_scores(ctx)
     rows = queries.vr_trace_rows(ctx.con, [r.run_id for r in runs])
     result = ArtefactResult(
         name=vr_length_bias.name,
-        title="Length bias: trace length vs the per-token log-ratio, answer length vs the answer log-likelihood",
+        title=scores.gated_title(
+            "Length bias: trace length vs the per-token log-ratio, answer length vs the answer log-likelihood"
+        ),
         caption=(
             "Each dot one sampled trace of the weights stage (vr_traces): left, its length against its per-token "
             "log-likelihood ratio (the log of the importance ratio's geometric mean); right, the hinted answer's "
             "length against its log-likelihood under π_θ0 given the trace. Pearson's r (analysis.training.stats) "
-            f"in each panel's title. {interval_caption('none')}"
+            f"in each panel's title. {interval_caption('none')}{_gate_caption(scores)}"
         ),
         runs=[r for r in runs if rows.height and r.run_id in set(rows["run_id"].to_list())],
         selection_rule=sel.rule + "; stage weights",
@@ -360,12 +389,12 @@ def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
     result.stats = corrs
     result.has_data = bool(rows.height)
     if ctx.draw:
-        result.files = _draw_length(ctx, result)
+        result.files = _draw_length(ctx, result, scores)
     return result
 
 
-def _draw_length(ctx: ReportContext, result: ArtefactResult) -> list:
-    title = [result.title, f"{scale_note(result.runs)}; selection: {result.selection_rule}"]
+def _draw_length(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> list:
+    title = title_lines(result, scores)
     fig, axes = _layout(len(result.panels), 0, title)
     for ax, panel, (_, _, _, xlabel, ylabel) in zip(axes, result.panels, LENGTH_PANELS):
         ax.set_title(panel.title)

@@ -11,6 +11,7 @@ cpu_s standing in for Qwen3-4B-Base), ingested by analysis.store.ingest_paths:
   vr_grpo_s{0,1,2}          engine run, method grpo (no family key)   3 seeds
   vr_weights                stage weights with weights.parquet (its rows: vr_traces, by the store's ingest)
   vr_posterior              stage posterior: train/loss only (no evaluation: in no accuracy artefact)
+  vr_traces_s{0,1}          stage traces: q_φ's hint-use metrics (HINT_USE, per seed), no evaluation
 Every evaluated run logs at step 1 a decoy (all 0.0) and at its last step the values of ``final_acc``/``pass_at``;
 the artefacts must read the last step. An accuracy-weighting analysis (source model and bandit) is stored through
 analysis.store's upsert.
@@ -45,6 +46,13 @@ FINAL_RUNS: tuple[tuple[str, str, str | None, str | None, tuple[int, ...], float
     ("vr_final_gml_aw", "vr_gml", "gml", "all_weighted", (0,), 0.40),
 )
 GRPO_BASE, PRIOR_ACC = 0.38, 0.20
+EVAL_SIZE = 24  # task.eval_size of every run: problems per stand-in split (not the default 30: a literal fails)
+#: the traces runs' hint-use metrics per seed (decoy-following, q_φ's and π_θ0's hinted-answer rates): a posterior
+#: that ignores its hint, as measured on the CPU stand-in (issue 26)
+HINT_USE: dict[int, dict[str, float]] = {
+    0: {metrics.VR_DECOY_HIT: 0.01, metrics.VR_POSTERIOR_CORRECT: 0.375, metrics.VR_PRIOR_CORRECT: 0.39},
+    1: {metrics.VR_DECOY_HIT: 0.03, metrics.VR_POSTERIOR_CORRECT: 0.385, metrics.VR_PRIOR_CORRECT: 0.39},
+}
 SEED_STEP = {0: 0.0, 1: 0.04, 2: -0.02}  # added to a recipe's base accuracy by seed
 SPLIT_OFFSET = {EVAL_SPLITS[0]: 0.0, EVAL_SPLITS[1]: 0.05}
 
@@ -100,6 +108,7 @@ def stage_config(stage: str, method: dict[str, Any], seed: int = 0) -> dict[str,
         "method": method,
         "model": dict(MODEL),
         "cluster": {"name": "local"},
+        "task": {"name": "arithmetic", "eval_size": EVAL_SIZE},
         "data": {"questions": 4, "noise": 0.1, "seed": 0},
         "traces": {"k": 3, "temperature": 1.0},
         "weights": {"m": 8, "temperature": 1.0},
@@ -203,8 +212,12 @@ def build_runs(root: Path) -> None:
                       {"metrics.jsonl": _evaluated(base, seed)})
     for seed in (0, 1, 2):  # the GRPO baseline: an ordinary engine run in the same sweep
         cfg = {"seed": seed, "method": {"name": "grpo", "eps_low": 0.2, "eps_high": 0.2}, "model": dict(MODEL),
-               "precision": {"name": "bf16"}, "cluster": {"name": "local"}}
+               "precision": {"name": "bf16"}, "cluster": {"name": "local"},
+               "task": {"name": "arithmetic", "eval_size": EVAL_SIZE}}
         write_run(root, f"vr_grpo_s{seed}", cfg, {"metrics.jsonl": _evaluated(GRPO_BASE, seed)})
+    for seed, values in HINT_USE.items():
+        write_run(root, f"vr_traces_s{seed}", stage_config("traces", {"name": "traces"}, seed),
+                  {"metrics.jsonl": _lines([(0, values)])})
     write_run(root, "vr_weights", stage_config("weights", {"name": "weights"}),
               {"metrics.jsonl": _lines([(1, {"weights/seconds": 1.0})]), "weights.parquet": _parquet(weights_table())})
 
@@ -216,7 +229,7 @@ def build_variational_db(root: Path, with_weighting: bool = True) -> Path:
     con = connect(db)
     try:
         summary = ingest_paths(con, [root / "runs"])
-        assert len(summary.runs) == 18 and not summary.unmatched, summary
+        assert len(summary.runs) == 20 and not summary.unmatched, summary
         if with_weighting:
             upsert_accuracy_weighting(con, "aw_fixture", WEIGHTING_CONFIG, weighting_rows())
     finally:
