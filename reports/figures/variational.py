@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 import numpy as np
+import polars as pl
+from matplotlib.lines import Line2D
 
 from analysis.training import stats as training_stats
 from predmask.command_text import command
@@ -37,6 +39,7 @@ from reports.vr_scores import (
     acc_name,
     mdd_note,
     pass_name,
+    regime_rank,
     scale_note,
     vr_scores,
 )
@@ -375,35 +378,66 @@ def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
         command=SWEEP_COMMAND,
     )
     corrs: dict[str, training_stats.Correlation] = {}
+    per_regime: list[str] = []
+    by_regime = _rows_by_regime(rows, runs, scores)
     for title, xcol, ycol, _, _ in LENGTH_PANELS:
         panel = Panel(title=title)
         if rows.height:
             x, y = rows[xcol].to_numpy().astype(float), rows[ycol].to_numpy().astype(float)
             corr = training_stats.correlation(x, y)
             corrs[title] = corr
-            panel.title = f"{title}\n{corr.text()}"
-            panel.series.append(Series("traces", x, y))
+            panel.title = f"{title}\n{corr.text()}" + (" (all regimes)" if len(by_regime) > 1 else "")
+            for regime, part in by_regime.items():
+                rx, ry = part[xcol].to_numpy().astype(float), part[ycol].to_numpy().astype(float)
+                panel.series.append(Series(regime or "traces", rx, ry))
+                if regime is not None:
+                    corrs[f"{title}, {regime}"] = corr_r = training_stats.correlation(rx, ry)
+                    per_regime.append(f"{title}, {regime}: {corr_r.text()}")
         else:
             panel.note = f"no vr_traces rows yet\n({SWEEP_COMMAND}, then ingest)"
         result.panels.append(panel)
     result.stats = corrs
     result.has_data = bool(rows.height)
+    if per_regime:
+        result.caption += f" Per regime (a colour each): {'; '.join(per_regime)}."
     if ctx.draw:
         result.files = _draw_length(ctx, result, scores)
     return result
 
 
+def _rows_by_regime(
+    rows: pl.DataFrame, runs: Sequence[queries.RunInfo], scores: VrScores
+) -> dict[str | None, pl.DataFrame]:
+    """The vr_traces rows split by the regime of their weights run (VrScores.regime_of_run; one None entry when no
+    ablation varies one), the regimes in regime_rank order (numbers by value)."""
+    if not rows.height:
+        return {}
+    regime = {r.run_id: scores.regime_of_run(r) for r in runs}
+    found = {regime.get(rid) for rid in rows["run_id"].unique().to_list()}
+    if found == {None}:
+        return {None: rows}
+    return {g: rows.filter(rows["run_id"].is_in([rid for rid, reg in regime.items() if reg == g]))
+            for g in sorted(found, key=regime_rank)}
+
+
 def _draw_length(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> list:
     title = title_lines(result, scores)
-    fig, axes = _layout(len(result.panels), 0, title)
+    labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
+    legend = len(labels) > 1
+    fig, axes = _layout(len(result.panels), len(labels) if legend else 0, title)
+    handles: dict[str, object] = {}
     for ax, panel, (_, _, _, xlabel, ylabel) in zip(axes, result.panels, LENGTH_PANELS):
         ax.set_title(panel.title)
         if not panel.series:
             empty_panel(ax, panel.note or "no data")
             continue
-        s = panel.series[0]
-        ax.scatter(s.x, s.y, s=6, alpha=0.4, color=method_style("vr_acc")[0], linewidths=0)
+        for i, s in enumerate(panel.series):
+            colour = method_style(None, i)[0] if legend else method_style("vr_acc")[0]
+            ax.scatter(s.x, s.y, s=6, alpha=0.4, color=colour, linewidths=0, label=s.label)
+            handles.setdefault(s.label, Line2D([], [], marker="o", linestyle="", color=colour, markersize=5))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
     suptitle(fig, *title)
+    if legend:
+        legend_below(fig, handles, ncol=LEGEND_COLS)
     return save_figure(fig, ctx.out, result.name, ctx.formats)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import scipy.stats
 from variational_database import EVAL_SIZE, HINT_USE, build_variational_db, stage_config, write_run
@@ -158,6 +160,36 @@ def test_vr_recipes_without_hint_use_metrics_say_so_in_the_title(tmp_path: Path)
 
     assert scores.hint_use == [] and scores.gate_lines() == [NOT_MEASURED]
     assert vr_results_table(scores).title.endswith(f" — {NOT_MEASURED}")
+
+
+def test_length_bias_splits_its_traces_by_regime(tmp_path: Path) -> None:
+    """Two weights runs reading the traces of K = 2 and K = 16: one series each (ordered by value), the pooled r in
+    the panel's title, each regime's r in the stats and the caption."""
+    from variational_database import N_K, N_Q, weights_table
+
+    from reports.figures.variational import LENGTH_PANELS, vr_length_bias
+
+    table = weights_table()
+    for k in (16, 2):
+        traces = {**stage_config("traces", {"name": "traces"}), "traces": {"k": k, "temperature": 1.0}}
+        write_run(tmp_path, f"traces_k{k}", traces, {"metrics.jsonl": _lines(0, {metrics.VR_DECOY_HIT: 0.5})})
+        weights = {**stage_config("weights", {"name": "weights"}), "inputs": {"traces": f"traces_k{k}", "prior": "p"}}
+        sink = tmp_path / f"w{k}.parquet"
+        pq.write_table(table if k == 2 else table.slice(0, N_K * 2), sink)  # K = 16: the first two questions
+        write_run(tmp_path, f"weights_k{k}", weights, {"metrics.jsonl": _lines(1, {"weights/seconds": 1.0}),
+                                                       "weights.parquet": sink.read_bytes()})
+    result = vr_length_bias.fn(_ctx(_ingest(tmp_path)))
+    x = np.asarray(table.column("trace_tokens").to_pylist(), dtype=float)
+    y = np.asarray(table.column("log_ratio").to_pylist(), dtype=float)
+    panel = result.panels[0]
+    assert [s.label for s in panel.series] == ["traces.k = 2", "traces.k = 16"]
+    assert [len(s.x) for s in panel.series] == [N_Q * N_K, 2 * N_K]
+    title = LENGTH_PANELS[0][0]
+    r16 = scipy.stats.pearsonr(x[: 2 * N_K], y[: 2 * N_K]).statistic
+    assert result.stats[f"{title}, traces.k = 16"].r == pytest.approx(r16)
+    pooled = scipy.stats.pearsonr(np.concatenate([x, x[: 2 * N_K]]), np.concatenate([y, y[: 2 * N_K]])).statistic
+    assert result.stats[title].r == pytest.approx(pooled) and panel.title.endswith("(all regimes)")
+    assert f"traces.k = 16: r = {r16:.2f}" in result.caption
 
 
 def test_minimum_detectable_difference_is_stated_for_the_split_size_and_seeds(tmp_path: Path) -> None:
