@@ -63,6 +63,8 @@ SEED_COLUMNS: dict[str, str] = {
 # One row per studied token (D_pre > delta). position: the token's index in the seed's flattened batch,
 # or, when `sequence` is given, its position inside that sequence's response. (study_id, seed,
 # sequence, position) is unique; upsert_token_level checks it.
+#: the masks of the studied steps: each token's keep decision (keep_<mask>) and its dD after that step (dd_<mask>)
+_TOKEN_MASKS = ("ratio", "pred_agg", "pred_uniform", "pred_exact")
 TOKEN_COLUMNS: dict[str, str] = {
     "study_id": "VARCHAR NOT NULL",
     "seed": "INTEGER NOT NULL",
@@ -71,17 +73,9 @@ TOKEN_COLUMNS: dict[str, str] = {
     "d_pre": "DOUBLE",
     "r": "DOUBLE",
     "a": "DOUBLE",
-    "ddot_agg": "DOUBLE",
-    "ddot_uniform": "DOUBLE",
-    "ddot_exact": "DOUBLE",
-    "keep_ratio": "BOOLEAN",
-    "keep_pred_agg": "BOOLEAN",
-    "keep_pred_uniform": "BOOLEAN",
-    "keep_pred_exact": "BOOLEAN",
-    "dd_ratio": "DOUBLE",
-    "dd_pred_agg": "DOUBLE",
-    "dd_pred_uniform": "DOUBLE",
-    "dd_pred_exact": "DOUBLE",
+    **{f"ddot_{tail}": "DOUBLE" for tail in ("agg", "uniform", "exact")},
+    **{f"keep_{mask}": "BOOLEAN" for mask in _TOKEN_MASKS},
+    **{f"dd_{mask}": "DOUBLE" for mask in _TOKEN_MASKS},
     "dd_all": "DOUBLE",  # optional: dD after the unmasked reference step (sign-accuracy / first-order checks)
     # per-token ground truths (docs/math.md §5.1); NULL in the rows of a study computed before them
     "ddot_net": "DOUBLE",  # own-update first-order change of D (A's sign included): > 0, keeping the update raises D
