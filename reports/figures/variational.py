@@ -350,17 +350,21 @@ LENGTH_PANELS: tuple[tuple[str, str, str, str, str], ...] = (
 )
 
 
-def weights_runs(ctx: ReportContext) -> list[queries.RunInfo]:
-    """The weights-stage runs of the selected sweeps (default variational_reasoning)."""
+def weights_runs(ctx: ReportContext, scores: VrScores) -> list[queries.RunInfo]:
+    """The weights-stage runs of the selected sweeps (default variational_reasoning) that the compared finals read
+    (``inputs.weights``): a weights run left behind by a changed upstream setting (a rerun prior) is not drawn twice
+    beside its successor. All of them when no compared final names one."""
     sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
-    return [r for r in sel.runs if r.config.get("stage") == "weights"]
+    stage = [r for r in sel.runs if r.config.get("stage") == "weights"]
+    read = {str(inputs.get("weights")) for r in scores.runs if isinstance(inputs := r.config.get("inputs"), dict)}
+    return [r for r in stage if r.run_id in read] or stage
 
 
 @figure("vr_length_bias", "Variational reasoning: length against log-likelihood (length bias)")
 def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
     sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
-    runs = weights_runs(ctx)
     scores = vr_scores(ctx)
+    runs = weights_runs(ctx, scores)
     rows = queries.vr_trace_rows(ctx.con, [r.run_id for r in runs])
     result = ArtefactResult(
         name=vr_length_bias.name,

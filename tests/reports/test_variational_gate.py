@@ -192,6 +192,27 @@ def test_length_bias_splits_its_traces_by_regime(tmp_path: Path) -> None:
     assert f"traces.k = 16: r = {r16:.2f}" in result.caption
 
 
+def test_length_bias_draws_the_weights_runs_the_finals_read(tmp_path: Path) -> None:
+    """Two weights runs of one traces run (the second left by an earlier prior): only the one a final reads."""
+    from variational_database import N_K, weights_table
+
+    from reports.figures.variational import vr_length_bias
+
+    write_run(tmp_path, "traces", stage_config("traces", {"name": "traces"}), {"metrics.jsonl": _lines(0, {})})
+    for wid, questions in (("weights_now", 4), ("weights_stale", 2)):
+        weights = {**stage_config("weights", {"name": "weights"}), "inputs": {"traces": "traces", "prior": wid}}
+        sink = tmp_path / f"{wid}.parquet"
+        pq.write_table(weights_table().slice(0, N_K * questions), sink)
+        write_run(tmp_path, wid, weights, {"metrics.jsonl": _lines(1, {"weights/seconds": 1.0}),
+                                           "weights.parquet": sink.read_bytes()})
+    final = {**stage_config("final", {"name": "vr_acc", "estimator": "acc", "data": "all_weighted"}),
+             "inputs": {"traces": "traces", "weights": "weights_now"}}
+    write_run(tmp_path, "final", final, {"metrics.jsonl": _evaluation(0.3, ("aime24_standin",))})
+    result = vr_length_bias.fn(_ctx(_ingest(tmp_path)))
+    assert [r.run_id for r in result.runs] == ["weights_now"]
+    assert [len(s.x) for s in result.panels[0].series] == [4 * N_K]
+
+
 def test_minimum_detectable_difference_is_stated_for_the_split_size_and_seeds(tmp_path: Path) -> None:
     scores = vr_scores(_ctx(build_variational_db(tmp_path)))
     from reports.tables.variational import vr_results_table
