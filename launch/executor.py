@@ -19,19 +19,6 @@ from submitit.slurm.slurm import (  # the script renderer, without Slurm detecti
 from launch.local_controller import start_controller
 from launch.shell import check_env_name
 
-__all__ = [
-    "BACKENDS",
-    "JobShape",
-    "LocalExecutor",
-    "job_python",
-    "job_shape",
-    "make_executor",
-    "plain_config",
-    "sbatch_parameters",
-    "sbatch_script",
-    "setup_lines",
-]
-
 BACKENDS = ("local", "slurm")
 
 

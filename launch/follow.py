@@ -19,8 +19,6 @@ import submitit
 
 from launch.slurm import LIVE_STATES, slurm_job_state
 
-__all__ = ["POLL_S", "Ended", "follow", "job_ended", "job_result", "one_line", "rejoin_slurm_job"]
-
 POLL_S = 1.0
 K = TypeVar("K")
 

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from submitit.local.local import Controller
 
-__all__ = ["INTERRUPTED", "main", "start_controller"]
-
 #: the controller's exit status once cancelled (128 + SIGINT, as a shell reports a Ctrl-C)
 INTERRUPTED = 130
 

@@ -10,8 +10,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["POLL_S", "free_port", "kill_group", "kill_pid", "pids_using_dir", "terminate_group", "wait_files"]
-
 POLL_S = 0.5
 
 

@@ -38,8 +38,6 @@ from launch.ray_slurm import (
 )
 from launch.slurm import node_address
 
-__all__ = ["RayJob"]
-
 
 @dataclass
 class RayJob(CommandJob):

@@ -28,16 +28,6 @@ from launch.procs import POLL_S, free_port, kill_group, kill_pid, pids_using_dir
 from launch.shell import shell_join
 from launch.slurm import gpus_per_node_from_env, restart_count
 
-__all__ = [
-    "RAY_DEFAULT_ENV",
-    "JobContext",
-    "RayClusterError",
-    "RayNode",
-    "RayOptions",
-    "ray_options",
-    "wait_for_cluster",
-]
-
 # Environment every Ray process of ours gets unless the run overrides it: no token-auth warning, no usage
 # stats upload (no network on the nodes), and an immediate teardown on SIGTERM (Ray 2.60 drains for 30 s first).
 RAY_DEFAULT_ENV: dict[str, str] = {

@@ -6,8 +6,6 @@ import re
 import shlex
 from collections.abc import Sequence
 
-__all__ = ["check_env_name", "shell_join"]
-
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 

@@ -12,15 +12,6 @@ import socket
 import subprocess
 from collections.abc import Mapping
 
-__all__ = [
-    "LIVE_STATES",
-    "NodeAddressError",
-    "gpus_per_node_from_env",
-    "node_address",
-    "restart_count",
-    "slurm_job_state",
-]
-
 #: Slurm job states of a job that is still queued or running (a job in any other state has ended)
 LIVE_STATES = ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED")
 

@@ -31,27 +31,6 @@ from predmask.divergence import predicted_divergence_change, topk_divergence
 from predmask.methods import MethodParams, policy_loss
 from predmask.support import TopKSupport, build_support, gather_support_logprobs
 
-__all__ = [
-    "BASELINE",
-    "DELTA",
-    "DTYPES",
-    "METHODS",
-    "PEAK_EXTRA_MAX",
-    "REFERENCE",
-    "REL_FLOOR",
-    "TIME_RATIO_MAX",
-    "bench_size",
-    "closed_form_errors",
-    "environment",
-    "make_inputs",
-    "median_times",
-    "peak_extra_bytes",
-    "step_fn",
-    "stopwatch",
-    "target",
-    "targets",
-]
-
 METHODS = ("dppo_topk_kl", "predmask_kl_agg", "predmask_kl_uniform")
 #: the method every time ratio is taken against
 BASELINE = "dppo_topk_kl"

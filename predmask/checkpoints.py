@@ -31,17 +31,6 @@ import torch
 from predmask.io import atomic_write
 from predmask.rundir import CHECKPOINT_DIR, DamagedFileError
 
-__all__ = [
-    "DAMAGED_SUFFIX",
-    "Checkpoint",
-    "CheckpointRefusedError",
-    "checkpoint_files",
-    "checkpoint_path",
-    "latest_valid_checkpoint",
-    "load_data",
-    "save_checkpoint",
-]
-
 #: the suffix an unreadable checkpoint is renamed with (``step_000008.pt`` -> ``step_000008.pt.damaged``)
 DAMAGED_SUFFIX = ".damaged"
 

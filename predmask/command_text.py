@@ -8,9 +8,6 @@ import shutil
 import sys
 from pathlib import Path
 
-__all__ = ["ACCURACY_WEIGHTING", "DRIFT", "INGEST", "MAIN_COMPARISON", "PAPER", "PAPER_STEPS", "REPORT_VARIATIONAL",
-           "STUDY", "TIGHT_THRESHOLD", "VARIATIONAL", "command", "python_command", "sweep_command", "with_db"]
-
 #: the commands (after ``python -m``) that produce the data of the token-level figures and tables
 STUDY = "analysis token_level --seeds 61"
 DRIFT = "analysis drift"

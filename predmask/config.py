@@ -29,24 +29,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from predmask.schemas.unknown_keys import check_known_keys
 
-__all__ = [
-    "DISPLAY_KEYS",
-    "LAUNCHER_KEYS",
-    "ConfigError",
-    "compose",
-    "conf_dir",
-    "cpu_standin",
-    "group_entry",
-    "group_options",
-    "label",
-    "option_choices",
-    "stable_id",
-    "store_schemas",
-    "sweep_params",
-    "to_container",
-    "typed_view",
-]
-
 #: config keys that say where/how a run is launched or watched, not what it computes: excluded from the run id
 #: (a dotted key names a nested one: the trackers a run logs to are not part of it)
 LAUNCHER_KEYS: tuple[str, ...] = ("cluster", "run_dir", "cache_dir", "hydra", "trainer.logger")

@@ -18,23 +18,6 @@ from torch import Tensor
 
 from predmask.registry import Registry
 
-__all__ = [
-    "DIVERGENCES",
-    "MASS_FLOOR",
-    "TAILS",
-    "Coarse",
-    "Divergence",
-    "coarse_distributions",
-    "divergence_change",
-    "divergence_of",
-    "get_divergence",
-    "get_tail",
-    "predicted_divergence_change",
-    "register_divergence",
-    "register_tail",
-    "topk_divergence",
-]
-
 #: Probability floor for tail masses and log-probs (the DPPO reference code uses 1e-12).
 MASS_FLOOR = 1e-12
 _LOG_FLOOR = math.log(MASS_FLOOR)

@@ -7,8 +7,6 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["pass_at_k", "pass_at_k_curve", "pass_at_k_table"]
-
 
 def _check_int(what: str, value: object, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):

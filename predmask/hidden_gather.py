@@ -17,8 +17,6 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-__all__ = ["DEFAULT_VOCAB_CHUNK", "AllReduce", "gather_support_logprobs_from_hidden"]
-
 #: vocabulary columns whose logits are computed at once: each [tokens, chunk] work buffer is 1/16 of the float32
 #: logits at 32k vocabulary (1/74 at 151,936), while each chunk's matrix product stays large enough to run at speed
 DEFAULT_VOCAB_CHUNK = 2048

@@ -33,19 +33,6 @@ from predmask.hidden_gather import gather_support_logprobs_from_hidden
 from predmask.methods import MethodParams, policy_loss
 from predmask.support import gather_support_logprobs
 
-__all__ = [
-    "DEFAULT_HIDDEN_SIZE",
-    "HIDDEN_METHOD",
-    "HIDDEN_PEAK_EXTRA_MAX",
-    "HIDDEN_TIME_RATIO_MAX",
-    "PATHS",
-    "THREADS",
-    "bench_hidden",
-    "make_hidden_inputs",
-    "peak_extra_bytes_profiled",
-    "step_fn",
-]
-
 #: the method whose loss both paths compute
 HIDDEN_METHOD = "predmask_kl_agg"
 #: the steps timed: the plain sampled-token loss from logits, the method from logits, the method from hidden states

@@ -32,27 +32,6 @@ from predmask.divergence import (
 from predmask.registry import Registry
 from predmask.support import binary_support_valid, topk_only_valid
 
-__all__ = [
-    "ANCHORS",
-    "DIRECTIONS",
-    "LOSS_AGG_MODES",
-    "LOSS_KINDS",
-    "METHODS",
-    "SUPPORTS",
-    "TOPK_SUPPORTS",
-    "LossBatch",
-    "Method",
-    "MethodParams",
-    "agg_loss",
-    "get_method",
-    "method_anchor",
-    "method_config",
-    "method_params",
-    "policy_loss",
-    "register_direction",
-    "register_method",
-]
-
 LOSS_AGG_MODES: tuple[str, ...] = (
     "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean",
 )

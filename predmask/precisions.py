@@ -16,8 +16,6 @@ from typing import Literal
 
 from predmask.registry import Registry
 
-__all__ = ["CLUSTER_PRECISIONS", "PRECISIONS", "Precision", "get_precision"]
-
 
 @dataclass(frozen=True)
 class Precision:

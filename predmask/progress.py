@@ -48,24 +48,6 @@ from rich.progress import (
 
 from predmask.io import atomic_write_text
 
-__all__ = [
-    "INTERVAL_ENV",
-    "INTERVAL_S",
-    "PHASE_WRITE_S",
-    "Phase",
-    "Tracker",
-    "duration_text",
-    "eta_from_durations",
-    "interactive",
-    "interval_from_env",
-    "process_seconds",
-    "progress",
-    "read_phase",
-    "report_phases",
-    "seconds_since_start",
-    "waiting",
-]
-
 #: seconds between two plain progress lines
 INTERVAL_S = 10.0
 #: least seconds between two writes of the phase file (its reader polls about once a second)

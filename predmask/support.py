@@ -7,8 +7,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TopKSupport", "binary_support_valid", "build_support", "gather_support_logprobs", "topk_only_valid"]
-
 #: row chunks of low-precision (bf16, fp16) logits: their log-sum-exp and gradient are computed in float32 one
 #: chunk of rows at a time, so each float32 work buffer is 1/32 of a float32 copy, 1/16 of the bf16 logits (a
 #: step's peak stays near the gradient alone, 1 x the logits, instead of the 4 x that whole-tensor float32 copies

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["CLUSTER_ONLY", "CLUSTER_STAGES", "FINAL_INPUTS", "STAGES", "STAGE_INPUTS", "stage_inputs", "with_upstream"]
-
 #: the stages of the CPU engine, in pipeline order (one run directory each; the ``stage`` key of a run's config)
 STAGES: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "final")
 #: the stages only a cluster runs

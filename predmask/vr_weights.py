@@ -21,21 +21,6 @@ from torch import Tensor
 
 from predmask.registry import Registry
 
-__all__ = [
-    "ESTIMATORS",
-    "Estimator",
-    "best_trace",
-    "check_counts",
-    "get_estimator",
-    "log_correct_estimate",
-    "normalise_weights",
-    "register_estimator",
-    "sequence_logprob",
-    "trace_log_ratio",
-    "trace_log_weights",
-    "weighted_sft_loss",
-]
-
 #: summed log-probs up to this far above 0 are rounding (log_softmax in float32) and read as 0
 _LOGP_ROUNDING = 1e-4
 #: ``fn(answer_logp, answer_tokens, correct)``: log P̂(correct | x, z) per trace [N]; unused inputs are None

@@ -15,8 +15,6 @@ from analysis.token_level.summary import study_stats as stats
 from analysis.token_level.summary.report import StudyData, measured_at
 from reports import queries
 
-__all__ = ["PAIR", "SameTokens", "drift_point", "measured", "not_judged", "same_tokens"]
-
 #: the two criteria compared on the same tokens: the ratio criterion and the aggregated-tail predictive criterion
 PAIR: tuple[str, str] = ("ratio", "predictive")
 CRITERIA_TABLE, SEEDS_TABLE = "token_level_criteria", "token_level_criteria_seeds"

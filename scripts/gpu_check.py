@@ -51,25 +51,6 @@ from predmask.verl.gather import chunked_support_logprobs
 from predmask.verl.packing import pack_response_tensor, packed_response_index, support_from_records
 from predmask.verl.records import TopKRecord, parse_vllm_logprobs
 
-__all__ = [
-    "DIVERGENCE_ROW",
-    "PI_SAMPLED_GAP_MAX",
-    "PRINTED",
-    "PROMPTS",
-    "STEP0_DIVERGENCE_MEAN_MAX",
-    "CheckBatch",
-    "build_batch",
-    "check_failures",
-    "main",
-    "method_rows",
-    "model_problem",
-    "print_rows",
-    "records_from_outputs",
-    "rewards_for",
-    "rollout",
-    "training_logits",
-]
-
 #: (prompt, answer): short math questions whose answer a small base model sometimes gets right
 PROMPTS: tuple[tuple[str, str], ...] = (
     ("What is the sum of the first 100 positive integers? Answer:", "5050"),

@@ -58,25 +58,6 @@ from predmask.verl.vr_cluster import (  # the variational family's file names an
     trace_text,
 )
 
-__all__ = [
-    "DATA_SOURCES",
-    "HUB_SOURCES",
-    "PROMPT_TEMPLATE",
-    "Problem",
-    "canonical_answer",
-    "extract_problem",
-    "filter_train",
-    "main",
-    "parse_bespoke_row",
-    "prepare",
-    "prepare_variational",
-    "read_bespoke",
-    "read_rows",
-    "to_rlhf_rows",
-    "unwrap_problem",
-    "write_parquet",
-]
-
 #: the one prompt of every problem; the answer contract matches verl's DAPO math scoring (last "Answer:" line)
 PROMPT_TEMPLATE = (
     "Solve the following math problem step by step. On the last line of your response, give the final answer "

@@ -16,8 +16,6 @@ from sweeps.compose import (
 )
 from sweeps.vr_chain import describe_chain, expand_variational
 
-__all__ = ["describe", "expand"]
-
 
 def expand(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]:
     """The runs of ``sweep`` with command-line ``overrides``, whatever its family (an unknown sweep: one line)."""

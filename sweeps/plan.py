@@ -17,10 +17,6 @@ from sweeps.compose import RunSpec, SweepError
 from sweeps.families import describe
 from sweeps.submit import backend_of, job_cluster, trainer_of
 
-__all__ = ["ASSUMED_STEP_MINUTES", "ENVIRONMENT_KEYS", "MOUNTS", "PLACEHOLDERS", "SHARED_FILESYSTEMS",
-           "UNVERIFIED_ENGINES", "InputPath", "check_paths", "filesystem_type", "input_paths", "max_parallel",
-           "plan_summary", "plan_warnings", "refuse_warnings", "skips_old_log_prob_forward", "summary_lines", "warning_lines"]
-
 SKIP_CHECK = "cluster.check_paths=false"
 
 #: verl engines the plugin has never run with, and why the plan says so (docs/cluster.md, "What was verified where")

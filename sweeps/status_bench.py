@@ -17,8 +17,6 @@ from typing import Any
 from predmask.bench import target
 from predmask.rundir import PLANNED_CONFIG_FILE, STATUS_FILE, write_config, write_status
 
-__all__ = ["CPU_MAX_S", "SWEEP", "measure", "write_runs"]
-
 #: the most CPU seconds ``python -m sweeps status`` may take over 10,000 runs
 CPU_MAX_S = 20.0
 #: the sweep whose composed run config every synthetic run carries

@@ -49,21 +49,6 @@ from sweeps.compose import (
     with_cpu_standin,
 )
 
-__all__ = [
-    "DATA_SETTINGS",
-    "FAMILY",
-    "GRPO",
-    "STAGES",
-    "STAGE_SECTIONS",
-    "depth",
-    "describe_chain",
-    "expand_variational",
-    "grpo_schedule",
-    "method_names",
-    "stage_config",
-    "waves",
-]
-
 FAMILY = "variational"
 PRIMARY = "variational"
 #: the config group of the final recipes (conf/vr_method), packaged at ``method``

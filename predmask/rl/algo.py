@@ -32,17 +32,6 @@ from predmask.rl.emulated_precision import training_precision
 from predmask.rl.rollout import RolloutBatch
 from predmask.support import TopKSupport, gather_support_logprobs
 
-__all__ = [
-    "TrainLogprobs",
-    "grpo_advantages",
-    "mismatch_metrics",
-    "policy_update",
-    "reads_tail_sq",
-    "response_logits",
-    "support_logprobs",
-    "token_advantages",
-]
-
 
 @dataclass
 class TrainLogprobs:

@@ -47,19 +47,6 @@ from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.schemas.task_schema import TaskConfig
 from predmask.schemas.train_schema import BaseConfig
 
-__all__ = [
-    "CACHE_VERSION",
-    "SequenceBatch",
-    "base_cache_key",
-    "base_cache_path",
-    "evaluate_accuracy",
-    "load_base_model",
-    "pretrain",
-    "sft_batch",
-    "single_thread",
-    "task_response_budget",
-]
-
 #: bump when pretraining code changes in a way that changes the weights (invalidates every cache entry)
 CACHE_VERSION = 1
 DEFAULT_CACHE_DIR = "results/cache"

@@ -32,21 +32,6 @@ from torch.nn import functional as F
 
 from predmask.precisions import PRECISIONS, Precision, get_precision
 
-__all__ = [
-    "CONFIG_KEYS",
-    "E4M3_MAX",
-    "RoundedLinear",
-    "emulated_linear",
-    "fake_quant_e4m3",
-    "format_weight",
-    "make_rollout_model",
-    "precision_of",
-    "quantizable_linears",
-    "rollout_dtype",
-    "sync_rollout_model",
-    "training_precision",
-]
-
 E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)  # 448
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: the keys of a run config's ``precision`` section (conf/precision/<name>.yaml)

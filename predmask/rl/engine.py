@@ -55,16 +55,6 @@ from predmask.schemas.task_schema import TaskConfig
 from predmask.schemas.train_schema import BaseConfig, RolloutConfig, TrainerConfig
 from predmask.support import TopKSupport
 
-__all__ = [
-    "Engine",
-    "base_validation_key",
-    "batch_metrics",
-    "prepare_config",
-    "resolve_cpu_model",
-    "validate_config",
-    "validation_metrics",
-]
-
 
 def resolve_cpu_model(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The CPU model config to train for a model entry (itself, or its CPU stand-in), checked."""

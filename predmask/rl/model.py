@@ -13,8 +13,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-__all__ = ["ARCHS", "ARCH_KEYS", "build_policy", "check_cpu_model_config", "count_parameters", "hf_config"]
-
 ARCHS: tuple[str, ...] = ("qwen3", "qwen3_moe")
 #: keys of a conf/model entry that are architecture fields (passed to the transformers config)
 ARCH_KEYS: tuple[str, ...] = (

@@ -22,8 +22,6 @@ from predmask.rl.task import Problem, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.support import TopKSupport, build_support
 
-__all__ = ["RolloutBatch", "concat_batches", "encode_prompts", "generate", "rollout_problems"]
-
 
 @dataclass
 class RolloutBatch:

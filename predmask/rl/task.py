@@ -32,21 +32,6 @@ from dataclasses import dataclass, field
 
 from predmask.schemas.task_schema import TaskConfig
 
-__all__ = [
-    "EVAL_SPLITS",
-    "SPLITS",
-    "STANDIN_LABEL",
-    "Problem",
-    "extract_answer",
-    "format_solution",
-    "guess_solution",
-    "iter_train_prompts",
-    "make_problem",
-    "make_split",
-    "noisy_steps",
-    "reward",
-]
-
 EVAL_SPLITS: tuple[str, ...] = ("aime24_standin", "aime25_standin")
 SPLITS: tuple[str, ...] = ("train", "pretrain", *EVAL_SPLITS)
 #: how every output labels the evaluation splits

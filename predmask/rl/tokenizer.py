@@ -13,8 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-__all__ = ["SPECIALS", "SYMBOLS", "ArithmeticTokenizer"]
-
 SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>")
 SYMBOLS: tuple[str, ...] = ("+", "-", "=", ",", "\\boxed{", "}", "_")
 _PIECE = re.compile(r"<pad>|<bos>|<eos>|\\boxed\{|\d+|[+\-=,}_]|\S")

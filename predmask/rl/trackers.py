@@ -34,20 +34,6 @@ from typing import Any, Protocol
 
 from predmask.io import atomic_write_text
 
-__all__ = [
-    "EXTRA_HINT",
-    "TENSORBOARD_ENV",
-    "TENSORBOARD_SUBDIR",
-    "WANDB_DIR_ENV",
-    "WANDB_ID_FILE",
-    "WANDB_PROJECT",
-    "Trackers",
-    "require_installed",
-    "tensorboard_dir",
-    "wandb_dir",
-    "wandb_run_id",
-]
-
 #: the optional trackers and the module each needs
 _EXTRA_MODULES: dict[str, str] = {"tensorboard": "tensorboard", "wandb": "wandb"}
 EXTRA_HINT = "pip install -e '.[trackers]'"

@@ -87,8 +87,6 @@ from predmask.rundir import (
 )
 from predmask.schemas.task_schema import TaskConfig
 
-__all__ = ["main", "run", "setup_logging"]
-
 #: config keys that may change between a run and its resumption (``trainer.steps`` only upwards: ``_check_steps``)
 _RESUMABLE_KEYS = ({"trainer", "steps"}, {"trainer", "progress"}, {"trainer", "log_every"}, {"trainer", "logger"})
 #: config keys that say where a run is, not what it is: a run directory moved with its runs root

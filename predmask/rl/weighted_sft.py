@@ -27,8 +27,6 @@ from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.rundir import METRICS_FILE, MetricsWriter, truncate_metrics, write_status
 from predmask.schemas.variational_schema import SFTConfig
 
-__all__ = ["Row", "step_plan", "token_logprobs", "train_sft"]
-
 
 @dataclass(frozen=True)
 class Row:

@@ -10,18 +10,6 @@ from typing import Any
 
 from omegaconf import MISSING
 
-__all__ = [
-    "ENGINES",
-    "BatchConfig",
-    "ClusterConfig",
-    "ClusterModelConfig",
-    "ParallelConfig",
-    "SFTStageConfig",
-    "SlurmClusterConfig",
-    "VariationalClusterConfig",
-    "VerlClusterConfig",
-]
-
 #: verl's training engines
 ENGINES: tuple[str, ...] = ("megatron", "fsdp")
 

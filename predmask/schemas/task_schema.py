@@ -7,8 +7,6 @@ from dataclasses import asdict, dataclass, field
 
 from predmask.schemas.unknown_keys import check_known_keys
 
-__all__ = ["TaskConfig"]
-
 
 @dataclass(frozen=True)
 class TaskConfig:

@@ -10,8 +10,6 @@ from typing import Any
 
 from predmask.schemas.unknown_keys import check_known_keys
 
-__all__ = ["DEFAULT_LOGGERS", "LOGGERS", "BaseConfig", "RolloutConfig", "TrainerConfig", "check_loggers"]
-
 #: the ``trainer.logger`` names both engines honour (verl's names; verl knows more, the CPU engine only these)
 LOGGERS: tuple[str, ...] = ("console", "file", "tensorboard", "wandb")
 DEFAULT_LOGGERS: tuple[str, ...] = ("console", "file")

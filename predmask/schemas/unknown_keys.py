@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["check_known_keys"]
-
 
 def check_known_keys(cls: type, values: Mapping[str, Any], section: str) -> None:
     """Raise one ValueError line naming the keys of ``values`` that are not fields of the dataclass ``cls``."""

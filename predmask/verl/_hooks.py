@@ -15,8 +15,6 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["when_imported"]
-
 Callback = Callable[[ModuleType], None]
 
 _LOCK = threading.RLock()

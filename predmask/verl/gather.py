@@ -17,14 +17,6 @@ from torch import Tensor
 from predmask.hidden_gather import AllReduce, gather_support_logprobs_from_hidden
 from predmask.support import gather_support_logprobs
 
-__all__ = [
-    "DEFAULT_CHUNK_ROWS",
-    "AllReduce",
-    "chunked_support_logprobs",
-    "hidden_support_logprobs",
-    "vocab_parallel_support_logprobs",
-]
-
 #: rows of logits processed at once when gathering (bounds the [rows, V] float32 temporaries)
 DEFAULT_CHUNK_ROWS = 1024
 

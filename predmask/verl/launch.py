@@ -44,16 +44,6 @@ from predmask.rundir import RunDirBusyError, hold_run_lock, keep_previous_attemp
 from predmask.verl.overrides import HYDRA_SUBDIR, PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
 from predmask.verl.settings import SETTINGS_ENV, PluginSettings, split_argv
 
-__all__ = [
-    "FORWARDED_ENV",
-    "launch_argv",
-    "main",
-    "plugin_modules_value",
-    "requested_loggers",
-    "run_dir_of",
-    "tracker_argv",
-]
-
 _KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
 TRAINER_MODULE = "verl.trainer.main_ppo"
 #: variables of this process's environment handed to every Ray worker (verl reads them in the trainer actor)

@@ -46,17 +46,6 @@ from predmask.metrics import MASK_ADV_TOKENS, MASK_PI_SAMPLED_GAP
 from predmask.support import TopKSupport
 from predmask.verl.settings import PluginSettings, current_settings
 
-__all__ = [
-    "EXTRA_METRICS",
-    "RolloutSupport",
-    "current_rollout_support",
-    "loss_statistics",
-    "make_policy_loss",
-    "method_params",
-    "register_all",
-    "rollout_support",
-]
-
 #: metrics added on top of ``predmask.policy_loss``'s: the largest |pi_k from the support gather - verl's
 #: log_prob| over response tokens -- a runtime check that the support is aligned with verl's log-probs.
 EXTRA_METRICS: tuple[str, ...] = (MASK_PI_SAMPLED_GAP,)

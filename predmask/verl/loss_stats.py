@@ -17,8 +17,6 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["LossStatsWriter", "checkpoint_step"]
-
 _STEP_DIR = re.compile(r"global_step_(\d+)")
 
 

@@ -32,20 +32,6 @@ from predmask.schemas.cluster_schema import ClusterModelConfig, VerlClusterConfi
 from predmask.schemas.train_schema import check_loggers
 from predmask.verl.settings import PREFIX
 
-__all__ = [
-    "DATA_FILES",
-    "HYDRA_SUBDIR",
-    "PLUGIN_ENV",
-    "PLUGIN_MODULE",
-    "config_get",
-    "data_files",
-    "hydra_value",
-    "plain_value",
-    "require",
-    "verl_command",
-    "verl_overrides",
-]
-
 #: verl's Hydra output directory inside a run directory (how the launcher finds the run directory it writes)
 HYDRA_SUBDIR = "hydra"
 #: the module every verl process must import (it installs the hooks), and verl's env var that makes it do so

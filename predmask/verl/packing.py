@@ -17,14 +17,6 @@ from torch import Tensor
 from predmask.support import TopKSupport, build_support
 from predmask.verl.records import TopKRecord
 
-__all__ = [
-    "pack_response_tensor",
-    "packed_response_index",
-    "records_to_padded",
-    "sequence_lengths",
-    "support_from_records",
-]
-
 
 def records_to_padded(records: Sequence[TopKRecord | None], length: int) -> dict[str, Tensor]:
     """Stack per-sample records into response-aligned tensors of width ``length`` (longer records truncated).

@@ -25,8 +25,6 @@ from types import ModuleType
 
 from predmask.verl._hooks import when_imported
 
-__all__ = ["install"]
-
 
 def _register_losses(core_algos: ModuleType) -> None:
     from predmask.verl.loss import register_all

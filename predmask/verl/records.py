@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TOPK_KEY", "TopKRecord", "parse_vllm_logprobs", "parse_vllm_logprobs_per_entry"]
-
 #: non_tensor_batch / TensorDict key holding one TopKRecord per sample
 TOPK_KEY = "predmask_topk"
 

@@ -23,8 +23,6 @@ import numpy as np
 from predmask.bench import target
 from predmask.verl.records import TopKRecord, parse_vllm_logprobs, parse_vllm_logprobs_per_entry
 
-__all__ = ["SPEEDUP_MIN", "FlatLogprobsLike", "LogprobLike", "measure", "same_record", "vllm_like_logprobs"]
-
 #: the parse of the flat form must be at least this many times cheaper than the per-entry reference on dicts
 SPEEDUP_MIN = 5.0
 _FIELDS = ("token_ids", "logprobs", "topk_ids", "topk_logprobs", "topk_valid")

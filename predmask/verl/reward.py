@@ -11,8 +11,6 @@ from collections.abc import Mapping
 
 from verl.utils.reward_score import default_compute_score
 
-__all__ = ["reward_score"]
-
 
 def reward_score(data_source: str, response: str, ground_truth: str) -> float:
     """The score verl gives ``response`` for a row of ``data_source`` with answer ``ground_truth``."""

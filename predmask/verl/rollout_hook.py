@@ -29,8 +29,6 @@ from typing import Any
 from predmask.verl.records import TOPK_KEY, parse_vllm_logprobs
 from predmask.verl.settings import current_settings
 
-__all__ = ["VALIDATE_KEY", "install_agent_loop", "install_rollout"]
-
 #: the sampling-parameter marker of a validation request (added by the agent loop's wrapper, removed by the server's)
 VALIDATE_KEY = "predmask_validate"
 

@@ -32,15 +32,6 @@ from typing import Any
 
 from predmask.methods import ANCHORS, TOPK_SUPPORTS, MethodParams
 
-__all__ = [
-    "PREFIX",
-    "SETTINGS_ENV",
-    "SETTINGS_KEYS",
-    "PluginSettings",
-    "current_settings",
-    "split_argv",
-]
-
 PREFIX = "predmask."
 #: the environment variable holding the settings (JSON) in every process of the run
 SETTINGS_ENV = "PREDMASK_VERL_SETTINGS"

@@ -34,8 +34,6 @@ from predmask.verl.loss_stats import LossStatsWriter
 from predmask.verl.packing import pack_response_tensor, sequence_lengths, support_from_records
 from predmask.verl.records import TOPK_KEY, TopKRecord
 
-__all__ = ["FUSED_STRATEGIES", "PI_KEY_PREFIX", "PI_TAIL_KEY", "TopKPolicyLoss"]
-
 #: model_output keys written by the logits processor: one per support slot, plus the exact tail
 PI_KEY_PREFIX = "predmask_pi_lp_"
 PI_TAIL_KEY = "predmask_pi_tail_sq"

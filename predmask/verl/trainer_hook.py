@@ -32,8 +32,6 @@ import torch
 from predmask.methods import METHODS, MethodParams
 from predmask.verl.settings import PluginSettings, current_settings
 
-__all__ = ["ASSUMED_OLD_LOG_PROB_SHARE", "install_trainer", "old_log_prob_readers", "skips_old_log_prob"]
-
 #: ASSUMPTION (not measured here): verl's old-log-prob forward is about a third of the actor's compute per step (one
 #: forward against the update's forward + backward, ~1 : 2). The dry-run's GPU-hour estimate (sweeps.plan) takes it
 #: off every skipping run; ``bash scripts/device_check.sh`` measures the ratio on a GPU.

@@ -32,32 +32,6 @@ from predmask.schemas.variational_schema import DATA_MODES, FINAL_RECIPES
 from predmask.verl.overrides import DATA_FILES, config_get, hydra_value, plain_value, require
 from predmask.vr_stages import CLUSTER_STAGES, stage_inputs
 
-__all__ = [
-    "CLUSTER_RECIPES",
-    "CLUSTER_STAGES",
-    "EVAL_SPLITS",
-    "SAMPLE_MODULE",
-    "SFT_MODULE",
-    "SFT_STAGES",
-    "SOLUTION_MARKERS",
-    "THOUGHT_MARKERS",
-    "VR_DATA_FILES",
-    "answer_text",
-    "answers_match",
-    "boxed_answer",
-    "checkpoint_dir",
-    "cluster_settings",
-    "cut_trace",
-    "eval_files",
-    "max_safe_utilization",
-    "merged_settings",
-    "prompt_logprob_tokens",
-    "split_response",
-    "stage_command",
-    "stage_output",
-    "trace_text",
-]
-
 SFT_STAGES: tuple[str, ...] = ("prior", "posterior", "final")
 SFT_MODULE = "predmask.verl.vr_sft"
 SAMPLE_MODULE = "predmask.verl.vr_sample"

@@ -61,9 +61,6 @@ from predmask.vr_weights import (
     trace_log_weights,
 )
 
-__all__ = ["RFT_COLUMNS", "TRACE_COLUMNS", "WEIGHT_COLUMNS", "engine_args", "eval_metrics", "eval_problems", "main",
-           "resolve_model", "summed_prompt_logprob", "weight_rows"]
-
 TRACE_COLUMNS: tuple[str, ...] = ("question", "trace", "prompt", "hint", "trace_text", "answer_text",
                                   "posterior_correct", "trace_tokens", "log_posterior")
 WEIGHT_COLUMNS: tuple[str, ...] = ("question", "trace", "trace_tokens", "answer_tokens", "log_prior", "log_posterior",

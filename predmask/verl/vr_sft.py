@@ -33,8 +33,6 @@ import torch
 
 from predmask.vr_weights import best_trace, weighted_sft_loss
 
-__all__ = ["KEYS", "WEIGHT_COLUMN", "final_rows", "main", "nested_weighted_sft_loss", "rft_rows", "split_predmask_args"]
-
 PREFIX = "predmask."
 #: the predmask keys this launcher reads (written by predmask.verl.vr_cluster)
 KEYS: tuple[str, ...] = ("stage", "run_dir", "normaliser", "recipe", "estimator", "data", "weights_file",

@@ -32,8 +32,6 @@ from predmask.verl.records import TOPK_KEY
 from predmask.verl.settings import current_settings
 from predmask.verl.topk_loss import TopKPolicyLoss
 
-__all__ = ["install_actor", "install_hidden_gather", "make_training_worker_cls"]
-
 
 def make_training_worker_cls(base: type) -> type:
     """Subclass of verl's TrainingWorker that installs :class:`TopKPolicyLoss` and the logits-processor flag."""

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-__all__ = ["RECIPE", "SOURCE_RULES", "SourceRule", "value_source"]
-
 PAPER = "paper"
 #: verl's examples/dppo_trainer/run_qwen3_30b_a3b_megatron.sh, by the DPPO authors
 RECIPE = "verl's DPPO recipe"
