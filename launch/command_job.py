@@ -24,15 +24,6 @@ from launch.warm_worker import WORKER_ENV, WorkerRun, start_in_worker
 from predmask.io import atomic_write_text
 from predmask.rundir import EXIT_STATUS_FILE
 
-__all__ = [
-    "CommandFailedError",
-    "CommandJob",
-    "InterruptFlag",
-    "JobInterrupted",
-    "interruptible",
-    "write_json",
-]
-
 
 class CommandFailedError(RuntimeError):
     """The command of a job exited with a non-zero status."""

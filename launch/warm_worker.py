@@ -39,8 +39,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WORKER_ENV", "WorkerRun", "local_worker", "main", "start_in_worker", "time_start_up", "worker_module"]
-
 #: the environment variable that holds a worker's socket path (set in a local run's job environment)
 WORKER_ENV = "PREDMASK_WORKER"
 _MAX_MESSAGE = 1 << 20

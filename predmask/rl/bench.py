@@ -32,9 +32,6 @@ from predmask.rl.engine import Engine
 from predmask.rl.rollout import RolloutBatch
 from predmask.rl.task import Problem, iter_train_prompts
 
-__all__ = ["bench_model", "compare_rollouts", "compare_runs", "measure_mismatch", "project_sweep", "use_previous_path",
-           "validations_per_run"]
-
 
 def validations_per_run(trainer: Any) -> int:
     """The validations of a run of ``trainer`` (its config section), as ``predmask.rl.train`` schedules them: step
