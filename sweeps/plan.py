@@ -186,21 +186,27 @@ def input_paths(spec: RunSpec) -> list[InputPath]:
     if trainer_of(spec) != "verl":
         return []
     if spec.stage is not None:
-        return _vr_input_paths(spec)
-    from predmask.verl.overrides import data_files  # the one owner of where a VeRL run reads its data
+        paths = _vr_data_paths(spec)
+    else:
+        from predmask.verl.overrides import data_files  # the one owner of where a VeRL run reads its data
 
-    train, val = data_files(spec.config)
-    paths = [InputPath("data", f, command(f"sweeps.datasets prepare --out {shlex.quote(str(Path(f).parent))}"))
-             for f in [*train, *val]]
+        train, val = data_files(spec.config)
+        paths = _prepared([*train, *val])
     model = str(spec.config["model"].get("path") or "")
     if model:
         paths.append(InputPath("model", model, "download the model to this path, or set model.path=DIR"))
     return paths
 
 
-def _vr_input_paths(spec: RunSpec) -> list[InputPath]:
-    """A variational stage run on VeRL: the prepared Bespoke-Stratos files, an eval run's AIME files
-    (``predmask.verl.vr_cluster``, the owner of their names and directories) and the base model."""
+def _prepared(files: list[str]) -> list[InputPath]:
+    """Files of ``python -m sweeps.datasets prepare``, each with the command that writes its directory."""
+    return [InputPath("data", f, command(f"sweeps.datasets prepare --out {shlex.quote(str(Path(f).parent))}"))
+            for f in files]
+
+
+def _vr_data_paths(spec: RunSpec) -> list[InputPath]:
+    """A variational stage run on VeRL: the prepared Bespoke-Stratos files and an eval run's AIME files
+    (``predmask.verl.vr_cluster``, the owner of their names and directories)."""
     from predmask.verl.vr_cluster import (  # verl-free: commands only
         VR_DATA_FILES,
         eval_files,
@@ -211,13 +217,7 @@ def _vr_input_paths(spec: RunSpec) -> list[InputPath]:
     prepare = command("sweeps.datasets prepare --family variational --bespoke-file PATH_TO_BESPOKE_STRATOS_17K "
                       f"--out {shlex.quote(directory)}")
     paths = [InputPath("data", f"{directory}/{name}", prepare) for name in VR_DATA_FILES.values()]
-    if spec.stage == "eval":
-        paths += [InputPath("data", f, command(f"sweeps.datasets prepare --out {shlex.quote(str(Path(f).parent))}"))
-                  for f in eval_files(spec.config)]
-    model = str(spec.config["model"].get("path") or "")
-    if model:
-        paths.append(InputPath("model", model, "download the model to this path, or set model.path=DIR"))
-    return paths
+    return paths + (_prepared(eval_files(spec.config)) if spec.stage == "eval" else [])
 
 
 def skips_old_log_prob_forward(spec: RunSpec) -> bool:
