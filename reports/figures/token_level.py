@@ -523,14 +523,11 @@ FIG9_PANELS: dict[str, dict[str, str]] = {
 DIFFERENCE_PANEL = (
     "same tokens, against the own update:\nbalanced accuracy, predictive − ratio (mean over seeds)"
 )
-#: the paper's value of each statistic (analysis.token_level.summary.study_stats owns the numbers)
-_PAPER_VALUE = {
-    "disagreement": stats.paper_disagreement_share,
-    "unsafe_keep_predictive": lambda: stats.PAPER_TOKEN_LEVEL["unsafe_keep_predictive"],
-    "unsafe_keep_ratio": lambda: stats.PAPER_TOKEN_LEVEL["unsafe_keep_ratio"],
-    "corrective_predictive": lambda: stats.PAPER_TOKEN_LEVEL["corrective_predictive"],
-    "corrective_ratio": lambda: stats.PAPER_TOKEN_LEVEL["corrective_ratio"],
-}
+
+
+def _paper_value(name: str) -> float:
+    """The paper's value of a drift point's statistic (analysis.token_level.summary.study_stats owns the numbers)."""
+    return stats.paper_disagreement_share() if name == "disagreement" else stats.PAPER_TOKEN_LEVEL[name]
 
 
 @dataclass(frozen=True)
@@ -671,7 +668,7 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
                     Series(
                         f"{stats.PAPER_LABEL}{': ' + part if part else ''}",
                         np.array([lo, hi]),
-                        np.full(2, _PAPER_VALUE[name]()),
+                        np.full(2, _paper_value(name)),
                         method=name,
                     )
                 )
