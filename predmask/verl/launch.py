@@ -45,7 +45,6 @@ from predmask.verl.overrides import HYDRA_SUBDIR, PLUGIN_ENV, PLUGIN_MODULE, RUN
 from predmask.verl.settings import SETTINGS_ENV, PluginSettings, split_argv
 
 _KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
-TRAINER_MODULE = "verl.trainer.main_ppo"
 #: variables of this process's environment handed to every Ray worker (verl reads them in the trainer actor)
 FORWARDED_ENV: tuple[str, ...] = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", "WANDB_MODE", "WANDB_ENTITY")
 
