@@ -212,12 +212,12 @@ def _parquet_schema() -> Any:
     )
 
 
-def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
-    """Write rows with the fixed RLHF schema, atomically."""
+def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path, schema: Any = None) -> None:
+    """Write rows atomically, with ``schema`` (the RLHF files': _parquet_schema) or else the one pyarrow infers."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pylist(list(rows), schema=_parquet_schema())
+    table = pa.Table.from_pylist(list(rows), schema=schema)
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
@@ -290,7 +290,7 @@ def prepare(
             raise ValueError(f"{key}: no usable rows in {origin}")
         split = "train" if key == "train" else "test"
         path = out / DATA_FILES[key]
-        write_parquet(to_rlhf_rows(kept, data_source=DATA_SOURCES[key], split=split), path)
+        write_parquet(to_rlhf_rows(kept, data_source=DATA_SOURCES[key], split=split), path, _parquet_schema())
         manifest["sets"][key] = {
             "file": DATA_FILES[key], "source": origin, "data_source": DATA_SOURCES[key], "rows": len(kept),
             "stages": [[stage, count] for stage, count in stages], "sha256": _sha256(path),
@@ -370,14 +370,6 @@ def _chat(system: str, user: str, assistant: str) -> list[dict[str, str]]:
     return [*head, {"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
 
 
-def _write_table(rows: list[dict[str, Any]], path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pylist(rows)
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-
-
 def prepare_variational(out: Path, *, bespoke_file: Path, reasoning_prompt: str = "reasoning",
                         hint_prompt: str = "hint") -> dict[str, Any]:
     """Write the variational family's files under ``out`` (module docstring); returns the manifest, whose
@@ -411,7 +403,7 @@ def prepare_variational(out: Path, *, bespoke_file: Path, reasoning_prompt: str 
     }
     for key, rows in tables.items():
         path = out / VR_DATA_FILES[key]
-        _write_table(rows, path)
+        write_parquet(rows, path)
         manifest["files"][key] = {"file": VR_DATA_FILES[key], "rows": len(rows), "sha256": _sha256(path)}
     atomic_write_text(out / VR_MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
