@@ -255,27 +255,22 @@ def cell_text(cfg: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in (*names, ("delta", cfg.get("delta")), ("seed", cfg.get("seed", 0))))
 
 
-def _compose(overrides: list[str]) -> DictConfig:
+def compose_run(primary: str, overrides: list[str]) -> tuple[DictConfig, list[str]]:
+    """``primary`` composed with ``overrides``, and the overrides that compose it: on a CPU trainer a cluster model
+    maps to its CPU stand-in (labelled by ``model.stands_in_for``); a config that does not compose is one line."""
     try:
-        return compose(PRIMARY, overrides)
+        cfg = compose(primary, overrides)
+        if cfg.cluster.get("trainer", "cpu") == "cpu" and cfg.model.get("backend") != "cpu":
+            overrides = [*overrides, f"model={cpu_standin(to_container(cfg.model))['name']}"]
+            cfg = compose(primary, overrides)
     except ConfigError as err:
         raise SweepError(str(err)) from None
+    return cfg, overrides
 
 
 def sweep_axes(sweep: str) -> list[str]:
     """The sweep's axes as Hydra override strings (``predmask.config.sweep_params``)."""
     return [f"{k}={v}" for k, v in sweep_params(sweep).items()]
-
-
-def with_cpu_standin(overrides: list[str], cfg: DictConfig) -> list[str]:
-    """On a CPU trainer, a cluster model maps to its CPU stand-in (labelled by ``model.stands_in_for``)."""
-    if cfg.cluster.get("trainer", "cpu") != "cpu" or cfg.model.get("backend") == "cpu":
-        return overrides
-    try:
-        standin = cpu_standin(to_container(cfg.model))
-    except ConfigError as err:
-        raise SweepError(str(err)) from None
-    return [*overrides, f"model={standin['name']}"]
 
 
 def cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None,
@@ -286,10 +281,7 @@ def cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None,
     sweep, e.g. the variational family's grpo final); the run still lives in ``sweep``'s directory.
     """
     ovs = [*([f"+sweep={sweep}"] if sweep_file else []), *batch]
-    cfg = _compose(ovs)
-    standin = with_cpu_standin(ovs, cfg)
-    if standin != ovs:
-        cfg = _compose(standin)
+    cfg, standin = compose_run(PRIMARY, ovs)
     runs = []
     for seed in seeds if seeds is not None else cluster_seeds(cfg):
         resolved = config_at_seed(cfg, seed)

@@ -31,7 +31,7 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
-from predmask.config import ConfigError, compose, conf_dir, group_options, stable_id
+from predmask.config import conf_dir, group_options, stable_id
 from predmask.schemas.variational_schema import DATA_MODES, VRMethodConfig
 from predmask.vr_stages import CLUSTER_STAGES, STAGES, stage_inputs, with_upstream
 from sweeps.compose import (
@@ -41,12 +41,12 @@ from sweeps.compose import (
     cell_runs,
     check_group_values,
     cluster_seeds,
+    compose_run,
     config_at_seed,
     override_key,
     parse_overrides,
     seed_axis,
     sweep_axes,
-    with_cpu_standin,
 )
 
 FAMILY = "variational"
@@ -103,16 +103,7 @@ def _root(override: str) -> str:
 
 
 def _compose(overrides: list[str]) -> dict[str, Any]:
-    try:
-        cfg = compose(PRIMARY, overrides)
-    except ConfigError as err:
-        raise SweepError(str(err)) from None
-    standin = with_cpu_standin(overrides, cfg)  # a cluster model on the CPU trainer -> its CPU stand-in
-    if standin != overrides:
-        try:
-            cfg = compose(PRIMARY, standin)
-        except ConfigError as err:
-            raise SweepError(str(err)) from None
+    cfg, standin = compose_run(PRIMARY, overrides)  # a cluster model on the CPU trainer -> its CPU stand-in
     return {"cfg": cfg, "overrides": standin}
 
 
