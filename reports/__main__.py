@@ -42,11 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
+        db = default_db_path()
         sp.add_argument(
-            "--db",
-            type=Path,
-            default=None,
-            help=f"results database (default: $PREDMASK_DB or {default_db_path()})",
+            "--db", type=Path, default=db, help=f"results database (default: $PREDMASK_DB or {db})"
         )
         sp.add_argument(
             "--sweep",
@@ -90,10 +88,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_paper(args: argparse.Namespace) -> int:
     err = _console(stderr=True)
-    db = args.db if args.db is not None else default_db_path()
     try:
         paper = build_paper(
-            db,
+            args.db,
             args.out,
             sweeps=_sweeps(args.sweep),
             study_id=args.study,
@@ -107,7 +104,7 @@ def cmd_paper(args: argparse.Namespace) -> int:
     family = [r for r in paper.results if is_variational(r.name)]
     if family and not any(r.has_data for r in family):
         err.print(f"note: {MISSING_HINT}")
-    return _print_paper(paper, db)
+    return _print_paper(paper, args.db)
 
 
 def variational_names() -> list[str]:
@@ -119,15 +116,14 @@ def cmd_variational(args: argparse.Namespace) -> int:
     """Draw the family's artefacts into --out and rewrite the page with them (the other sections keep the files
     an earlier `paper` left there); without any of the family's data: the one-line hint, nothing written."""
     err = _console(stderr=True)
-    db = args.db if args.db is not None else default_db_path()
     names = variational_names()
     try:
-        rows = availability(db, sweeps=_sweeps(args.sweep), study_id=args.study, names=names)
+        rows = availability(args.db, sweeps=_sweeps(args.sweep), study_id=args.study, names=names)
         if not any(ok for _, _, ok in rows):
-            err.print(f"error: {MISSING_HINT} ({db})")
+            err.print(f"error: {MISSING_HINT} ({args.db})")
             return 2
         paper = build_paper(
-            db, args.out, sweeps=_sweeps(args.sweep), study_id=args.study, draw=names, debug=args.debug
+            args.db, args.out, sweeps=_sweeps(args.sweep), study_id=args.study, draw=names, debug=args.debug
         )
     except (StoreError, ValueError, KeyError) as exc:
         err.print(f"error: {exc.args[0] if exc.args else exc}")
@@ -135,7 +131,7 @@ def cmd_variational(args: argparse.Namespace) -> int:
     for art, what, ok in rows:
         if not ok:
             err.print(f"note: {art.name} has no data yet ({what})")
-    return _print_paper(paper, db, only=names)
+    return _print_paper(paper, args.db, only=names)
 
 
 def _print_paper(paper: PaperResult, db: Path, only: Sequence[str] | None = None) -> int:
@@ -166,14 +162,13 @@ def next_lines(results: Sequence[ArtefactResult]) -> list[str]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    db = args.db if args.db is not None else default_db_path()
     try:
-        rows = availability(db, sweeps=_sweeps(args.sweep), study_id=args.study)
+        rows = availability(args.db, sweeps=_sweeps(args.sweep), study_id=args.study)
     except (StoreError, ValueError) as exc:
         # no database: still list what exists, saying there is no data
         _console(stderr=True).print(f"note: {exc.args[0] if exc.args else exc}")
         rows = [(a, "no database", False) for a in artefact_registry.artefacts()]
-    table = Table(title=f"report artefacts ({db})")
+    table = Table(title=f"report artefacts ({args.db})")
     for col in ("name", "kind", "title", "data", "draws from"):
         table.add_column(col)
     for art, what, ok in rows:
