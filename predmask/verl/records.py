@@ -57,6 +57,16 @@ def _entry_fields(token_id: Any, entry: Any) -> tuple[int, float, float]:
     return int(token_id), float(logprob), math.inf if rank is None else float(rank)
 
 
+def _positions(position_logprobs: Any, token_ids: Sequence[int], k: int) -> int:
+    """The number of generated tokens, checked against ``k`` and the positions vLLM returned log-probs for."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n = len(token_ids)
+    if len(position_logprobs) != n:
+        raise ValueError(f"vLLM returned log-probs for {len(position_logprobs)} positions but {n} tokens")
+    return n
+
+
 def parse_vllm_logprobs_per_entry(position_logprobs: Sequence[Mapping[int, Any]], token_ids: Sequence[int],
                                   k: int) -> TopKRecord:
     """Parse vLLM's per-position log-probs (``CompletionOutput.logprobs``) into a :class:`TopKRecord`, entry by
@@ -66,11 +76,7 @@ def parse_vllm_logprobs_per_entry(position_logprobs: Sequence[Mapping[int, Any]]
     ``k`` most likely tokens plus the sampled one (rank > k when outside the top-k). Entries are ordered by
     (rank, -logprob, id); the first ``k`` form the top-K. The sampled token's log-prob is looked up by id.
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    n = len(token_ids)
-    if len(position_logprobs) != n:
-        raise ValueError(f"vLLM returned log-probs for {len(position_logprobs)} positions but {n} tokens")
+    n = _positions(position_logprobs, token_ids, k)
     ids = np.zeros((n, k), dtype=np.int32)
     lps = np.full((n, k), -np.inf, dtype=np.float32)
     valid = np.zeros((n, k), dtype=bool)
@@ -175,11 +181,7 @@ def parse_vllm_logprobs(position_logprobs: Sequence[Mapping[int, Any]] | Any, to
     Per position: the ``k`` entries first by (rank, -logprob, id) form the top-K (an id listed twice counts once);
     the sampled token's log-prob is looked up by id.
     """
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    n = len(token_ids)
-    if len(position_logprobs) != n:
-        raise ValueError(f"vLLM returned log-probs for {len(position_logprobs)} positions but {n} tokens")
+    n = _positions(position_logprobs, token_ids, k)
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(n)
     flat = all(hasattr(position_logprobs, f) for f in _FLAT_FIELDS)
     if flat and (record := _vllm_flat_record(position_logprobs, tokens, k)) is not None:
