@@ -273,6 +273,14 @@ def _paired_text(same: same_tokens.SameTokens) -> str:
     return "\n".join(lines)
 
 
+def _constant_line(ax, value: float | None) -> None:
+    """The constant predictor's balanced accuracy (None: none): a dotted line, named under the axis rather than
+    written over the seeds' lines or the bars."""
+    if value is not None:
+        ax.axhline(100 * value, color="black", linestyle=":", linewidth=1)
+        ax.set_xlabel(f"dotted line: constant predictor ({100 * value:.0f}%)", fontsize=7)
+
+
 Placement = tuple[Any, list, Any]  # (axes, labels in data coordinates, text at the top or None): _place_texts
 
 
@@ -297,9 +305,7 @@ def _draw_same_per_seed(
     n = same.point.judged_disagree or 0
     notes = {c: _estimate_label(est[c], f"\n(pooled, {n:,} tokens)") for c in same_tokens.PAIR}
     labels = _paired_dots(ax, values, centre, notes)
-    if same.constant_balanced is not None:  # named under the axis, not written over the seeds' lines
-        ax.axhline(100 * same.constant_balanced, color="black", linestyle=":", linewidth=1)
-        ax.set_xlabel(f"dotted line: constant predictor ({100 * same.constant_balanced:.0f}%)", fontsize=7)
+    _constant_line(ax, same.constant_balanced)
     ax.set_ylim(-5, 105)
     ax.set_ylabel("balanced accuracy (%)")
     top = _sorted_bars(
@@ -482,11 +488,7 @@ def _draw_fig4(
                     color="black",
                 )
             )
-        if same.constant_balanced is not None:  # named under the axis, not written over the bars
-            bx.axhline(100 * same.constant_balanced, color="black", linestyle=":", linewidth=1)
-            bx.set_xlabel(
-                f"dotted line: constant predictor ({100 * same.constant_balanced:.0f}%)", fontsize=7
-            )
+        _constant_line(bx, same.constant_balanced)
         n, k = same.point.judged_disagree or 0, same.point.n_seeds
         bx_top = bx.text(
             0.02,
