@@ -57,8 +57,7 @@ def build_paper(
     Raises StoreError (one line) for a missing, locked or empty database and ValueError for an unknown study or
     artefact name."""
     check_exists(db)
-    con = connect(db, read_only=True)
-    try:
+    with connect(db, read_only=True) as con:
         check_not_empty(con, db)
         ctx = ReportContext(
             con=con,
@@ -89,8 +88,6 @@ def build_paper(
         summary = page_summary(ctx, paper.results)
         paper.index = render_index(paper.results, out, db, run_steps(con, paper.results), summary)
         return paper
-    finally:
-        con.close()
 
 
 KEPT_SUFFIXES: tuple[str, ...] = (".png", ".pdf", ".md", ".tex")
@@ -111,8 +108,7 @@ def availability(
     """For `list`: each artefact (or the named ones), a short description of the data it would draw, and whether
     there is any."""
     check_exists(db)
-    con = connect(db, read_only=True)
-    try:
+    with connect(db, read_only=True) as con:
         ctx = ReportContext(
             con=con, out=Path("."), sweeps=tuple(sweeps) if sweeps else None, study_id=study_id, draw=False
         )
@@ -131,5 +127,3 @@ def availability(
                 what += f"; filled by {res.command}"
             rows.append((art, what, res.has_data))
         return rows
-    finally:
-        con.close()

@@ -132,12 +132,9 @@ def _ingest(db: Path, path: Path) -> str | None:
     Raises StoreError when the database cannot be written now."""
     from analysis.store import connect, ingest_run_dir
 
-    con = connect(db)
-    try:
+    with connect(db) as con:
         result = ingest_run_dir(con, path)
-        return result.refused if result.run_registered == "refused" else None
-    finally:
-        con.close()
+    return result.refused if result.run_registered == "refused" else None
 
 
 def storage_cause(err: BaseException) -> str:
