@@ -199,8 +199,7 @@ def build_db(root: Path, steps: int = 500) -> tuple[Path, float]:
     """The synthetic database under root; returns its path and the ingest time in seconds."""
     db = root / "bench.duckdb"
     write_runs(root, steps)
-    con = connect(db)
-    try:
+    with connect(db) as con:
         with stopwatch() as ingest:
             summary = ingest_paths(con, [root / "runs"])
         n_runs = len(run_grid())
@@ -217,8 +216,6 @@ def build_db(root: Path, steps: int = 500) -> tuple[Path, float]:
             "synthetic": True,
         }
         upsert_token_level(con, "synthetic-61", study_cfg, seeds, tokens)
-    finally:
-        con.close()
     return db, ingest["wall"]
 
 
