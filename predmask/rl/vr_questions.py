@@ -13,8 +13,6 @@ from predmask.rl.task import Problem, format_solution, make_split, noisy_steps
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.schemas.task_schema import TaskConfig
 
-__all__ = ["Question", "answer_text", "join_response", "original_data", "split_trace"]
-
 
 @dataclass(frozen=True)
 class Question:

@@ -76,24 +76,6 @@ from predmask.schemas.train_schema import BaseConfig
 from predmask.schemas.variational_schema import HintConfig, PosteriorConfig, VRConfig
 from predmask.vr_stages import stage_inputs
 
-__all__ = [
-    "DECOY_OFFSET",
-    "MODEL_FILE",
-    "PRIOR_LABEL",
-    "STAGE_OUTPUTS",
-    "TRACES_COLUMNS",
-    "TRACES_FILE",
-    "WEIGHTS_COLUMNS",
-    "WEIGHTS_FILE",
-    "Sampler",
-    "hint_use",
-    "hint_use_line",
-    "main",
-    "posterior_rows",
-    "prepare_stage",
-    "run_stage",
-]
-
 MODEL_FILE = "model.pt"
 TRACES_FILE = "traces.parquet"
 WEIGHTS_FILE = "weights.parquet"

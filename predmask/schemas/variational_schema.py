@@ -15,27 +15,6 @@ from typing import Any
 from predmask.schemas.unknown_keys import check_known_keys
 from predmask.vr_stages import CLUSTER_STAGES, STAGES
 
-__all__ = [
-    "DATA_MODES",
-    "FAMILY",
-    "FINAL_RECIPES",
-    "POSTERIOR_SOURCES",
-    "STAGES",
-    "STAGE_METHODS",
-    "DataConfig",
-    "EvalConfig",
-    "FinalConfig",
-    "HintConfig",
-    "PosteriorConfig",
-    "RFTConfig",
-    "SFTConfig",
-    "TracesConfig",
-    "VRConfig",
-    "VRMethodConfig",
-    "WeightsConfig",
-    "section_schemas",
-]
-
 FAMILY = "variational"
 #: ``method.name`` of the stage runs that are not final or eval (set by the sweep; rft_samples: cluster only)
 STAGE_METHODS: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "rft_samples")
