@@ -247,11 +247,26 @@ def _sample_command(config: Any, run_dir: str, python: str, cluster: VerlCluster
             "--max-tokens", str(w.max_tokens)]
 
 
+#: CPU-engine settings of the variational family (key, the value the cluster path runs): the cluster's data files and
+#: prompts (sweeps.datasets, conf/prompt/) fix q_phi's hint and data, so any other value would be silently ignored
+CPU_ONLY_SETTINGS: tuple[tuple[str, Any], ...] = (("hint.use", True), ("posterior.source", "original"))
+
+
+def _refuse_cpu_only(config: Any) -> None:
+    for key, runs in CPU_ONLY_SETTINGS:
+        section, name = key.split(".")
+        value = config_get(config_get(config, section), name)
+        if value is not None and value != runs:
+            raise ValueError(f"{key}={value!r} runs on the CPU engine only; the cluster path runs {key}={runs!r} "
+                             "(its hint prompts and q_phi's data come from sweeps.datasets and conf/prompt/)")
+
+
 def stage_command(config: Any, run_dir: Any, python: str | None = None) -> list[str]:
     """The argv of one variational stage run on the cluster (see the module docstring); raises ValueError."""
     stage = config_get(config, "stage")
     if stage not in CLUSTER_STAGES:
         raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(CLUSTER_STAGES)}")
+    _refuse_cpu_only(config)
     cluster = cluster_settings(config)
     run_dir = str(run_dir).rstrip("/")
     python = python or sys.executable

@@ -152,6 +152,11 @@ def test_sampling_stage_commands() -> None:
     (cfg("prior", variational={"prior": {"batch": 100}}), "batch 100 must be a multiple of the data-parallel size 16"),
     (cfg("prior", variational={"k": 8}), "unknown cluster.variational key 'k'"),
     (cfg("weights", variational={"weights": {"m": 0}}), "cluster.variational.weights.m must be a positive int"),
+    # settings of the CPU engine's variational stages that the cluster's data files fix: refused, not ignored
+    (cfg("traces") | {"hint": {**BASE["hint"], "use": False}},
+     "hint.use=False runs on the CPU engine only; the cluster path runs hint.use=True"),
+    (cfg("posterior") | {"posterior": {**BASE["posterior"], "source": "prior"}},
+     "posterior.source='prior' runs on the CPU engine only; the cluster path runs posterior.source='original'"),
 ])
 def test_bad_input_is_one_line(config: dict, message: str) -> None:
     with pytest.raises(ValueError, match=None) as info:
