@@ -48,9 +48,11 @@ OPEN_SECTIONS: tuple[str, ...] = (
 VR_SECTION = "variational"
 VR_HEADING = (
     f"<h2 id='{VR_SECTION}'>Variational reasoning: accuracy, pass@k, accuracy weighting and length bias</h2>"
-    "<p class='note'>The second source paper's pipeline on the CPU engine: π_θ0 = the engine's cached base model, a posterior q_φ fine-tuned on hinted "
-    "prompts, weighted SFT of the final model; stand-in models and arithmetic stand-in splits, not the paper's "
-    "benchmarks. The paper's own numbers appear only in the table labelled as the paper's.</p>"
+    "<p class='note'>The second source paper's pipeline: π_θ0, a posterior q_φ fine-tuned on hinted prompts, K "
+    "traces, their weights, weighted SFT of the final model. On the CPU engine π_θ0 is the engine's cached base "
+    "model and the splits are arithmetic stand-ins, not the paper's benchmarks; each artefact's title names its "
+    "scale and its evaluation splits with their size. The paper's own numbers appear only in the table labelled as "
+    "the paper's.</p>"
 )
 
 
