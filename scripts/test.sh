@@ -2,7 +2,8 @@
 # The project's test command: install into .venv (scripts/install.sh, extras dev,verl), start the emulated Slurm
 # cluster when run as root, run pytest with .venv's interpreter (arguments are passed to pytest).
 # Slurm tests skip with one line saying why when the cluster cannot run (as an ordinary user: it needs root),
-# except under CI=true, where they must run.
+# except under CI=true, where they must run. The fast subset skips the tests marked slow (tests/conftest.py SLOW)
+# and the Slurm ones: bash scripts/test.sh -m "not slow and not slurm".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 EXTRAS="${EXTRAS:-dev,verl}" bash scripts/install.sh || { echo "test.sh: install failed" >&2; exit 1; }

@@ -29,6 +29,105 @@ NEEDS_ROOT = (
 )
 
 
+#: the tests marked ``slow`` here besides those a test file marks itself (``@pytest.mark.slow``), one list for every
+#: folder: a file with no test names marks each of its tests, a name one test (all its parameters);
+#: ``scripts/test.sh -m "not slow and not slurm"`` is then the fast subset (README). Chosen from pytest's --durations
+#: on this project's 2-core machine (each test here took over 5 s there, or its file over 10 s); each folder keeps
+#: tests in the subset (tests/test_fast_subset.py).
+_SLOW_TESTS: dict[str, tuple[str, ...]] = {
+    "tests/analysis_accuracy_weighting/test_aw_cli.py": (),
+    "tests/analysis_calibrate/test_calibrate.py": (
+        "test_bad_input_is_one_line_and_writes_nothing",
+        "test_calibrate_end_to_end_then_resumes_without_training",
+    ),
+    "tests/analysis_results/test_results_curves.py": ("test_validation_is_the_mean_of_both_aime_scores",),
+    "tests/analysis_results/test_results_notebook.py": (),
+    "tests/analysis_store/test_analysis_store_db_path.py": (
+        "test_ingest_piped_prints_one_progress_line_per_run_and_names_the_next_command",
+    ),
+    "tests/analysis_store/test_analysis_store_reliability.py": (
+        "test_a_full_disk_under_the_database_is_one_line_and_keeps_what_was_stored",
+        "test_a_sqlite_file_as_the_database_of_reports_paper_is_one_line_and_exit_1",
+    ),
+    "tests/bench/test_bench_entry.py": (),
+    "tests/config/test_config.py": (
+        "test_every_family_sweep_expands_to_runs_of_composed_configs",
+        "test_every_option_of_every_group_composes_into_train",
+    ),
+    "tests/faults/test_faults_db_wait.py": ("test_ingest_cli_waits_for_a_reader_and_gives_up_in_one_line",),
+    "tests/faults/test_faults_sweeps_causes.py": (),
+    "tests/faults/test_faults_sweeps_damaged.py": (),
+    "tests/reports/test_figures_text_placement.py": ("test_labels_inside_the_axes_off_the_bars_and_legible",),
+    "tests/reports/test_reports_golden.py": (),
+    "tests/reports/test_reports_output.py": ("test_empty_and_missing_database_give_one_clear_line",),
+    "tests/reports/test_reports_page.py": (
+        "test_a_page_with_empty_sections_renders",
+        "test_missing_database_says_what_to_run_first",
+        "test_missing_database_with_run_directories_says_ingest",
+    ),
+    "tests/reports/test_reports_same_tokens.py": ("test_the_figures_render_without_warnings",),
+    "tests/reports/test_reports_value_sources.py": (),
+    "tests/reports/test_variational_gate.py": (
+        "test_the_fixture_database_fires_the_gate_in_every_vr_artefact",
+    ),
+    "tests/reports/test_variational_reports.py": ("test_every_artefact_is_written_and_valid",),
+    "tests/rl/test_rl_trackers.py": (),
+    "tests/rl/test_rl_train.py": (
+        "test_a_bad_config_exits_2_in_one_line_and_creates_no_run_dir",
+        "test_cli_bad_input_is_one_line",
+    ),
+    "tests/rl/test_rl_validation_cache.py": ("test_a_changed_input_misses_the_cache",),
+    "tests/rundir/test_rundir_project_root.py": (),
+    "tests/slurm/test_slurm_executor.py": (
+        "test_command_job_on_the_local_executor_records_its_exit_status",
+        "test_follow_reports_every_job_once_with_its_result_its_error_or_its_death",
+    ),
+    "tests/sweeps/test_data_bespoke.py": (),
+    "tests/sweeps/test_paper_plan.py": (
+        "test_ctrl_c_passes_one_sigint_to_the_step_and_exits_130_with_one_line",
+        "test_steps_run_in_order_stop_at_the_first_failure_and_resume",
+    ),
+    "tests/sweeps/test_plan_warnings.py": (),
+    "tests/sweeps/test_sweeps_compose.py": (),
+    "tests/sweeps/test_sweeps_plan.py": (),
+    "tests/sweeps/test_sweeps_runs.py": (),
+    "tests/sweeps/test_sweeps_seeds.py": (),
+    "tests/sweeps/test_sweeps_status.py": (),
+    "tests/sweeps/test_sweeps_validate.py": (
+        "test_a_run_its_trainer_would_refuse_is_refused_before_anything_is_written",
+        "test_from_the_command_line_it_exits_2_with_one_line",
+    ),
+    "tests/sweeps/test_sweeps_wall_clock.py": (),
+    "tests/sweeps/test_variational_ablations.py": (),
+    "tests/sweeps/test_variational_sweep.py": (
+        "test_cluster_dry_run_lists_the_rft_samples_and_eval_stages_with_their_commands",
+        "test_dry_run_json_lists_every_stage_with_its_command",
+        "test_on_the_cluster_rft_reads_pi_theta0_samples_and_every_model_has_an_eval_run",
+    ),
+    "tests/test_fast_subset.py": ("test_the_fast_subset_keeps_tests_of_every_folder",),
+    "tests/token_level/test_token_level_cli.py": (),
+    "tests/token_level/test_token_level_drift.py": (
+        "test_a_tiny_grid_runs_into_duckdb_links_cells_to_studies_and_resumes",
+        "test_the_grid_expands_to_every_combination_with_distinct_study_ids",
+    ),
+    "tests/variational/test_pipeline.py": (),
+    "tests/variational/test_stage_errors.py": (
+        "test_a_missing_upstream_output_names_the_stage_the_path_and_the_fix",
+    ),
+    "tests/verl/test_verl_data.py": (),
+    "tests/verl/test_verl_free.py": (),
+    "tests/verl/test_verl_overrides.py": (
+        "test_golden_command_lines",
+        "test_overrides_compose_with_verl_config",
+        "test_the_cluster_configs_follow_verls_dppo_recipe",
+    ),
+    "tests/verl/test_vr_cluster.py": (),
+}
+SLOW: frozenset[str] = frozenset(
+    f"{file}::{test}" if test else file for file, tests in _SLOW_TESTS.items() for test in tests or ("",)
+)
+
+
 def _under_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
@@ -50,6 +149,16 @@ def _cluster_reason() -> str | None:
     if problem and os.geteuid() != 0:
         return NEEDS_ROOT
     return problem
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests of ``SLOW`` slow, and every test that needs the cluster (its fixture) ``slurm``."""
+    for item in items:
+        if item.nodeid.split("::")[0] in SLOW or item.nodeid.split("[")[0] in SLOW:
+            item.add_marker(pytest.mark.slow)
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
