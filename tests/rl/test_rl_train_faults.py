@@ -141,6 +141,26 @@ def _fill(path: Path) -> None:
             pass
 
 
+def _fill_between_writes(proc: subprocess.Popen, run_dir: Path, filler: Path, timeout: float = 120) -> None:
+    """Fill the disk while the trainer is stopped (SIGSTOP) between two writes: no temporary file of an atomic write
+    and no checkpoint awaiting its pruning. Any write after that fails without its clean-up freeing a page, so the
+    cause cannot be recorded in status.json either; filled in the middle of a checkpoint's write, the removed partial
+    checkpoint would give back the room that status.json needs, and what the test sees would depend on timing."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            between = (not any(run_dir.rglob(".*.tmp"))
+                       and len(list((run_dir / "checkpoints").glob("step_*.pt"))) == 1)
+            if between:
+                _fill(filler)
+                return
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(0.005)
+    raise AssertionError(f"the trainer was never stopped between two writes (exit {proc.poll()})")
+
+
 @pytest.mark.slow
 def test_a_full_disk_stops_the_trainer_with_one_line_and_the_rerun_resumes(
         cache_dir: Path, tmp_path: Path, small_disk: Path) -> None:  # noqa: F811
@@ -166,7 +186,7 @@ def test_a_full_disk_stops_the_trainer_with_one_line_and_the_rerun_resumes(
     second = _cli(args, cwd=tmp_path)
     try:
         _wait_for_step(second, run_dir, 6)
-        _fill(small_disk / "filler")
+        _fill_between_writes(second, run_dir, small_disk / "filler")
         out, _ = second.communicate(timeout=300)
     finally:
         if second.poll() is None:
