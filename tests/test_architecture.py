@@ -79,6 +79,7 @@ ANALYSIS_ROLES: dict[str, str] = {
     "analysis.token_level.drift": COMMAND,
     "analysis.token_level.bench": COMMAND,
     "analysis.accuracy_weighting.theory": SHARED,
+    "analysis.token_columns": SHARED,
 }
 #: package cycles known and not yet resolved, each with why it exists; the test fails when one is gone (remove it here)
 KNOWN_PACKAGE_CYCLES: dict[str, str] = {}
@@ -416,6 +417,7 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
         ("analysis.store.ingest", "launch.follow", "a reader of results imports"),
         ("analysis.training.stats", "analysis.calibrate_runs", "a reader of results imports"),
         ("analysis.accuracy_weighting.theory", "analysis.store", "a shared module of analysis"),
+        ("analysis.token_columns", "analysis.token_level.summary.study_stats", "a shared module of analysis"),
         ("analysis.token_level", "analysis.token_level.compute.fanout", "a shared module of analysis"),
         ("reports.figures.token_level", "analysis.token_level.compute.study", "reports reads results"),
         ("reports.paper", "analysis.calibrate", "reports reads results"),
@@ -449,7 +451,10 @@ def test_allowed_edges_pass() -> None:
         "analysis.calibrate": {"analysis.calibrate_runs", "analysis.training.stats", "predmask.config"},
         "analysis.calibrate_runs": {"launch.follow", "predmask.rundir"},
         "analysis.accuracy_weighting.measure": {"analysis.accuracy_weighting.theory", "predmask.rl.algo"},
-        "analysis.token_level.summary.criteria": {"analysis.paired", "analysis.token_level.summary.study_stats"},
+        "analysis.token_level.summary.criteria": {"analysis.paired", "analysis.token_level.summary.study_stats",
+                                                  "analysis.token_columns"},
+        "analysis.token_level.compute.study": {"analysis.token_columns", "predmask.rl.algo"},
+        "analysis.store.schema": {"analysis.token_columns"},
         "scripts.gpu_check": {"predmask.verl.records", "analysis.token_level.compute.study"},
         "reports.paper": {"analysis.store", "analysis.token_level.summary.study_stats", "predmask.config"},
         "sweeps.submit": {"predmask.verl.overrides"},

@@ -9,10 +9,9 @@ import numpy as np
 import polars as pl
 import pytest
 
+from analysis.token_columns import CRITERIA, PREDICTIVE
 from analysis.token_level.summary.study_stats import (
-    CRITERIA,
     PAPER_TOKEN_LEVEL,
-    PREDICTIVE,
     mean_se,
     paired_unsafe_keep,
     paper_text,

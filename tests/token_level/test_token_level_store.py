@@ -11,12 +11,13 @@ import duckdb
 import pytest
 from token_level_helpers import TINY_VOCAB, scored_batch, settings, tiny_backend
 
+from analysis.token_columns import PREDICTIVE
 from analysis.token_level.cli import ingest
 from analysis.token_level.compute.fanout import SeedFiles
 from analysis.token_level.compute.study import study_batch
 from analysis.token_level.compute.study_config import study_id_of
 from analysis.token_level.summary.report import query_frame
-from analysis.token_level.summary.study_stats import PREDICTIVE, seed_summary, study_summary
+from analysis.token_level.summary.study_stats import seed_summary, study_summary
 
 SEEDS = (0, 1, 2, 3)
 CONFIG = {"delta": 0.05, "note": "test study", "cluster": {"name": "local"}}

@@ -27,6 +27,16 @@ import polars as pl
 import torch
 from torch import Tensor, nn
 
+from analysis.token_columns import (
+    RATIO,
+    REFERENCE_MASK,
+    TAIL_COLUMNS,
+    TAILS,
+    dd_column,
+    ddot_column,
+    keep_column,
+    predictive_mask,
+)
 from analysis.token_level.compute.ground_truth import ground_truths, loss_weights
 from analysis.token_level.compute.step_settings import CF_MODES, UPDATE_PATHS, StepSettings, require
 from predmask import MethodParams, get_method, predicted_divergence_change, topk_divergence
@@ -47,28 +57,19 @@ log = logging.getLogger(__name__)
 
 
 #: mask name -> the predmask method whose loss makes the studied step with that mask
-MASKS: dict[str, str] = {
-    "ratio": "dppo_topk_kl",
-    "pred_agg": "predmask_kl_agg",
-    "pred_uniform": "predmask_kl_uniform",
-    "pred_exact": "predmask_kl_exact",
-}
-#: the unmasked reference step: the DPPO loss with an infinite threshold keeps every token
-REFERENCE_MASK = "all"
+MASKS: dict[str, str] = {RATIO: "dppo_topk_kl", **{predictive_mask(t): f"predmask_kl_{t}" for t in TAILS}}
 _NO_TRUST_REGION = {"delta": float("inf")}
 
 
 def reference_step() -> tuple[str, dict[str, Any]]:
     """(method, loss overrides) of the unmasked reference step: the ratio mask's loss with an infinite threshold."""
-    return MASKS["ratio"], dict(_NO_TRUST_REGION)
-#: Ddot column -> tail estimator
-TAIL_COLUMNS: dict[str, str] = {"ddot_agg": "aggregated", "ddot_uniform": "uniform", "ddot_exact": "exact"}
+    return MASKS[RATIO], dict(_NO_TRUST_REGION)
+
+
 #: keep column (``keep_<mask>``) -> Ddot column (predictive) or None (ratio)
 _KEEP_COLUMNS: dict[str, str | None] = {
-    "keep_ratio": None,
-    "keep_pred_agg": "ddot_agg",
-    "keep_pred_uniform": "ddot_uniform",
-    "keep_pred_exact": "ddot_exact",
+    keep_column(RATIO): None,
+    **{keep_column(predictive_mask(t)): ddot_column(t) for t in TAILS},
 }
 
 
@@ -417,7 +418,7 @@ def token_quantities(
 
 
 def _keep_of(name: str, q: Mapping[str, Tensor], mask: Tensor) -> Tensor:
-    return mask if name == REFERENCE_MASK else q[f"keep_{name}"] & mask
+    return mask if name == REFERENCE_MASK else q[keep_column(name)] & mask
 
 
 def _kept_by_all(names: Iterable[str], q: Mapping[str, Tensor], mask: Tensor) -> Tensor:
@@ -496,7 +497,7 @@ def _steps_split(
         return _kept_by_all(masks, token_quantities(mb, sup, lp, adv_tok[rows], s), mb.response_mask)
 
     lp_pre, dropped = accumulate_gradient(
-        model, batch, support, adv_tok, MASKS["ratio"], s, tokens_fn=common_tokens, info=info
+        model, batch, support, adv_tok, MASKS[RATIO], s, tokens_fn=common_tokens, info=info
     )
     if dropped:
         raise RuntimeError(f"the common-token loss dropped {dropped} tokens that every mask keeps")
@@ -641,7 +642,7 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
     for keep in _KEEP_COLUMNS:
         cols[keep] = q[keep][outside]
     for name, d in d_post.items():
-        cols[f"dd_{name}"] = (d - q["d_pre"])[outside].double()
+        cols[dd_column(name)] = (d - q["d_pre"])[outside].double()
     t_steps = time.perf_counter()
     if s.ground_truth and not s.precision.train_fp8:
         cols.update(_ground_truth_columns(model, optimizer, batch, support, adv_tok, q, s, g_ref))

@@ -9,7 +9,7 @@ Definitions (one each):
 - token sets (``TOKEN_SETS``): ``outside``, every outside token with ``A != 0`` (a token without advantage has no
   update to keep or drop: every criterion keeps it and its own-update truth is 0, so it would only add agreement
   by construction); ``disagree<suffix>``, the outside tokens where the ratio criterion and one predictive
-  criterion decide differently (the suffix of ``analysis.token_level.summary.study_stats.PREDICTIVE``: ``disagree`` for the
+  criterion decide differently (the suffix of ``analysis.token_columns.PREDICTIVE``: ``disagree`` for the
   aggregated tail, ``disagree_uniform``, ``disagree_exact``);
 - ground truths (``TRUTHS``), judged when their column is present: ``ddot_net``, ``ddot_net_adam``, ``dd_cf``,
   ``dd_all``; a token whose truth is null or not finite is left out of that truth's judgement (``n_missing``);
@@ -46,18 +46,18 @@ from analysis.paired import (
     wilson_interval,
     z_of,
 )
-from analysis.token_level.summary.study_stats import CRITERIA, PREDICTIVE
+from analysis.token_columns import CRITERIA, HEADLINE_TAIL, PREDICTIVE, RATIO, TAIL_COLUMNS, ddot_column
+from analysis.token_level.summary.study_stats import DISAGREE_SET
 from analysis.training.stats import CONFIDENCE
 
-RATIO = "ratio"
 OUTSIDE = "outside"
+#: disagreement set -> the predictive criterion that decides differently from the ratio criterion there
+_DISAGREE_SETS: dict[str, str] = {f"{DISAGREE_SET}{suffix}": crit for crit, (_ddot, suffix) in PREDICTIVE.items()}
 #: token set -> what it holds
 TOKEN_SETS: dict[str, str] = {
     OUTSIDE: "outside tokens with A != 0",
-    **{
-        f"disagree{suffix}": f"outside tokens where the ratio criterion and {crit} decide differently"
-        for crit, (_ddot, suffix) in PREDICTIVE.items()
-    },
+    **{name: f"outside tokens where the ratio criterion and {crit} decide differently"
+       for name, crit in _DISAGREE_SETS.items()},
 }
 #: ground-truth column -> what ``> 0`` means for the token (keeping its update increases its divergence)
 TRUTHS: dict[str, str] = {
@@ -89,8 +89,7 @@ def token_set(tokens: pl.DataFrame, name: str) -> pl.DataFrame:
     if name == OUTSIDE:
         _check(tokens, ["a"], "the outside set")
         return tokens.filter(pl.col("a") != 0)
-    crit = next(c for c, (_d, s) in PREDICTIVE.items() if f"disagree{s}" == name)
-    keep_pred, keep_ratio = CRITERIA[crit][0], CRITERIA[RATIO][0]
+    keep_pred, keep_ratio = CRITERIA[_DISAGREE_SETS[name]][0], CRITERIA[RATIO][0]
     _check(tokens, [keep_ratio, keep_pred], f"token set {name}")
     return tokens.filter(pl.col(keep_ratio) != pl.col(keep_pred))
 
@@ -318,8 +317,7 @@ def _judgement_row(j: Judgement) -> dict[str, object]:
 def _can_form(tokens: pl.DataFrame, name: str) -> bool:
     if name == OUTSIDE:
         return True
-    crit = next(c for c, (_d, s) in PREDICTIVE.items() if f"disagree{s}" == name)
-    return _carried(tokens, CRITERIA[crit][0])
+    return _carried(tokens, CRITERIA[_DISAGREE_SETS[name]][0])
 
 
 def judge_all(
@@ -398,20 +396,19 @@ class Agreement:
 def sign_agreement(
     tokens: pl.DataFrame,
     truth: str = "ddot_net",
-    ddot: str = "ddot_agg",
+    ddot: str = ddot_column(HEADLINE_TAIL),
     *,
     level: float = CONFIDENCE,
     resamples: int = RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
 ) -> Agreement:
     """The share of ``outside`` tokens (both values finite) where ``sign(truth) == sign(A * ddot)``."""
-    ddots = [d for d, _s in PREDICTIVE.values()]
     if truth not in NETWORK_TRUTHS:
         raise ValueError(
             f"sign agreement compares a network-aware truth; got {truth!r}, valid: {NETWORK_TRUTHS}"
         )
-    if ddot not in ddots:
-        raise ValueError(f"unknown logit-space Ddot column {ddot!r}; valid: {', '.join(ddots)}")
+    if ddot not in TAIL_COLUMNS:
+        raise ValueError(f"unknown logit-space Ddot column {ddot!r}; valid: {', '.join(TAIL_COLUMNS)}")
     _check(tokens, ["seed", "a", truth, ddot], "sign agreement")
     seeds = np.sort(tokens.get_column("seed").unique().to_numpy())
     live = token_set(tokens, OUTSIDE).filter(_finite(truth) & _finite(ddot))
@@ -453,7 +450,7 @@ def agreement_table(
     """Sign agreement of every network-aware truth with every logit-space Ddot the frame has (``AGREEMENT_COLUMNS``)."""
     rows = []
     for truth in (t for t in NETWORK_TRUTHS if t in tokens.columns):
-        for ddot in (d for d, _s in PREDICTIVE.values() if d in tokens.columns):
+        for ddot in (d for d in TAIL_COLUMNS if d in tokens.columns):
             g = sign_agreement(tokens, truth, ddot, level=level, resamples=resamples, seed=seed)
             lo, hi = g.wilson
             rows.append(

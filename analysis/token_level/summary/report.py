@@ -24,12 +24,12 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis.paired import WILSON_NOTE, ClusterInterval, PairedComparison
-from analysis.token_level.summary.criteria import RATIO, Judgement
+from analysis.token_columns import HEADLINE, PREDICTIVE, PREDICTIVE_TAILS, RATIO, TAILS
+from analysis.token_level.summary.criteria import Judgement
 from analysis.token_level.summary.study_stats import (
     DISAGREE_SET,
     OWN_UPDATE,
     PAPER_LABEL,
-    PREDICTIVE,
     Estimate,
     MeanSE,
     PairedEstimate,
@@ -47,10 +47,8 @@ from analysis.token_level.summary.study_tables import StudyJudgement, judge_stud
 
 #: how the tables name the criteria
 CRITERION_LABELS: dict[str, str] = {
-    "ratio": "ratio A(r−1)",
-    "predictive": "predictive, aggregated tail",
-    "predictive_uniform": "predictive, uniform tail",
-    "predictive_exact": "predictive, exact tail",
+    RATIO: "ratio A(r−1)",
+    **{crit: f"predictive, {TAILS[tail]} tail" for crit, tail in PREDICTIVE_TAILS.items()},
 }
 #: how the tables name the ground truths (docs/math.md §5.1), the own update's first
 TRUTH_LABELS: dict[str, str] = {
@@ -62,7 +60,7 @@ TRUTH_LABELS: dict[str, str] = {
 OUTSIDE_SET = "outside"
 #: the token sets the judgement prints, with the criteria compared on each
 SET_CRITERIA: dict[str, tuple[str, ...]] = {
-    DISAGREE_SET: (RATIO, "predictive"),
+    DISAGREE_SET: (RATIO, HEADLINE),
     OUTSIDE_SET: (RATIO, *PREDICTIVE),
 }
 SET_LABELS: dict[str, str] = {
@@ -343,7 +341,7 @@ def beyond_table(data: StudyData) -> Table | None:
     fo = first_order(tok, float(data.config["ratio_cap"])) if has_ref else {}
     flips = tail_flips(tok)
     names = CRITERION_LABELS
-    flip_key = {"predictive": "aggregated", "predictive_uniform": "uniform"}
+    flip_key = {crit: TAILS[tail] for crit, tail in PREDICTIVE_TAILS.items()}
     for crit, label in names.items():
         f = flips.get(flip_key.get(crit, ""), None)
         corr = fo.get(crit, {})

@@ -8,10 +8,7 @@ files or from the results database: the CLI, its report, the figures and the tab
 Criteria: ``ratio`` keeps a token when ``A (r - 1) <= 0``; ``predictive`` (aggregated tail, the paper's),
 ``predictive_uniform`` and ``predictive_exact`` keep it when ``A Ddot <= 0`` with that tail estimator. Each
 predictive criterion is compared with the ratio criterion on its own disagreement set (the tokens on which the two
-keep decisions differ). Per-seed columns with the suffix of a predictive criterion (``""``, ``"_uniform"``,
-``"_exact"``) belong to that comparison: ``n_disagree<s>``, and for the ratio side ``n_keep_ratio<s>``,
-``n_unsafe_ratio<s>``, ``n_corrective_ratio<s>``, ``unsafe_keep_ratio<s>``; the predictive side is
-``n_keep_<criterion>`` etc.
+keep decisions differ); the names of the criteria and of every column are ``analysis.token_columns``'.
 
 Definitions (one each):
 - a mean of per-seed unsafe-keep rates is taken over the PAIRED seeds of its comparison, the seeds where both
@@ -40,21 +37,22 @@ import numpy as np
 import polars as pl
 
 from analysis.paired import wilson_interval  # its one owner; re-exported for this module's callers
+from analysis.token_columns import (
+    CRITERIA,
+    DD_ALL,
+    HEADLINE,
+    PREDICTIVE,
+    RATIO,
+    TAILS,
+    count_columns,
+    ddot_column,
+    disagree_column,
+    keep_column,
+    predictive_mask,
+    ratio_side,
+    unsafe_keep_column,
+)
 from analysis.training.stats import finite_values
-
-#: criterion -> (keep column, dD column of the update made with that criterion's mask)
-CRITERIA: dict[str, tuple[str, str]] = {
-    "ratio": ("keep_ratio", "dd_ratio"),
-    "predictive": ("keep_pred_agg", "dd_pred_agg"),
-    "predictive_uniform": ("keep_pred_uniform", "dd_pred_uniform"),
-    "predictive_exact": ("keep_pred_exact", "dd_pred_exact"),
-}
-#: predictive criterion -> (Ddot column, suffix of the per-seed columns of its comparison with the ratio criterion)
-PREDICTIVE: dict[str, tuple[str, str]] = {
-    "predictive": ("ddot_agg", ""),
-    "predictive_uniform": ("ddot_uniform", "_uniform"),
-    "predictive_exact": ("ddot_exact", "_exact"),
-}
 
 #: The paper's figures for this study (docs/math.md §5; Qwen3 scale, 61 seeds): the one copy of them.
 PAPER_TOKEN_LEVEL: dict[str, float] = {
@@ -186,6 +184,11 @@ def _counts(keep: np.ndarray, dd: np.ndarray, disagree: np.ndarray) -> tuple[int
     return int(kept.sum()), int((kept & (dd > 0)).sum()), int((kept & (dd < 0)).sum())
 
 
+def _keep_and_dd(tokens: pl.DataFrame, crit: str) -> tuple[np.ndarray, np.ndarray]:
+    keep, dd = CRITERIA[crit]
+    return tokens.get_column(keep).to_numpy().astype(bool), tokens.get_column(dd).to_numpy()
+
+
 def seed_summary(tokens: pl.DataFrame, n_tokens: int) -> dict[str, int | float | None]:
     """The per-seed row of ``token_level_seeds`` from one seed's token rows (all of them outside, D_pre > delta).
 
@@ -193,22 +196,16 @@ def seed_summary(tokens: pl.DataFrame, n_tokens: int) -> dict[str, int | float |
     For each predictive criterion: its disagreement set with the ratio criterion, and on that set the kept,
     unsafe (dD > 0) and corrective (dD < 0) counts of both criteria and their unsafe-keep rates.
     """
-    col = {c: tokens.get_column(c).to_numpy() for c in tokens.columns if c.startswith(("keep_", "dd_"))}
-    keep_ratio = col["keep_ratio"].astype(bool)
+    keep_ratio, dd_ratio = _keep_and_dd(tokens, RATIO)
     row: dict[str, int | float | None] = {"n_tokens": int(n_tokens), "n_outside": tokens.height}
     for crit, (_ddot, suffix) in PREDICTIVE.items():
-        keep_c, dd_c = CRITERIA[crit]
-        kp = col[keep_c].astype(bool)
-        disagree = kp != keep_ratio
-        row[f"n_disagree{suffix}"] = int(disagree.sum())
-        for name, keep, dd in ((crit, kp, col[dd_c]), (f"ratio{suffix}", keep_ratio, col["dd_ratio"])):
-            n_keep, n_unsafe, n_corr = _counts(keep, dd, disagree)
-            row[f"n_keep_{name}"], row[f"n_unsafe_{name}"], row[f"n_corrective_{name}"] = (
-                n_keep,
-                n_unsafe,
-                n_corr,
-            )
-            row[f"unsafe_keep_{name}"] = _rate(n_unsafe, n_keep)
+        keep_pred, dd_pred = _keep_and_dd(tokens, crit)
+        disagree = keep_pred != keep_ratio
+        row[disagree_column(suffix)] = int(disagree.sum())
+        for side, keep, dd in ((crit, keep_pred, dd_pred), (ratio_side(suffix), keep_ratio, dd_ratio)):
+            counts = _counts(keep, dd, disagree)
+            row.update(zip(count_columns(side), counts))
+            row[unsafe_keep_column(side)] = _rate(counts[1], counts[0])
     return row
 
 
@@ -244,6 +241,12 @@ def _pooled(cols: Mapping[str, np.ndarray], corrective: str, kept: str) -> Poole
     return Pooled(int(k[ok].sum()), int(n[ok].sum()))
 
 
+def _corrective(cols: Mapping[str, np.ndarray], side: str) -> Pooled:
+    """The corrective fraction of one side of a comparison, pooled over seeds."""
+    kept, _unsafe, corrective = count_columns(side)
+    return _pooled(cols, corrective, kept)
+
+
 # ------------------------------------------------------------------------------------ across-seed summaries
 
 
@@ -269,7 +272,7 @@ class Paired:
 def _paired(cols: Mapping[str, np.ndarray], crit: str) -> Paired:
     suffix = PREDICTIVE[crit][1]
     seed = _column(cols, "seed")
-    ratio, pred = _column(cols, f"unsafe_keep_ratio{suffix}"), _column(cols, f"unsafe_keep_{crit}")
+    ratio, pred = (_column(cols, unsafe_keep_column(side)) for side in (ratio_side(suffix), crit))
     both = np.isfinite(ratio) & np.isfinite(pred)
     r, p = ratio[both], pred[both]
     return Paired(
@@ -285,7 +288,7 @@ def _paired(cols: Mapping[str, np.ndarray], crit: str) -> Paired:
     )
 
 
-def paired_unsafe_keep(seed_rows: SeedRows, predictive: str = "predictive") -> Paired:
+def paired_unsafe_keep(seed_rows: SeedRows, predictive: str = HEADLINE) -> Paired:
     """The paired per-seed unsafe-keep rates of the ratio criterion and ``predictive`` (Figure 3's data)."""
     if predictive not in PREDICTIVE:
         raise ValueError(f"unknown predictive criterion {predictive!r}; valid: {', '.join(PREDICTIVE)}")
@@ -319,7 +322,7 @@ class StudySummary:
     @property
     def headline(self) -> PairSummary | None:
         """The paper's comparison: the ratio criterion vs the predictive criterion with the aggregated tail."""
-        return self.pairs.get("predictive")
+        return self.pairs.get(HEADLINE)
 
 
 def study_summary(seed_rows: SeedRows) -> StudySummary:
@@ -331,16 +334,16 @@ def study_summary(seed_rows: SeedRows) -> StudySummary:
     cols = seed_columns(seed_rows)
     pairs: dict[str, PairSummary] = {}
     for crit, (_ddot, s) in PREDICTIVE.items():
-        if f"n_disagree{s}" not in cols:
+        if disagree_column(s) not in cols:
             continue
         pairs[crit] = PairSummary(
             predictive=crit,
-            disagree=mean_se(cols[f"n_disagree{s}"]),
+            disagree=mean_se(cols[disagree_column(s)]),
             unsafe_keep=_paired(cols, crit),
-            corrective_ratio=_pooled(cols, f"n_corrective_ratio{s}", f"n_keep_ratio{s}"),
-            corrective_pred=_pooled(cols, f"n_corrective_{crit}", f"n_keep_{crit}"),
+            corrective_ratio=_corrective(cols, ratio_side(s)),
+            corrective_pred=_corrective(cols, crit),
         )
-    pooled = {c: _pooled(cols, f"n_corrective_{c}", f"n_keep_{c}") for c in CRITERIA}
+    pooled = {c: _corrective(cols, c) for c in CRITERIA}
     return StudySummary(
         seeds=tuple(int(s) for s in _column(cols, "seed")),
         outside=mean_se(_column(cols, "n_outside")),
@@ -476,8 +479,9 @@ def drift_point(seed_rows: SeedRows, criteria: pl.DataFrame | None = None) -> Dr
     when given, the ``criteria_table`` rows judged on the same seeds' tokens (``token_level_criteria``'s columns)."""
     cols = seed_columns(seed_rows)
     summary = study_summary(cols)
-    disagree = _column(cols, "n_disagree")
-    pred, ratio = _criteria_row(criteria, "predictive"), _criteria_row(criteria, "ratio")
+    headline = disagree_column(PREDICTIVE[HEADLINE][1])
+    disagree = _column(cols, headline)
+    pred, ratio = _criteria_row(criteria, HEADLINE), _criteria_row(criteria, RATIO)
     head = summary.headline
     if head is None:
         empty = mean_se([], PAIRED)
@@ -489,7 +493,7 @@ def drift_point(seed_rows: SeedRows, criteria: pl.DataFrame | None = None) -> Dr
     return DriftPoint(
         n_seeds=summary.n_seeds,
         share_outside=share_outside(cols),
-        disagreement=_pooled(cols, "n_disagree", "n_outside"),
+        disagreement=_pooled(cols, headline, "n_outside"),
         outside_per_seed=summary.outside,
         disagree_per_seed=mean_se(disagree),
         min_disagree=int(finite.min()) if finite.size else None,
@@ -510,12 +514,12 @@ def drift_point(seed_rows: SeedRows, criteria: pl.DataFrame | None = None) -> Dr
 
 
 def _predicted_increase(crit: str) -> pl.Expr:
-    if crit == "ratio":
+    if crit == RATIO:
         return (pl.col("a") * (pl.col("r") - 1.0)) > 0
     return (pl.col("a") * pl.col(PREDICTIVE[crit][0])) > 0
 
 
-def sign_accuracy(tokens: pl.DataFrame, reference: str = "dd_all") -> dict[str, MeanSE]:
+def sign_accuracy(tokens: pl.DataFrame, reference: str = DD_ALL) -> dict[str, MeanSE]:
     """Per criterion: how often ``A x > 0`` (predicted increase of D) matches ``reference > 0`` (realised increase).
 
     Per seed over its outside tokens with ``A != 0``, then mean ± SE over the seeds that have such tokens.
@@ -531,23 +535,24 @@ def sign_accuracy(tokens: pl.DataFrame, reference: str = "dd_all") -> dict[str, 
     return out
 
 
+def _ddot_and_keep(tokens: pl.DataFrame, tail: str) -> tuple[np.ndarray, np.ndarray]:
+    ddot, keep = ddot_column(tail), keep_column(predictive_mask(tail))
+    return tokens.get_column(ddot).to_numpy(), tokens.get_column(keep).to_numpy().astype(bool)
+
+
 def tail_flips(tokens: pl.DataFrame) -> dict[str, dict[str, float | int]]:
     """How often the aggregated and uniform tails disagree with the exact tail, pooled over outside tokens.
 
     ``sign``: sign(Ddot_tail) != sign(Ddot_exact) (all outside tokens); ``keep``: the keep decision differs.
     """
     n = tokens.height
-    exact_ddot = tokens.get_column("ddot_exact").to_numpy()
-    keep_exact = tokens.get_column("keep_pred_exact").to_numpy().astype(bool)
+    exact_ddot, keep_exact = _ddot_and_keep(tokens, "exact")
     out: dict[str, dict[str, float | int]] = {}
-    for name, col, keep in (
-        ("aggregated", "ddot_agg", "keep_pred_agg"),
-        ("uniform", "ddot_uniform", "keep_pred_uniform"),
-    ):
-        ddot = tokens.get_column(col).to_numpy()
+    for tail in ("agg", "uniform"):
+        ddot, keep = _ddot_and_keep(tokens, tail)
         sf = int((np.sign(ddot) != np.sign(exact_ddot)).sum())
-        kf = int((tokens.get_column(keep).to_numpy().astype(bool) != keep_exact).sum())
-        out[name] = {
+        kf = int((keep != keep_exact).sum())
+        out[TAILS[tail]] = {
             "tokens": n,
             "sign_flips": sf,
             "keep_flips": kf,
@@ -564,7 +569,7 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def first_order(
-    tokens: pl.DataFrame, ratio_cap: float, reference: str = "dd_all"
+    tokens: pl.DataFrame, ratio_cap: float, reference: str = DD_ALL
 ) -> dict[str, dict[str, float]]:
     """Correlation of each criterion's step-scaled predicted change with the realised ``reference`` dD.
 
@@ -575,7 +580,7 @@ def first_order(
     live = tokens.filter(pl.col("a") != 0)
     y = live.get_column(reference).to_numpy()
     scale = live.get_column("a").to_numpy() * np.minimum(live.get_column("r").to_numpy(), ratio_cap)
-    predicted = {"ratio": live.get_column("r").to_numpy() - 1.0}
+    predicted = {RATIO: live.get_column("r").to_numpy() - 1.0}
     predicted.update({crit: live.get_column(ddot).to_numpy() for crit, (ddot, _s) in PREDICTIVE.items()})
     out: dict[str, dict[str, float]] = {}
     for crit, x_raw in predicted.items():
