@@ -9,6 +9,7 @@ prints accuracy bins with the mean measured and predicted weight per method. The
 from __future__ import annotations
 
 import argparse
+import itertools
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from analysis.accuracy_weighting.theory import METHODS
+from analysis.accuracy_weighting.theory import METHODS, check_eps
 
 PRIMARY = "accuracy_weighting"
 #: bump when a code change alters what the analysis computes (it is part of the analysis id)
@@ -67,39 +68,26 @@ def compose_analysis(overrides: Sequence[str]) -> dict[str, Any]:
         raise AnalysisInputError(str(err)) from None
 
 
-def _positive_int(key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AnalysisInputError(f"{key} = {value!r} is not allowed; allowed: an integer >= 1")
-    return value
-
-
 def validate(cfg: Mapping[str, Any]) -> None:
-    """One AnalysisInputError line for the first bad value of ``cfg``."""
-    for key in ("questions", "samples", "group_size"):
-        _positive_int(key, cfg[key])
-    if cfg["samples"] % cfg["group_size"]:
-        raise AnalysisInputError(
-            f"samples = {cfg['samples']} is not a multiple of group_size = {cfg['group_size']}; allowed: k * group_size")
+    """One AnalysisInputError line for the first bad value of ``cfg``: the sizes and every bandit case are checked
+    where the measurement defines them (``check_sampling``, ``BanditCase``)."""
+    from analysis.accuracy_weighting.measure import BanditCase, check_sampling
+
+    bandit = cfg["bandit"]
+    try:
+        check_sampling(cfg["questions"], cfg["samples"], cfg["group_size"])
+        check_eps(cfg["eps"])
+        for g, p in itertools.product(bandit["group_sizes"], bandit["accuracies"]):
+            BanditCase(p=p, group_size=g, arms=bandit["arms"], correct=bandit["correct"], seed=bandit["seed"])
+    except ValueError as err:
+        raise AnalysisInputError(str(err)) from None
     if not isinstance(cfg["temperature"], (int, float)) or not cfg["temperature"] > 0:
         raise AnalysisInputError(f"temperature = {cfg['temperature']!r} is not allowed; allowed: a number > 0")
-    if not isinstance(cfg["eps"], (int, float)) or cfg["eps"] < 0:
-        raise AnalysisInputError(f"eps = {cfg['eps']!r} is not allowed; allowed: a number >= 0")
     bad = [m for m in cfg["methods"] if m not in METHODS]
     if bad or not cfg["methods"]:
         raise AnalysisInputError(f"methods = {cfg['methods']} is not allowed; allowed: a non-empty subset of {', '.join(METHODS)}")
     if cfg["model"].get("backend") != "cpu":
         raise AnalysisInputError(f"model = {cfg['model'].get('name')!r} is not allowed; allowed: a CPU model (cpu_s, cpu_m, cpu_moe)")
-    bandit = cfg["bandit"]
-    arms = _positive_int("bandit.arms", bandit["arms"])
-    if not 1 <= bandit["correct"] < arms:
-        raise AnalysisInputError(f"bandit.correct = {bandit['correct']!r} is not allowed; allowed: 1 .. bandit.arms - 1")
-    for g in bandit["group_sizes"]:
-        _positive_int("bandit.group_sizes[]", g)
-        if arms ** g > 2_000_000:
-            raise AnalysisInputError(f"bandit.group_sizes has {g}: {arms}^{g} batches; allowed: arms^G <= 2,000,000")
-    for p in bandit["accuracies"]:
-        if not isinstance(p, (int, float)) or not 0 < p < 1:
-            raise AnalysisInputError(f"bandit.accuracies has {p!r}; allowed: numbers strictly between 0 and 1")
     if cfg.get("checkpoint") is not None:
         path = _checkpoint_file(cfg["checkpoint"])
         if not path.is_file():

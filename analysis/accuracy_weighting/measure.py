@@ -43,9 +43,16 @@ from analysis.accuracy_weighting.theory import (
 CLIP = 0.2
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class BanditCase:
-    """One bandit: ``arms`` arms, the first ``correct`` of them right, exact accuracy ``p``, batches of ``group_size``."""
+    """One bandit: ``arms`` arms, the first ``correct`` of them right, exact accuracy ``p``, batches of ``group_size``.
+
+    Construction checks every value (the one place of these checks; the command line builds its cases to check its
+    config): one ValueError line naming the bad value and what is allowed."""
 
     p: float
     group_size: int
@@ -54,15 +61,26 @@ class BanditCase:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.p < 1.0:
+        if isinstance(self.p, bool) or not isinstance(self.p, (int, float)) or not 0.0 < self.p < 1.0:
             raise ValueError(f"bandit p = {self.p!r} is not allowed; allowed: 0 < p < 1 (∇ log p is 0 at p = 1)")
-        if self.group_size < 1:
-            raise ValueError(f"bandit group_size = {self.group_size} is not allowed; allowed: an integer >= 1")
-        if not 1 <= self.correct < self.arms:
-            raise ValueError(f"bandit correct = {self.correct} is not allowed; allowed: 1 .. arms - 1 = {self.arms - 1}")
+        if not _whole(self.group_size) or self.group_size < 1:
+            raise ValueError(f"bandit group_size = {self.group_size!r} is not allowed; allowed: an integer >= 1")
+        if not _whole(self.arms) or self.arms < 2:
+            raise ValueError(f"bandit arms = {self.arms!r} is not allowed; allowed: an integer >= 2")
+        if not _whole(self.correct) or not 1 <= self.correct < self.arms:
+            raise ValueError(f"bandit correct = {self.correct!r} is not allowed; allowed: 1 .. arms - 1 = {self.arms - 1}")
         if self.arms ** self.group_size > 2_000_000:
             raise ValueError(f"arms^group_size = {self.arms}^{self.group_size} batches is too many to enumerate; "
                              "allowed: at most 2,000,000")
+
+
+def check_sampling(questions: int, samples: int, group_size: int) -> None:
+    """One ValueError line for the first bad value of the real-model measurement's sizes."""
+    for key, value in (("questions", questions), ("samples", samples), ("group_size", group_size)):
+        if not _whole(value) or value < 1:
+            raise ValueError(f"{key} = {value!r} is not allowed; allowed: an integer >= 1")
+    if samples % group_size:
+        raise ValueError(f"samples = {samples} is not a multiple of group_size = {group_size}; allowed: k * group_size")
 
 
 def method_loss(
@@ -268,10 +286,7 @@ def model_rows(
     from predmask.rl.task import make_split
     from predmask.rl.tokenizer import ArithmeticTokenizer
 
-    if samples < 1 or questions < 1:
-        raise ValueError(f"questions = {questions}, samples = {samples}; allowed: both >= 1")
-    if samples % group_size:
-        raise ValueError(f"samples = {samples} is not a multiple of group_size = {group_size}; allowed: k * group_size")
+    check_sampling(questions, samples, group_size)
     tok = ArithmeticTokenizer(task.max_number)
     problems = make_split(task, "train", questions)
     was_training = model.training

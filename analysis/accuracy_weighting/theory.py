@@ -20,6 +20,8 @@ accuracy p̂ (the per-batch identities of reinforce, rft and vr; GRPO's finite-g
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.stats import binom
@@ -35,6 +37,13 @@ def check_method(method: str) -> str:
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; allowed: {', '.join(METHODS)}")
     return method
+
+
+def check_eps(eps: float) -> float:
+    """``eps`` if it is a finite number >= 0 (GRPO's std epsilon), else one ValueError line naming it."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+        raise ValueError(f"eps = {eps!r} is not allowed; allowed: a finite number >= 0")
+    return eps
 
 
 def _accuracy(p: ArrayLike) -> NDArray[np.float64]:
@@ -66,8 +75,7 @@ def grpo_weight(p: ArrayLike, group_size: int | None, eps: float = DEFAULT_EPS) 
     """
     pa = _accuracy(p)
     g = _group(group_size)
-    if eps < 0 or not np.isfinite(eps):
-        raise ValueError(f"eps = {eps!r} is not allowed; allowed: a finite number >= 0")
+    check_eps(eps)
     if g is None:
         with np.errstate(divide="ignore"):
             return pa / (np.sqrt(pa * (1.0 - pa)) + eps)

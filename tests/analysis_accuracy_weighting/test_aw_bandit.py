@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from analysis.accuracy_weighting.measure import BanditCase, bandit_weights
+from analysis.accuracy_weighting.measure import BanditCase, bandit_weights, check_sampling
 from analysis.accuracy_weighting.theory import METHODS, batch_weight, predicted_weight
 
 ACCURACIES = (1e-3, 0.05, 0.3, 0.5, 0.7, 0.95, 0.999)
@@ -84,6 +84,12 @@ def test_limits_and_special_cases() -> None:
         (lambda: predicted_weight("grpo", 0.5, group_size=0), "group_size = 0"),
         (lambda: BanditCase(p=1.0, group_size=2), "bandit p = 1.0"),
         (lambda: BanditCase(p=0.5, group_size=2, arms=3, correct=3), "bandit correct = 3"),
+        (lambda: BanditCase(p="0.5", group_size=2), "bandit p = '0.5'"),
+        (lambda: BanditCase(p=0.5, group_size=2.0), "bandit group_size = 2.0"),
+        (lambda: BanditCase(p=0.5, group_size=11), "4^11 batches is too many"),
+        (lambda: predicted_weight("grpo", 0.5, group_size=2, eps=-1.0), "eps = -1.0"),
+        (lambda: check_sampling(1, 4, True), "group_size = True"),
+        (lambda: check_sampling(0, 4, 2), "questions = 0"),
     ],
 )
 def test_bad_input_is_one_line(call, needle: str) -> None:

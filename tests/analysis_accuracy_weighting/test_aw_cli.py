@@ -74,3 +74,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path) -> None
     proc = subprocess.run([sys.executable, "-m", "analysis", "accuracy_weighting", "--db", str(db),
                            "checkpoint=/nonexistent/run"], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2 and "does not exist" in proc.stderr and not db.exists()
+    # the bandit's cases are refused as the measurement refuses them (BanditCase), before anything runs
+    proc = subprocess.run([sys.executable, "-m", "analysis", "accuracy_weighting", "--db", str(db),
+                           "bandit.accuracies=[0.5,1.0]"], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and not db.exists()
+    assert "bandit p = 1.0 is not allowed" in proc.stderr
