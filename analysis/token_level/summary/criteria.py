@@ -46,7 +46,7 @@ from analysis.paired import (
     wilson_interval,
     z_of,
 )
-from analysis.token_columns import CRITERIA, HEADLINE_TAIL, PREDICTIVE, RATIO, TAIL_COLUMNS, ddot_column
+from analysis.token_columns import CRITERIA, DD_ALL, HEADLINE, PREDICTIVE, RATIO, TAIL_COLUMNS
 from analysis.token_level.summary.study_stats import DISAGREE_SET
 from analysis.training.stats import CONFIDENCE
 
@@ -64,7 +64,7 @@ TRUTHS: dict[str, str] = {
     "ddot_net": "own-update first-order change of D, network-aware (SGD)",
     "ddot_net_adam": "own-update first-order change of D, network-aware (Adam's preconditioner)",
     "dd_cf": "D after the step with the token's gradient minus without it",
-    "dd_all": "realised dD of the step that keeps every token",
+    DD_ALL: "realised dD of the step that keeps every token",
 }
 #: network-aware truths whose sign is compared with the logit-space prediction A · Ddot
 NETWORK_TRUTHS: tuple[str, ...] = ("ddot_net", "ddot_net_adam")
@@ -396,7 +396,7 @@ class Agreement:
 def sign_agreement(
     tokens: pl.DataFrame,
     truth: str = "ddot_net",
-    ddot: str = ddot_column(HEADLINE_TAIL),
+    ddot: str = PREDICTIVE[HEADLINE][0],
     *,
     level: float = CONFIDENCE,
     resamples: int = RESAMPLES,

@@ -24,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis.paired import WILSON_NOTE, ClusterInterval, PairedComparison
-from analysis.token_columns import HEADLINE, PREDICTIVE, PREDICTIVE_TAILS, RATIO, TAILS
+from analysis.token_columns import DD_ALL, HEADLINE, PREDICTIVE, PREDICTIVE_TAILS, RATIO, TAILS
 from analysis.token_level.summary.criteria import Judgement
 from analysis.token_level.summary.study_stats import (
     DISAGREE_SET,
@@ -55,7 +55,7 @@ TRUTH_LABELS: dict[str, str] = {
     "ddot_net": "own update (SGD)",
     "ddot_net_adam": "own update (Adam)",
     "dd_cf": "counterfactual",
-    "dd_all": "realised ΔD, all kept",
+    DD_ALL: "realised ΔD, all kept",
 }
 OUTSIDE_SET = "outside"
 #: the token sets the judgement prints, with the criteria compared on each
@@ -328,7 +328,7 @@ def beyond_table(data: StudyData) -> Table | None:
     tok = data.tokens
     if tok.height == 0:
         return None
-    has_ref = "dd_all" in tok.columns and tok.get_column("dd_all").null_count() < tok.height
+    has_ref = DD_ALL in tok.columns and tok.get_column(DD_ALL).null_count() < tok.height
     t = titled_table(
         f"Beyond the paper (same data, all outside tokens), {measured_at(data)}",
         "sign accuracy: P[A·x > 0 ⇔ ΔD_all > 0] per seed, over outside tokens with A≠0, where ΔD_all is "
