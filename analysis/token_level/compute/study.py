@@ -27,16 +27,8 @@ import polars as pl
 import torch
 from torch import Tensor, nn
 
-from analysis.token_columns import (
-    RATIO,
-    REFERENCE_MASK,
-    TAIL_COLUMNS,
-    TAILS,
-    dd_column,
-    ddot_column,
-    keep_column,
-    predictive_mask,
-)
+from analysis import token_columns
+from analysis.token_columns import CRITERIA, PREDICTIVE, RATIO, REFERENCE_MASK, TAIL_COLUMNS
 from analysis.token_level.compute.ground_truth import ground_truths, loss_weights
 from analysis.token_level.compute.step_settings import CF_MODES, UPDATE_PATHS, StepSettings, require
 from predmask import MethodParams, get_method, predicted_divergence_change, topk_divergence
@@ -57,7 +49,10 @@ log = logging.getLogger(__name__)
 
 
 #: mask name -> the predmask method whose loss makes the studied step with that mask
-MASKS: dict[str, str] = {RATIO: "dppo_topk_kl", **{predictive_mask(t): f"predmask_kl_{t}" for t in TAILS}}
+MASKS: dict[str, str] = {
+    RATIO: "dppo_topk_kl",
+    **{token_columns.predictive_mask(tail): f"predmask_kl_{tail}" for tail in token_columns.TAILS},
+}
 _NO_TRUST_REGION = {"delta": float("inf")}
 
 
@@ -68,8 +63,8 @@ def reference_step() -> tuple[str, dict[str, Any]]:
 
 #: keep column (``keep_<mask>``) -> Ddot column (predictive) or None (ratio)
 _KEEP_COLUMNS: dict[str, str | None] = {
-    keep_column(RATIO): None,
-    **{keep_column(predictive_mask(t)): ddot_column(t) for t in TAILS},
+    CRITERIA[RATIO][0]: None,
+    **{CRITERIA[crit][0]: ddot for crit, (ddot, _suffix) in PREDICTIVE.items()},
 }
 
 
@@ -418,7 +413,7 @@ def token_quantities(
 
 
 def _keep_of(name: str, q: Mapping[str, Tensor], mask: Tensor) -> Tensor:
-    return mask if name == REFERENCE_MASK else q[keep_column(name)] & mask
+    return mask if name == REFERENCE_MASK else q[token_columns.keep_column(name)] & mask
 
 
 def _kept_by_all(names: Iterable[str], q: Mapping[str, Tensor], mask: Tensor) -> Tensor:
@@ -642,7 +637,7 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
     for keep in _KEEP_COLUMNS:
         cols[keep] = q[keep][outside]
     for name, d in d_post.items():
-        cols[dd_column(name)] = (d - q["d_pre"])[outside].double()
+        cols[token_columns.dd_column(name)] = (d - q["d_pre"])[outside].double()
     t_steps = time.perf_counter()
     if s.ground_truth and not s.precision.train_fp8:
         cols.update(_ground_truth_columns(model, optimizer, batch, support, adv_tok, q, s, g_ref))

@@ -36,22 +36,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from analysis import token_columns
 from analysis.paired import wilson_interval  # its one owner; re-exported for this module's callers
-from analysis.token_columns import (
-    CRITERIA,
-    DD_ALL,
-    HEADLINE,
-    PREDICTIVE,
-    RATIO,
-    TAILS,
-    count_columns,
-    ddot_column,
-    disagree_column,
-    keep_column,
-    predictive_mask,
-    ratio_side,
-    unsafe_keep_column,
-)
+from analysis.token_columns import CRITERIA, HEADLINE, PREDICTIVE, RATIO
 from analysis.training.stats import finite_values
 
 #: The paper's figures for this study (docs/math.md §5; Qwen3 scale, 61 seeds): the one copy of them.
@@ -201,11 +188,12 @@ def seed_summary(tokens: pl.DataFrame, n_tokens: int) -> dict[str, int | float |
     for crit, (_ddot, suffix) in PREDICTIVE.items():
         keep_pred, dd_pred = _keep_and_dd(tokens, crit)
         disagree = keep_pred != keep_ratio
-        row[disagree_column(suffix)] = int(disagree.sum())
-        for side, keep, dd in ((crit, keep_pred, dd_pred), (ratio_side(suffix), keep_ratio, dd_ratio)):
+        row[token_columns.disagree_column(suffix)] = int(disagree.sum())
+        ratio = token_columns.ratio_side(suffix)
+        for side, keep, dd in ((crit, keep_pred, dd_pred), (ratio, keep_ratio, dd_ratio)):
             counts = _counts(keep, dd, disagree)
-            row.update(zip(count_columns(side), counts))
-            row[unsafe_keep_column(side)] = _rate(counts[1], counts[0])
+            row.update(zip(token_columns.count_columns(side), counts))
+            row[token_columns.unsafe_keep_column(side)] = _rate(counts[1], counts[0])
     return row
 
 
@@ -243,7 +231,7 @@ def _pooled(cols: Mapping[str, np.ndarray], corrective: str, kept: str) -> Poole
 
 def _corrective(cols: Mapping[str, np.ndarray], side: str) -> Pooled:
     """The corrective fraction of one side of a comparison, pooled over seeds."""
-    kept, _unsafe, corrective = count_columns(side)
+    kept, _unsafe, corrective = token_columns.count_columns(side)
     return _pooled(cols, corrective, kept)
 
 
@@ -272,7 +260,8 @@ class Paired:
 def _paired(cols: Mapping[str, np.ndarray], crit: str) -> Paired:
     suffix = PREDICTIVE[crit][1]
     seed = _column(cols, "seed")
-    ratio, pred = (_column(cols, unsafe_keep_column(side)) for side in (ratio_side(suffix), crit))
+    sides = (token_columns.ratio_side(suffix), crit)
+    ratio, pred = (_column(cols, token_columns.unsafe_keep_column(side)) for side in sides)
     both = np.isfinite(ratio) & np.isfinite(pred)
     r, p = ratio[both], pred[both]
     return Paired(
@@ -334,13 +323,13 @@ def study_summary(seed_rows: SeedRows) -> StudySummary:
     cols = seed_columns(seed_rows)
     pairs: dict[str, PairSummary] = {}
     for crit, (_ddot, s) in PREDICTIVE.items():
-        if disagree_column(s) not in cols:
+        if token_columns.disagree_column(s) not in cols:
             continue
         pairs[crit] = PairSummary(
             predictive=crit,
-            disagree=mean_se(cols[disagree_column(s)]),
+            disagree=mean_se(cols[token_columns.disagree_column(s)]),
             unsafe_keep=_paired(cols, crit),
-            corrective_ratio=_corrective(cols, ratio_side(s)),
+            corrective_ratio=_corrective(cols, token_columns.ratio_side(s)),
             corrective_pred=_corrective(cols, crit),
         )
     pooled = {c: _corrective(cols, c) for c in CRITERIA}
@@ -479,7 +468,7 @@ def drift_point(seed_rows: SeedRows, criteria: pl.DataFrame | None = None) -> Dr
     when given, the ``criteria_table`` rows judged on the same seeds' tokens (``token_level_criteria``'s columns)."""
     cols = seed_columns(seed_rows)
     summary = study_summary(cols)
-    headline = disagree_column(PREDICTIVE[HEADLINE][1])
+    headline = token_columns.disagree_column(PREDICTIVE[HEADLINE][1])
     disagree = _column(cols, headline)
     pred, ratio = _criteria_row(criteria, HEADLINE), _criteria_row(criteria, RATIO)
     head = summary.headline
@@ -519,7 +508,7 @@ def _predicted_increase(crit: str) -> pl.Expr:
     return (pl.col("a") * pl.col(PREDICTIVE[crit][0])) > 0
 
 
-def sign_accuracy(tokens: pl.DataFrame, reference: str = DD_ALL) -> dict[str, MeanSE]:
+def sign_accuracy(tokens: pl.DataFrame, reference: str = token_columns.DD_ALL) -> dict[str, MeanSE]:
     """Per criterion: how often ``A x > 0`` (predicted increase of D) matches ``reference > 0`` (realised increase).
 
     Per seed over its outside tokens with ``A != 0``, then mean ± SE over the seeds that have such tokens.
@@ -536,7 +525,7 @@ def sign_accuracy(tokens: pl.DataFrame, reference: str = DD_ALL) -> dict[str, Me
 
 
 def _ddot_and_keep(tokens: pl.DataFrame, tail: str) -> tuple[np.ndarray, np.ndarray]:
-    ddot, keep = ddot_column(tail), keep_column(predictive_mask(tail))
+    ddot, keep = token_columns.ddot_column(tail), token_columns.keep_column(token_columns.predictive_mask(tail))
     return tokens.get_column(ddot).to_numpy(), tokens.get_column(keep).to_numpy().astype(bool)
 
 
@@ -552,7 +541,7 @@ def tail_flips(tokens: pl.DataFrame) -> dict[str, dict[str, float | int]]:
         ddot, keep = _ddot_and_keep(tokens, tail)
         sf = int((np.sign(ddot) != np.sign(exact_ddot)).sum())
         kf = int((keep != keep_exact).sum())
-        out[TAILS[tail]] = {
+        out[token_columns.TAILS[tail]] = {
             "tokens": n,
             "sign_flips": sf,
             "keep_flips": kf,
@@ -569,7 +558,7 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def first_order(
-    tokens: pl.DataFrame, ratio_cap: float, reference: str = DD_ALL
+    tokens: pl.DataFrame, ratio_cap: float, reference: str = token_columns.DD_ALL
 ) -> dict[str, dict[str, float]]:
     """Correlation of each criterion's step-scaled predicted change with the realised ``reference`` dD.
 
