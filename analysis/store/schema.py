@@ -1,6 +1,6 @@
-"""The results store's tables: column names and types of `runs`, `metrics`, the token-level study (its rows and
-its study-level results), the drift grid, the variational family's traces and the accuracy-weighting analysis, and
-their DDL."""
+"""The results store's tables: column names and types of `runs`, `run_sweeps`, `metrics`, the token-level study
+(its rows and its study-level results), the drift grid, the variational family's traces and the accuracy-weighting
+analysis, and their DDL."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ RUN_COLUMNS: dict[str, str] = {
     "run_dir": "VARCHAR",
     "created_at": "TIMESTAMP",
     "updated_at": "TIMESTAMP",
+}
+
+# One row per (run, sweep whose folder holds it): run ids are content hashes of a run's config, so two sweeps can
+# hold the same run, each in its own folder (runs/<sweep>/<run_id>), and the run belongs to both. Written by ingest
+# with the run's `runs` row (whose ``sweep`` is the newest ingest's); (run_id, sweep) is unique.
+RUN_SWEEP_COLUMNS: dict[str, str] = {
+    "run_id": "VARCHAR NOT NULL",
+    "sweep": "VARCHAR NOT NULL",
+    "run_dir": "VARCHAR",  # the run's directory in that sweep's folder
 }
 
 # Per-seed summary of a token-level study (docs/math.md §5). "ratio" and "predictive" (aggregated tail) are
@@ -168,6 +177,7 @@ STEP_MAX = 2**31 - 1
 
 SCHEMA_DDL: tuple[str, ...] = (
     f"CREATE TABLE IF NOT EXISTS runs (\n  {_columns_ddl(RUN_COLUMNS)}\n)",
+    f"CREATE TABLE IF NOT EXISTS run_sweeps (\n  {_columns_ddl(RUN_SWEEP_COLUMNS)},\n  PRIMARY KEY (run_id, sweep)\n)",
     (
         # one row per (run_id, step, name), kept by ingest, the table's only writer (``ingest._write_metrics`` writes
         # a run's rows from its de-duplicated files); no PRIMARY KEY: its index lives in memory whole on every write
