@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from analysis import token_columns
+from analysis.token_columns import CRITERIA, DD_ALL, PREDICTIVE, TAIL_COLUMNS
+
 RUN_COLUMNS: dict[str, str] = {
     "run_id": "VARCHAR PRIMARY KEY",
     "sweep": "VARCHAR",
@@ -33,28 +36,26 @@ RUN_SWEEP_COLUMNS: dict[str, str] = {
     "run_dir": "VARCHAR",  # the run's directory in that sweep's folder
 }
 
-# Per-seed summary of a token-level study (docs/math.md §5). "ratio" and "predictive" (aggregated tail) are
-# compared on their disagreement set (n_disagree); the uniform and exact predictive criteria are each
-# compared with the ratio criterion on their own disagreement set (n_disagree_uniform, n_disagree_exact).
-# For criterion c: n_keep_c = disagreement tokens c keeps, n_unsafe_c = those with dD_c > 0,
-# n_corrective_c = those with dD_c < 0, unsafe_keep_c = n_unsafe_c / n_keep_c (NULL when n_keep_c = 0);
-# c = ratio_uniform / ratio_exact is the ratio criterion on the uniform / exact disagreement set.
+# Per-seed summary of a token-level study (docs/math.md §5): each predictive criterion compared with the ratio
+# criterion on their disagreement set (the names: ``analysis.token_columns``). For a side c of a comparison:
+# n_keep_c = disagreement tokens c keeps, n_unsafe_c = those with dD_c > 0, n_corrective_c = those with dD_c < 0,
+# unsafe_keep_c = n_unsafe_c / n_keep_c (NULL when n_keep_c = 0).
 # Extra columns in the frames written by upsert_token_level are added to the table.
-#: the criteria of the per-seed counts and rates, and the counts of each (see above)
-_SEED_CRITERIA = ("ratio", "predictive", "predictive_uniform", "predictive_exact")
-_SEED_COUNTS = ("n_keep", "n_unsafe", "n_corrective")
 SEED_COLUMNS: dict[str, str] = {
     "study_id": "VARCHAR NOT NULL",
     "seed": "INTEGER NOT NULL",
     "n_tokens": "BIGINT",
     "n_outside": "BIGINT",
-    **{f"n_disagree{s}": "BIGINT" for s in ("", "_uniform", "_exact")},
-    **{f"unsafe_keep_{c}": "DOUBLE" for c in _SEED_CRITERIA},
-    **{f"{n}_{c}": "BIGINT" for c in _SEED_CRITERIA for n in _SEED_COUNTS},
+    **{token_columns.disagree_column(s): "BIGINT" for _ddot, s in PREDICTIVE.values()},
+    **{token_columns.unsafe_keep_column(c): "DOUBLE" for c in CRITERIA},
+    **{n: "BIGINT" for c in CRITERIA for n in token_columns.count_columns(c)},
     **{
         column: kind
-        for s in ("uniform", "exact")
-        for column, kind in ((f"unsafe_keep_ratio_{s}", "DOUBLE"), *((f"{n}_ratio_{s}", "BIGINT") for n in _SEED_COUNTS))
+        for side in (token_columns.ratio_side(s) for _ddot, s in PREDICTIVE.values() if s)
+        for column, kind in (
+            (token_columns.unsafe_keep_column(side), "DOUBLE"),
+            *((n, "BIGINT") for n in token_columns.count_columns(side)),
+        )
     },
     # context of the seed: batch statistics and where the time went
     "reward_mean": "DOUBLE",
@@ -72,8 +73,6 @@ SEED_COLUMNS: dict[str, str] = {
 # One row per studied token (D_pre > delta). position: the token's index in the seed's flattened batch,
 # or, when `sequence` is given, its position inside that sequence's response. (study_id, seed,
 # sequence, position) is unique; upsert_token_level checks it.
-#: the masks of the studied steps: each token's keep decision (keep_<mask>) and its dD after that step (dd_<mask>)
-_TOKEN_MASKS = ("ratio", "pred_agg", "pred_uniform", "pred_exact")
 TOKEN_COLUMNS: dict[str, str] = {
     "study_id": "VARCHAR NOT NULL",
     "seed": "INTEGER NOT NULL",
@@ -82,10 +81,10 @@ TOKEN_COLUMNS: dict[str, str] = {
     "d_pre": "DOUBLE",
     "r": "DOUBLE",
     "a": "DOUBLE",
-    **{f"ddot_{tail}": "DOUBLE" for tail in ("agg", "uniform", "exact")},
-    **{f"keep_{mask}": "BOOLEAN" for mask in _TOKEN_MASKS},
-    **{f"dd_{mask}": "DOUBLE" for mask in _TOKEN_MASKS},
-    "dd_all": "DOUBLE",  # optional: dD after the unmasked reference step (sign-accuracy / first-order checks)
+    **dict.fromkeys(TAIL_COLUMNS, "DOUBLE"),
+    **{keep: "BOOLEAN" for keep, _dd in CRITERIA.values()},
+    **{dd: "DOUBLE" for _keep, dd in CRITERIA.values()},
+    DD_ALL: "DOUBLE",  # optional: dD after the unmasked reference step (sign-accuracy / first-order checks)
     # per-token ground truths (docs/math.md §5.1); NULL in the rows of a study computed before them
     "ddot_net": "DOUBLE",  # own-update first-order change of D (A's sign included): > 0, keeping the update raises D
     "ddot_net_adam": "DOUBLE",  # optional: the same through Adam's preconditioner
