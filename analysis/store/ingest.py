@@ -1,4 +1,5 @@
-"""Ingest of run directories and standalone metrics files into `runs` and `metrics` (idempotent, one run per transaction).
+"""Ingest of run directories and standalone metrics files into `runs`, `run_sweeps` (the sweep whose folder holds
+the run: a run two sweeps share belongs to both) and `metrics` (idempotent, one run per transaction).
 
 Nothing invalid is stored silently: each problem is one warning line naming the run (and the file and line), and a
 count in the run's RunIngest and the IngestSummary. Corrupt lines, non-numeric and non-finite values and lines whose
@@ -31,7 +32,7 @@ from analysis.store.connection import StoreError, fetch_one, storage_error, tran
 from analysis.store.exact_metrics import exact_step_metrics
 from analysis.store.inputs import find_run_dirs
 from analysis.store.metrics_files import FileCounts, iter_file_values
-from analysis.store.runs import EMPTY, RunRefusedError, run_row_from_dir, upsert_runs
+from analysis.store.runs import EMPTY, RunRefusedError, record_sweep, run_row_from_dir, upsert_runs
 from analysis.store.vr_tables import ingest_vr_traces, is_weights_stage
 from predmask.progress import progress
 from predmask.rundir import DEAD, METRICS_FILE, attempt_files
@@ -294,6 +295,7 @@ def _ingest(
                                        f"line: stored as status '{EMPTY}'")
             result.status = run_row.get("status")
             with transaction(con):
+                record_sweep(con, run_row)
                 counts = upsert_runs(con, [run_row])
                 result.rows_added, result.rows_changed, result.rows_removed = _write_metrics(con, run_id)
     except (OSError, duckdb.Error) as exc:

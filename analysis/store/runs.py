@@ -1,5 +1,6 @@
 """The `runs` table: idempotent upserts of run rows, and the row a run directory describes (config.yaml, status.json,
-job.json; read through ``predmask.rundir``). Ingest is the only builder of a run's row.
+job.json; read through ``predmask.rundir``). Ingest is the only builder of a run's row. `run_sweeps`: the sweeps
+whose folders hold a run (``record_sweep``, ``run_sweeps``); a run's `runs` row keeps the newest ingest's sweep.
 
 A run directory's status is the one its status.json gives, with two corrections, each reported: "running" while no
 process holds the run's writer lock is ``dead`` (the trainer was killed, ``predmask.rundir.run_status``), and
@@ -17,7 +18,7 @@ from typing import Any
 
 import duckdb
 
-from analysis.store.connection import StoreError, fetch_one, utcnow
+from analysis.store.connection import StoreError, fetch_one, table_exists, utcnow
 from analysis.store.schema import RUN_COLUMNS
 from predmask.rundir import (
     CONFIG_FILE,
@@ -142,6 +143,40 @@ def upsert_runs(con: duckdb.DuckDBPyConnection, rows: Iterable[Mapping[str, Any]
         con.execute(f"UPDATE runs SET {assignments} WHERE run_id = ?", [*changes.values(), run_id])
         updated += 1
     return UpsertCounts(inserted, updated, unchanged)
+
+
+def record_sweep(con: duckdb.DuckDBPyConnection, row: Mapping[str, Any]) -> None:
+    """Record in `run_sweeps` that the sweep of the run row ``row`` (``run_row_from_dir``'s) holds the run, in the
+    caller's transaction, before ``upsert_runs`` writes the row: idempotent, the run's other sweeps kept, the sweep
+    its stored `runs` row names too (a database written before `run_sweeps` has only that one)."""
+    con.execute(
+        "INSERT INTO run_sweeps (run_id, sweep, run_dir) SELECT run_id, sweep, run_dir FROM runs "
+        "WHERE run_id = ? AND sweep IS NOT NULL ON CONFLICT DO NOTHING",
+        [row["run_id"]],
+    )
+    if row.get("sweep") is not None:
+        con.execute(
+            "INSERT INTO run_sweeps (run_id, sweep, run_dir) VALUES (?, ?, ?) "
+            "ON CONFLICT (run_id, sweep) DO UPDATE SET run_dir = excluded.run_dir",
+            [row["run_id"], row["sweep"], None if row.get("run_dir") is None else str(row["run_dir"])],
+        )
+
+
+def run_sweeps(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[str, ...]]:
+    """run_id -> the sweeps that hold the run, sorted: each sweep whose folder ingest found it in (`run_sweeps`) and
+    its `runs` row's sweep (all that a database written before `run_sweeps` says). The one answer to "which sweeps
+    hold this run" and "the runs of sweep S" (a run shared by two sweeps is a run of each)."""
+    if not table_exists(con, "runs"):
+        return {}
+    held = "SELECT run_id, sweep FROM run_sweeps UNION " if table_exists(con, "run_sweeps") else ""
+    rows = con.execute(
+        f"SELECT run_id, sweep FROM ({held}SELECT run_id, sweep FROM runs) "
+        "WHERE sweep IS NOT NULL AND run_id IN (SELECT run_id FROM runs) ORDER BY run_id, sweep"
+    ).fetchall()
+    out: dict[str, tuple[str, ...]] = {}
+    for run_id, sweep in rows:
+        out[run_id] = (*out.get(run_id, ()), sweep)
+    return out
 
 
 def _name_of(value: Any) -> str | None:
