@@ -150,21 +150,14 @@ def base_model(cfg: Mapping[str, Any], *, progress: bool = False) -> tuple[nn.Mo
 
 def make_backend(cfg: Mapping[str, Any]) -> Backend:
     """The backend of a composed, validated study config."""
-    precision = precision_of(cfg)
     m = cfg["model"]
+    common = {"precision": precision_of(cfg), "top_k": cfg["top_k"], "max_new_tokens": cfg["max_new_tokens"],
+              "temperature": cfg["temperature"], "label": model_label(cfg)}  # what both backends take
     if m.get("backend") == "hf":
         from analysis.token_level.compute.hf import HFBackend
 
-        return HFBackend(
-            cfg["checkpoint"] or m.get("path"),
-            precision=precision,
-            top_k=cfg["top_k"],
-            max_new_tokens=cfg["max_new_tokens"],
-            temperature=cfg["temperature"],
-            device=cfg["device"],
-            label=model_label(cfg),
-            **cfg["hf"],  # the hf: block's keys are HFBackend's options (config.HFSettings)
-        )
+        # the hf: block's keys are HFBackend's options (config.HFSettings)
+        return HFBackend(cfg["checkpoint"] or m.get("path"), device=cfg["device"], **common, **cfg["hf"])
     task = task_of(cfg)
     tokenizer = ArithmeticTokenizer(task.max_number)
     if cfg["checkpoint"]:  # a training run's weights: the architecture comes from the model entry
@@ -174,15 +167,7 @@ def make_backend(cfg: Mapping[str, Any]) -> Backend:
         load_checkpoint_weights(model, Path(cfg["checkpoint"]))
     else:
         model, _info = base_model(cfg)
-    return CpuEngineBackend(
-        model,
-        tokenizer,
-        precision=precision,
-        top_k=cfg["top_k"],
-        max_new_tokens=cfg["max_new_tokens"],
-        temperature=cfg["temperature"],
-        label=model_label(cfg),
-    )
+    return CpuEngineBackend(model, tokenizer, **common)
 
 
 def run_seed(backend: Backend, cfg: Mapping[str, Any], settings: StudySettings, seed: int) -> SeedStudy:
