@@ -93,7 +93,7 @@ def _provenance(result: ArtefactResult, steps: dict[str, tuple[int, int]]) -> st
             f"<td>{_esc(v)}</td>"
             for v in (
                 r.run_id,
-                r.sweep or "—",
+                ", ".join(r.sweeps) or "—",
                 r.method or "—",
                 f"{r.delta:g}" if r.delta is not None else "—",
                 r.describe_scale(),
@@ -112,7 +112,7 @@ def _provenance(result: ArtefactResult, steps: dict[str, tuple[int, int]]) -> st
         f"<th>{h}</th>"
         for h in (
             "run",
-            "sweep",
+            "sweeps",
             "method",
             "δ",
             "scale",

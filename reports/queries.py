@@ -12,7 +12,7 @@ import duckdb
 import polars as pl
 
 from analysis.results import curves
-from analysis.store import STUDY_RESULT_KEYS, table_exists
+from analysis.store import STUDY_RESULT_KEYS, run_sweeps, table_exists
 from reports import labels
 
 
@@ -27,7 +27,8 @@ def count_rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
 
 @dataclass(frozen=True)
 class RunInfo:
-    """One row of `runs` with what the reports derive from it (setting, stand-in, backend)."""
+    """One row of `runs` with what the reports derive from it (setting, stand-in, backend). ``sweeps``: every sweep
+    that holds the run (``analysis.store.run_sweeps``; not given: ``sweep``, the sweep of its newest ingest)."""
 
     run_id: str
     sweep: str | None
@@ -39,6 +40,11 @@ class RunInfo:
     backend: str | None
     status: str | None
     config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    sweeps: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.sweeps and self.sweep is not None:
+            object.__setattr__(self, "sweeps", (self.sweep,))
 
     @property
     def stands_in_for(self) -> str | None:
@@ -86,13 +92,14 @@ def load_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
     rows = con.execute(
         "SELECT run_id, sweep, method, delta, model, precision, seed, backend, status, config FROM runs ORDER BY run_id"
     ).fetchall()
+    held = run_sweeps(con)
     out = []
     for r in rows:
         try:
             cfg = json.loads(r[9]) if r[9] else {}
         except (TypeError, json.JSONDecodeError):
             cfg = {}
-        out.append(RunInfo(*r[:9], config=cfg if isinstance(cfg, dict) else {}))
+        out.append(RunInfo(*r[:9], config=cfg if isinstance(cfg, dict) else {}, sweeps=held.get(r[0], ())))
     return out
 
 
@@ -112,14 +119,14 @@ def select_runs(
     runs: Sequence[RunInfo], delta: float | None, sweeps: Sequence[str] | None, default_sweep: str | None
 ) -> RunSelection:
     """Runs at threshold `delta` (None: any) from `sweeps` if given; else from `default_sweep` when it has
-    matching runs; else from every sweep."""
+    matching runs; else from every sweep. A run is from each sweep that holds it (``RunInfo.sweeps``), once."""
     cands = [r for r in runs if delta is None or same_delta(r.delta, delta)]
     where = f"δ = {delta:g}" if delta is not None else "any δ"
     if sweeps:
-        chosen = [r for r in cands if r.sweep in set(sweeps)]
+        chosen = [r for r in cands if not set(sweeps).isdisjoint(r.sweeps)]
         rule = f"{where}, sweep in {{{', '.join(sweeps)}}} (--sweep)"
-    elif default_sweep is not None and any(r.sweep == default_sweep for r in cands):
-        chosen = [r for r in cands if r.sweep == default_sweep]
+    elif default_sweep is not None and any(default_sweep in r.sweeps for r in cands):
+        chosen = [r for r in cands if default_sweep in r.sweeps]
         rule = f"{where}, sweep {default_sweep} (default for this figure; --sweep to change)"
     else:
         chosen = cands
@@ -314,8 +321,9 @@ def variational_runs(runs: Sequence[RunInfo]) -> list[RunInfo]:
     """The runs of the variational family: its stage runs (config ``family: variational``) and the engine runs
     (GRPO) of the sweeps that hold them."""
     family = {r.run_id for r in runs if r.config.get("family") == VR_FAMILY}
-    sweeps = {r.sweep for r in runs if r.run_id in family}
-    return [r for r in runs if r.run_id in family or (r.sweep in sweeps and r.config.get("family") is None)]
+    sweeps = {s for r in runs if r.run_id in family for s in r.sweeps}
+    return [r for r in runs
+            if r.run_id in family or (r.config.get("family") is None and not sweeps.isdisjoint(r.sweeps))]
 
 
 def final_values(

@@ -54,10 +54,11 @@ def _seeds(runs: Sequence[queries.RunInfo]) -> str:
 
 def sweeps_table(runs: Sequence[queries.RunInfo]) -> TextTable:
     """One row per sweep of conf/sweep (those without runs too, naming the command that runs them) and per other
-    sweep the database holds."""
+    sweep the database holds; a run two sweeps hold counts in each."""
     by_sweep: dict[str, list[queries.RunInfo]] = {s: [] for s in config.group_options("sweep")}
     for r in runs:
-        by_sweep.setdefault(r.sweep or NO_SWEEP, []).append(r)
+        for sweep in r.sweeps or (NO_SWEEP,):
+            by_sweep.setdefault(sweep, []).append(r)
     rows = []
     for sweep, members in by_sweep.items():
         if not members:
@@ -77,7 +78,8 @@ def sweeps_table(runs: Sequence[queries.RunInfo]) -> TextTable:
         )
     return TextTable(
         title="What ran",
-        note="Runs per sweep in this database, with the seeds they used, where they ran and at what scale.",
+        note="Runs per sweep in this database (a run two sweeps hold counts in each), with the seeds they used, "
+        "where they ran and at what scale.",
         header=["sweep", "runs", "seeds", "methods", "settings", "where", "scale"],
         rows=rows,
     )

@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from analysis.results import curves
-from analysis.store import connect, default_db_path, table_exists
+from analysis.store import connect, default_db_path, run_sweeps, table_exists
 from analysis.token_level.summary import study_stats as token_stats
 from analysis.token_level.summary.study_tables import STUDY_TABLES
 from analysis.training import stats as training_stats
@@ -114,11 +114,12 @@ def _anchor(run_config: Mapping[str, Any]) -> str | None:
 
 
 def _run_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
-    """One row per run: the stored columns and the axes derived from its config (setting, paper model, anchor,
-    scale)."""
+    """One row per run: the stored columns (``sweep``: its newest ingest's), every sweep that holds it (``sweeps``,
+    ``analysis.store.run_sweeps``) and the axes derived from its config (setting, paper model, anchor, scale)."""
     schema = {
         "run_id": pl.String,
         "sweep": pl.String,
+        "sweeps": pl.List(pl.String),
         "method": pl.String,
         "setting": pl.String,
         "model": pl.String,
@@ -139,6 +140,7 @@ def _run_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         "SELECT run_id, sweep, method, model, precision, delta, seed, backend, status, config, run_dir, "
         "updated_at FROM runs ORDER BY sweep, run_id"
     ).fetchall()
+    held = run_sweeps(con)
     out = []
     for run_id, sweep, method, model, precision, delta, seed, backend, status, cfg, run_dir, updated in rows:
         try:
@@ -147,7 +149,7 @@ def _run_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
             parsed = {}
         parsed = parsed if isinstance(parsed, dict) else {}
         paper = curves.paper_model(model, parsed) or model
-        out.append((run_id, sweep, method, _run_setting(parsed, paper, precision), model, paper, precision, delta,
+        out.append((run_id, sweep, list(held.get(run_id, ())), method, _run_setting(parsed, paper, precision), model, paper, precision, delta,
                     seed, backend, status, _anchor(parsed), _model_label(model) if model else None, run_dir, updated))
     return pl.DataFrame(out, schema=schema, orient="row")  # each row in the schema's column order
 
@@ -203,6 +205,11 @@ def _distinct(frame: pl.DataFrame, column: str) -> list[Any]:
     return sorted(v for v in frame.get_column(column).unique().to_list() if v is not None)
 
 
+def _sweeps(frame: pl.DataFrame) -> list[str]:
+    """The sweeps that hold any run of the frame."""
+    return _distinct(frame.select(pl.col("sweeps").explode()), "sweeps")
+
+
 def _select(
     frame: pl.DataFrame,
     sweep: str | Sequence[str] | None = None,
@@ -211,8 +218,15 @@ def _select(
     seed: int | Sequence[int] | None = None,
     runs: str | Sequence[str] | None = None,
 ) -> pl.DataFrame:
-    """The runs matching every filter given (a value or a list); a value no run has raises UnknownNameError."""
-    for column, wanted in (("sweep", sweep), ("method", method), ("setting", setting), ("seed", seed)):
+    """The runs matching every filter given (a value or a list); a value no run has raises UnknownNameError. A run
+    is of each sweep that holds it (``sweeps``): filtered by sweep, its ``sweep`` is the first one asked for."""
+    if sweep is not None:
+        asked = _as_list(sweep)
+        _check("sweep", asked, _sweeps(frame))
+        frame = frame.with_columns(
+            sweep=pl.coalesce([pl.when(pl.col("sweeps").list.contains(s)).then(pl.lit(s)) for s in asked])
+        ).filter(pl.col("sweep").is_not_null())
+    for column, wanted in (("method", method), ("setting", setting), ("seed", seed)):
         if wanted is None:
             continue
         values = _as_list(wanted)
@@ -295,7 +309,7 @@ class Results:
     def sweeps(self) -> list[str]:
         """The sweeps that have runs in this database."""
         with self._connect() as con:
-            return _distinct(_run_frame(con), "sweep")
+            return _sweeps(_run_frame(con))
 
     def metric_names(self, sweep: str | None = None) -> list[str]:
         """The metric names logged (by the runs of ``sweep`` when given)."""
@@ -317,11 +331,14 @@ class Results:
         seed: int | Sequence[int] | None = None,
     ) -> Any:
         """One row per run: its axes (sweep, method, setting, model, the paper model it stands for, precision,
-        δ, seed, backend), status, the ratio's anchor (``old`` | ``rollout``: recorded, else the method's default), scale
-        (conf/model's label, which names a CPU stand-in as one), run directory and last update. Each filter takes
-        a value or a list; a value no run has raises UnknownNameError."""
+        δ, seed, backend), every sweep that holds it (``sweeps``, comma-separated: two sweeps can hold one run;
+        ``sweep`` is the first of the sweeps asked for that holds it, else the sweep ingested last), status, the
+        ratio's anchor (``old`` | ``rollout``: recorded, else the method's default), scale (conf/model's label,
+        which names a CPU stand-in as one), run directory and last update. Each filter takes a value or a list; a
+        value no run has raises UnknownNameError."""
         with self._connect() as con:
-            return self._out(_select(_run_frame(con), sweep, method, setting, seed))
+            frame = _select(_run_frame(con), sweep, method, setting, seed)
+        return self._out(frame.with_columns(pl.col("sweeps").list.join(", ")))
 
     # ------------------------------------------------------------------------------------------- metrics
 
