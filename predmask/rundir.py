@@ -33,8 +33,8 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -554,9 +554,9 @@ class RunDirBusyError(RuntimeError):
     """Another live process holds the run directory's writer lock (one line, naming its pid)."""
 
 
-def _holder(fd: int) -> str:
+def _holder(text: str) -> str:
     """``pid N`` (``pid N on HOST`` from another host) as the lock's holder wrote it, or ``pid unknown``."""
-    words = os.pread(fd, 200, 0).decode(errors="replace").split()
+    words = text.split()
     if len(words) >= 2 and words[0] == "pid":
         host = words[2] if len(words) >= 3 else None
         return f"pid {words[1]}" + (f" on {host}" if host and host != socket.gethostname() else "")
@@ -564,29 +564,39 @@ def _holder(fd: int) -> str:
 
 
 @contextmanager
-def hold_run_lock(run_dir: Path) -> Iterator[None]:
-    """Hold an exclusive flock on ``run_dir/.run.lock`` for the with-block (the run's writer, for its whole life).
+def hold_lock(path: Path, stamp: str, busy: Callable[[str], Exception]) -> Iterator[None]:
+    """Hold an exclusive flock on the file ``path`` for the with-block, ``stamp`` (who holds it) written in it while
+    held: the one lock of the project (a run directory's writer lock, a sweep's lock).
 
-    The lock file holds ``pid N HOST`` of the holder while it is held. Raises RunDirBusyError when another process
-    holds it. The lock goes with the process: a SIGKILLed writer leaves it free (``run_writer_alive``).
+    When another process holds it, raises ``busy(what that holder wrote)``. Never through a link (the file is
+    truncated, and a link could name a file elsewhere): a link is an OSError (ELOOP). The lock goes with the process:
+    a SIGKILLed holder leaves it free.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / RUN_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunDirBusyError(
-                f"run_dir {run_dir} is being written by another trainer ({_holder(fd)})"
-            ) from None
+            raise busy(os.pread(fd, 200, 0).decode(errors="replace").strip()) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        os.pwrite(fd, stamp.encode(), 0)
         try:
             yield
         finally:
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)
+
+
+def hold_run_lock(run_dir: Path) -> AbstractContextManager[None]:
+    """Hold ``run_dir/.run.lock`` for the with-block (the run's writer, for its whole life), ``pid N HOST`` of the
+    holder written in it. Raises RunDirBusyError when another process holds it; a SIGKILLed writer leaves it free
+    (``run_writer_alive``)."""
+    def busy(holder: str) -> RunDirBusyError:
+        return RunDirBusyError(f"run_dir {run_dir} is being written by another trainer ({_holder(holder)})")
+
+    return hold_lock(run_dir / RUN_LOCK_FILE, f"pid {os.getpid()} {socket.gethostname()}\n", busy)
 
 
 def run_writer_alive(run_dir: Path) -> bool:

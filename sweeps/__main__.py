@@ -41,12 +41,12 @@ from sweeps.families import describe, expand
 from sweeps.run_dirs import (
     DAMAGED,
     RunState,
-    SweepLock,
     check_inside_root,
     damaged_line,
     finished_elsewhere,
     read_state,
     run_dir,
+    sweep_lock,
 )
 
 EPILOG = """\
@@ -291,7 +291,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     hint = with_db(command(f"{INGEST} {shlex.quote(str(sweep_path(args.sweep, root)))}"), args.db and db)
     ingest = Ingester(db, hint)
     chained = any(spec.inputs for spec in specs)  # a variational sweep: each stage after the runs it reads
-    with SweepLock(sweep_path(args.sweep, root)):
+    with sweep_lock(sweep_path(args.sweep, root)):
         if chained:
             outcome = run_waves(specs, root=root, max_parallel=parallel, console=console, on_finished=ingest,
                                 resume=_submit_command(args))

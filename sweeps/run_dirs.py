@@ -3,15 +3,16 @@ run directory's files themselves: ``predmask.rundir``)."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from predmask.rundir import (
     EXIT_STATUS_FILE,
@@ -21,6 +22,7 @@ from predmask.rundir import (
     STATUS_FILE,
     DamagedFileError,
     StatusError,
+    hold_lock,
     read_job_record,
     read_status,
     run_path,
@@ -28,9 +30,6 @@ from predmask.rundir import (
     write_config,
 )
 from sweeps.compose import RunSpec, SweepError
-
-if TYPE_CHECKING:  # typing.Self is Python 3.11+; the project supports 3.10
-    from typing_extensions import Self
 
 
 def run_dir(spec: RunSpec, root: Path | None = None) -> Path:
@@ -189,42 +188,16 @@ def write_run_config(path: Path, spec: RunSpec) -> None:
     write_config(path, spec.config)
 
 
-class SweepLock:
-    """An exclusive lock on a sweep directory: one ``python -m sweeps`` per sweep at a time."""
+@contextmanager
+def sweep_lock(directory: Path) -> Iterator[None]:
+    """An exclusive lock on a sweep directory for the with-block: one ``python -m sweeps`` per sweep at a time."""
+    path = directory / ".sweep.lock"
 
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / ".sweep.lock"
-        self._fd: int | None = None
+    def busy(holder: str) -> RuntimeError:
+        return RuntimeError(f"sweep directory {directory} is in use by {holder or 'another process'}; wait for it or "
+                            "stop it first")
 
-    def acquire(self) -> None:
-        try:  # never through a link: the lock file is truncated below, and it could name a file outside the root
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError:
-            if not self.path.is_symlink():
-                raise
-            raise SweepError(f"{self.path} is a symlink (to {os.readlink(self.path)}); nothing written or deleted: "
-                             "remove that link") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise RuntimeError(
-                f"sweep directory {self.path.parent} is in use by {holder}; wait for it or stop it first"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> Self:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    if path.is_symlink():  # hold_lock refuses a link too (ELOOP); this says which, in one line
+        raise SweepError(f"{path} is a symlink (to {os.readlink(path)}); nothing written or deleted: remove that link")
+    with hold_lock(path, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}", busy):
+        yield

@@ -44,3 +44,19 @@ def test_a_second_writer_is_refused_and_a_killed_writer_is_dead(tmp_path: Path) 
     with hold_run_lock(run_dir):  # free again: the next writer takes it (and reads as alive meanwhile)
         assert run_writer_alive(run_dir)
     assert not run_writer_alive(run_dir)
+
+
+def test_a_run_lock_linked_out_of_the_run_directory_is_refused_and_its_target_kept(tmp_path: Path) -> None:
+    """The lock file is truncated when taken: through a link that would empty a file elsewhere (the one lock
+    primitive, predmask.rundir.hold_lock, opens it without following links)."""
+    import errno
+
+    outside = tmp_path / "elsewhere.txt"
+    outside.write_text("must survive\n")
+    run_dir = tmp_path / "runs" / "s" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / ".run.lock").symlink_to(outside)
+    with pytest.raises(OSError) as err, hold_run_lock(run_dir):
+        pytest.fail("the lock was taken through a link")
+    assert err.value.errno == errno.ELOOP
+    assert outside.read_text() == "must survive\n"

@@ -138,15 +138,16 @@ def test_the_sweep_lock_and_a_job_log_linked_out_of_the_root_are_refused_and_the
 
     from launch.command_job import CommandJob
     from sweeps.compose import SweepError
-    from sweeps.run_dirs import SweepLock
+    from sweeps.run_dirs import sweep_lock
 
     outside = tmp_path / "elsewhere.txt"
     outside.write_text("must survive\n")
     sweep_dir = tmp_path / "runs" / "s"
     (sweep_dir / "r1").mkdir(parents=True)
     (sweep_dir / ".sweep.lock").symlink_to(outside)
-    with pytest.raises(SweepError, match=r"\.sweep\.lock is a symlink \(to .*elsewhere\.txt\); nothing written"):
-        SweepLock(sweep_dir).acquire()
+    with pytest.raises(SweepError, match=r"\.sweep\.lock is a symlink \(to .*elsewhere\.txt\); nothing written"), \
+            sweep_lock(sweep_dir):
+        pass
     (sweep_dir / "r1" / "job.log").symlink_to(outside)
     job = CommandJob(command=[sys.executable, "-c", "print('written')"], run_dir=str(sweep_dir / "r1"),
                      log_file=str(sweep_dir / "r1" / "job.log"))
@@ -156,7 +157,7 @@ def test_the_sweep_lock_and_a_job_log_linked_out_of_the_root_are_refused_and_the
     assert outside.read_text() == "must survive\n"
 
     (sweep_dir / ".sweep.lock").unlink()  # a plain lock file and log: taken and written as before
-    with SweepLock(sweep_dir):
+    with sweep_lock(sweep_dir):
         assert (sweep_dir / ".sweep.lock").read_text().startswith("pid ")
     (sweep_dir / "r1" / "job.log").unlink()
     assert job._run_command(extra_env={}) == 0

@@ -103,9 +103,9 @@ def test_local_sweep_killed_midway_then_rerun_completes_without_duplicates(tmp_p
 
 
 def test_second_invocation_on_a_running_sweep_is_refused(tmp_path: Path) -> None:
-    from sweeps.run_dirs import SweepLock
+    from sweeps.run_dirs import sweep_lock
 
-    with SweepLock(tmp_path / "runs" / "smoke"):
+    with sweep_lock(tmp_path / "runs" / "smoke"):
         second = _sweeps(tmp_path, "smoke", METHODS, *TINY, timeout=120)
     assert second.returncode == 2
     assert "is in use by pid" in second.stderr and len(second.stderr.strip().splitlines()) == 1
