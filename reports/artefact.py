@@ -1,6 +1,7 @@
 """What every report artefact shares: the context it reads, the data it returns, and the decorators that declare it.
 
-Artefact modules (reports/figures/*, reports/tables/*) declare their figures and tables with `figure` / `table`;
+Artefact modules (reports/figures/*, reports/tables/*) declare their figures and tables with `figure`
+(reports/figures/draw.py) / `table` (reports/tables/render.py), each under its function's name, through `declare`;
 reports/artefact_registry.py imports those modules and collects what they declared.
 """
 
@@ -100,8 +101,8 @@ class Panel:
 @dataclass
 class ArtefactResult:
     """What an artefact drew or rendered: data (for tests), files written, provenance (for the page). Its name is
-    the declared artefact's: calling the artefact fills it in (an artefact function that needs it first, to name
-    its files, reads it from its own declaration, ``<function>.name``)."""
+    the declared artefact's: calling the artefact fills it in and writes ``drawn`` under it (a figure's Figure, a
+    table's TextTables) when the context draws."""
 
     title: str
     caption: str
@@ -115,6 +116,7 @@ class ArtefactResult:
     tables: dict[str, Any] = field(default_factory=dict)  # tables: rendered text / rows
     has_data: bool = False
     command: str = ""  # the command that produces the data it draws (named when it has none)
+    drawn: Any = None  # what its files hold: a figure's matplotlib Figure, a table's TextTables in file order
 
     def panel(self, title_start: str, row: str | None = None) -> Panel:
         for p in self.panels:
@@ -125,43 +127,34 @@ class ArtefactResult:
 
 @dataclass(frozen=True)
 class Artefact:
-    """A declared figure or table; calling it with a context draws or renders it."""
+    """A declared figure or table; calling it with a context draws or renders it and, when the context draws, writes
+    its files (``write``: the result's ``drawn`` under its name, the paths written)."""
 
     name: str
     kind: Kind
     title: str
     source: Source
     fn: Callable[[ReportContext], ArtefactResult]
+    write: Callable[[ArtefactResult, ReportContext], list[Path]]
 
     def __call__(self, ctx: ReportContext) -> ArtefactResult:
         result = self.fn(ctx)
         if result.name and result.name != self.name:
             raise ValueError(f"artefact {self.name!r} returned a result named {result.name!r}; leave it unset")
         result.name = self.name
+        if ctx.draw:
+            result.files = self.write(result, ctx)
         return result
 
 
-def _declare(
-    kind: Kind, name: str, title: str, source: Source
+def declare(
+    kind: Kind, title: str, source: Source, write: Callable[[ArtefactResult, ReportContext], list[Path]]
 ) -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
+    """A decorator declaring `fn(ctx) -> ArtefactResult` as an artefact named as the function is."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {', '.join(SOURCES)}, got {source!r}")
 
     def deco(fn: Callable[[ReportContext], ArtefactResult]) -> Artefact:
-        return Artefact(name, kind, title, source, fn)
+        return Artefact(fn.__name__, kind, title, source, fn, write)
 
     return deco
-
-
-def figure(
-    name: str, title: str, source: Source = "runs"
-) -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
-    """Declare a figure function `fn(ctx) -> ArtefactResult` under its file name."""
-    return _declare("figure", name, title, source)
-
-
-def table(
-    name: str, title: str, source: Source = "runs"
-) -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
-    """Declare a table function `fn(ctx) -> ArtefactResult` under its file name."""
-    return _declare("table", name, title, source)

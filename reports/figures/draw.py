@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import matplotlib
@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from predmask.io import atomic_write
+from reports.artefact import Artefact, ArtefactResult, ReportContext, Source, declare
 from reports.style import GREY, RC
 
 plt.rcParams.update(RC)  # one style for every figure of the process (reports run in their own process)
@@ -84,6 +85,12 @@ def save_figure(fig: Figure, out_dir: Path, name: str, formats: Iterable[str] = 
     finally:
         plt.close(fig)
     return paths
+
+
+def figure(title: str, source: Source = "runs") -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
+    """Declare a figure function `fn(ctx) -> ArtefactResult` named as its files are; with a context that draws it
+    sets the result's `drawn` to its open Figure, saved as <name>.<format>."""
+    return declare("figure", title, source, lambda r, ctx: save_figure(r.drawn, ctx.out, r.name, ctx.formats))
 
 
 def legend_rows(n_labels: int, ncol: int = 4) -> int:

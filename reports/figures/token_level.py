@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
@@ -22,19 +23,18 @@ from reports.artefact import (
     Panel,
     ReportContext,
     Series,
-    figure,
 )
 from reports.cells import interval_caption
 from reports.figures.draw import (
     LEGEND_ROW_IN,
     clear_of,
     empty_panel,
+    figure,
     fit_width,
     keep_inside,
     legend_below,
     legend_rows,
     new_figure,
-    save_figure,
     suptitle,
     wrap_lines,
 )
@@ -165,17 +165,28 @@ def _place_texts(ax, inside=(), top=None) -> None:
         clear_of(ax, top, [*ax.patches, *inside])
 
 
+def _study_result(ctx: ReportContext, where: str, title: str, caption: str, intervals: str) -> ArtefactResult:
+    """The result of a figure of the chosen study: its caption ends with where the study was measured (`where`)
+    and what its intervals are."""
+    return ArtefactResult(
+        command=STUDY_COMMAND,
+        title=title,
+        caption=caption + (f" This study was {where}." if where else "") + " " + intervals,
+        study=ctx.study,
+        selection_rule=_selection(ctx),
+    )
+
+
 @figure(
-    "fig3_unsafe_keep",
-    "Figure 3: unsafe-keep rate per seed, ratio vs predictive, beside both criteria on the same tokens",
-    source="study",
+    "Figure 3: unsafe-keep rate per seed, ratio vs predictive, beside both criteria on the same tokens", "study"
 )
 def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
     where = _where(ctx)
-    result = ArtefactResult(
-        command=STUDY_COMMAND,
-        title="Figure 3: unsafe-keep rate on the disagreement set, and both criteria judged on the same tokens",
-        caption=(
+    result = _study_result(
+        ctx,
+        where,
+        "Figure 3: unsafe-keep rate on the disagreement set, and both criteria judged on the same tokens",
+        (
             f"Top, the {PAPER_DEFINITION}: per seed, among disagreement tokens (outside the trust region, where "
             "the ratio and predictive (aggregated-tail) criteria decide differently) that a criterion keeps, the "
             "fraction whose divergence grew after one optimiser step with that criterion's mask (ΔD > 0). Left: "
@@ -187,12 +198,8 @@ def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
             "defined), the pooled value with its interval. Right: the per-seed difference predictive − ratio, "
             "sorted, with the seeds where the predictive criterion is higher / tied / lower and the two-sided sign "
             "and Wilcoxon signed-rank tests."
-            + (f" This study was {where}." if where else "")
-            + " "
-            + interval_caption("se", "pooled", "seeds")
         ),
-        study=ctx.study,
-        selection_rule=_selection(ctx),
+        interval_caption("se", "pooled", "seeds"),
     )
     left = Panel(title=f"{PAPER_DEFINITION}:\nunsafe-keep rate per seed")
     right = Panel(title=f"{PAPER_DEFINITION}:\npredictive − ratio per seed")
@@ -234,7 +241,7 @@ def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
             same_left.note = same_right.note = "no seed has both balanced accuracies"
         result.has_data = True
     if ctx.draw:
-        result.files = _draw_fig3(ctx, result, same, where)
+        result.drawn = _draw_fig3(ctx, result, same, where)
     return result
 
 
@@ -320,7 +327,7 @@ def _draw_same_per_seed(
 
 def _draw_fig3(
     ctx: ReportContext, result: ArtefactResult, same: same_tokens.SameTokens | None, where: str
-) -> list:
+) -> Figure:
     fig, (ax, bx, cx, dx) = new_figure(2, 2, panel_w=4.2, panel_h=3.3)
     left, right = result.panels[:2]
     placements: list[Placement] = []
@@ -356,21 +363,20 @@ def _draw_fig3(
     fig.tight_layout()
     for axis, inside, top in placements:
         _place_texts(axis, inside, top)
-    return save_figure(fig, ctx.out, fig3_unsafe_keep.name, ctx.formats)
+    return fig
 
 
 @figure(
-    "fig4_corrective",
-    "Figure 4: pooled corrective fraction per criterion, beside both criteria on the same tokens",
-    source="study",
+    "Figure 4: pooled corrective fraction per criterion, beside both criteria on the same tokens", "study"
 )
 def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
     where = _where(ctx)
-    result = ArtefactResult(
-        command=STUDY_COMMAND,
-        title="Figure 4: corrective fraction of kept disagreement tokens, pooled over seeds, and both criteria "
-        "judged on the same tokens",
-        caption=(
+    result = _study_result(
+        ctx,
+        where,
+        "Figure 4: corrective fraction of kept disagreement tokens, pooled over seeds, and both criteria judged on "
+        "the same tokens",
+        (
             f"Left, the {PAPER_DEFINITION}: pooled over all seeds, among disagreement tokens a criterion keeps, "
             "the fraction whose divergence shrank after one optimiser step with that criterion's mask (ΔD < 0), "
             "with 95% Wilson intervals. The ratio criterion is judged on its disagreement set with the "
@@ -380,12 +386,8 @@ def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
             + SAME_TOKENS_CAPTION
             + " Bars: each criterion's balanced accuracy pooled over seeds (token_level_criteria); dotted line: "
             "the constant predictor."
-            + (f" This study was {where}." if where else "")
-            + " "
-            + interval_caption("wilson", "pooled")
         ),
-        study=ctx.study,
-        selection_rule=_selection(ctx),
+        interval_caption("wilson", "pooled"),
     )
     panel = Panel(title=f"{PAPER_DEFINITION}:\ncorrective fraction (pooled)")
     same_panel = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy (pooled)")
@@ -424,13 +426,13 @@ def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
             )
         result.has_data = True
     if ctx.draw:
-        result.files = _draw_fig4(ctx, result, same, where)
+        result.drawn = _draw_fig4(ctx, result, same, where)
     return result
 
 
 def _draw_fig4(
     ctx: ReportContext, result: ArtefactResult, same: same_tokens.SameTokens | None, where: str
-) -> list:
+) -> Figure:
     fig, (ax, bx) = new_figure(1, 2, panel_w=4.6, panel_h=3.4)
     panel, same_panel = result.panels
     ax_labels: list = []
@@ -505,7 +507,7 @@ def _draw_fig4(
     fig.tight_layout()
     _place_texts(ax, ax_labels)
     _place_texts(bx, bx_labels, bx_top)
-    return save_figure(fig, ctx.out, fig4_corrective.name, ctx.formats)
+    return fig
 
 
 # ------------------------------------------------------------------------------------- fig9: drift grid
@@ -613,11 +615,7 @@ def _has_difference(c: GridCell) -> bool:
     return d is not None and d.mean is not None
 
 
-@figure(
-    "fig9_drift_sensitivity",
-    "Figure 9: the token-level statistics against the measured drift",
-    source="study",
-)
+@figure("Figure 9: the token-level statistics against the measured drift", "study")
 def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
     lo, hi = stats.paper_share_outside()
     result = ArtefactResult(
@@ -688,7 +686,7 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
             diff.note = "no cell judged on the same tokens"
         result.has_data = any(s.x.size for s in result.panels[0].series[: len(precisions)])
     if ctx.draw:
-        result.files = _draw_fig9(ctx, result)
+        result.drawn = _draw_fig9(ctx, result)
     return result
 
 
@@ -722,7 +720,7 @@ def _draw_difference(ax, panel: Panel, precisions: list[str]) -> None:
     ax.set_ylabel("predictive − ratio (percentage points)", fontsize=7)
 
 
-def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> list:
+def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> Figure:
     fig, axes = new_figure(2, 2, panel_w=4.6, panel_h=3.3)
     lo, hi = stats.paper_share_outside()
     precisions: list[str] = []
@@ -784,7 +782,7 @@ def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> list:
         f"{result.selection_rule}; CPU stand-in with emulated precision vs the paper",
         *notes,
     )
-    return save_figure(fig, ctx.out, fig9_drift_sensitivity.name, ctx.formats)
+    return fig
 
 
 # ------------------------------------------------------------------------------- fig10: criteria against drift
@@ -795,11 +793,7 @@ def _has_balanced(c: GridCell) -> bool:
     return all(e is not None and e.value is not None for e in (p.balanced_predictive, p.balanced_ratio))
 
 
-@figure(
-    "fig10_criteria_vs_drift",
-    "Figure 10: both criteria judged on the same tokens against the measured drift",
-    source="study",
-)
+@figure("Figure 10: both criteria judged on the same tokens against the measured drift", "study")
 def fig10_criteria_vs_drift(ctx: ReportContext) -> ArtefactResult:
     lo, hi = stats.paper_share_outside()
     result = ArtefactResult(
@@ -852,11 +846,11 @@ def fig10_criteria_vs_drift(ctx: ReportContext) -> ArtefactResult:
         if not shown:
             panel.note = "no cell judged on the same tokens"
     if ctx.draw:
-        result.files = _draw_fig10(ctx, result)
+        result.drawn = _draw_fig10(ctx, result)
     return result
 
 
-def _draw_fig10(ctx: ReportContext, result: ArtefactResult) -> list:
+def _draw_fig10(ctx: ReportContext, result: ArtefactResult) -> Figure:
     fig, (ax,) = new_figure(1, 1, panel_w=9.2, panel_h=4.2)
     panel = result.panels[0]
     ax.set_title(panel.title, fontsize=8)
@@ -915,4 +909,4 @@ def _draw_fig10(ctx: ReportContext, result: ArtefactResult) -> list:
     fig.subplots_adjust(top=1 - title_in / height, bottom=legend_in / height, left=0.08, right=0.98)
     legend_below(fig, handles, ncol=2)
     suptitle(fig, *head)
-    return save_figure(fig, ctx.out, fig10_criteria_vs_drift.name, ctx.formats)
+    return fig

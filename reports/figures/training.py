@@ -17,15 +17,15 @@ from predmask.command_text import sweep_command
 from predmask.methods import method_anchor
 from predmask.rl.task import EVAL_SPLITS
 from reports import queries
-from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
+from reports.artefact import ArtefactResult, Panel, ReportContext, Series
 from reports.cells import detectable, detectable_note, interval_caption
 from reports.figures.draw import (
     LEGEND_ROW_IN,
     empty_panel,
+    figure,
     grid_figure,
     legend_below,
     legend_rows,
-    save_figure,
     suptitle,
     wrap_lines,
 )
@@ -215,11 +215,10 @@ def _detectable_text(
 def _per_setting_figure(
     ctx: ReportContext,
     *,
-    name: str,
     title: str,
     caption: str,
     rows: Sequence[MetricRow],
-    default_sweep: str,
+    default_sweep: str = MAIN_SWEEP,
     state_detectable: bool = False,
 ) -> ArtefactResult:
     """One panel per model-precision setting (× one row per metric), one line per method: the mean over its seeds
@@ -232,7 +231,6 @@ def _per_setting_figure(
     note = _method_note(ctx, rows)
     command = sweep_command(default_sweep)
     result = ArtefactResult(
-        name=name,
         title=title,
         caption=f"{caption} {note[0].upper()}{note[1:]}. {interval_caption('seeds')}",
         selection_rule=sel.rule,
@@ -270,8 +268,7 @@ def _per_setting_figure(
     if any(p.text for p in result.panels):
         result.caption += f" {detectable_note()}."
     if ctx.draw:
-        fig = render_per_setting(ctx, result, rows, n_settings=len(keys), finals=finals)
-        result.files = save_figure(fig, ctx.out, result.name, ctx.formats)
+        result.drawn = render_per_setting(ctx, result, rows, n_settings=len(keys), finals=finals)
     return result
 
 
@@ -387,24 +384,21 @@ _VAL_CAPTION = (
 )
 
 
-@figure("fig1_main_comparison", f"Figure 1: main comparison at δ = {sweep_delta(MAIN_SWEEP):g}")
+@figure(f"Figure 1: main comparison at δ = {sweep_delta(MAIN_SWEEP):g}")
 def fig1_main_comparison(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name=fig1_main_comparison.name,
         title="Figure 1: main comparison (validation accuracy)",
         caption=_VAL_CAPTION,
         rows=[VAL_ROW],
-        default_sweep=MAIN_SWEEP,
         state_detectable=True,
     )
 
 
-@figure("fig2_tight_threshold", f"Figure 2: tight threshold δ = {sweep_delta(TIGHT_SWEEP):g}")
+@figure(f"Figure 2: tight threshold δ = {sweep_delta(TIGHT_SWEEP):g}")
 def fig2_tight_threshold(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name=fig2_tight_threshold.name,
         title="Figure 2: tight threshold (validation accuracy)",
         caption=_VAL_CAPTION,
         rows=[VAL_ROW],
@@ -412,23 +406,20 @@ def fig2_tight_threshold(ctx: ReportContext) -> ArtefactResult:
     )
 
 
-@figure("fig5_training_reward", "Figure 5: training reward")
+@figure("Figure 5: training reward")
 def fig5_training_reward(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name=fig5_training_reward.name,
         title=f"Figure 5: training reward ({metrics.SCORE_MEAN})",
         caption=f"Mean training reward of each step's rollout batch ({metrics.SCORE_MEAN}) of the main-comparison runs.",
         rows=[MetricRow("training reward", metrics.SCORE_MEAN, (metrics.SCORE_MEAN,))],
-        default_sweep=MAIN_SWEEP,
     )
 
 
-@figure("fig6_aime24_aime25", "Figure 6: AIME24 and AIME25 accuracy, separately")
+@figure("Figure 6: AIME24 and AIME25 accuracy, separately")
 def fig6_aime24_aime25(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name=fig6_aime24_aime25.name,
         title="Figure 6: AIME24 and AIME25 avg@16, separately",
         caption=(
             f"Top row: AIME24 avg@16 (CPU engine: {EVAL_SPLITS[0]}); bottom row: AIME25 avg@16 ({EVAL_SPLITS[1]}), "
@@ -438,29 +429,25 @@ def fig6_aime24_aime25(ctx: ReportContext) -> ArtefactResult:
             MetricRow("AIME24", "AIME24 avg@16", (), "aime24", training_stats.VAL_SMOOTHING),
             MetricRow("AIME25", "AIME25 avg@16", (), "aime25", training_stats.VAL_SMOOTHING),
         ],
-        default_sweep=MAIN_SWEEP,
     )
 
 
-@figure("fig7_response_length", "Figure 7: response length")
+@figure("Figure 7: response length")
 def fig7_response_length(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name=fig7_response_length.name,
         title="Figure 7: mean response length",
         caption=(
             f"Mean response length in tokens of each step's rollouts ({metrics.RESPONSE_LENGTH_MEAN}), main comparison."
         ),
         rows=[MetricRow("response length", metrics.RESPONSE_LENGTH_MEAN, (metrics.RESPONSE_LENGTH_MEAN,))],
-        default_sweep=MAIN_SWEEP,
     )
 
 
-@figure("fig8_ppo_kl_clipfrac", "Figure 8: PPO-KL and clip fraction")
+@figure("Figure 8: PPO-KL and clip fraction")
 def fig8_ppo_kl_clipfrac(ctx: ReportContext) -> ArtefactResult:
     return _per_setting_figure(
         ctx,
-        name=fig8_ppo_kl_clipfrac.name,
         title="Figure 8: PPO-KL and clip fraction",
         caption=(
             f"Top row: {metrics.PPO_KL}, the mean of log anchor − log π over response tokens, where the anchor is "
@@ -473,5 +460,4 @@ def fig8_ppo_kl_clipfrac(ctx: ReportContext) -> ArtefactResult:
             MetricRow("PPO-KL", f"{metrics.PPO_KL} (vs anchor)", (metrics.PPO_KL,), anchored=True),
             MetricRow("clip fraction", metrics.CLIPFRAC, (metrics.CLIPFRAC,)),
         ],
-        default_sweep=MAIN_SWEEP,
     )

@@ -12,21 +12,22 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 import polars as pl
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis.training import stats as training_stats
 from predmask.command_text import command
 from predmask.rl.task import EVAL_SPLITS
 from reports import queries
-from reports.artefact import ArtefactResult, Panel, ReportContext, Series, figure
+from reports.artefact import ArtefactResult, Panel, ReportContext, Series
 from reports.cells import interval_caption
 from reports.figures.draw import (
     LEGEND_ROW_IN,
     empty_panel,
+    figure,
     grid_figure,
     legend_below,
     legend_rows,
-    save_figure,
     suptitle,
     wrap_lines,
 )
@@ -84,6 +85,18 @@ def _style(key: queries.VrKey, index: int) -> tuple[str, str, str, bool]:
     return colour, (data_ls if key.data else ls), marker, filled
 
 
+def _key_panels(axes, panels: Sequence[Panel], keys: list[queries.VrKey]):
+    """Each panel with series, on its titled axes, with its series and each one's key and style (``_style``); an
+    empty panel shows its note and is skipped."""
+    for ax, panel in zip(axes, panels):
+        ax.set_title(panel.title)
+        if not panel.series:
+            empty_panel(ax, panel.note or "no data")
+            continue
+        found = [(s, next(k for k in keys if s.label.startswith(k.label + " ("))) for s in panel.series]
+        yield ax, [(s, key, *_style(key, keys.index(key))) for s, key in found]
+
+
 def _layout(n_panels: int, n_labels: int, title: Sequence[str], ax_w: float = 3.4, rows: int = 1):
     n_cols = max(1, -(-n_panels // rows))
     width_in = 0.95 + n_cols * ax_w + (n_cols - 1) * 0.6
@@ -101,11 +114,10 @@ def _layout(n_panels: int, n_labels: int, title: Sequence[str], ax_w: float = 3.
 # ------------------------------------------------------------------------------------------- vr_accuracy
 
 
-@figure("vr_accuracy", "Variational reasoning: avg@16 per recipe, over seeds")
+@figure("Variational reasoning: avg@16 per recipe, over seeds")
 def vr_accuracy(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
     result = ArtefactResult(
-        name=vr_accuracy.name,
         title=scores.gated_title("Variational reasoning: avg@16 per method, data setting and estimator"),
         caption=(
             f"Final avg@{AT_N} ({acc_name('<split>')}) on each held-out evaluation split, per method (VR recipes by "
@@ -141,23 +153,17 @@ def vr_accuracy(ctx: ReportContext) -> ArtefactResult:
             panel.note = f"no avg@16 on {split} yet\n({SWEEP_COMMAND})"
         result.panels.append(panel)
     if ctx.draw:
-        result.files = _draw_accuracy(ctx, result, scores)
+        result.drawn = _draw_accuracy(ctx, result, scores)
     return result
 
 
-def _draw_accuracy(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> list:
+def _draw_accuracy(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> Figure:
     keys = list(scores.by_key)
     title = title_lines(result, scores, f"bar: {training_stats.interval_note()}; dots: seeds")
     fig, axes = _layout(len(result.panels), len(keys), title, ax_w=max(3.4, 0.45 * len(keys) + 1.0))
     handles: dict[str, object] = {}
-    for ax, panel in zip(axes, result.panels):
-        ax.set_title(panel.title)
-        if not panel.series:
-            empty_panel(ax, panel.note or "no data")
-            continue
-        for s in panel.series:
-            key = next(k for k in keys if s.label.startswith(k.label + " ("))
-            colour, _, marker, filled = _style(key, keys.index(key))
+    for ax, series in _key_panels(axes, result.panels, keys):
+        for s, key, colour, _, marker, filled in series:
             x = float(s.x[0])
             bar = ax.bar(
                 x, s.y[0], width=0.7, color=colour if filled else "white", edgecolor=colour,
@@ -176,17 +182,16 @@ def _draw_accuracy(ctx: ReportContext, result: ArtefactResult, scores: VrScores)
     numbered = {f"{i + 1}: {label}": h for i, (label, h) in enumerate(handles.items())}
     suptitle(fig, *title)
     legend_below(fig, numbered, ncol=LEGEND_COLS)
-    return save_figure(fig, ctx.out, result.name, ctx.formats)
+    return fig
 
 
 # ------------------------------------------------------------------------------------------ vr_pass_at_k
 
 
-@figure("vr_pass_at_k", "Variational reasoning: pass@k, k = 1..16")
+@figure("Variational reasoning: pass@k, k = 1..16")
 def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
     result = ArtefactResult(
-        name=vr_pass_at_k.name,
         title=scores.gated_title(f"Variational reasoning: pass@k for k = 1..{AT_N}"),
         caption=(
             f"pass@k ({pass_name('<split>', 1)} … pass@{AT_N}, the unbiased estimator from {AT_N} samples per "
@@ -222,24 +227,18 @@ def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
         result.panels.append(panel)
     result.has_data = any(p.series for p in result.panels)
     if ctx.draw:
-        result.files = _draw_pass(ctx, result, scores)
+        result.drawn = _draw_pass(ctx, result, scores)
     return result
 
 
-def _draw_pass(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> list:
+def _draw_pass(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> Figure:
     keys = list(scores.by_key)
     title = title_lines(result, scores, f"line: {training_stats.interval_note()} (shaded)")
     labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
     fig, axes = _layout(len(result.panels), len(labels), title)
     handles: dict[str, object] = {}
-    for ax, panel in zip(axes, result.panels):
-        ax.set_title(panel.title)
-        if not panel.series:
-            empty_panel(ax, panel.note or "no data")
-            continue
-        for s in panel.series:
-            key = next(k for k in keys if s.label.startswith(k.label + " ("))
-            colour, ls, marker, filled = _style(key, keys.index(key))
+    for ax, series in _key_panels(axes, result.panels, keys):
+        for s, _, colour, ls, marker, filled in series:
             if s.band is not None:
                 ax.fill_between(s.x, s.band[0], s.band[1], color=colour, alpha=BAND_ALPHA, linewidth=0)
             (line,) = ax.plot(s.x, s.y, color=colour, linestyle=ls, marker=marker, markersize=3,
@@ -250,7 +249,7 @@ def _draw_pass(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> 
         ax.set_xticks([1, 2, 4, 8, 16])
     suptitle(fig, *title)
     legend_below(fig, handles, ncol=LEGEND_COLS)
-    return save_figure(fig, ctx.out, result.name, ctx.formats)
+    return fig
 
 
 # -------------------------------------------------------------------------------- vr_accuracy_weighting
@@ -258,11 +257,10 @@ def _draw_pass(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> 
 WEIGHT_SOURCES: tuple[str, ...] = ("model", "bandit")
 
 
-@figure("vr_accuracy_weighting", "Accuracy weighting: measured vs predicted weight against accuracy")
+@figure("Accuracy weighting: measured vs predicted weight against accuracy")
 def vr_accuracy_weighting(ctx: ReportContext) -> ArtefactResult:
     found = queries.latest_weighting(ctx.con)
     result = ArtefactResult(
-        name=vr_accuracy_weighting.name,
         title="Accuracy weighting: the weight each objective puts on ∇log p(correct | x), against accuracy p",
         caption=(
             "Top row (source 'model', real batches): each dot one training question, its measured weight (the "
@@ -298,7 +296,7 @@ def vr_accuracy_weighting(ctx: ReportContext) -> ArtefactResult:
             result.panels.append(panel)
     result.has_data = any(p.series for p in result.panels)
     if ctx.draw:
-        result.files = _draw_weighting(ctx, result, found, methods)
+        result.drawn = _draw_weighting(ctx, result, found, methods)
     return result
 
 
@@ -313,7 +311,7 @@ def _weighting_scale(found: queries.WeightingAnalysis | None) -> str:
 
 def _draw_weighting(
     ctx: ReportContext, result: ArtefactResult, found: queries.WeightingAnalysis | None, methods: list[str]
-) -> list:
+) -> Figure:
     n_methods = max(1, len(methods))
     title = [result.title, _weighting_scale(found), "dots: measured; line: predicted (closed form)"]
     fig, axes = _layout(len(result.panels), 2, title, ax_w=2.6, rows=len(WEIGHT_SOURCES))
@@ -336,7 +334,7 @@ def _draw_weighting(
             ax.set_ylabel("weight on ∇log p")
     suptitle(fig, *title)
     legend_below(fig, handles, ncol=LEGEND_COLS)
-    return save_figure(fig, ctx.out, result.name, ctx.formats)
+    return fig
 
 
 # -------------------------------------------------------------------------------------- vr_length_bias
@@ -360,14 +358,13 @@ def weights_runs(ctx: ReportContext, scores: VrScores) -> list[queries.RunInfo]:
     return [r for r in stage if r.run_id in read] or stage
 
 
-@figure("vr_length_bias", "Variational reasoning: length against log-likelihood (length bias)")
+@figure("Variational reasoning: length against log-likelihood (length bias)")
 def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
     sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
     scores = vr_scores(ctx)
     runs = weights_runs(ctx, scores)
     rows = queries.vr_trace_rows(ctx.con, [r.run_id for r in runs])
     result = ArtefactResult(
-        name=vr_length_bias.name,
         title=scores.gated_title(
             "Length bias: trace length vs the per-token log-ratio, answer length vs the answer log-likelihood"
         ),
@@ -405,7 +402,7 @@ def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
     if per_regime:
         result.caption += f" Per regime (a colour each): {'; '.join(per_regime)}."
     if ctx.draw:
-        result.files = _draw_length(ctx, result, scores)
+        result.drawn = _draw_length(ctx, result, scores)
     return result
 
 
@@ -424,7 +421,7 @@ def _rows_by_regime(
             for g in sorted(found, key=regime_rank)}
 
 
-def _draw_length(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> list:
+def _draw_length(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> Figure:
     title = title_lines(result, scores)
     labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
     legend = len(labels) > 1
@@ -444,4 +441,4 @@ def _draw_length(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -
     suptitle(fig, *title)
     if legend:
         legend_below(fig, handles, ncol=LEGEND_COLS)
-    return save_figure(fig, ctx.out, result.name, ctx.formats)
+    return fig

@@ -11,10 +11,10 @@ from predmask import config
 from predmask.command_text import sweep_command
 from predmask.methods import method_anchor
 from reports import queries
-from reports.artefact import ArtefactResult, ReportContext, table
+from reports.artefact import ArtefactResult, ReportContext
 from reports.labels import method_label
 from reports.style import method_rank
-from reports.tables.render import TextTable, write_tables
+from reports.tables.render import TextTable, table
 from reports.tables.value_sources import value_source
 
 # Config keys that identify a run or say where it lives, not how it trains.
@@ -209,7 +209,7 @@ def _differing_rows(
     return rows
 
 
-@table("table1_hyperparameters", "Table 1: hyperparameters from the runs' configs")
+@table("Table 1: hyperparameters from the runs' configs")
 def table1_hyperparameters(ctx: ReportContext) -> ArtefactResult:
     sel = queries.select_runs(ctx.runs, None, ctx.sweeps, None)
     # the variational family's stage runs are not RL runs: their parameters are in conf/variational.yaml
@@ -227,6 +227,5 @@ def table1_hyperparameters(ctx: ReportContext) -> ArtefactResult:
     )
     train, differing, method_table = hyperparameter_tables(runs)
     result.tables = {"differing": differing, "training": train, "method": method_table}
-    if ctx.draw:
-        result.files = write_tables(ctx.out, table1_hyperparameters.name, train, method_table)
+    result.drawn = (train, method_table)
     return result

@@ -13,11 +13,11 @@ from analysis.results import curves
 from analysis.training import stats as training_stats
 from predmask.command_text import sweep_command
 from reports import queries
-from reports.artefact import ArtefactResult, ReportContext, table
+from reports.artefact import ArtefactResult, ReportContext
 from reports.cells import DETECTABLE_HEADER, detectable, detectable_note, pct
 from reports.labels import method_label, split_size_text, sweep_delta
 from reports.style import method_rank
-from reports.tables.render import TextTable, write_tables
+from reports.tables.render import TextTable, table
 
 COLLAPSE_DOC = "docs/results.md"
 
@@ -150,7 +150,7 @@ def headline_table(results: SettingResults) -> TextTable:
     )
 
 
-@table("table2_main_results", f"Table 2: main results at δ = {sweep_delta(queries.MAIN_SWEEP):g}, over seeds")
+@table(f"Table 2: main results at δ = {sweep_delta(queries.MAIN_SWEEP):g}, over seeds")
 def table2_main_results(ctx: ReportContext) -> ArtefactResult:
     sel = queries.select_runs(ctx.runs, sweep_delta(queries.MAIN_SWEEP), ctx.sweeps, queries.MAIN_SWEEP)
     results, runs = main_results(ctx, sel.runs)
@@ -170,6 +170,5 @@ def table2_main_results(ctx: ReportContext) -> ArtefactResult:
         has_data=any(by_method for _, by_method in results),
         command=sweep_command(queries.MAIN_SWEEP),
     )
-    if ctx.draw:
-        result.files = write_tables(ctx.out, table2_main_results.name, text)
+    result.drawn = (text,)
     return result

@@ -1,14 +1,17 @@
 """How a table is written: a TextTable as Markdown or LaTeX (escaped), and its files in the output folder.
 
-Content lives in the table families beside this module; this module knows nothing of runs or statistics.
+Content lives in the table families beside this module; this module knows nothing of runs or statistics; `table`
+declares a table function.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from predmask.io import atomic_write_text
+from reports.artefact import Artefact, ArtefactResult, ReportContext, Source, declare
 
 
 @dataclass
@@ -90,3 +93,9 @@ def write_tables(out: Path, name: str, *tables: TextTable) -> list[Path]:
     for path, text in texts.items():
         atomic_write_text(path, text)
     return list(texts)
+
+
+def table(title: str, source: Source = "runs") -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
+    """Declare a table function `fn(ctx) -> ArtefactResult` named as its files are; it sets the result's `drawn` to
+    the TextTables its files hold (``write_tables``)."""
+    return declare("table", title, source, lambda r, ctx: write_tables(ctx.out, r.name, *r.drawn))

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from analysis.token_level.summary import study_stats as stats
 from reports import queries, same_tokens
-from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext, table
-from reports.tables.render import TextTable, write_tables
+from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext
+from reports.tables.render import TextTable, table
 
 NOT_REPORTED = "not reported"
 
@@ -229,7 +229,7 @@ def study_numbers(ctx: ReportContext) -> StudyNumbers | None:
     )
 
 
-@table("token_level_summary", "Token-level study beside the paper's numbers", source="study")
+@table("Token-level study beside the paper's numbers", source="study")
 def token_level_summary(ctx: ReportContext) -> ArtefactResult:
     result = ArtefactResult(
         title="Token-level study: this database beside the paper",
@@ -259,6 +259,5 @@ def token_level_summary(ctx: ReportContext) -> ArtefactResult:
         rows=summary_rows(numbers),
     )
     result.tables = {"summary": text}
-    if ctx.draw:
-        result.files = write_tables(ctx.out, token_level_summary.name, text)
+    result.drawn = (text,)
     return result

@@ -5,10 +5,10 @@ own headline at its own scale."""
 from __future__ import annotations
 
 from analysis.training import stats as training_stats
-from reports.artefact import ArtefactResult, ReportContext, table
+from reports.artefact import ArtefactResult, ReportContext
 from reports.cells import pct
 from reports.labels import vr_data_label, vr_method_label
-from reports.tables.render import TextTable, write_tables
+from reports.tables.render import TextTable, table
 from reports.vr_scores import (
     AT_N,
     SWEEP_COMMAND,
@@ -73,7 +73,7 @@ def vr_paper_table() -> TextTable:
     )
 
 
-@table("vr_results", "Variational reasoning: results per method, data setting and estimator")
+@table("Variational reasoning: results per method, data setting and estimator")
 def vr_results(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
     text, paper = vr_results_table(scores), vr_paper_table()
@@ -90,6 +90,5 @@ def vr_results(ctx: ReportContext) -> ArtefactResult:
         has_data=bool(scores.runs),
         command=SWEEP_COMMAND,
     )
-    if ctx.draw:
-        result.files = write_tables(ctx.out, vr_results.name, text, paper)
+    result.drawn = (text, paper)
     return result

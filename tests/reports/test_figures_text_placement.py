@@ -8,6 +8,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgb
 from matplotlib.patches import Rectangle
 
+from reports.figures import draw as drawing
 from reports.figures import token_level
 
 MIN_CONTRAST = 3.0  # WCAG 2's minimum contrast for graphics and large text; white on white is 1.0
@@ -37,7 +38,7 @@ def drawn(ctx_factory, monkeypatch, tmp_path):
     """Draw a token-level figure for real (PNG into tmp_path) and keep its Figure (on an Agg canvas again after
     saving closed it, to measure its texts)."""
     figs = []
-    real_save = token_level.save_figure
+    real_save = drawing.save_figure
 
     def keep(fig, out_dir, name, formats=("png", "pdf")):
         paths = real_save(fig, out_dir, name, formats)
@@ -45,7 +46,7 @@ def drawn(ctx_factory, monkeypatch, tmp_path):
         figs.append(fig)
         return paths
 
-    monkeypatch.setattr(token_level, "save_figure", keep)
+    monkeypatch.setattr(drawing, "save_figure", keep)
 
     def draw(fn):
         ctx = ctx_factory()

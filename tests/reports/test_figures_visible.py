@@ -8,6 +8,7 @@ import pytest
 from report_database import EVAL_SIZE, GRPO_VAL
 
 from reports import queries
+from reports.figures import draw as drawing
 from reports.figures import training
 from reports.labels import method_label, sweep_delta
 from reports.tables.main_results import main_results
@@ -20,13 +21,13 @@ E2E = "Qwen3-30B-A3B-Base · FP8 E2E"
 def drawn(ctx_factory, monkeypatch, tmp_path):
     """Draw a training figure for real (PNG into tmp_path) and keep its Figure: figure-name -> (result, fig)."""
     figs = []
-    real_save = training.save_figure
+    real_save = drawing.save_figure
 
     def keep(fig, out_dir, name, formats=("png", "pdf")):
         figs.append(fig)
         return real_save(fig, out_dir, name, formats)
 
-    monkeypatch.setattr(training, "save_figure", keep)
+    monkeypatch.setattr(drawing, "save_figure", keep)
 
     def draw(fn, **kw):
         ctx = ctx_factory(**kw)

@@ -14,7 +14,12 @@ from numpy.testing import assert_allclose
 from report_database import GRPO_VAL, SEEDS, STUDY_SEEDS, UNI_OFFSET, dppo_val
 
 from analysis.token_level.summary import study_stats as stats
-from reports import artefact, artefact_registry, figures, tables
+from reports import artefact, artefact_registry
+from reports.figures import draw
+from reports.figures import token_level as token_level_figures
+from reports.figures import training as training_figures
+from reports.tables import render
+from reports.tables import token_level as token_level_table
 
 QWEN4 = "Qwen3-4B-Base · BF16"
 QWEN8 = "Qwen3-8B-Base · BF16"
@@ -64,7 +69,7 @@ DPPO, AGG, UNI = (
 
 
 def test_fig1_lines_are_means_over_seeds_with_t_bands(ctx_factory):
-    res = figures.fig1_main_comparison(ctx_factory(raw=True))
+    res = training_figures.fig1_main_comparison(ctx_factory(raw=True))
     assert [p.title.split("\n")[0] for p in res.panels] == [QWEN4, QWEN8, ROLLOUT, E2E]
     p4 = res.panel(QWEN4)
     assert "cpu_s" in p4.title  # panels name the CPU stand-in and the paper model
@@ -84,7 +89,7 @@ def test_fig1_lines_are_means_over_seeds_with_t_bands(ctx_factory):
 
 def test_identical_runs_are_marked_in_every_figure_and_drawn(ctx_factory):
     ctx = ctx_factory(raw=True)
-    for res in (figures.fig1_main_comparison(ctx), figures.fig5_training_reward(ctx)):
+    for res in (training_figures.fig1_main_comparison(ctx), training_figures.fig5_training_reward(ctx)):
         p4 = res.panel(QWEN4)
         agg, dppo = p4.get(AGG), p4.get(DPPO)
         assert (agg.identical_to, agg.method, dppo.identical_to) == ("dppo_topk_kl", "predmask_kl_agg", None)
@@ -93,7 +98,7 @@ def test_identical_runs_are_marked_in_every_figure_and_drawn(ctx_factory):
 
 
 def test_one_seed_has_no_band_and_attempts_merge(ctx_factory):
-    res = figures.fig1_main_comparison(ctx_factory(raw=True))
+    res = training_figures.fig1_main_comparison(ctx_factory(raw=True))
     line = res.panel(ROLLOUT).get("Predictive (aggregated tail) (1 seed)")
     assert line.band is None
     x, y = _xy(line)
@@ -102,27 +107,27 @@ def test_one_seed_has_no_band_and_attempts_merge(ctx_factory):
 
 
 def test_fig1_missing_setting_is_an_empty_labelled_panel(ctx_factory):
-    res = figures.fig1_main_comparison(ctx_factory())
+    res = training_figures.fig1_main_comparison(ctx_factory())
     p8 = res.panel(QWEN8)
     assert p8.series == [] and p8.note == "no runs for this setting\n(python -m sweeps main_comparison)"
     assert "cpu_m" in p8.title and "no runs" in p8.title
 
 
 def test_fig1_reads_cluster_style_aime_names_and_prefers_avg16(ctx_factory):
-    res = figures.fig1_main_comparison(ctx_factory(raw=True))
+    res = training_figures.fig1_main_comparison(ctx_factory(raw=True))
     line = res.panel(E2E).get("GRPO clip-higher (3 seeds)")
     # the mean@4 value 0.9 is not used; an accuracy's band stops at 0
     _assert_line(line, [1, 2, 3, 4], [GRPO_VAL[k] for k in SEEDS], value_range=(0.0, 1.0))
 
 
 def test_sweep_option_selects_runs(ctx_factory):
-    res = figures.fig1_main_comparison(ctx_factory(sweeps=("smoke",), raw=True))
+    res = training_figures.fig1_main_comparison(ctx_factory(sweeps=("smoke",), raw=True))
     assert {r.run_id for r in res.runs} == {"sm_agg_s"}
     # aime25 only at steps 4 and 6: the validation mean exists only where both were evaluated
     x, y = _xy(res.panel(QWEN4).get("Predictive (aggregated tail) (1 seed)"))
     assert x == [4, 6] and y == pytest.approx([1.2, 1.8])
     assert all(not p.series for p in res.panels if not p.title.startswith(QWEN4))
-    both = figures.fig1_main_comparison(ctx_factory(sweeps=("main_comparison", "smoke"), raw=True))
+    both = training_figures.fig1_main_comparison(ctx_factory(sweeps=("main_comparison", "smoke"), raw=True))
     p4 = both.panel(QWEN4)
     # two runs of seed 0: counted as runs, never averaged as if paired, and no longer identical to DPPO's
     agg = p4.get("Predictive (aggregated tail) (4 runs)")
@@ -131,7 +136,7 @@ def test_sweep_option_selects_runs(ctx_factory):
 
 
 def test_fig2_uses_the_tight_threshold_runs(ctx_factory):
-    res = figures.fig2_tight_threshold(ctx_factory(raw=True))
+    res = training_figures.fig2_tight_threshold(ctx_factory(raw=True))
     assert {r.run_id for r in res.runs} == {"t_dppo_s"}
     x, y = _xy(res.panel(QWEN4).get("DPPO-TopK-KL (1 seed)"))
     assert x == [1, 2, 3, 4] and y == pytest.approx([0.1] * 4)
@@ -143,17 +148,17 @@ def test_fig2_uses_the_tight_threshold_runs(ctx_factory):
 def test_fig5_fig7_fig8_plot_the_logged_values(ctx_factory):
     ctx = ctx_factory(raw=True)
     steps = list(range(1, 7))
-    p = figures.fig5_training_reward(ctx).panel(QWEN4)
+    p = training_figures.fig5_training_reward(ctx).panel(QWEN4)
     _assert_line(p.get(UNI), steps, [[0.2 * s + 0.01 * k for s in steps] for k in SEEDS])
     _assert_line(p.get(DPPO), steps, [[s / 10 + 0.01 * k for s in steps] for k in SEEDS])
-    p = figures.fig7_response_length(ctx).panel(QWEN4)
+    p = training_figures.fig7_response_length(ctx).panel(QWEN4)
     _assert_line(p.get(DPPO), steps, [[10.0 + s + k for s in steps] for k in SEEDS])
     # the same response lengths in all three methods' runs: both later lines are marked, none is hidden
     assert [s.label for s in p.series][1:] == [
         AGG,
         "Predictive (uniform tail) (3 seeds; identical to DPPO-TopK-KL)",
     ]
-    res8 = figures.fig8_ppo_kl_clipfrac(ctx)
+    res8 = training_figures.fig8_ppo_kl_clipfrac(ctx)
     assert {p.row for p in res8.panels} == {"PPO-KL", "clip fraction"}
     # fig8's legend names the anchor each method's ppo_kl is taken against (μ for the divergence methods)
     kl = res8.panel(ROLLOUT, row="PPO-KL").get("Predictive (aggregated tail) (1 seed; ppo_kl vs μ)")
@@ -167,7 +172,7 @@ def test_fig5_fig7_fig8_plot_the_logged_values(ctx_factory):
 
 
 def test_fig6_draws_aime24_and_aime25_separately(ctx_factory):
-    res = figures.fig6_aime24_aime25(ctx_factory(raw=True))
+    res = training_figures.fig6_aime24_aime25(ctx_factory(raw=True))
     a24 = res.panel(QWEN4, row="AIME24").get(DPPO)
     a25 = res.panel(QWEN4, row="AIME25").get(DPPO)
     steps = [2, 4, 6]
@@ -178,17 +183,17 @@ def test_fig6_draws_aime24_and_aime25_separately(ctx_factory):
 
 def test_default_smoothing_is_a_labelled_ema_per_seed(ctx_factory):
     ctx = ctx_factory()
-    res5 = figures.fig5_training_reward(ctx)
+    res5 = training_figures.fig5_training_reward(ctx)
     steps = list(range(1, 7))
     smoothed = [ema_loop([s / 10 + 0.01 * k for s in steps], 5.0) for k in SEEDS]
     _assert_line(res5.panel(QWEN4).get(DPPO), steps, smoothed)
     assert "EMA, half-life 5 logged points (alpha = 0.129)" in res5.caption and "--raw" in res5.caption
-    res1 = figures.fig1_main_comparison(ctx)  # validation curves: fewer points, a shorter half-life
+    res1 = training_figures.fig1_main_comparison(ctx)  # validation curves: fewer points, a shorter half-life
     smoothed = [ema_loop([dppo_val(s, k) for s in (2, 4, 6)], 1.0) for k in SEEDS]
     _assert_line(res1.panel(QWEN4).get(DPPO), [2, 4, 6], smoothed)
     assert "EMA, half-life 1 logged point (alpha = 0.500)" in res1.caption
     assert "mean ± 95% t-interval over n seeds" in res1.caption
-    raw = figures.fig5_training_reward(ctx_factory(raw=True))
+    raw = training_figures.fig5_training_reward(ctx_factory(raw=True))
     assert "raw values (no smoothing)" in raw.caption and "EMA" not in raw.caption
 
 
@@ -199,7 +204,7 @@ def _stored_seed_rows(report_db, study_id: str):
 
 
 def test_fig3_paired_rates_mean_se_and_lower_count(ctx_factory):
-    res = figures.fig3_unsafe_keep(ctx_factory())
+    res = token_level_figures.fig3_unsafe_keep(ctx_factory())
     assert res.study.study_id == "st_tokens"  # the newest study by default
     tokens = sum(STUDY_SEEDS["n_tokens"])  # the units its numbers are over, on the page and in the subtitle
     assert res.selection_rule == f"study st_tokens: {len(STUDY_SEEDS['seed'])} seeds, {tokens:,} response tokens"
@@ -226,13 +231,13 @@ def test_fig3_fig4_and_the_summary_print_what_the_study_statistics_return(ctx_fa
     expected = stats.study_summary(_stored_seed_rows(report_db, study_id))
     head = expected.headline.unsafe_keep
     ctx = ctx_factory(study_id=study_id)
-    pair = figures.fig3_unsafe_keep(ctx).stats
+    pair = token_level_figures.fig3_unsafe_keep(ctx).stats
     assert_allclose(pair.seeds, head.seeds)
     assert_allclose(pair.ratio, head.ratio)
     assert_allclose(pair.pred, head.pred)
     assert (pair.ratio_mean, pair.pred_mean, pair.n_lower) == (head.ratio_mean, head.pred_mean, head.n_lower)
-    assert figures.fig4_corrective(ctx).stats == expected.corrective
-    rows = {row[0]: row[2] for row in tables.token_level_summary(ctx).tables["summary"].rows}
+    assert token_level_figures.fig4_corrective(ctx).stats == expected.corrective
+    rows = {row[0]: row[2] for row in token_level_table.token_level_summary(ctx).tables["summary"].rows}
     assert rows["unsafe-keep rate, ratio (mean ± SE over paired seeds)"] == head.ratio_mean.pct()
     assert (
         rows["unsafe-keep rate, predictive aggregated (mean ± SE over paired seeds)"] == head.pred_mean.pct()
@@ -242,15 +247,15 @@ def test_fig3_fig4_and_the_summary_print_what_the_study_statistics_return(ctx_fa
 
 def test_fig3_fig4_with_another_study(ctx_factory):
     ctx = ctx_factory(study_id="st_counts")
-    pair = figures.fig3_unsafe_keep(ctx).stats
+    pair = token_level_figures.fig3_unsafe_keep(ctx).stats
     assert pair.n_paired == 2 and pair.n_lower == 1
-    res4 = figures.fig4_corrective(ctx)  # this study stored no tokens: pooled from its seed counts
+    res4 = token_level_figures.fig4_corrective(ctx)  # this study stored no tokens: pooled from its seed counts
     assert {c: (p.k, p.n) for c, p in res4.stats.items()} == {"ratio": (4, 10), "predictive": (5, 10)}
     assert_allclose(res4.panels[0].series[0].y, [0.4, 0.5])
 
 
 def test_fig4_pooled_corrective_fraction_over_seeds(ctx_factory):
-    res = figures.fig4_corrective(ctx_factory())
+    res = token_level_figures.fig4_corrective(ctx_factory())
     counts = {c: (p.k, p.n) for c, p in res.stats.items()}
     assert counts == {"ratio": (2, 3), "predictive": (2, 3), "predictive_uniform": (1, 1)}
     s = res.panels[0].series[0]
@@ -262,7 +267,7 @@ def test_fig4_pooled_corrective_fraction_over_seeds(ctx_factory):
 
 def test_unknown_study_is_refused(ctx_factory):
     with pytest.raises(ValueError, match="unknown study 'nope'; stored: st_tokens, st_counts"):
-        figures.fig3_unsafe_keep(ctx_factory(study_id="nope"))
+        token_level_figures.fig3_unsafe_keep(ctx_factory(study_id="nope"))
 
 
 def test_registry_lists_every_paper_artefact():
@@ -281,15 +286,23 @@ def test_registry_lists_every_paper_artefact():
     ]
     assert {"table1_hyperparameters", "table2_main_results", "token_level_summary"} <= set(names)
     again = types.ModuleType("again")
-    again.fig1 = artefact.figure("fig1_main_comparison", "again")(lambda ctx: None)
+
+    def fig1_main_comparison(ctx):
+        return None
+
+    again.fig1 = draw.figure("again")(fig1_main_comparison)
     with pytest.raises(ValueError, match="artefact 'fig1_main_comparison' declared twice"):
         artefact_registry.collect([*artefact_registry.MODULES, again])
 
 
 def test_the_declaration_owns_the_name_of_what_an_artefact_returns(ctx_factory):
-    unnamed = artefact.table("some_table", "t")(lambda ctx: artefact.ArtefactResult(title="t", caption="c"))
-    assert unnamed(ctx_factory()).name == "some_table"  # filled in from the decorator
-    other = artefact.table("some_table", "t")(lambda ctx: artefact.ArtefactResult("t", "c", name="another"))
+    names = iter(["", "another"])  # a result left unnamed, then one that names itself otherwise
+
+    def some_table(ctx):
+        return artefact.ArtefactResult("t", "c", name=next(names))
+
+    unnamed = other = render.table("t")(some_table)
+    assert unnamed(ctx_factory()).name == "some_table"  # filled in from the declared function's name
     with pytest.raises(ValueError, match="artefact 'some_table' returned a result named 'another'"):
         other(ctx_factory())
 

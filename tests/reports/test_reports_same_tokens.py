@@ -14,8 +14,10 @@ from numpy.testing import assert_allclose
 from report_database import GRID_CELLS, STUDY_TOKENS
 
 from analysis.token_level.summary.study_stats import paper_share_outside
-from reports import figures, queries, same_tokens, tables
+from reports import queries, same_tokens
 from reports.artefact import ReportContext
+from reports.figures import token_level as token_level_figures
+from reports.tables import token_level as token_level_table
 
 PAIR = ("ratio", "predictive")
 NOT_JUDGED_CELL = next(c for c in GRID_CELLS if not c[-1])
@@ -69,7 +71,7 @@ def _tokens(report_db, study_id: str) -> pl.DataFrame:
 def test_fig3_same_token_panels_show_each_seeds_balanced_accuracy(ctx_factory, report_db):
     pooled, per_seed = _by_hand(pl.DataFrame(STUDY_TOKENS))
     assert pooled == pytest.approx({"ratio": 2 / 7, "predictive": 5 / 7})  # the counts in report_database.py
-    res = figures.fig3_unsafe_keep(ctx_factory())
+    res = token_level_figures.fig3_unsafe_keep(ctx_factory())
     paper_left, paper_right, left, right = res.panels
     assert paper_left.title.startswith("paper's definition (different token sets per criterion)")
     assert paper_right.title.startswith("paper's definition (different token sets per criterion)")
@@ -111,7 +113,7 @@ def test_fig3_same_token_panels_show_each_seeds_balanced_accuracy(ctx_factory, r
 
 
 def test_fig4_same_token_panel_shows_pooled_values_with_cluster_intervals(ctx_factory, report_db):
-    res = figures.fig4_corrective(ctx_factory())
+    res = token_level_figures.fig4_corrective(ctx_factory())
     paper, same = res.panels
     assert paper.title.startswith("paper's definition (different token sets per criterion)")
     stored = _stored(report_db, "st_tokens")
@@ -125,21 +127,21 @@ def test_fig4_same_token_panel_shows_pooled_values_with_cluster_intervals(ctx_fa
 def test_a_study_without_the_judgement_is_named_in_fig3_fig4_and_the_table(ctx_factory):
     ctx = ctx_factory(study_id="st_counts")  # stored seed rows only: nothing was judged
     for res, panels in (
-        (figures.fig3_unsafe_keep(ctx), slice(2, 4)),
-        (figures.fig4_corrective(ctx), slice(1, 2)),
+        (token_level_figures.fig3_unsafe_keep(ctx), slice(2, 4)),
+        (token_level_figures.fig4_corrective(ctx), slice(1, 2)),
     ):
         for p in res.panels[panels]:
             assert p.series == []
             assert p.note.startswith("study st_counts: not judged on the same tokens")
         assert res.has_data  # the paper's panels still draw
-    rows = {r[0]: r[2] for r in tables.token_level_summary(ctx).tables["summary"].rows}
+    rows = {r[0]: r[2] for r in token_level_table.token_level_summary(ctx).tables["summary"].rows}
     assert rows["disagreement tokens judged (pooled over seeds)"].startswith("study st_counts: not judged")
     assert rows["balanced accuracy, ratio (pooled, 95% seed-cluster bootstrap interval)"] == "—"
 
 
 def test_the_summary_table_prints_the_stored_judgement_beside_the_paper(ctx_factory, report_db):
     stored = _stored(report_db, "st_tokens")
-    rows = {r[0]: r[1:] for r in tables.token_level_summary(ctx_factory()).tables["summary"].rows}
+    rows = {r[0]: r[1:] for r in token_level_table.token_level_summary(ctx_factory()).tables["summary"].rows}
     pred = rows["balanced accuracy, predictive aggregated (pooled, 95% seed-cluster bootstrap interval)"]
     p = stored["predictive"]
     lo, hi = p["balanced_accuracy_lo"], p["balanced_accuracy_hi"]
@@ -173,7 +175,7 @@ def _shares(report_db) -> dict[str, float]:
 
 
 def test_fig10_plots_each_criterions_balanced_accuracy_against_the_share_outside(ctx_factory, report_db):
-    res = figures.fig10_criteria_vs_drift(ctx_factory())
+    res = token_level_figures.fig10_criteria_vs_drift(ctx_factory())
     assert res.has_data
     (panel,) = res.panels
     shares = _shares(report_db)
@@ -202,7 +204,7 @@ def test_fig10_plots_each_criterions_balanced_accuracy_against_the_share_outside
 
 
 def test_fig9_adds_the_paired_balanced_accuracy_difference(ctx_factory, report_db):
-    res = figures.fig9_drift_sensitivity(ctx_factory())
+    res = token_level_figures.fig9_drift_sensitivity(ctx_factory())
     diff = res.panel("same tokens")
     shares = _shares(report_db)
     cells = sorted((c for c in JUDGED_CELLS if c[1] == "bf16"), key=lambda c: shares[c[0]])
@@ -232,7 +234,7 @@ def test_without_a_grid_fig10_says_so(tmp_path):
 
     connect(tmp_path / "db.duckdb").close()
     with duckdb.connect(str(tmp_path / "db.duckdb"), read_only=True) as con:
-        res = figures.fig10_criteria_vs_drift(ReportContext(con=con, out=tmp_path, draw=False))
+        res = token_level_figures.fig10_criteria_vs_drift(ReportContext(con=con, out=tmp_path, draw=False))
     assert not res.has_data and res.panels[0].note.startswith("no drift grid in the database")
 
 
@@ -241,10 +243,10 @@ def test_the_figures_render_without_warnings(report_db, tmp_path):
         for study_id in (None, "st_counts"):
             ctx = ReportContext(con=con, out=tmp_path, formats=("png",), study_id=study_id)
             for fig in (
-                figures.fig3_unsafe_keep,
-                figures.fig4_corrective,
-                figures.fig9_drift_sensitivity,
-                figures.fig10_criteria_vs_drift,
+                token_level_figures.fig3_unsafe_keep,
+                token_level_figures.fig4_corrective,
+                token_level_figures.fig9_drift_sensitivity,
+                token_level_figures.fig10_criteria_vs_drift,
             ):
                 with warnings.catch_warnings():
                     warnings.simplefilter("error")

@@ -11,7 +11,9 @@ import scipy.stats
 from report_database import GRPO_VAL, SEEDS, UNI_OFFSET, dppo_val
 
 from analysis.training import stats as training_stats
-from reports import cells, figures, tables
+from reports import cells
+from reports.figures import training as training_figures
+from reports.tables import main_results as main_results_table
 
 SETTING4 = "Qwen3-4B-Base · BF16 (CPU stand-in cpu_s, emulated precision)"
 ROLLOUT = "Qwen3-30B-A3B-Base · FP8 Rollout (CPU stand-in cpu_moe, emulated precision)"
@@ -30,7 +32,7 @@ def trapezoid_mean(steps, values) -> float:
 
 @pytest.fixture
 def table2(ctx_factory):
-    return tables.table2_main_results(ctx_factory())
+    return main_results_table.table2_main_results(ctx_factory())
 
 
 def _rows(result):
@@ -130,7 +132,7 @@ def test_one_paired_seed_cannot_size_a_difference():
 
 
 def test_figure_1_states_what_table_2_states_per_setting(table2, ctx_factory):
-    fig1 = figures.fig1_main_comparison(ctx_factory())
+    fig1 = training_figures.fig1_main_comparison(ctx_factory())
     rows = _rows(table2)
     column = "detectable Δ final (80% power)"
     expected = " | ".join(
