@@ -44,13 +44,8 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, str]:
             if seg in _SKIP_SEGMENTS or seg.endswith(("_path", "_dir")):
                 continue
             out.update(flatten(v, key))
-    elif isinstance(cfg, list):
-        if all(not isinstance(v, (Mapping, list)) for v in cfg):
-            text = "[" + ", ".join(_fmt(v) for v in cfg) + "]"
-            if len(text) <= _MAX_VALUE_LEN:
-                out[prefix] = text
-    elif cfg is not None:
-        text = _fmt(cfg)
+    elif cfg is not None and not (isinstance(cfg, list) and any(isinstance(v, (Mapping, list)) for v in cfg)):
+        text = "[" + ", ".join(_fmt(v) for v in cfg) + "]" if isinstance(cfg, list) else _fmt(cfg)
         if len(text) <= _MAX_VALUE_LEN:
             out[prefix] = text
     return out
