@@ -278,6 +278,13 @@ def _rollout(r: _Run) -> dict[str, Any]:
     return o
 
 
+def tracker_names(run_cfg: Any, name: str) -> dict[str, str]:
+    """The run's names in the trackers: the project is its sweep, the experiment its run id (``predmask`` and
+    ``name`` for a config outside a sweep)."""
+    return {"trainer.project_name": str(config_get(run_cfg, "sweep") or "predmask"),
+            "trainer.experiment_name": str(config_get(run_cfg, "run_id") or name)}
+
+
 def _trainer(r: _Run, file_logger_path: str | None) -> dict[str, Any]:
     """The trainer: the cluster's shape, trackers, names, schedule, the run directory's places, and what every Ray
     worker's environment holds (the plugin, verl's file logger path)."""
@@ -286,8 +293,7 @@ def _trainer(r: _Run, file_logger_path: str | None) -> dict[str, Any]:
         "trainer.use_v1": False,  # the top-K plumbing rides verl's DataProto path (the v1 trainer needs TransferQueue)
         "trainer.nnodes": r.cluster.nodes, "trainer.n_gpus_per_node": r.cluster.gpus_per_node,
         "trainer.logger": list(check_loggers(plain_value(require(r.cfg, "trainer.logger")))),
-        "trainer.project_name": str(config_get(r.cfg, "sweep") or "predmask"),
-        "trainer.experiment_name": str(config_get(r.cfg, "run_id") or r.name),
+        **tracker_names(r.cfg, r.name),
         "trainer.val_before_train": bool(require(r.cfg, "trainer.val_before_train")),
         "trainer.test_freq": b.val_every, "trainer.save_freq": b.save_every,
         "trainer.resume_mode": "auto", "trainer.total_training_steps": b.total_steps,

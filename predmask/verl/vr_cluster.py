@@ -29,7 +29,15 @@ from predmask.config import group_entry, typed_view
 from predmask.rundir import METRICS_FILE
 from predmask.schemas.cluster_schema import SFTStageConfig, VerlClusterConfig
 from predmask.schemas.variational_schema import DATA_MODES, FINAL_RECIPES
-from predmask.verl.overrides import DATA_FILES, config_get, hydra_value, plain_value, require
+from predmask.verl.overrides import (
+    DATA_FILES,
+    HYDRA_SUBDIR,
+    config_get,
+    hydra_value,
+    plain_value,
+    require,
+    tracker_names,
+)
 from predmask.vr_stages import CLUSTER_STAGES, stage_inputs
 
 SFT_STAGES: tuple[str, ...] = ("prior", "posterior", "final")
@@ -167,11 +175,10 @@ def _sft_overrides(config: Any, run_dir: str, cluster: VerlClusterConfig, stage:
         "optim.lr": s.lr, "optim.lr_warmup_steps_ratio": v.warmup_ratio, "optim.lr_scheduler_type": "cosine",
         "optim.clip_grad": 1.0, "checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         "trainer.default_local_dir": checkpoint_dir(run_dir),
-        "trainer.project_name": str(config_get(config, "sweep") or "predmask"),
-        "trainer.experiment_name": str(config_get(config, "run_id") or f"{stage}-{PurePosixPath(run_dir).name}"),
+        **tracker_names(config, f"{stage}-{PurePosixPath(run_dir).name}"),
         "trainer.total_epochs": s.epochs, "trainer.logger": ["console", "file"], "trainer.seed": seed,
         "trainer.save_freq": v.save_every, "trainer.test_freq": -1, "trainer.resume_mode": "auto",
-        "trainer.nnodes": nodes, "trainer.n_gpus_per_node": gpus, "hydra.run.dir": f"{run_dir}/hydra",
+        "trainer.nnodes": nodes, "trainer.n_gpus_per_node": gpus, "hydra.run.dir": f"{run_dir}/{HYDRA_SUBDIR}",
     }
 
 
