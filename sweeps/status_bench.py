@@ -10,11 +10,10 @@ import os
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from predmask.bench import target
+from predmask.bench import stopwatch, target
 from predmask.rundir import PLANNED_CONFIG_FILE, STATUS_FILE, write_config, write_status
 
 #: the most CPU seconds ``python -m sweeps status`` may take over 10,000 runs
@@ -52,15 +51,14 @@ def measure(root: Path, runs: int) -> dict[str, Any]:
     write_runs(root, runs)
     env = {**os.environ, "PREDMASK_RUNS": str(root), "PYTHONPATH": str(_REPO)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "sweeps", "status", SWEEP], capture_output=True, text=True,
-                          check=False, cwd=_REPO, env=env)
-    wall = time.perf_counter() - start
+    with stopwatch() as seconds:
+        done = subprocess.run([sys.executable, "-m", "sweeps", "status", SWEEP], capture_output=True, text=True,
+                              check=False, cwd=_REPO, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     rows = sum(1 for line in done.stdout.splitlines() if line.startswith(f"│ {SWEEP} "))
     limit = CPU_MAX_S * max(1.0, runs / 10_000)  # the whole command, start-up included: fewer runs, same limit
-    return {"runs": runs, "wall_s": wall, "cpu_s": cpu, "load": os.getloadavg()[0], "cores": os.cpu_count(),
-            "ms_per_run": 1000 * wall / runs, "rows": rows,
+    return {"runs": runs, "wall_s": seconds["wall"], "cpu_s": cpu, "load": os.getloadavg()[0],
+            "cores": os.cpu_count(), "ms_per_run": 1000 * seconds["wall"] / runs, "rows": rows,
             "returncode": done.returncode, "stderr": done.stderr.strip().splitlines()[-1:],
             "target": target(f"python -m sweeps status over {runs:,} runs (CPU s)", cpu, limit)}

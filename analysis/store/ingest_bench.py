@@ -9,14 +9,13 @@ import json
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import yaml
 
-from predmask.bench import target
+from predmask.bench import stopwatch, target
 from predmask.rundir import CONFIG_FILE, METRICS_FILE, STATUS_FILE
 
 #: the largest peak memory an ingest may reach, whatever the file's length
@@ -53,17 +52,17 @@ def measure(root: Path, lines: int, metrics: int) -> dict[str, Any]:
     the child's peak resident bytes, the rows stored and expected, and the peak-memory target row."""
     run_dir = write_run(root, lines, metrics)
     db = root / "bench.duckdb"
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(run_dir), "--db", str(db), "-q"],
-                          capture_output=True, text=True, check=False, cwd=_REPO)
-    wall = time.perf_counter() - start
+    with stopwatch() as seconds:
+        done = subprocess.run([sys.executable, "-c", _CHILD, str(run_dir), "--db", str(db), "-q"],
+                              capture_output=True, text=True, check=False, cwd=_REPO)
     peak = int(done.stdout.strip().splitlines()[-1]) * 1024 if done.returncode == 0 else 0  # Linux: kB
     stored = 0
     if done.returncode == 0:
         with duckdb.connect(str(db), read_only=True) as con:
             stored = int(con.execute("SELECT count(*) FROM metrics").fetchone()[0])
     return {
-        "lines": lines, "metrics": metrics, "file_bytes": (run_dir / METRICS_FILE).stat().st_size, "wall_s": wall,
+        "lines": lines, "metrics": metrics, "file_bytes": (run_dir / METRICS_FILE).stat().st_size,
+        "wall_s": seconds["wall"],
         "peak_bytes": peak, "rows_stored": stored, "rows_expected": lines * metrics, "returncode": done.returncode,
         "stderr": done.stderr.strip().splitlines()[-1:] if done.returncode else [],
         "target": target("ingest peak memory, GiB", peak / (1 << 30), PEAK_MAX_BYTES / (1 << 30)),
