@@ -1,8 +1,8 @@
 """The project's one benchmark entry: ``python scripts/benchmark.py <loss|engine|study|reports|parse> [options]``.
 
-The measuring code lives beside what it measures (predmask/bench.py, predmask/rl/bench.py,
-analysis/token_level/bench.py, reports/bench.py, predmask/verl/records_bench.py; each sub-command's ``--help`` shows that module's account); this
-file parses the options, prints the tables and PASS/FAIL lines, and writes the JSON records. Exit status: 0, 1 when
+The measuring code lives beside what it measures (each sub-command's module, named in SUBCOMMANDS; its ``--help``
+shows that module's account); this file parses the options, prints the tables and PASS/FAIL lines, and writes the
+JSON records. Exit status: 0, 1 when
 a target the sub-command enforces is missed (loss) or the paper fails (reports), 2 on bad options.
 """
 
