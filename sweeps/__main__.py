@@ -25,6 +25,7 @@ from predmask.command_text import (
     sweep_command,
     with_db,
 )
+from predmask.console import error, make_console
 from predmask.progress import duration_text, process_seconds
 from predmask.rundir import (
     PLANNED_CONFIG_FILE,
@@ -447,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     args.started = time.monotonic() - (process_seconds() if argv is None else 0.0)
     with contextlib.suppress(ValueError):  # not the main thread (main() called from a test's thread): leave it
         signal.signal(signal.SIGHUP, _hang_up)
-    console = Console(stderr=args.format == "json", soft_wrap=True)  # long lines stay whole when piped
+    console = make_console(stderr=args.format == "json")
     try:
         if args.sweep == "status":
             args.sweep = args.overrides[0] if args.overrides else None
@@ -460,11 +461,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_plan(dry_run=args.dry_run)
         return cmd_run(args, console)
     except (ValueError, RuntimeError) as err:  # SweepError is a ValueError, StoreError a RuntimeError
-        print(f"error: {err}", file=sys.stderr)
+        error(str(err))
         return 2
     except OSError as err:  # a runs root or database location that cannot be created or written
-        print(f"error: {err.strerror or err}: {err.filename or ''} (choose another --runs-root or --db)".rstrip(),
-              file=sys.stderr)
+        error(f"{err.strerror or err}: {err.filename or ''} (choose another --runs-root or --db)".rstrip())
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C: one line (the sweep's own once it follows runs), no traceback
         from sweeps.submit import SweepInterrupted

@@ -417,12 +417,10 @@ def _hub_arg(value: str) -> tuple[str, str]:
 
 
 def _print_manifest(manifest: Mapping[str, Any], out: Path) -> None:
-    try:
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # pragma: no cover - rich is a core dependency
-        print(json.dumps(manifest, indent=2))
-        return
+    from rich.table import Table
+
+    from predmask.console import make_console
+
     table = Table(title=f"prepared data in {out}")
     for col in ("set", "stage", "rows"):
         table.add_column(col)
@@ -430,7 +428,7 @@ def _print_manifest(manifest: Mapping[str, Any], out: Path) -> None:
         for i, (stage, count) in enumerate(info["stages"]):
             table.add_row(key if i == 0 else "", stage, str(count))
         table.add_row("", f"-> {info['file']} (data_source={info['data_source']})", str(info["rows"]))
-    Console().print(table)
+    make_console().print(table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

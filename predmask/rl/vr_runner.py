@@ -42,6 +42,7 @@ from torch import Tensor, nn
 from predmask import metrics as M
 from predmask import vr_weights as V
 from predmask.checkpoints import load_data
+from predmask.console import error
 from predmask.io import atomic_write
 from predmask.rl.base import load_base_model, sft_batch, single_thread, task_response_budget
 from predmask.rl.engine import resolve_cpu_model, validation_metrics
@@ -563,7 +564,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_stage(args[0])
     except (ValueError, RunDirBusyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        error(str(exc))
         return 2
     return 0
 
