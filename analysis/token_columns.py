@@ -8,8 +8,11 @@ with it (``dd_<mask>``; ``dd_all`` for the unmasked reference step). The statist
 A seed's row compares each predictive criterion with the ratio criterion on their disagreement set
 (``n_disagree<suffix>``) and counts there each side's kept, unsafe and corrective tokens (``n_keep_<side>``,
 ``n_unsafe_<side>``, ``n_corrective_<side>``) and its unsafe-keep rate (``unsafe_keep_<side>``), the ratio side of
-the uniform and exact comparisons being ``ratio_uniform`` and ``ratio_exact``. The study's compute writes these
-columns, the store declares them and the statistics read them: each takes the names from here.
+the uniform and exact comparisons being ``ratio_uniform`` and ``ratio_exact``. A token row may also carry its
+ground truths (docs/math.md §5.1): ``ddot_net`` (the own update), ``ddot_net_adam`` (the same through Adam's
+preconditioner), ``dd_cf`` (the counterfactual; ``dd_cf_<mode>`` per counterfactual mode while computed) and
+``context_id``. The study's compute writes these columns, the store declares them and the statistics read them: each
+takes the names from here.
 """
 
 from __future__ import annotations
@@ -21,6 +24,17 @@ REFERENCE_MASK = "all"
 TAILS: dict[str, str] = {"agg": "aggregated", "uniform": "uniform", "exact": "exact"}
 #: the tail of the paper's criterion, whose comparison's per-seed columns carry no suffix
 HEADLINE_TAIL = "agg"
+#: the own-update ground truth: first-order change of D through the network, SGD direction, A's sign included
+#: (> 0: keeping the token's update raises its D)
+OWN_UPDATE = "ddot_net"
+#: the own update through Adam's preconditioner
+OWN_UPDATE_ADAM = "ddot_net_adam"
+#: the same-token counterfactual: D after the step with the token's gradient minus without it
+COUNTERFACTUAL = "dd_cf"
+#: the id of the token's (context, sampled token) pair
+CONTEXT_ID = "context_id"
+#: network-aware ground truths, whose sign is compared with the logit-space prediction A · Ddot
+NETWORK_TRUTHS: tuple[str, ...] = (OWN_UPDATE, OWN_UPDATE_ADAM)
 
 
 def predictive_mask(tail: str) -> str:
@@ -56,6 +70,11 @@ def ratio_side(suffix: str) -> str:
 def count_columns(side: str) -> tuple[str, str, str]:
     """The per-seed counts of one side on its disagreement set: kept, unsafe (dD > 0), corrective (dD < 0)."""
     return f"n_keep_{side}", f"n_unsafe_{side}", f"n_corrective_{side}"
+
+
+def counterfactual_column(mode: str) -> str:
+    """The counterfactual of one mode, as the ground-truth compute returns it."""
+    return f"{COUNTERFACTUAL}_{mode}"
 
 
 def unsafe_keep_column(side: str) -> str:

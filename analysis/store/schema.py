@@ -85,11 +85,10 @@ TOKEN_COLUMNS: dict[str, str] = {
     **{keep: "BOOLEAN" for keep, _dd in CRITERIA.values()},
     **{dd: "DOUBLE" for _keep, dd in CRITERIA.values()},
     DD_ALL: "DOUBLE",  # optional: dD after the unmasked reference step (sign-accuracy / first-order checks)
-    # per-token ground truths (docs/math.md §5.1); NULL in the rows of a study computed before them
-    "ddot_net": "DOUBLE",  # own-update first-order change of D (A's sign included): > 0, keeping the update raises D
-    "ddot_net_adam": "DOUBLE",  # optional: the same through Adam's preconditioner
-    "dd_cf": "DOUBLE",  # same-token counterfactual: D after the step with the token's gradient minus without it
-    "context_id": "BIGINT",  # identifies the token's (context, token id) pair: distinct pairs are counted
+    # per-token ground truths (docs/math.md §5.1; their meaning: analysis.token_columns); NULL in the rows of a study
+    # computed before them; the Adam one is optional. Distinct (context, token id) pairs are counted by context_id
+    **dict.fromkeys((*token_columns.NETWORK_TRUTHS, token_columns.COUNTERFACTUAL), "DOUBLE"),
+    token_columns.CONTEXT_ID: "BIGINT",
 }
 
 # Study-level results of the criteria judged on a study's tokens (docs/math.md §5.1), one set of rows per study,

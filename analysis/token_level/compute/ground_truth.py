@@ -68,6 +68,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, vjp, vmap
 from torch.overrides import TorchFunctionMode
 
+from analysis.token_columns import CONTEXT_ID, OWN_UPDATE, OWN_UPDATE_ADAM, counterfactual_column
 from analysis.token_level.compute.step_settings import CF_MODES
 from predmask.divergence import topk_divergence
 from predmask.methods import MethodParams
@@ -512,9 +513,9 @@ def _chunk(p: _Pass, ids: Tensor, index: Tensor, u: Tensor, w: Tensor, c: Tensor
         g_d, g_l = vmap(token_gradients)(ids, index, u, w)
     flat_d = {k: g.flatten(1) for k, g in g_d.items()}
     flat_l = {k: g.flatten(1) for k, g in g_l.items()}
-    out = {"ddot_net": sum(torch.linalg.vecdot(flat_d[k], flat_l[k]) for k in p.theta)}
+    out = {OWN_UPDATE: sum(torch.linalg.vecdot(flat_d[k], flat_l[k]) for k in p.theta)}
     if p.precond is not None:
-        out["ddot_net_adam"] = sum(
+        out[OWN_UPDATE_ADAM] = sum(
             torch.linalg.vecdot(flat_d[k] * p.precond[k].reshape(-1), flat_l[k]) for k in p.theta
         )
     del g_d, flat_d, flat_l
@@ -611,11 +612,11 @@ def ground_truths(
     carried = _adam_state(optimizer, trainable, work)
     states = {"adam_carried": carried, "adam_reset": _fresh(carried), "sgd": carried}
     precond = _preconditioner(rule, carried) if adam_preconditioner else None
-    names = ["d", "ddot_net", *(["ddot_net_adam"] if precond else []), *(f"dd_cf_{m}" for m in cf_modes)]
+    names = ["d", OWN_UPDATE, *([OWN_UPDATE_ADAM] if precond else []), *map(counterfactual_column, cf_modes)]
     all_seq, all_pos = tokens.nonzero(as_tuple=True)
     if all_seq.numel() == 0:
         empty = {k: torch.zeros(0, dtype=dtype, device=response.device) for k in names}
-        return {"context_id": torch.zeros(0, dtype=torch.int64, device=response.device), **empty}
+        return {CONTEXT_ID: torch.zeros(0, dtype=torch.int64, device=response.device), **empty}
     rows = _left_aligned(batch)
     reps, kind = _distinct(rows, support, weights, all_seq, all_pos)
     seq, pos = all_seq[reps], all_pos[reps]
@@ -659,16 +660,16 @@ def ground_truths(
             res = {k: v.to(dtype) for k, v in _chunked(setup, rows, seq, pos, u, w, c, chunk_size).items()}
     a = advantages[all_seq, all_pos].to(dtype)
     out = {
-        "context_id": _context_ids(rows, all_seq, all_pos),
+        CONTEXT_ID: _context_ids(rows, all_seq, all_pos),
         "d": d_pre.detach()[kind],
-        "ddot_net": a * res["ddot_net"][kind],
+        OWN_UPDATE: a * res[OWN_UPDATE][kind],
     }
     if precond is not None:
-        out["ddot_net_adam"] = a * res["ddot_net_adam"][kind]
+        out[OWN_UPDATE_ADAM] = a * res[OWN_UPDATE_ADAM][kind]
     shared = c != 0  # a token without a share of G (A = 0) leaves the step unchanged: its counterfactual is 0
     with torch.no_grad():
         for m in cf_modes:
             d_full, _ = _token_terms(res[f"zf_{m}"], sup, temperature, divergence)
             d_without, _ = _token_terms(res[f"z_{m}"], sup, temperature, divergence)
-            out[f"dd_cf_{m}"] = torch.where(shared, d_full - d_without, 0.0)[kind]
+            out[counterfactual_column(m)] = torch.where(shared, d_full - d_without, 0.0)[kind]
     return out

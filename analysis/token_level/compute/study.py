@@ -595,10 +595,9 @@ def _ground_truth_columns(
         chunk_size=s.ground_truth_chunk,
         micro_batch=s.micro_batch,
     )
-    out = {"ddot_net": gt["ddot_net"].double(), "dd_cf": gt[f"dd_cf_{s.cf_mode}"].double()}
-    if "ddot_net_adam" in gt:
-        out["ddot_net_adam"] = gt["ddot_net_adam"].double()
-    out["context_id"] = gt["context_id"].long()
+    out = {truth: gt[truth].double() for truth in token_columns.NETWORK_TRUTHS if truth in gt}
+    out[token_columns.COUNTERFACTUAL] = gt[token_columns.counterfactual_column(s.cf_mode)].double()
+    out[token_columns.CONTEXT_ID] = gt[token_columns.CONTEXT_ID].long()
     return out
 
 

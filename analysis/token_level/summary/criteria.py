@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from analysis import token_columns
 from analysis.paired import (
     BOOTSTRAP_SEED,
     RESAMPLES,
@@ -46,7 +47,7 @@ from analysis.paired import (
     wilson_interval,
     z_of,
 )
-from analysis.token_columns import CRITERIA, DD_ALL, HEADLINE, PREDICTIVE, RATIO, TAIL_COLUMNS
+from analysis.token_columns import CONTEXT_ID, CRITERIA, DD_ALL, HEADLINE, PREDICTIVE, RATIO, TAIL_COLUMNS
 from analysis.token_level.summary.study_stats import DISAGREE_SET
 from analysis.training.stats import CONFIDENCE
 
@@ -61,13 +62,11 @@ TOKEN_SETS: dict[str, str] = {
 }
 #: ground-truth column -> what ``> 0`` means for the token (keeping its update increases its divergence)
 TRUTHS: dict[str, str] = {
-    "ddot_net": "own-update first-order change of D, network-aware (SGD)",
-    "ddot_net_adam": "own-update first-order change of D, network-aware (Adam's preconditioner)",
-    "dd_cf": "D after the step with the token's gradient minus without it",
+    token_columns.OWN_UPDATE: "own-update first-order change of D, network-aware (SGD)",
+    token_columns.OWN_UPDATE_ADAM: "own-update first-order change of D, network-aware (Adam's preconditioner)",
+    token_columns.COUNTERFACTUAL: "D after the step with the token's gradient minus without it",
     DD_ALL: "realised dD of the step that keeps every token",
 }
-#: network-aware truths whose sign is compared with the logit-space prediction A · Ddot
-NETWORK_TRUTHS: tuple[str, ...] = ("ddot_net", "ddot_net_adam")
 RISES, FALLS = "rises", "falls"
 
 # per-seed count columns, in this order: right decisions, tokens, true positives, positives, true negatives, negatives
@@ -192,7 +191,7 @@ def judge(
     seeds = np.sort(tokens.get_column("seed").unique().to_numpy())
     in_set = token_set(tokens, set_name)
     judged = in_set.filter(_finite(truth))
-    n_contexts = judged.get_column("context_id").n_unique() if "context_id" in judged.columns else None
+    n_contexts = judged.get_column(CONTEXT_ID).n_unique() if CONTEXT_ID in judged.columns else None
     kw = {"level": level, "resamples": resamples, "seed": seed}
     counts = {
         c: _seed_counts(judged, seeds, ~pl.col(CRITERIA[c][0]).cast(pl.Boolean), truth)
@@ -395,7 +394,7 @@ class Agreement:
 
 def sign_agreement(
     tokens: pl.DataFrame,
-    truth: str = "ddot_net",
+    truth: str = token_columns.OWN_UPDATE,
     ddot: str = PREDICTIVE[HEADLINE][0],
     *,
     level: float = CONFIDENCE,
@@ -403,9 +402,9 @@ def sign_agreement(
     seed: int = BOOTSTRAP_SEED,
 ) -> Agreement:
     """The share of ``outside`` tokens (both values finite) where ``sign(truth) == sign(A * ddot)``."""
-    if truth not in NETWORK_TRUTHS:
+    if truth not in token_columns.NETWORK_TRUTHS:
         raise ValueError(
-            f"sign agreement compares a network-aware truth; got {truth!r}, valid: {NETWORK_TRUTHS}"
+            f"sign agreement compares a network-aware truth; got {truth!r}, valid: {token_columns.NETWORK_TRUTHS}"
         )
     if ddot not in TAIL_COLUMNS:
         raise ValueError(f"unknown logit-space Ddot column {ddot!r}; valid: {', '.join(TAIL_COLUMNS)}")
@@ -449,7 +448,7 @@ def agreement_table(
 ) -> pl.DataFrame:
     """Sign agreement of every network-aware truth with every logit-space Ddot the frame has (``AGREEMENT_COLUMNS``)."""
     rows = []
-    for truth in (t for t in NETWORK_TRUTHS if t in tokens.columns):
+    for truth in (t for t in token_columns.NETWORK_TRUTHS if t in tokens.columns):
         for ddot in (d for d in TAIL_COLUMNS if d in tokens.columns):
             g = sign_agreement(tokens, truth, ddot, level=level, resamples=resamples, seed=seed)
             lo, hi = g.wilson

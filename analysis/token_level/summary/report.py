@@ -23,12 +23,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from analysis import token_columns
 from analysis.paired import WILSON_NOTE, ClusterInterval, PairedComparison
-from analysis.token_columns import DD_ALL, HEADLINE, PREDICTIVE, PREDICTIVE_TAILS, RATIO, TAILS
+from analysis.token_columns import DD_ALL, HEADLINE, OWN_UPDATE, PREDICTIVE, PREDICTIVE_TAILS, RATIO, TAILS
 from analysis.token_level.summary.criteria import Judgement
 from analysis.token_level.summary.study_stats import (
     DISAGREE_SET,
-    OWN_UPDATE,
     PAPER_LABEL,
     Estimate,
     MeanSE,
@@ -52,9 +52,9 @@ CRITERION_LABELS: dict[str, str] = {
 }
 #: how the tables name the ground truths (docs/math.md §5.1), the own update's first
 TRUTH_LABELS: dict[str, str] = {
-    "ddot_net": "own update (SGD)",
-    "ddot_net_adam": "own update (Adam)",
-    "dd_cf": "counterfactual",
+    OWN_UPDATE: "own update (SGD)",
+    token_columns.OWN_UPDATE_ADAM: "own update (Adam)",
+    token_columns.COUNTERFACTUAL: "counterfactual",
     DD_ALL: "realised ΔD, all kept",
 }
 OUTSIDE_SET = "outside"

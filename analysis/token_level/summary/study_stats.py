@@ -38,7 +38,7 @@ import polars as pl
 
 from analysis import token_columns
 from analysis.paired import wilson_interval  # its one owner; re-exported for this module's callers
-from analysis.token_columns import CRITERIA, HEADLINE, PREDICTIVE, RATIO
+from analysis.token_columns import CRITERIA, HEADLINE, OWN_UPDATE, PREDICTIVE, RATIO
 from analysis.training.stats import finite_values
 
 #: The paper's figures for this study (docs/math.md §5; Qwen3 scale, 61 seeds): the one copy of them.
@@ -62,8 +62,6 @@ PAPER_RESPONSE_LENGTHS: tuple[int, int] = (1024, 8192)
 PAIRED = "paired seeds"
 SEEDS = "seeds"
 
-#: the ground truth of the study's headline judgement (docs/math.md §5.1): the own-update first-order change of D
-OWN_UPDATE = "ddot_net"
 #: the token set of the paired statistics a drift point carries: the aggregated-tail criterion's disagreement set
 DISAGREE_SET = "disagree"
 

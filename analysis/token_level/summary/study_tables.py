@@ -5,7 +5,7 @@ judgements the report prints, from one function.
 (``analysis.token_level.summary.criteria.judge_all``), on the tokens of all the seeds it is given. A ground truth is
 carried when its column holds at least one finite value: a database keeps a column for every study once one study
 has it, so an older study's rows hold it as NULL. Nothing is judged unless the own-update truth
-(``analysis.token_level.summary.study_stats.OWN_UPDATE``) is carried; then the tables are empty and ``reason`` says why.
+(``analysis.token_columns.OWN_UPDATE``) is carried; then the tables are empty and ``reason`` says why.
 
 The tables (``STUDY_TABLES``; their columns are criteria.py's): ``token_level_criteria`` (``criteria_table``),
 ``token_level_criteria_seeds`` (``per_seed_table``) and ``token_level_sign_agreement`` (``agreement_table``).
@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 
 from analysis.paired import BOOTSTRAP_SEED, RESAMPLES
+from analysis.token_columns import CONTEXT_ID, OWN_UPDATE
 from analysis.token_level.summary.criteria import (
     AGREEMENT_COLUMNS,
     CRITERIA_COLUMNS,
@@ -31,7 +32,6 @@ from analysis.token_level.summary.criteria import (
     judge_all,
     per_seed_table,
 )
-from analysis.token_level.summary.study_stats import OWN_UPDATE
 from analysis.training.stats import CONFIDENCE
 
 #: stored table -> its columns (besides ``study_id``), as criteria.py builds them
@@ -40,8 +40,6 @@ STUDY_TABLES: dict[str, dict[str, pl.DataType]] = {
     "token_level_criteria_seeds": PER_SEED_COLUMNS,
     "token_level_sign_agreement": AGREEMENT_COLUMNS,
 }
-#: the column naming a token's (context, token id) pair, counted as distinct pairs when it is carried
-CONTEXT = "context_id"
 
 
 def carried(tokens: pl.DataFrame, column: str) -> bool:
@@ -88,7 +86,7 @@ def judge_study(
             f"its token rows carry no own-update ground truth ({OWN_UPDATE}): they were computed before the study "
             "stored per-token ground truths; rerun the study into a fresh database (--db) to measure it"
         )
-    dropped = [c for c in (*TRUTHS, CONTEXT) if c in tokens.columns and not carried(tokens, c)]
+    dropped = [c for c in (*TRUTHS, CONTEXT_ID) if c in tokens.columns and not carried(tokens, c)]
     frame = tokens.drop(dropped)
     kw: dict[str, Any] = {"level": level, "resamples": resamples, "seed": seed}
     judgements = tuple(judge_all(frame, **kw))
