@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from analysis.token_columns import OWN_UPDATE
 from analysis.token_level.compute.study_config import StudyInputError, compose_study, study_id_of, validate
 from analysis.token_level.summary.study_stats import DriftPoint
 from predmask.config import ConfigError, compose, stable_id, to_container
@@ -199,7 +200,7 @@ def cell_criteria(tokens: pl.DataFrame) -> pl.DataFrame | None:
     """The criteria of a cell judged against the own-update ground truth on the disagreement set of its tokens
     (``criteria_table`` rows, what ``drift_point`` reads); None when the tokens carry no own-update truth."""
     from analysis.token_level.summary.criteria import criteria_table, judge
-    from analysis.token_level.summary.study_stats import DISAGREE_SET, OWN_UPDATE
+    from analysis.token_level.summary.study_stats import DISAGREE_SET
     from analysis.token_level.summary.study_tables import carried
 
     if not carried(tokens, OWN_UPDATE):
@@ -390,7 +391,7 @@ def _grid_table(grid: Mapping[str, Any], grid_id: str, axes: Sequence[str]) -> T
         f"predictive vs ratio; x{at}: disagreement tokens per seed x {at} seeds (pooled at the study's default "
         "seed count).\n"
         "own update (docs/math.md §5.1), on the disagreement tokens with a truth: balanced accuracy of each "
-        "criterion against ddot_net > 0, pooled, 95% seed-cluster bootstrap interval; Δ: predictive − ratio per "
+        f"criterion against {OWN_UPDATE} > 0, pooled, 95% seed-cluster bootstrap interval; Δ: predictive − ratio per "
         "seed (percentage points), mean with its 95% t interval, and the seeds where predictive is lower / tied "
         "/ higher; — where the study's tokens carry no own-update truth.\n"
         "paper's statistics: unsafe-keep: mean over paired seeds (both criteria kept a disagreement token); "

@@ -468,6 +468,11 @@ def _steps_direct(
     return token_quantities(batch, support, lp_pre, adv_tok, s), d_post, None
 
 
+def _gradients(params: Mapping[str, nn.Parameter]) -> dict[str, Tensor | None]:
+    """A copy of each parameter's gradient, by name."""
+    return {n: None if p.grad is None else p.grad.detach().clone() for n, p in params.items()}
+
+
 def _steps_split(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -499,13 +504,13 @@ def _steps_split(
     q = token_quantities(batch, support, lp_pre, adv_tok, s)
     mask = batch.response_mask
     common = _kept_by_all(masks, q, mask)
-    params = [p for p in model.parameters() if p.requires_grad]
-    g_common = [None if p.grad is None else p.grad.detach().clone() for p in params]
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    g_common = _gradients(params)
     d_post: dict[str, Tensor] = {}
     g_ref: dict[str, Tensor | None] | None = None
     for name, (method, overrides) in masks.items():
         _restore(model, optimizer, snap)
-        for p, g in zip(params, g_common):
+        for p, g in zip(params.values(), g_common.values()):
             p.grad = None if g is None else g.clone()
         extra = _keep_of(name, q, mask) & ~common
         rows, width = _rows_and_width(extra)
@@ -527,11 +532,7 @@ def _steps_split(
                     f"mask {name}: the loss dropped {dropped} tokens this study records as kept"
                 )
         if name == REFERENCE_MASK:
-            g_ref = {
-                n: None if p.grad is None else p.grad.detach().clone()
-                for n, p in model.named_parameters()
-                if p.requires_grad
-            }
+            g_ref = _gradients(params)
         _clip_and_step(model, optimizer, s)
         d_post[name] = _d_post_on(model, batch, support, q["outside"], s)
     return q, d_post, g_ref
