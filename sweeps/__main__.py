@@ -281,7 +281,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.strict:
         refuse_warnings(warnings)  # before anything is submitted
     for line in warning_lines(warnings):
-        console.print(line, highlight=False)
+        console.print(line)
     check_paths(specs)
     db = _db_path(args.db)
     check_db_path(db)  # before the first run starts, not when it ends
@@ -308,21 +308,21 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     blocked = f", {len(outcome.blocked)} not started" if outcome.blocked else ""
     console.print(f"{len(outcome.completed)} completed, {len(outcome.skipped)} already done, "
                   f"{len(outcome.failed)} failed{blocked} in {duration_text(elapsed)}{_target_text(args.sweep)}; "
-                  f"database: {db}", highlight=False)
+                  f"database: {db}")
     for run_id, message in outcome.failed.items():
-        console.print(f"[red]failed[/] {run_id}: {message}", highlight=False)
+        console.print(f"[red]failed[/] {run_id}: {message}")
     for run_id, message in outcome.blocked.items():
-        console.print(f"[yellow]not started[/] {run_id}: {message}", highlight=False)
+        console.print(f"[yellow]not started[/] {run_id}: {message}")
     for run_id, cause in deferred.items():
-        console.print(f"[yellow]not ingested[/] {run_id}: {cause}", highlight=False)
+        console.print(f"[yellow]not ingested[/] {run_id}: {cause}")
     if outcome.failed:
         console.print(f"next: fix the cause above, then rerun the same command (completed runs are skipped, the "
-                      f"failed ones resume): {_submit_command(args)}", highlight=False)
+                      f"failed ones resume): {_submit_command(args)}")
     if deferred:
-        console.print(f"catch up with: {hint}", highlight=False)
+        console.print(f"catch up with: {hint}")
     elif not outcome.failed:
         for nxt in _next_commands(args.sweep):
-            console.print(f"next: {with_db(nxt, args.db and db)}", highlight=False)
+            console.print(f"next: {with_db(nxt, args.db and db)}")
     return 1 if outcome.failed or outcome.blocked or deferred else 0
 
 
@@ -367,7 +367,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
                 damaged.append(f"{name} {path.name}: {state.error}")
     print("\n".join(table_lines(f"runs under {root}", STATUS_COLUMNS, rows)), flush=True)
     for line in [*damaged, *status_next(counts, root)]:
-        console.print(line, highlight=False)
+        console.print(line)
     return 0
 
 

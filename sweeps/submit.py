@@ -203,8 +203,7 @@ def run_sweep(
             outcome.skipped.append(spec.run_id)
         else:
             if state.status == DAMAGED:  # its trainer rewrites status.json, or fails with its own line
-                console.print(f"run {spec.run_id}: {state.error}; started again (it resumes from its checkpoints)",
-                              highlight=False)
+                console.print(f"run {spec.run_id}: {state.error}; started again (it resumes from its checkpoints)")
             pending[spec.run_id] = spec
     warm = [spec for spec in pending.values() if backend_of(spec) == "local" and trainer_of(spec) == "cpu"]
     # plain lines go to stdout beside the sweep's other lines: `python -m sweeps ... | tee log` keeps them
@@ -219,8 +218,7 @@ def run_sweep(
             for run_id, spec in pending.items():
                 began[run_id] = time.monotonic()
                 job = _start(spec, root, worker if spec in warm else None)
-                console.print(f"run {run_id} {spec.method} {spec.model}/{spec.precision}: job {job.job_id}",
-                              highlight=False)
+                console.print(f"run {run_id} {spec.method} {spec.model}/{spec.precision}: job {job.job_id}")
                 yield run_id, job
 
         def poll(active: Mapping[str, Any]) -> None:
