@@ -464,33 +464,15 @@ class Results:
         rows = [_count_row("seeds", None, summary.n_seeds, "seeds")]
         rows.append(_mean_row("outside per seed", None, summary.outside, "outside_per_seed", count=True))
         for crit, pair in summary.pairs.items():
-            paper = crit == "predictive"
             u = pair.unsafe_keep
+            lower = _count_row("seeds where predictive is lower", crit, u.n_lower, "seeds_predictive_lower")
             rows += [
-                _mean_row(
-                    "disagreement per seed", crit, pair.disagree, "disagree_per_seed" if paper else None, True
-                ),
-                _mean_row(
-                    "unsafe-keep, predictive", crit, u.pred_mean, "unsafe_keep_predictive" if paper else None
-                ),
-                _mean_row("unsafe-keep, ratio", crit, u.ratio_mean, "unsafe_keep_ratio" if paper else None),
-                {
-                    **_count_row(
-                        "seeds where predictive is lower", crit, u.n_lower, "seeds_predictive_lower" if paper else None
-                    ),
-                    "n": u.n_paired,
-                    "over": "paired seeds",
-                    "text": f"{u.n_lower} of {u.n_paired}",
-                },
-                _pooled_row(
-                    "corrective, predictive",
-                    crit,
-                    pair.corrective_pred,
-                    "corrective_predictive" if paper else None,
-                ),
-                _pooled_row(
-                    "corrective, ratio", crit, pair.corrective_ratio, "corrective_ratio" if paper else None
-                ),
+                _mean_row("disagreement per seed", crit, pair.disagree, "disagree_per_seed", True),
+                _mean_row("unsafe-keep, predictive", crit, u.pred_mean, "unsafe_keep_predictive"),
+                _mean_row("unsafe-keep, ratio", crit, u.ratio_mean, "unsafe_keep_ratio"),
+                {**lower, "n": u.n_paired, "over": "paired seeds", "text": f"{u.n_lower} of {u.n_paired}"},
+                _pooled_row("corrective, predictive", crit, pair.corrective_pred, "corrective_predictive"),
+                _pooled_row("corrective, ratio", crit, pair.corrective_ratio, "corrective_ratio"),
             ]
         return self._out(pl.DataFrame(rows, schema=_SUMMARY_SCHEMA))
 
@@ -551,8 +533,9 @@ _SUMMARY_SCHEMA = {
 
 
 def _row(quantity: str, criterion: str | None, paper: str | None, **values: Any) -> dict[str, Any]:
-    """A row of ``_SUMMARY_SCHEMA``; ``paper``: the key of the paper's number printed beside it (None: none)."""
-    paper_text = token_stats.paper_text(paper) if paper else None
+    """A row of ``_SUMMARY_SCHEMA``; ``paper``: the key of the paper's number printed beside it (None: none), which
+    the paper reports for the study and for its own criterion (``HEADLINE``) only."""
+    paper_text = token_stats.paper_text(paper) if paper and criterion in (None, token_stats.HEADLINE) else None
     return {key: values.get(key) for key in _SUMMARY_SCHEMA} | {
         "quantity": quantity, "criterion": criterion, "paper": paper_text}
 

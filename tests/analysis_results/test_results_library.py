@@ -262,6 +262,8 @@ def test_token_level_summary_has_the_builders_numbers(res):
     assert (corr.k, corr.n) == (2, 3) and corr.lo < 2 / 3 < corr.hi
     assert s.loc[("corrective, predictive", "predictive_uniform")][["k", "n"]].tolist() == [1, 1]
     assert pred.paper == "34.2%"
+    # the paper reports its own (aggregated-tail) criterion only
+    assert pd.isna(s.loc[("unsafe-keep, predictive", "predictive_uniform")].paper)
 
 
 def test_token_level_summary_texts_are_the_clis(results_db, res):
