@@ -19,6 +19,8 @@ STAGES: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "final")
 CLUSTER_ONLY: tuple[str, ...] = ("rft_samples", "eval")
 #: the stages of a cluster, in pipeline order
 CLUSTER_STAGES: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "rft_samples", "final", "eval")
+#: the stages that train with SFT (on a cluster each has an SFT config, ``cluster.variational.<stage>``)
+SFT_STAGES: tuple[str, ...] = ("prior", "posterior", "final")
 #: the stages before the finals, in pipeline order, and the upstream stages each reads
 STAGE_INPUTS: dict[str, tuple[str, ...]] = {"prior": (), "posterior": (), "traces": ("posterior",),
                                             "weights": ("prior", "traces"), "rft_samples": ("prior",)}

@@ -10,6 +10,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from predmask.vr_stages import SFT_STAGES
+
 #: verl's training engines
 ENGINES: tuple[str, ...] = ("megatron", "fsdp")
 
@@ -213,7 +215,7 @@ class VariationalClusterConfig:
         at = "cluster.variational"
         _positive(at, self, "max_length", "max_token_len_per_gpu", "normaliser_tokens", "sequence_parallel",
                   "save_every")
-        for stage in ("prior", "posterior", "final"):
+        for stage in SFT_STAGES:
             _positive(f"{at}.{stage}", getattr(self, stage), "epochs", "batch", "lr")
         _positive(f"{at}.traces", self.traces, "k", "max_tokens")
         _positive(f"{at}.weights", self.weights, "m", "max_tokens")

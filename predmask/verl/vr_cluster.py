@@ -38,9 +38,8 @@ from predmask.verl.overrides import (
     require,
     tracker_names,
 )
-from predmask.vr_stages import CLUSTER_STAGES, stage_inputs
+from predmask.vr_stages import CLUSTER_STAGES, SFT_STAGES, stage_inputs
 
-SFT_STAGES: tuple[str, ...] = ("prior", "posterior", "final")
 SFT_MODULE = "predmask.verl.vr_sft"
 SAMPLE_MODULE = "predmask.verl.vr_sample"
 #: what a missing key is needed for, in the one-line errors
