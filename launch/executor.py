@@ -59,13 +59,13 @@ def job_shape(cluster_cfg: Mapping[str, Any]) -> JobShape:
         raise ValueError(f"cluster backend {backend!r} is not one of {list(BACKENDS)}")
     shape = JobShape(
         backend=str(backend),
-        nodes=_positive_int(cfg, "nodes", 1),
-        tasks_per_node=_positive_int(cfg, "tasks_per_node", 1),
-        gpus_per_node=_nonnegative_int(cfg, "gpus_per_node", 0),
-        cpus_per_task=_positive_int(cfg, "cpus_per_task", 1) if cfg.get("cpus_per_task") is not None else None,
+        nodes=_int_at_least(cfg, "nodes", 1),
+        tasks_per_node=_int_at_least(cfg, "tasks_per_node", 1),
+        gpus_per_node=_int_at_least(cfg, "gpus_per_node", 0, low=0),
+        cpus_per_task=_int_at_least(cfg, "cpus_per_task", 1) if cfg.get("cpus_per_task") is not None else None,
         mem_gb=_mem_gb(cfg),
-        timeout_min=_positive_int(cfg, "timeout_min", 24 * 60),
-        max_num_timeout=_nonnegative_int(cfg, "max_num_timeout", 3),
+        timeout_min=_int_at_least(cfg, "timeout_min", 24 * 60),
+        max_num_timeout=_int_at_least(cfg, "max_num_timeout", 3, low=0),
         partition=str(cfg["partition"]) if cfg.get("partition") else None,
     )
     if backend == "local" and shape.nodes != 1:
@@ -136,7 +136,7 @@ def sbatch_parameters(
     if shape.partition:
         params["partition"] = shape.partition
     if cfg.get("signal_delay_s") is not None:
-        params["signal_delay_s"] = _positive_int(cfg, "signal_delay_s", 90)
+        params["signal_delay_s"] = _int_at_least(cfg, "signal_delay_s", 90)
     extra = cfg.get("slurm_additional_parameters") or {}
     if not isinstance(extra, Mapping):
         raise TypeError(f"slurm_additional_parameters must be a mapping, got {extra!r}")
@@ -224,15 +224,9 @@ def _mem_gb(cfg: Mapping[str, Any]) -> float | None:
     return value
 
 
-def _positive_int(cfg: Mapping[str, Any], key: str, default: int) -> int:
+def _int_at_least(cfg: Mapping[str, Any], key: str, default: int, low: int = 1) -> int:
     value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"cluster {key} must be a positive integer, got {value!r}")
-    return value
-
-
-def _nonnegative_int(cfg: Mapping[str, Any], key: str, default: int) -> int:
-    value = cfg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"cluster {key} must be an integer >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        allowed = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValueError(f"cluster {key} must be {allowed}, got {value!r}")
     return value
