@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +22,7 @@ from rich.table import Table
 
 from analysis.store import IngestSummary, StoreError, connect, default_db_path, ingest_paths, paper_command
 from analysis.store.ingest import RunIngest
+from predmask.console import error, make_console
 
 # ------------------------------------------------------------------------------------------------------
 # Delegated subcommands: name -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`
@@ -49,14 +49,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
 }
 # ------------------------------------------------------------------------------------------------------
 
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def _console() -> Console:
-    """stdout console; wide enough for the summary table even when piped (rich assumes 80 columns then)."""
-    return Console(
-        highlight=False, soft_wrap=True, width=max(120, shutil.get_terminal_size((120, 24)).columns)
-    )
+_err = make_console(stderr=True)
 
 
 def _ingest_parser() -> argparse.ArgumentParser:
@@ -114,12 +107,12 @@ def cmd_ingest(argv: Sequence[str]) -> int:
     try:
         con = connect(db)
     except StoreError as exc:
-        _err.print(f"error: {exc}")
+        error(str(exc))
         return 2
     try:
         summary = ingest_paths(con, args.paths, show_progress=not args.quiet)
     except StoreError as exc:  # disk full, read-only, a failed transaction: runs stored before it stay stored
-        _err.print(f"error: {exc}", markup=False)
+        error(str(exc))
         return 2
     finally:
         with contextlib.suppress(Exception):  # a connection DuckDB invalidated may fail to close; nothing to keep
@@ -130,20 +123,19 @@ def cmd_ingest(argv: Sequence[str]) -> int:
             _err.print(f"warning: {w}", markup=False)
     for u in summary.unmatched:
         _err.print(f"warning: {u}: no run directory or metrics file matched")
-    print_summary(summary, db, _console(), quiet=args.quiet)
+    print_summary(summary, db, make_console(), quiet=args.quiet)
     if summary.unmatched:
-        _err.print(
-            f"error: {len(summary.unmatched)} input(s) matched nothing: {', '.join(summary.unmatched)}; give run "
+        error(
+            f"{len(summary.unmatched)} input(s) matched nothing: {', '.join(summary.unmatched)}; give run "
             "directories (runs/<sweep>/<run_id>) or folders holding them, which a sweep writes "
-            "(python -m sweeps smoke)",
-            markup=False,
+            "(python -m sweeps smoke)"
         )
         return 1
     if summary.refused:
         why = "; ".join(r.refused for r in summary.refused if r.refused)
-        _err.print(f"error: {len(summary.refused)} run director(ies) refused, the others stored: {why}", markup=False)
+        error(f"{len(summary.refused)} run director(ies) refused, the others stored: {why}")
         return 1
-    _console().print(f"next: {paper_command(args.db)}", markup=False)
+    make_console().print(f"next: {paper_command(args.db)}", markup=False)
     return 0
 
 
@@ -154,7 +146,7 @@ def run_delegated(name: str, argv: Sequence[str]) -> int:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name == module_name:
-            _err.print(f"error: `{name}` is not available: module {module_name} is not installed")
+            error(f"`{name}` is not available: module {module_name} is not installed")
             return 2
         raise
     return int(module.main(list(argv)) or 0)
@@ -182,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_ingest(rest)
     if name in DELEGATED:
         return run_delegated(name, rest)
-    _err.print(f"error: unknown command {name!r}; valid: {', '.join(['ingest', *DELEGATED])}")
+    error(f"unknown command {name!r}; valid: {', '.join(['ingest', *DELEGATED])}")
     return 2
 
 

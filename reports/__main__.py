@@ -8,15 +8,14 @@ python -m reports list        [--db PATH] [--sweep NAME ...] [--study ID]
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from analysis.store import StoreError, default_db_path
+from predmask.console import error, make_console
 from reports import artefact_registry
 from reports.artefact import ArtefactResult
 from reports.artefact_registry import is_variational
@@ -24,11 +23,6 @@ from reports.figures.variational import MISSING_HINT
 from reports.paper import PaperResult, availability, build_paper
 
 DEFAULT_OUT = Path("reports") / "out"
-
-
-def _console(stderr: bool = False) -> Console:
-    width = max(120, shutil.get_terminal_size((120, 24)).columns)
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
 def _sweeps(values: Sequence[str] | None) -> list[str] | None:
@@ -87,7 +81,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_paper(args: argparse.Namespace) -> int:
-    err = _console(stderr=True)
     try:
         paper = build_paper(
             args.db,
@@ -99,11 +92,11 @@ def cmd_paper(args: argparse.Namespace) -> int:
             debug=args.debug,
         )
     except (StoreError, ValueError, KeyError) as exc:
-        err.print(f"error: {exc.args[0] if exc.args else exc}")
+        error(str(exc.args[0] if exc.args else exc))
         return 1
     family = [r for r in paper.results if is_variational(r.name)]
     if family and not any(r.has_data for r in family):
-        err.print(f"note: {MISSING_HINT}")
+        make_console(stderr=True).print(f"note: {MISSING_HINT}")
     return _print_paper(paper, args.db)
 
 
@@ -115,18 +108,18 @@ def variational_names() -> list[str]:
 def cmd_variational(args: argparse.Namespace) -> int:
     """Draw the family's artefacts into --out and rewrite the page with them (the other sections keep the files
     an earlier `paper` left there); without any of the family's data: the one-line hint, nothing written."""
-    err = _console(stderr=True)
+    err = make_console(stderr=True)
     names = variational_names()
     try:
         rows = availability(args.db, sweeps=_sweeps(args.sweep), study_id=args.study, names=names)
         if not any(ok for _, _, ok in rows):
-            err.print(f"error: {MISSING_HINT} ({args.db})")
+            error(f"{MISSING_HINT} ({args.db})")
             return 2
         paper = build_paper(
             args.db, args.out, sweeps=_sweeps(args.sweep), study_id=args.study, draw=names, debug=args.debug
         )
     except (StoreError, ValueError, KeyError) as exc:
-        err.print(f"error: {exc.args[0] if exc.args else exc}")
+        error(str(exc.args[0] if exc.args else exc))
         return 1
     for art, what, ok in rows:
         if not ok:
@@ -135,7 +128,7 @@ def cmd_variational(args: argparse.Namespace) -> int:
 
 
 def _print_paper(paper: PaperResult, db: Path, only: Sequence[str] | None = None) -> int:
-    out, err = _console(), _console(stderr=True)
+    out = make_console()
     table = Table(title=f"report from {db}")
     for col in ("artefact", "data", "files"):
         table.add_column(col)
@@ -144,7 +137,7 @@ def _print_paper(paper: PaperResult, db: Path, only: Sequence[str] | None = None
             table.add_row(r.name, "yes" if r.has_data else "[red]none[/red]", ", ".join(f.name for f in r.files))
     out.print(table)
     for name, why in paper.failures.items():
-        err.print(f"error: {name} failed: {why} (rerun with --debug for the traceback)")
+        error(f"{name} failed: {why} (rerun with --debug for the traceback)")
     out.print(f"report page: {paper.index}")
     for line in next_lines(paper.results if only is None else [r for r in paper.results if r.name in only]):
         out.print(line)
@@ -166,14 +159,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         rows = availability(args.db, sweeps=_sweeps(args.sweep), study_id=args.study)
     except (StoreError, ValueError) as exc:
         # no database: still list what exists, saying there is no data
-        _console(stderr=True).print(f"note: {exc.args[0] if exc.args else exc}")
+        make_console(stderr=True).print(f"note: {exc.args[0] if exc.args else exc}")
         rows = [(a, "no database", False) for a in artefact_registry.artefacts()]
     table = Table(title=f"report artefacts ({args.db})")
     for col in ("name", "kind", "title", "data", "draws from"):
         table.add_column(col)
     for art, what, ok in rows:
         table.add_row(art.name, art.kind, art.title, "yes" if ok else "no", what)
-    _console().print(table)
+    make_console().print(table)
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,13 +19,13 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.accuracy_weighting.theory import METHODS, check_eps
+from predmask.console import error, make_console
 
 PRIMARY = "accuracy_weighting"
 #: bump when a code change alters what the analysis computes (it is part of the analysis id)
 ANALYSIS_VERSION = 1
 #: keys that say where things live, not what is computed: excluded from the analysis id
 PATH_KEYS: tuple[str, ...] = ("paths",)
-ERR = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class AnalysisInputError(ValueError):
@@ -146,12 +145,12 @@ def print_summary(rows: Sequence[Mapping[str, Any]], console: Console) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    console = Console(highlight=False, soft_wrap=True, width=max(120, shutil.get_terminal_size((120, 24)).columns))
+    console = make_console()
     try:
         cfg = compose_analysis(args.overrides)
         validate(cfg)
     except AnalysisInputError as err:
-        ERR.print(f"error: {err}", markup=False)
+        error(str(err))
         return 2
     return _run(cfg, args, console)
 
@@ -169,7 +168,7 @@ def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int
     try:
         check_db_path(db)
     except StoreError as err:
-        ERR.print(f"error: {err}", markup=False)
+        error(str(err))
         return 2
     run_cfg = {**cfg, "bandit_only": bool(args.bandit_only)}
     analysis_id = analysis_id_of(run_cfg)
@@ -202,7 +201,7 @@ def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int
         with connect(db) as con:
             written = upsert_accuracy_weighting(con, analysis_id, run_cfg, rows)
     except StoreError as err:
-        ERR.print(f"error: {err}", markup=False)
+        error(str(err))
         return 1
     print_summary(rows, console)
     if questions:

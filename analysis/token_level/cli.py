@@ -32,12 +32,13 @@ from analysis.token_level.compute.study_config import (
     study_id_of,
     validate,
 )
+from predmask.console import error, make_console
 
 if TYPE_CHECKING:
     import polars as pl
 
 
-ERR = Console(stderr=True, highlight=False, soft_wrap=True)
+ERR = make_console(stderr=True)
 _log = logging.getLogger("analysis.token_level")
 #: the study's progress lines, beside its seed files
 PROGRESS_LOG = "study.log"
@@ -122,15 +123,6 @@ def add_run_options(p: argparse.ArgumentParser, dry_run: str) -> None:
         help="run the seeds in this process, one after another (no submitit; for debugging)",
     )
     p.add_argument("--dry-run", action="store_true", help=dry_run)
-
-
-def make_console(min_width: int = 120) -> Console:
-    """stdout console at least ``min_width`` columns wide (tables print whole when redirected)."""
-    import shutil
-
-    return Console(
-        highlight=False, soft_wrap=True, width=max(min_width, shutil.get_terminal_size((120, 24)).columns)
-    )
 
 
 def db_path(arg: Path | None) -> Path:
@@ -258,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
             check_checkpoint(cfg)
     except StudyInputError as err:
-        ERR.print(f"error: {err}")
+        error(str(err))
         return 2
     study_id = study_id_of(cfg)
     seeds = list(range(args.seed_start, args.seed_start + args.seeds))
@@ -309,7 +301,7 @@ def _run(
         check_db_path(db)  # before any seed runs: a bad path costs nothing
         stored = stored_in(db, study_id)
     except StoreError as err:
-        ERR.print(f"error: {err}")
+        error(str(err))
         return 2
     files = SeedFiles(study_dir)
     on_disk = set(files.finished(seeds)) - stored
@@ -326,11 +318,11 @@ def _run(
     try:
         n_new = ingest(db, study_id, cfg, study_dir, [s for s in seeds if s not in stored])
     except StoreError as err:
-        ERR.print(f"error: {err}")
+        error(str(err))
         return 1
     console.print(f"ingested {n_new} seed(s) into {db}")
     for msg in failures:
-        ERR.print(f"error: {msg}")
+        error(msg)
     if interrupted:
         remaining = sum(1 for s in seeds if s not in stored and not files.done(s))
         ERR.print(
@@ -342,9 +334,7 @@ def _run(
     print_report(data, console)
     missing = len(seeds) - data.seeds.height
     if missing:
-        ERR.print(
-            f"error: {missing} of {len(seeds)} seeds are not stored; rerun the same command to run them"
-        )
+        error(f"{missing} of {len(seeds)} seeds are not stored; rerun the same command to run them")
         return 1
     console.print(f"next: {paper_command(args.db, study_id)}", markup=False)
     return 0
