@@ -32,13 +32,14 @@ from analysis.token_level.compute.study_config import (
     study_id_of,
     validate,
 )
-from predmask.console import error, make_console
+from predmask import console as _console
+from predmask.console import error
 
 if TYPE_CHECKING:
     import polars as pl
 
 
-ERR = make_console(stderr=True)
+ERR = _console.make_console(stderr=True)
 _log = logging.getLogger("analysis.token_level")
 #: the study's progress lines, beside its seed files
 PROGRESS_LOG = "study.log"
@@ -123,6 +124,11 @@ def add_run_options(p: argparse.ArgumentParser, dry_run: str) -> None:
         help="run the seeds in this process, one after another (no submitit; for debugging)",
     )
     p.add_argument("--dry-run", action="store_true", help=dry_run)
+
+
+def make_console(min_width: int = 120) -> Console:
+    """predmask.console's stdout console at least ``min_width`` columns wide (drift passes its width positionally)."""
+    return _console.make_console(min_width=min_width)
 
 
 def db_path(arg: Path | None) -> Path:
