@@ -186,11 +186,11 @@ def test_summary_has_the_builders_numbers(res):
 
 
 def test_summary_equals_table2(results_db, res):
-    """The same numbers as Table 2 of the reports (its own path: reports.tables on its own connection)."""
+    """The same numbers as Table 2 of the reports (its own path: reports.tables.main_results on its own connection)."""
     import duckdb
 
     from reports.artefact import ReportContext
-    from reports.tables import table2_main_results
+    from reports.tables.main_results import table2_main_results
 
     con = duckdb.connect(str(results_db), read_only=True)
     try:
