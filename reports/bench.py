@@ -16,6 +16,7 @@ import polars as pl
 import pyarrow as pa
 
 from analysis.store import connect, ingest_paths, upsert_token_level
+from analysis.token_columns import CRITERIA, RATIO, TAIL_COLUMNS
 from analysis.token_level.summary import study_stats as stats
 from predmask import config, metrics
 from predmask.bench import stopwatch, target
@@ -169,7 +170,7 @@ def synthetic_study(
         keep_ratio = rng.random(n) < 0.5
         flip = rng.random(n) < PAPER_DISAGREE / outside
         keep_agg = np.where(flip, ~keep_ratio, keep_ratio)
-        dd = {k: rng.normal(-0.01, 0.03, n) for k in ("ratio", "agg", "uniform", "exact")}
+        dd = {c: rng.normal(-0.01, 0.03, n) for c in CRITERIA}
         tokens = pa.table(
             {
                 "seed": pa.array(np.full(n, s), pa.int32()),
@@ -177,17 +178,9 @@ def synthetic_study(
                 "d_pre": rng.uniform(0.15, 1.0, n),
                 "r": rng.lognormal(0, 0.2, n),
                 "a": rng.normal(0, 1, n),
-                "ddot_agg": rng.normal(0, 1, n),
-                "ddot_uniform": rng.normal(0, 1, n),
-                "ddot_exact": rng.normal(0, 1, n),
-                "keep_ratio": keep_ratio,
-                "keep_pred_agg": keep_agg,
-                "keep_pred_uniform": keep_agg,
-                "keep_pred_exact": keep_agg,
-                "dd_ratio": dd["ratio"],
-                "dd_pred_agg": dd["agg"],
-                "dd_pred_uniform": dd["uniform"],
-                "dd_pred_exact": dd["exact"],
+                **{column: rng.normal(0, 1, n) for column in TAIL_COLUMNS},
+                **{keep: keep_ratio if c == RATIO else keep_agg for c, (keep, _) in CRITERIA.items()},
+                **{column: dd[c] for c, (_, column) in CRITERIA.items()},
             }
         )
         seed_rows.append({"seed": s, **stats.seed_summary(pl.from_arrow(tokens), n_tokens=n * 12)})

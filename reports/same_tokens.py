@@ -11,12 +11,13 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from analysis.token_columns import HEADLINE, RATIO
 from analysis.token_level.summary import study_stats as stats
 from analysis.token_level.summary.report import StudyData, measured_at
 from reports import queries
 
 #: the two criteria compared on the same tokens: the ratio criterion and the aggregated-tail predictive criterion
-PAIR: tuple[str, str] = ("ratio", "predictive")
+PAIR: tuple[str, str] = (RATIO, HEADLINE)
 CRITERIA_TABLE, SEEDS_TABLE = "token_level_criteria", "token_level_criteria_seeds"
 
 

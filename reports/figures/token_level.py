@@ -14,6 +14,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from analysis.store.token_level_tables import grid_cells
+from analysis.token_columns import CRITERIA
 from analysis.token_level.summary import study_stats as stats
 from reports import labels, queries, same_tokens
 from reports.artefact import (
@@ -396,7 +397,7 @@ def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
         panel.note = NO_STUDY
     else:
         pooled = result.stats = ctx.summary.corrective
-        crits = [c for c in stats.CRITERIA if c in pooled]
+        crits = [c for c in CRITERIA if c in pooled]
         if not crits:
             panel.note = "no kept disagreement tokens in this study"
         else:
