@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import matplotlib
 
+from analysis.token_columns import PREDICTIVE_TAILS, RATIO, TAILS
+
 # Okabe & Ito (2008), "Color Universal Design": distinguishable under the common colour-vision deficiencies.
 OKABE_ITO: dict[str, str] = {
     "black": "#000000",
@@ -66,12 +68,12 @@ _FALLBACK = (
     GREY,
 )
 
-# Token-level criteria (fig3, fig4): same colours as the methods that use them.
+# Token-level criteria (fig3, fig4): same colours as the methods that use them; the predictive criteria's colours
+# follow analysis.token_columns.TAILS' order (aggregated, uniform, exact).
 CRITERION_STYLE: dict[str, tuple[str, str]] = {
-    "ratio": ("Ratio (A·(r−1))", OKABE_ITO["vermillion"]),
-    "predictive": ("Predictive, aggregated tail", OKABE_ITO["blue"]),
-    "predictive_uniform": ("Predictive, uniform tail", OKABE_ITO["bluish_green"]),
-    "predictive_exact": ("Predictive, exact tail", OKABE_ITO["reddish_purple"]),
+    RATIO: ("Ratio (A·(r−1))", OKABE_ITO["vermillion"]),
+    **{criterion: (f"Predictive, {TAILS[tail]} tail", OKABE_ITO[colour]) for (criterion, tail), colour
+       in zip(PREDICTIVE_TAILS.items(), ("blue", "bluish_green", "reddish_purple"), strict=True)},
 }
 
 RC: dict[str, object] = {
