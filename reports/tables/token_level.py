@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from analysis.token_columns import HEADLINE, RATIO
 from analysis.token_level.summary import study_stats as stats
 from reports import queries, same_tokens
 from reports.artefact import STUDY_COMMAND, ArtefactResult, ReportContext
@@ -152,20 +153,20 @@ SUMMARY_ROWS: tuple[SummaryRow, ...] = (
     (
         "unsafe-keep rate, predictive aggregated (mean ± SE over paired seeds)",
         _paper("unsafe_keep_predictive"),
-        _paired_mean("predictive", "pred_mean"),
+        _paired_mean(HEADLINE, "pred_mean"),
     ),
     (
         "unsafe-keep rate, ratio (mean ± SE over paired seeds)",
         _paper("unsafe_keep_ratio"),
-        _paired_mean("predictive", "ratio_mean"),
+        _paired_mean(HEADLINE, "ratio_mean"),
     ),
     ("seeds where predictive is lower", _paper("seeds_predictive_lower"), _lower),
     (
         "corrective fraction, predictive aggregated (pooled)",
         _paper("corrective_predictive"),
-        _pooled("predictive"),
+        _pooled(HEADLINE),
     ),
-    ("corrective fraction, ratio (pooled)", _paper("corrective_ratio"), _pooled("ratio")),
+    ("corrective fraction, ratio (pooled)", _paper("corrective_ratio"), _pooled(RATIO)),
     (
         "unsafe-keep rate, predictive uniform (mean ± SE over paired seeds)",
         _none,
