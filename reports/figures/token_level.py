@@ -14,7 +14,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from analysis.store.token_level_tables import grid_cells
-from analysis.token_columns import CRITERIA
+from analysis.token_columns import CRITERIA, HEADLINE, RATIO
 from analysis.token_level.summary import study_stats as stats
 from reports import labels, queries, same_tokens
 from reports.artefact import (
@@ -108,7 +108,7 @@ def _paired_dots(
     (percent: ``centre`` is value, low, high; ``notes`` the summary's label); returns the summary labels (to keep
     inside the axes once the layout is final: keep_inside)."""
     texts = []
-    for a, b in zip(values["ratio"], values["predictive"]):
+    for a, b in zip(values[RATIO], values[HEADLINE]):
         ax.plot([0, 1], [a, b], color=GREY, alpha=0.35, linewidth=0.7)
     for x, crit in enumerate(same_tokens.PAIR):
         colour = CRITERION_STYLE[crit][1]
@@ -259,7 +259,7 @@ def _pooled_series(same: same_tokens.SameTokens) -> Series:
 def _estimates(same: same_tokens.SameTokens) -> dict[str, stats.Estimate]:
     p = same.point
     empty = stats.Estimate(None, None, None)
-    return {"ratio": p.balanced_ratio or empty, "predictive": p.balanced_predictive or empty}
+    return {RATIO: p.balanced_ratio or empty, HEADLINE: p.balanced_predictive or empty}
 
 
 def _p_value(p: float | None) -> str:
@@ -338,7 +338,7 @@ def _draw_fig3(
             empty_panel(axis, panel.note or "no data")
     if left.series:
         pair: stats.Paired = result.stats
-        means = {"ratio": pair.ratio_mean, "predictive": pair.pred_mean}
+        means = {RATIO: pair.ratio_mean, HEADLINE: pair.pred_mean}
         centre = {}
         for crit, m in means.items():
             mean, se = m.value()
@@ -346,7 +346,7 @@ def _draw_fig3(
             centre[crit] = (100 * mean, 100 * (mean - se), 100 * (mean + se))
         labels = _paired_dots(
             ax,
-            {"ratio": 100 * pair.ratio, "predictive": 100 * pair.pred},
+            {RATIO: 100 * pair.ratio, HEADLINE: 100 * pair.pred},
             centre,
             {c: _mean_label(m) for c, m in means.items()},
         )
@@ -740,7 +740,7 @@ def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> Figure:
             continue
         for s in panel.series:
             is_paper = s.label.startswith(stats.PAPER_LABEL)
-            crit = "ratio" if s.label.endswith("ratio") else "predictive"
+            crit = RATIO if s.label.endswith("ratio") else HEADLINE
             colour = CRITERION_STYLE[crit][1] if s.label.endswith(("predictive", "ratio")) else "black"
             if is_paper:
                 ax.plot(100 * s.x, 100 * s.y, color=colour, linewidth=3, alpha=0.6, solid_capstyle="butt")
@@ -748,7 +748,7 @@ def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> Figure:
                 ax.plot([mid], [100 * s.y[0]], marker="*", color=colour, markersize=11, linestyle="")
                 continue
             marker = _precision_marker(precisions, s.label.split(":")[0])
-            style = "--" if crit == "ratio" and s.label.endswith("ratio") else "-"
+            style = "--" if crit == RATIO and s.label.endswith("ratio") else "-"
             ax.plot(
                 100 * s.x,
                 100 * s.y,
@@ -832,7 +832,7 @@ def fig10_criteria_vs_drift(ctx: ReportContext) -> ArtefactResult:
         result.stats = [(c.name, c.point) for c in shown]
         for prec in dict.fromkeys(c.precision for c in cells):
             mine = [c for c in shown if c.precision == prec]
-            for crit, field in (("predictive", "balanced_predictive"), ("ratio", "balanced_ratio")):
+            for crit, field in ((HEADLINE, "balanced_predictive"), (RATIO, "balanced_ratio")):
                 est = [getattr(c.point, field) for c in mine]
                 panel.series.append(
                     _interval_series(
@@ -881,14 +881,14 @@ def _draw_fig10(ctx: ReportContext, result: ArtefactResult) -> Figure:
                 continue
             if not s.x.size:
                 continue
-            crit = s.method or "predictive"
+            crit = s.method or HEADLINE
             colour = CRITERION_STYLE[crit][1]
             marker = _precision_marker(precisions, s.label.split(":")[0])
             (line,) = ax.plot(
                 100 * s.x,
                 100 * s.y,
                 marker=marker,
-                linestyle="--" if crit == "ratio" else "-",
+                linestyle="--" if crit == RATIO else "-",
                 color=colour,
                 markersize=5,
                 linewidth=1,
