@@ -554,6 +554,13 @@ class RunDirBusyError(RuntimeError):
     """Another live process holds the run directory's writer lock (one line, naming its pid)."""
 
 
+class LinkedLockError(OSError, ValueError):
+    """A lock file that is a symbolic link (errno ELOOP): refused in one line, the link and its target untouched."""
+
+    def __str__(self) -> str:  # the line itself, without OSError's "[Errno 40]"
+        return str(self.strerror)
+
+
 def _holder(text: str) -> str:
     """``pid N`` (``pid N on HOST`` from another host) as the lock's holder wrote it, or ``pid unknown``."""
     words = text.split()
@@ -569,11 +576,17 @@ def hold_lock(path: Path, stamp: str, busy: Callable[[str], Exception]) -> Itera
     held: the one lock of the project (a run directory's writer lock, a sweep's lock).
 
     When another process holds it, raises ``busy(what that holder wrote)``. Never through a link (the file is
-    truncated, and a link could name a file elsewhere): a link is an OSError (ELOOP). The lock goes with the process:
-    a SIGKILLed holder leaves it free.
+    truncated, and a link could name a file elsewhere): a link is a LinkedLockError (ELOOP) naming it and its target.
+    The lock goes with the process: a SIGKILLed holder leaves it free.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP or not path.is_symlink():
+            raise
+        raise LinkedLockError(errno.ELOOP, f"{path} is a symlink (to {os.readlink(path)}); nothing written or "
+                                           "deleted: remove that link") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -9,7 +9,7 @@ import re
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from predmask.rundir import (
     RUNS_DIRNAME,
     STATUS_FILE,
     DamagedFileError,
+    LinkedLockError,
     StatusError,
     hold_lock,
     read_job_record,
@@ -197,7 +198,9 @@ def sweep_lock(directory: Path) -> Iterator[None]:
         return RuntimeError(f"sweep directory {directory} is in use by {holder or 'another process'}; wait for it or "
                             "stop it first")
 
-    if path.is_symlink():  # hold_lock refuses a link too (ELOOP); this says which, in one line
-        raise SweepError(f"{path} is a symlink (to {os.readlink(path)}); nothing written or deleted: remove that link")
-    with hold_lock(path, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}", busy):
+    with ExitStack() as held:
+        try:
+            held.enter_context(hold_lock(path, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}", busy))
+        except LinkedLockError as exc:  # the sweep's own refusal type, with hold_lock's line
+            raise SweepError(exc.strerror) from None
         yield

@@ -59,4 +59,7 @@ def test_a_run_lock_linked_out_of_the_run_directory_is_refused_and_its_target_ke
     with pytest.raises(OSError) as err, hold_run_lock(run_dir):
         pytest.fail("the lock was taken through a link")
     assert err.value.errno == errno.ELOOP
+    assert isinstance(err.value, ValueError)  # the trainer's one-line refusal (exit 2), not a traceback
+    assert str(err.value) == (f"{run_dir / '.run.lock'} is a symlink (to {outside}); nothing written or deleted: "
+                             "remove that link")
     assert outside.read_text() == "must survive\n"
