@@ -1,15 +1,9 @@
 """`python -m analysis token_level`: the token-level study of the direction criteria (docs/math.md §5, paper §4.2).
 
-Per seed: a fresh rollout (top-K support, rewards, GRPO advantages), the training policy moved off the rollout
-distribution by emulated precision mismatch and policy staleness, and ONE optimiser step per mask (ratio DPPO,
-predictive with the aggregated / uniform / exact tail, and the unmasked reference) from the same state; every
-token outside the trust region is stored with its D_pre, r, A, Ddot per tail, keep decisions and ΔD per mask.
-
-The config is composed by ``analysis.token_level.compute.study_config``. Seeds fan out through
-``analysis.token_level.compute.fanout`` (local processes, or a Slurm job array on a cluster config); each seed
-writes its own files; this process alone summarises them into seed rows (``seed_row``), ingests them into
-DuckDB and prints the study's table beside the paper's numbers (``analysis.token_level.summary.report``). A
-rerun skips the seeds already stored for the same study (same config, whatever the seed count and launcher).
+Composes the config (``compute.study_config``), fans the pending seeds out to workers (``compute.fanout``: local
+processes or a Slurm job array), then, the only database writer, summarises the finished seed files into seed rows
+(``seed_row``), ingests them and prints the study's report (``summary.report``). A rerun skips the seeds already
+stored for the same study (same config, whatever the seed count and launcher).
 """
 
 from __future__ import annotations
@@ -32,14 +26,13 @@ from analysis.token_level.compute.study_config import (
     study_id_of,
     validate,
 )
-from predmask import console as _console
-from predmask.console import error
+from predmask.console import error, make_console
 
 if TYPE_CHECKING:
     import polars as pl
 
 
-ERR = _console.make_console(stderr=True)
+ERR = make_console(stderr=True)
 _log = logging.getLogger("analysis.token_level")
 #: the study's progress lines, beside its seed files
 PROGRESS_LOG = "study.log"
@@ -124,11 +117,6 @@ def add_run_options(p: argparse.ArgumentParser, dry_run: str) -> None:
         help="run the seeds in this process, one after another (no submitit; for debugging)",
     )
     p.add_argument("--dry-run", action="store_true", help=dry_run)
-
-
-def make_console(min_width: int = 120) -> Console:
-    """predmask.console's stdout console at least ``min_width`` columns wide (drift passes its width positionally)."""
-    return _console.make_console(min_width=min_width)
 
 
 def db_path(arg: Path | None) -> Path:

@@ -1,22 +1,11 @@
 """`python -m analysis drift`: the token-level study over a grid of drift (lr x staleness x precision), beyond the paper.
 
-The grid is conf/drift.yaml (``DriftGridConfig``): every combination of its ``axes`` is one cell, and every
-cell is a normal token-level study (conf/token_level.yaml with the grid's ``fixed`` overrides, the command
-line's study overrides and the cell's axis values) with its own study id; its seeds are computed by the
-study's own workers (``analysis.token_level.compute.fanout``) and stored by the study's own ingest
-(``analysis.token_level.cli.ingest``). ``token_level_grid`` links the grid's cells to their studies. All
-pending seeds of all cells share one pool of workers; a rerun skips the seeds already stored or finished on
-disk, cell by cell.
-
-At the end: one row per cell (where it sits: the measured share of response tokens outside the trust region;
-both criteria judged against the own-update ground truth on the disagreement set, paired over seeds
-(docs/math.md §5.1); the paper's statistics there; all from ``analysis.token_level.summary.study_stats.drift_point``), the
-cell the grid's ``rule`` chooses as the study's default (``choose_default``), and a benchmark line (elapsed, per
-cell).
-
-The rule is about the paired statistics only, which pool a cell's disagreement tokens over its seeds: a cell is
-``measurable`` when its mean disagreement tokens per seed, times the study's default seed count
-(``rule.pooled_over_seeds``), reach ``rule.min_pooled_disagree``; no seed needs a minimum of its own.
+The grid is conf/drift.yaml (``DriftGridConfig``): every combination of its ``axes`` is one cell, a normal
+token-level study with its own study id, whose seeds run on the study's own workers (``compute.fanout``; one pool
+for the pending seeds of every cell) and are stored by the study's own ingest (``cli.ingest``);
+``token_level_grid`` links the cells to their studies. A rerun skips the seeds already stored or finished on disk.
+At the end: one row per cell (``summary.study_stats.drift_point``), the cell the grid's ``rule`` chooses as the
+study's default (``choose_default``; docs/math.md §5.1) and a benchmark line (elapsed, per cell).
 """
 
 from __future__ import annotations
@@ -38,6 +27,7 @@ from analysis.token_columns import OWN_UPDATE
 from analysis.token_level.compute.study_config import StudyInputError, compose_study, study_id_of, validate
 from analysis.token_level.summary.study_stats import DriftPoint
 from predmask.config import ConfigError, compose, stable_id, to_container
+from predmask.console import error, make_console
 
 if TYPE_CHECKING:
     import polars as pl
@@ -92,12 +82,15 @@ class Cell:
 # ------------------------------------------------------------------------------------------- the grid
 
 
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     """(grid overrides, study overrides): a key naming a grid key (or below one) changes the grid."""
     grid, study = [], []
     for ov in overrides:
-        key = ov.split("=", 1)[0].lstrip("+~")
-        (grid if key.split(".", 1)[0] in GRID_KEYS else study).append(ov)
+        (grid if _key(ov).split(".", 1)[0] in GRID_KEYS else study).append(ov)
     return grid, study
 
 
@@ -149,8 +142,7 @@ def expand(
 ) -> list[Cell]:
     """The grid's cells in axis order (the last axis varies fastest), each composed and validated."""
     axes = dict(grid["axes"])
-    for ov in study_overrides:
-        key = ov.split("=", 1)[0].lstrip("+~")
+    for key in map(_key, study_overrides):
         if key in axes:
             raise StudyInputError(f"{key} is a grid axis; change it with axes.{key}=[...]")
     fixed = _flatten("", dict(grid["fixed"]))
@@ -270,10 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from analysis.token_level.cli import ERR, make_console
-
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    console = make_console(210)
+    console = make_console(min_width=210)
     try:
         if args.workers is not None and args.workers < 1:
             raise StudyInputError(f"--workers must be >= 1, got {args.workers}")
@@ -285,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
             check_checkpoint(cells[0].config)
     except StudyInputError as err:
-        ERR.print(escape(f"error: {err}"))
+        error(str(err))
         return 2
     grid_id = grid_id_of(grid, cells)
     console.print(
@@ -301,29 +291,26 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args, grid, grid_id, cells, console)
 
 
-def _pending(db: Path, out: Path, cells: Sequence[Cell], seeds: Sequence[int]) -> dict[int, list[int]]:
-    """Per cell index: the seeds neither stored nor finished on disk."""
+def _unstored(db: Path, cells: Sequence[Cell], seeds: Sequence[int]) -> dict[int, list[int]]:
+    """Per cell index: the seeds not stored yet."""
     from analysis.token_level.cli import stored_in
-    from analysis.token_level.compute.fanout import SeedFiles
 
-    pending = {}
+    unstored = {}
     for c in cells:
         stored = stored_in(db, c.study_id)
-        files = SeedFiles(out / c.study_id)
-        pending[c.index] = [s for s in seeds if s not in stored and not files.done(s)]
-    return pending
+        unstored[c.index] = [s for s in seeds if s not in stored]
+    return unstored
 
 
 def _store_cells(db: Path, out: Path, grid: Mapping[str, Any], grid_id: str, cells: list[Cell],
-                 seeds: Sequence[int]) -> None:
+                 unstored: Mapping[int, Sequence[int]]) -> None:
     """Ingest every cell's seeds not yet stored and link the cells to their studies (``token_level_grid``)."""
     from analysis.store import connect
     from analysis.store.token_level_tables import upsert_grid
-    from analysis.token_level.cli import ingest, stored_in
+    from analysis.token_level.cli import ingest
 
     for c in cells:
-        stored = stored_in(db, c.study_id)
-        ingest(db, c.study_id, c.config, out / c.study_id, [s for s in seeds if s not in stored])
+        ingest(db, c.study_id, c.config, out / c.study_id, unstored[c.index])
     with connect(db) as con:
         upsert_grid(con, grid_id, grid_rows(cells, grid["name"]))
 
@@ -333,16 +320,18 @@ def _run(
 ) -> int:
     from analysis.store import StoreError, check_db_path, paper_command
     from analysis.token_level.cli import ERR, db_path, out_root
+    from analysis.token_level.compute.fanout import SeedFiles
 
     t0 = time.perf_counter()
     db, out = db_path(args.db), out_root(args.out)
     seeds = list(range(grid["seeds"]))
     try:
         check_db_path(db)  # before any seed runs: a bad path costs nothing
-        pending = _pending(db, out, cells, seeds)
+        unstored = _unstored(db, cells, seeds)
     except StoreError as err:
-        ERR.print(escape(f"error: {err}"))
+        error(str(err))
         return 2
+    pending = {c.index: [s for s in unstored[c.index] if not SeedFiles(out / c.study_id).done(s)] for c in cells}
     n_pending = sum(map(len, pending.values()))
     console.print(
         f"{len(cells) * len(seeds) - n_pending} of {len(cells) * len(seeds)} cell seeds done; {n_pending} to run"
@@ -357,18 +346,18 @@ def _run(
             out / "jobs" / grid_id, out / "jobs" / grid_id / "drift.log", console,
         )
     try:
-        _store_cells(db, out, grid, grid_id, cells, seeds)
+        _store_cells(db, out, grid, grid_id, cells, unstored)
     except StoreError as err:
-        ERR.print(escape(f"error: {err}"))
+        error(str(err))
         return 1
     for msg in failures:
-        ERR.print(escape(f"error: {msg}"))
+        error(msg)
     if interrupted:
         ERR.print("interrupted: finished seeds are stored; rerun the same command to run the others")
         return 130
     missing = _print_grid(db, grid, grid_id, cells, seeds, console, time.perf_counter() - t0)
     if missing:
-        ERR.print(f"error: {missing} cell seed(s) are not stored; rerun the same command to run them")
+        error(f"{missing} cell seed(s) are not stored; rerun the same command to run them")
         return 1
     console.print(f"next: {paper_command(args.db)} (fig9_drift_sensitivity draws the grid)", markup=False)
     return 0

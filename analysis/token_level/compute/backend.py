@@ -76,8 +76,6 @@ def load_checkpoint_weights(model: nn.Module, path: Path) -> None:
 
 
 def _checkpoint_file(path: Path) -> Path:
-    """The weights file of ``path``: the file itself, or in a directory (a run directory, its ``checkpoints/``, or
-    a step directory) the newest ``step_*.pt`` (the CPU trainer's) or a ``model.safetensors`` / ``model.pt``."""
     if path.is_file():
         return path
     if not path.is_dir():
@@ -158,16 +156,19 @@ def make_backend(cfg: Mapping[str, Any]) -> Backend:
 
         # the hf: block's keys are HFBackend's options (config.HFSettings)
         return HFBackend(cfg["checkpoint"] or m.get("path"), device=cfg["device"], **common, **cfg["hf"])
-    task = task_of(cfg)
-    tokenizer = ArithmeticTokenizer(task.max_number)
-    if cfg["checkpoint"]:  # a training run's weights: the architecture comes from the model entry
-        from predmask.rl.model import build_policy
-
-        model = build_policy(cfg["model"], tokenizer.vocab_size, seed=0)
-        load_checkpoint_weights(model, Path(cfg["checkpoint"]))
-    else:
-        model, _info = base_model(cfg)
+    tokenizer = ArithmeticTokenizer(task_of(cfg).max_number)
+    model = _checkpoint_policy(cfg, tokenizer.vocab_size) if cfg["checkpoint"] else base_model(cfg)[0]
     return CpuEngineBackend(model, tokenizer, **common)
+
+
+def _checkpoint_policy(cfg: Mapping[str, Any], vocab_size: int) -> nn.Module:
+    """The CPU engine's policy with a training run's weights (``cfg.checkpoint``): the architecture comes from the
+    model entry."""
+    from predmask.rl.model import build_policy
+
+    model = build_policy(cfg["model"], vocab_size, seed=0)
+    load_checkpoint_weights(model, Path(str(cfg["checkpoint"])))
+    return model
 
 
 def run_seed(backend: Backend, cfg: Mapping[str, Any], settings: StudySettings, seed: int) -> SeedStudy:
@@ -185,15 +186,10 @@ def run_seed(backend: Backend, cfg: Mapping[str, Any], settings: StudySettings, 
 def check_checkpoint(cfg: Mapping[str, Any]) -> None:
     """Load a CPU-engine study's ``checkpoint`` into the configured architecture (cheap for CPU models); a one-line
     StudyInputError when it does not fit. Nothing to check without a checkpoint or for a Hugging Face model."""
-    from predmask.rl.model import build_policy
-
     if cfg.get("checkpoint") is None or cfg["model"].get("backend") != "cpu":
         return
-    vocab = ArithmeticTokenizer(task_of(cfg).max_number).vocab_size
-
     try:
-        model = build_policy(cfg["model"], vocab, seed=0)
-        load_checkpoint_weights(model, Path(str(cfg["checkpoint"])))
+        _checkpoint_policy(cfg, ArithmeticTokenizer(task_of(cfg).max_number).vocab_size)
     except Exception as err:  # noqa: BLE001 - any load failure is bad input, reported in one line
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StudyInputError(

@@ -141,26 +141,6 @@ def deal(studies: Sequence[tuple[Mapping[str, Any], Path, Sequence[int]]], worke
     ]
 
 
-def make_seed_executor(
-    folder: Path, cluster: Mapping[str, Any], launcher: Mapping[str, Any], jobs: int
-) -> Any:
-    """submitit executor for the seed workers: the launch layer's (``launch.executor.make_executor``) with
-    one single-node task per worker (a job array on Slurm, at most ``launcher.array_parallelism`` at once)."""
-    from launch.executor import make_executor
-
-    cfg = dict(cluster)
-    cfg.update(nodes=1, tasks_per_node=1)
-    for key in ("gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min", "slurm_additional_parameters"):
-        if launcher.get(key) is not None:  # a seed worker is one small task, not the cluster's multi-node run
-            cfg[key] = launcher[key]
-    if cfg.get("backend") == "local":
-        cfg.pop("gpus_per_node", None)
-    executor = make_executor(folder, cfg, name="token_level")
-    if cfg.get("backend") == "slurm":
-        executor.update_parameters(slurm_array_parallelism=launcher["array_parallelism"] or jobs)
-    return executor
-
-
 def run_specs(specs: Sequence[WorkerSpec]) -> list[int]:
     """One job: ``run_worker`` on each spec in turn (shares of one or several studies); returns the seeds finished.
 
@@ -185,17 +165,26 @@ def submit_shares(
     count_finished: Callable[[], int],
     on_poll: Callable[[int], None],
 ) -> list[str]:
-    """Submit one job per share (``run_specs``; cluster and launcher from ``cfg``), follow them until every job has
-    ended (``launch.follow``: a Slurm job that died without a result ends too), calling
-    ``on_poll(count_finished())`` each round. Returns one message per failed job. Ctrl-C cancels every job and
-    re-raises."""
+    """Submit one job per share (``run_specs``) through the launch layer's executor
+    (``launch.executor.make_executor``: one single-node task per worker, a job array on Slurm with at most
+    ``launcher.array_parallelism`` at once), follow them until every job has ended (``launch.follow``: a Slurm job
+    that died without a result ends too), calling ``on_poll(count_finished())`` each round. Returns one message per
+    failed job. Ctrl-C cancels every job and re-raises."""
+    from launch.executor import make_executor
     from launch.follow import follow
 
-    launcher = dict(cfg["launcher"])
+    launcher = cfg["launcher"]
+    cluster = {**cfg["cluster"], "nodes": 1, "tasks_per_node": 1}
+    for key in ("gpus_per_node", "cpus_per_task", "mem_gb", "timeout_min", "slurm_additional_parameters"):
+        if launcher.get(key) is not None:  # a seed worker is one small task, not the cluster's multi-node run
+            cluster[key] = launcher[key]
     if launcher["gpus_per_node"] is None:
-        launcher["gpus_per_node"] = 1 if cfg["model"].get("backend") == "hf" else 0
-    executor = make_seed_executor(folder, cfg["cluster"], launcher, len(shares))
-    if cfg["cluster"].get("backend") == "slurm":
+        cluster["gpus_per_node"] = 1 if cfg["model"].get("backend") == "hf" else 0
+    if cluster.get("backend") == "local":
+        cluster.pop("gpus_per_node", None)
+    executor = make_executor(folder, cluster, name="token_level")
+    if cluster.get("backend") == "slurm":
+        executor.update_parameters(slurm_array_parallelism=launcher["array_parallelism"] or len(shares))
         jobs = executor.map_array(run_specs, [list(share) for share in shares])
     else:
         jobs = [executor.submit(run_specs, list(share)) for share in shares]

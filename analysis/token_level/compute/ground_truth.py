@@ -13,40 +13,26 @@ the top-K divergence at token t's position and ℓ_t = log π_θ(y_t | context_t
   step the study takes), ``adam_reset`` (AdamW from a fresh state), ``sgd`` (θ − lr·κ·G', no weight decay).
 - ``context_id``: an id of the token's (context, sampled token) pair, from the token ids alone; ``d``: D_t at θ.
 
-Defaults, and why (measured on the study's default config, seeds 0 and 1: 972 and 887 outside tokens):
+Defaults, and why:
 
 - P = identity for ``ddot_net``: the direction of a plain gradient step, the network-aware counterpart of the
   criteria's logit-space Ḋ (which is the case J_t P J_tᵀ = I); it exists at staleness 0, where Adam has no state.
-  Adam's preconditioner is an option: it needs a state that has taken a step.
 - ``cf_modes=("adam_carried",)``: the counterfactual of the step the study actually takes. A fresh Adam's first
-  step is lr·G/(|G| + ε), about lr·sign(G) per coordinate, so one token's share moves mostly the coordinates where
-  it is a large part of G: a different, sign-like step (its counterfactual agrees in sign with the carried one on
-  78% and 89% of the tokens with A ≠ 0). ``ddot_net_adam`` agrees with ``dd_cf_adam_carried`` on 97% and 94%,
-  ``ddot_net`` on 90% and 93%, and the SGD counterfactual with ``ddot_net`` on 100% and 97%.
-- ``dtype=torch.float64`` for the counterfactual forwards: removing one token's share moves the parameters by a
-  median 4e-5 of their norm under the carried step, and D_t by a median 7e-5 to 9e-5 (D_t itself ~0.26), so the
-  float32 rounding of every parameter (6e-8 of it, in every coordinate) is a visible part of the difference: in
-  float32 the counterfactual is off by a median 0.5% (carried) to 12% (SGD), and up to 2.6% of the signs flip.
-  Float64 alone is not enough: Hugging Face models cast to float32 inside (RMSNorm, rotary tables, softmax), which
-  still leaves a median 0.1% (carried) to 2% (SGD) error and up to 1.1% flipped signs; ``_FullPrecision`` turns
-  those casts into float64 during the float64 forwards. Gradients and optimiser updates stay in the model's dtype:
-  the float64 parameters are θ minus a float32 update, which moves the counterfactual by a median 3e-6 relative
-  (no sign flips on 300 tokens) against computing everything in float64, and costs less; chunk sizes change the
-  results by at most 3e-5 relative (the float32 gradients' rounding).
+  step is about lr·sign(G) per coordinate: a different, sign-like step.
+- ``dtype=torch.float64`` for the counterfactual forwards: removing one token's share moves D_t by so little that
+  float32 rounding of the parameters is a visible part of the difference, and so are the float32 casts inside
+  Hugging Face models, which ``_FullPrecision`` turns into float64. Gradients and optimiser updates stay in the
+  model's dtype (the float64 parameters are θ minus a float32 update): as accurate, and cheaper.
 
-How, and what it costs. One forward/backward of the whole batch gives G and the logits of the studied tokens (or,
-with ``gradient``, the caller's G and a forward of only the rows holding them); from those logits, ∂D_t/∂z and
-∂ℓ_t/∂z. Tokens with the same context, support and loss weight are one computation (a GRPO group shares its
-prompt, so its first response tokens repeat: 237 and 187 distinct computations on the seeds above). Per chunk of
-``chunk_size`` such tokens, sorted by context length, ``torch.func.vmap`` over a VJP of each token's row gives
-∇D_t and ∇ℓ_t for all of them at once; the inner products, G − c_t∇ℓ_t, each token's clip factor and its AdamW
-update follow as batched elementwise work, and a vmapped forward with each token's own parameters gives the
-counterfactual logits. Rows are left-aligned (the prompt's left padding moved to the end), so a causal model needs
-no attention mask: no position before a token's sees the padding. The model runs in eval mode (deterministic) and,
-for the vmapped passes, with eager attention (sdpa has no vmap batching rule on CPU), both restored afterwards.
-On one CPU thread, a default seed's ground truths (``adam_carried`` and the preconditioner, ``chunk_size=64``) take
-about 0.9 s against 2.0–2.3 s for the study's steps and 0.3 s for the rollout (1.37x the seed), 0.4–0.5 s with the
-study's own G passed as ``gradient`` (1.18x); peak memory grows by about 0.1 GB.
+How. One forward/backward of the whole batch gives G and the logits of the studied tokens (or, with ``gradient``,
+the caller's G and a forward of only the rows holding them); from those logits, ∂D_t/∂z and ∂ℓ_t/∂z. Tokens with
+the same context, support and loss weight are one computation (a GRPO group shares its prompt, so its first
+response tokens repeat). Per chunk of ``chunk_size`` such tokens, sorted by context length, ``torch.func.vmap``
+over a VJP of each token's row gives ∇D_t and ∇ℓ_t for all of them at once; the inner products, G − c_t∇ℓ_t, each
+token's clip factor and its AdamW update follow as batched elementwise work, and a vmapped forward with each
+token's own parameters gives the counterfactual logits. Rows are left-aligned (the prompt's left padding moved to
+the end), so a causal model needs no attention mask. The model runs in eval mode (deterministic) and, for the
+vmapped passes, with eager attention, both restored afterwards.
 
 The policy is any causal LM called as ``model(input_ids=ids).logits`` (a Hugging Face causal LM, the CPU engine's
 Qwen3 included), on the device it lives on. The forward is the plain training forward: FP8 training emulation
@@ -333,8 +319,7 @@ def _logits_fn(model: nn.Module, frozen: Params) -> Callable[[Params, Tensor, Te
         kwargs: dict[str, Any] = {"input_ids": ids.unsqueeze(0), **extra}
         if keep:
             kwargs["logits_to_keep"] = index.reshape(1)
-        out = functional_call(model, {**frozen, **params}, (), kwargs)
-        logits = out.logits if hasattr(out, "logits") else out
+        logits = _logits_of(functional_call(model, {**frozen, **params}, (), kwargs))
         return logits[0, 0] if keep else logits[0].index_select(0, index.reshape(1))[0]
 
     return logits_at
@@ -351,6 +336,16 @@ def _token_terms(
 
 def _forward_kwargs(model: nn.Module) -> dict[str, Any]:
     return {"use_cache": False} if hasattr(model, "config") else {}
+
+
+def _logits_of(out: Any) -> Tensor:
+    return out.logits if hasattr(out, "logits") else out
+
+
+def _logits_at(model: nn.Module, ids: Tensor, index: Tensor) -> Tensor:
+    """The logits [n, m, V] at positions ``index`` [n, m] of rows ``ids`` [n, L], from a forward cut after the last."""
+    logits = _logits_of(model(input_ids=ids[:, : int(index.max()) + 1], **_forward_kwargs(model)))
+    return logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
 
 
 def _gradient_pass(
@@ -372,10 +367,7 @@ def _gradient_pass(
     chunk = batch.batch_size if micro_batch is None else micro_batch
     for start in range(0, batch.batch_size, chunk):
         sel = slice(start, start + chunk)
-        index = rows.logit_index[sel].clamp_min(0)
-        out = model(input_ids=rows.ids[sel, : int(index.max()) + 1], **_forward_kwargs(model))
-        logits = out.logits if hasattr(out, "logits") else out
-        z = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
+        z = _logits_at(model, rows.ids[sel], rows.logit_index[sel].clamp_min(0))
         sup = support.select(sel)
         pi = gather_support_logprobs(z, sup.ids, sup.valid, temperature=temperature)
         assert isinstance(pi, Tensor)
@@ -416,10 +408,7 @@ def _token_logits(model: nn.Module, rows: _Rows, tokens: Tensor, micro_batch: in
     for start in range(0, int(held.numel()), chunk):
         sel = held[start : start + chunk]
         index = torch.where(tokens[sel], rows.logit_index[sel], torch.zeros_like(rows.logit_index[sel]))
-        out = model(input_ids=rows.ids[sel, : int(index.max()) + 1], **_forward_kwargs(model))
-        logits = out.logits if hasattr(out, "logits") else out
-        z = logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
-        picked.append(z[tokens[sel]])
+        picked.append(_logits_at(model, rows.ids[sel], index)[tokens[sel]])
     return torch.cat(picked)
 
 

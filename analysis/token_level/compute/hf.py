@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from predmask.precisions import Precision
 from predmask.rl.emulated_precision import make_rollout_model
-from predmask.rl.rollout import RolloutBatch
+from predmask.rl.rollout import RolloutBatch, concat_batches
 from predmask.rl.task import Problem, reward
 
 
@@ -119,14 +119,13 @@ def batch_from_vllm(
     Each completion's ``logprobs[t]`` maps token id -> object with ``.logprob`` and ``.rank`` (1 = most likely);
     the entries of rank <= K are the top-K, the sampled token (``token_ids[t]``) is always present.
     """
-    prompts, responses, lps, tk_ids, tk_lps = [], [], [], [], []
+    rows = []
     for req in outputs:
+        prompt = torch.tensor([list(req.prompt_token_ids)], dtype=torch.long)
         for comp in req.outputs:
-            prompts.append(list(req.prompt_token_ids))
-            responses.append(list(comp.token_ids))
-            row_lp, row_ids, row_tlp = [], [], []
+            tokens, sampled, ids, lps = list(comp.token_ids), [], [], []
             for tok, entries in zip(comp.token_ids, comp.logprobs):
-                row_lp.append(float(entries[tok].logprob))
+                sampled.append(float(entries[tok].logprob))
                 ranked = sorted(
                     (
                         (e.rank, int(i), float(e.logprob))
@@ -136,37 +135,25 @@ def batch_from_vllm(
                 )
                 if len(ranked) < top_k:
                     raise ValueError(f"vLLM reported {len(ranked)} top log-probs, expected K={top_k}")
-                row_ids.append([i for _, i, _ in ranked[:top_k]])
-                row_tlp.append([lp for _, _, lp in ranked[:top_k]])
-            lps.append(row_lp)
-            tk_ids.append(row_ids)
-            tk_lps.append(row_tlp)
-    prompt_ids, prompt_mask = _left_pad(prompts, pad_id, torch.device("cpu"))
-    width = max(1, max(len(r) for r in responses))
-    b = len(responses)
-    response_ids = torch.full((b, width), pad_id, dtype=torch.long)
-    sampled = torch.zeros((b, width), dtype=torch.float32)
-    topk_ids = torch.full((b, width, top_k), pad_id, dtype=torch.long)
-    topk_lps = torch.full((b, width, top_k), float("-inf"), dtype=torch.float32)
-    for i, r in enumerate(responses):
-        n = len(r)
-        if n:
-            response_ids[i, :n] = torch.tensor(r)
-            sampled[i, :n] = torch.tensor(lps[i])
-            topk_ids[i, :n] = torch.tensor(tk_ids[i])
-            topk_lps[i, :n] = torch.tensor(tk_lps[i])
-    lengths = torch.tensor([len(r) for r in responses])
-    mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    batch = RolloutBatch(
-        prompt_ids,
-        prompt_mask,
-        response_ids,
-        mask,
-        sampled,
-        topk_ids,
-        topk_lps,
-        torch.zeros(b, dtype=torch.float32),
-    )
+                ids.append([i for _, i, _ in ranked[:top_k]])
+                lps.append([lp for _, _, lp in ranked[:top_k]])
+            n = len(tokens)
+            if not n:  # an empty completion: one padding position, so that the batch is at least one token wide
+                tokens, sampled, ids, lps = [pad_id], [0.0], [[pad_id] * top_k], [[float("-inf")] * top_k]
+            rows.append(RolloutBatch(
+                prompt,
+                torch.ones_like(prompt, dtype=torch.bool),
+                torch.tensor([tokens], dtype=torch.long),
+                torch.arange(len(tokens))[None, :] < n,
+                torch.tensor([sampled], dtype=torch.float32),
+                torch.tensor([ids], dtype=torch.long),
+                torch.tensor([lps], dtype=torch.float32),
+                torch.zeros(1, dtype=torch.float32),
+            ))
+    return _to(concat_batches(rows, pad_id), device)
+
+
+def _to(batch: RolloutBatch, device: torch.device | str) -> RolloutBatch:
     return RolloutBatch(**{k: v.to(device) for k, v in batch.__dict__.items()})
 
 
@@ -268,8 +255,6 @@ class HFBackend:
         return batch
 
     def _rollout_hf(self, texts: list[str], n: int, seed: int) -> RolloutBatch:
-        from predmask.rl.rollout import concat_batches
-
         torch.manual_seed(seed)
         rows = [self.tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts for _ in range(n)]
         model = self._rollout_copy()
@@ -290,9 +275,7 @@ class HFBackend:
             )
         if len(parts) == 1:
             return parts[0]
-        cpu = [RolloutBatch(**{k: v.cpu() for k, v in p.__dict__.items()}) for p in parts]
-        joined = concat_batches(cpu, self.pad_id)
-        return RolloutBatch(**{k: v.to(self.device) for k, v in joined.__dict__.items()})
+        return _to(concat_batches([_to(p, "cpu") for p in parts], self.pad_id), self.device)
 
     def _rollout_vllm(
         self, texts: list[str], n: int, seed: int

@@ -20,7 +20,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import polars as pl
@@ -172,21 +172,10 @@ def sub_batch(
     batch: RolloutBatch, support: TopKSupport, rows: Tensor, width: int
 ) -> tuple[RolloutBatch, TopKSupport]:
     """Rows ``rows`` with their responses cut to the first ``width`` positions (causal: nothing earlier changes)."""
-    b = batch.select(rows)
-    cut = RolloutBatch(
-        b.prompt_ids,
-        b.prompt_mask,
-        b.response_ids[:, :width],
-        b.response_mask[:, :width],
-        b.sampled_logprobs[:, :width],
-        b.topk_ids[:, :width],
-        b.topk_logprobs[:, :width],
-        b.rewards,
-    )
-    sup = support.select(rows)
-    return cut, TopKSupport(
-        sup.ids[:, :width], sup.mu_logprobs[:, :width], sup.valid[:, :width], sup.sampled_index[:, :width]
-    )
+    b, sup = batch.select(rows), support.select(rows)
+    responses = ("response_ids", "response_mask", "sampled_logprobs", "topk_ids", "topk_logprobs")
+    cut = replace(b, **{name: getattr(b, name)[:, :width] for name in responses})
+    return cut, TopKSupport(*(getattr(sup, f.name)[:, :width] for f in fields(sup)))
 
 
 def _rows_and_width(tokens: Tensor) -> tuple[Tensor, int]:
@@ -370,18 +359,18 @@ def _to_cpu(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
+#: model weights and optimiser state, on the host
+Snapshot = tuple[dict[str, Tensor], dict[str, Any]]
+
+
+def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> Snapshot:
     """Model weights and optimiser state, copied to host memory (a GPU keeps room for the steps)."""
     return _to_cpu(model.state_dict()), _to_cpu(optimizer.state_dict())
 
 
-def _restore(
-    model: nn.Module, optimizer: torch.optim.Optimizer, snap: tuple[dict[str, Tensor], dict[str, Any]]
-) -> None:
+def _restore(model: nn.Module, optimizer: torch.optim.Optimizer, snap: Snapshot) -> None:
     model.load_state_dict(snap[0])
-    optimizer.load_state_dict(
-        _to_cpu(snap[1])
-    )  # a fresh copy: the optimiser steps its state tensors in place
+    optimizer.load_state_dict(_to_cpu(snap[1]))  # a fresh copy: the optimiser steps its state tensors in place
 
 
 def token_quantities(
@@ -454,7 +443,7 @@ def _steps_direct(
     support: TopKSupport,
     adv_tok: Tensor,
     s: StudySettings,
-    snap: tuple[dict[str, Tensor], dict[str, Any]],
+    snap: Snapshot,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], None]:
     """Each mask's step taken on its own (restore, forward, backward, step); D_post on every response token."""
     lp_pre: TrainLogprobs | None = None
@@ -480,7 +469,7 @@ def _steps_split(
     support: TopKSupport,
     adv_tok: Tensor,
     s: StudySettings,
-    snap: tuple[dict[str, Tensor], dict[str, Any]],
+    snap: Snapshot,
 ) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor | None] | None]:
     """The same steps, sharing work: the loss is linear in the keep mask, so each mask's gradient is the gradient
     on the tokens every mask keeps (one whole-batch backward) plus the gradient on that mask's other kept tokens
@@ -617,13 +606,11 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
     stale_updates(model, optimizer, batch, adv, s)
     t_stale = time.perf_counter()
     snap = _snapshot(model, optimizer)
-    if s.update_path_resolved == "split":
-        try:
-            q, d_post, g_ref = _steps_split(model, optimizer, batch, support, adv_tok, s, snap)
-        except SplitMismatch as err:  # every step again on the whole batch, where decisions and loss share a forward
-            log.warning("%s; taking this seed's steps on the direct path", err)
-            q, d_post, g_ref = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
-    else:
+    steps = _steps_split if s.update_path_resolved == "split" else _steps_direct
+    try:
+        q, d_post, g_ref = steps(model, optimizer, batch, support, adv_tok, s, snap)
+    except SplitMismatch as err:  # every step again on the whole batch, where decisions and loss share a forward
+        log.warning("%s; taking this seed's steps on the direct path", err)
         q, d_post, g_ref = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
     _restore(model, optimizer, snap)
     if s.check_masks:

@@ -49,16 +49,18 @@ def _normalise_overrides(overrides: Sequence[str], cluster: str | None) -> list[
         key, value = ov.split("=", 1)
         prefix = "+" if key.startswith("+") else ""
         key = prefix + ALIASES.get(key.lstrip("+"), key.lstrip("+"))
-        if key in GROUPS and value not in group_options(key):
-            raise StudyInputError(f"unknown {key} {value!r}; valid: {', '.join(group_options(key))}")
+        if key in GROUPS:
+            _check_option(key, value)
         out.append(f"{key}={value}")
     if cluster is not None:
-        if cluster not in group_options("cluster"):
-            raise StudyInputError(
-                f"unknown cluster {cluster!r}; valid: {', '.join(group_options('cluster'))}"
-            )
+        _check_option("cluster", cluster)
         out.append(f"cluster={cluster}")
     return out
+
+
+def _check_option(group: str, name: str) -> None:
+    if name not in group_options(group):
+        raise StudyInputError(f"unknown {group} {name!r}; valid: {', '.join(group_options(group))}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +144,7 @@ def _label(cfg: Mapping[str, Any]) -> str:
 
 def study_id_of(cfg: Mapping[str, Any]) -> str:
     """Stable id of the study config without launcher keys (the seed count is not in the config)."""
-    return stable_id({"study_version": STUDY_VERSION, **cfg}, exclude=LAUNCHER_KEYS)
+    return stable_id(study_config(cfg), exclude=())
 
 
 def study_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
