@@ -12,45 +12,20 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_EXPORTS: dict[str, str] = {
-    "DIVERGENCES": "divergence",
-    "MASS_FLOOR": "divergence",
-    "TAILS": "divergence",
-    "Coarse": "divergence",
-    "Divergence": "divergence",
-    "coarse_distributions": "divergence",
-    "get_divergence": "divergence",
-    "get_tail": "divergence",
-    "predicted_divergence_change": "divergence",
-    "register_divergence": "divergence",
-    "register_tail": "divergence",
-    "topk_divergence": "divergence",
-    "gather_support_logprobs_from_hidden": "hidden_gather",
-    "DIRECTIONS": "methods",
-    "LOSS_AGG_MODES": "methods",
-    "LOSS_KINDS": "methods",
-    "METHODS": "methods",
-    "SUPPORTS": "methods",
-    "Method": "methods",
-    "MethodParams": "methods",
-    "agg_loss": "methods",
-    "get_method": "methods",
-    "method_config": "methods",
-    "policy_loss": "methods",
-    "register_direction": "methods",
-    "register_method": "methods",
-    "METRICS": "metrics",
-    "Metric": "metrics",
-    "reduce_metrics": "metrics",
-    "PRECISIONS": "precisions",
-    "Precision": "precisions",
-    "get_precision": "precisions",
-    "TopKSupport": "support",
-    "binary_support_valid": "support",
-    "build_support": "support",
-    "gather_support_logprobs": "support",
+#: module -> the names it exports here
+_MODULE_EXPORTS: dict[str, tuple[str, ...]] = {
+    "divergence": ("DIVERGENCES", "MASS_FLOOR", "TAILS", "Coarse", "Divergence", "coarse_distributions",
+                   "get_divergence", "get_tail", "predicted_divergence_change", "register_divergence",
+                   "register_tail", "topk_divergence"),
+    "hidden_gather": ("gather_support_logprobs_from_hidden",),
+    "methods": ("DIRECTIONS", "LOSS_AGG_MODES", "LOSS_KINDS", "METHODS", "SUPPORTS", "Method", "MethodParams",
+                "agg_loss", "get_method", "method_config", "policy_loss", "register_direction",
+                "register_method"),
+    "metrics": ("METRICS", "Metric", "reduce_metrics"),
+    "precisions": ("PRECISIONS", "Precision", "get_precision"),
+    "support": ("TopKSupport", "binary_support_valid", "build_support", "gather_support_logprobs"),
 }
-_SUBMODULES = ("divergence", "hidden_gather", "methods", "metrics", "precisions", "support")
+_EXPORTS: dict[str, str] = {name: module for module, names in _MODULE_EXPORTS.items() for name in names}
 
 __all__ = list(_EXPORTS)
 
@@ -58,10 +33,10 @@ __all__ = list(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"predmask.{_EXPORTS[name]}"), name)
-    if name in _SUBMODULES:
+    if name in _MODULE_EXPORTS:
         return importlib.import_module(f"predmask.{name}")
     raise AttributeError(f"module 'predmask' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS, *_SUBMODULES})
+    return sorted({*globals(), *_EXPORTS, *_MODULE_EXPORTS})
