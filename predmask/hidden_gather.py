@@ -17,6 +17,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from predmask.support import support_ids, support_outputs
+
 #: vocabulary columns whose logits are computed at once: each [tokens, chunk] work buffer is 1/16 of the float32
 #: logits at 32k vocabulary (1/74 at 151,936), while each chunk's matrix product stays large enough to run at speed
 DEFAULT_VOCAB_CHUNK = 2048
@@ -166,18 +168,10 @@ def gather_support_logprobs_from_hidden(
     if not 0 <= vocab_start <= vocab - lm_head_weight.shape[0]:
         raise ValueError(f"vocab_start {vocab_start} with {lm_head_weight.shape[0]} weight rows does not fit a "
                          f"vocabulary of {vocab}: allowed 0 <= vocab_start <= {vocab - lm_head_weight.shape[0]}")
-    if valid is None:
-        valid = torch.ones_like(ids, dtype=torch.bool)
-    safe_ids = torch.where(valid, ids, torch.zeros_like(ids))
-    if bool(((safe_ids < 0) | (safe_ids >= vocab)).any()):
-        raise ValueError(f"support ids must lie in [0, {vocab}) on valid slots")
+    valid, safe_ids = support_ids(ids, valid, vocab)
     lead, width = ids.shape[:-1], ids.shape[-1]
     logp, _, sum_sq = _HiddenSupportLogSoftmax.apply(
         hidden.reshape(-1, hidden.shape[-1]), lm_head_weight, safe_ids.reshape(-1, width), float(temperature),
         int(chunk), int(vocab_start), all_reduce, bool(return_tail_sq))
-    logp = logp.reshape(*lead, width)
-    logp = torch.where(valid, logp, torch.full_like(logp, float("-inf")))
-    if not return_tail_sq:
-        return logp
-    support_sq = torch.where(valid, torch.exp(2.0 * logp), torch.zeros_like(logp)).sum(-1)
-    return logp, (sum_sq.reshape(lead) - support_sq).clamp_min(0.0)
+    return support_outputs(logp.reshape(*lead, width), valid,
+                           sum_sq.reshape(lead) if return_tail_sq else None)

@@ -214,17 +214,11 @@ def gather_support_logprobs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if ids.shape[:-1] != logits.shape[:-1]:
         raise ValueError(f"ids {tuple(ids.shape)} must share the leading shape of logits {tuple(logits.shape)}")
-    vocab = logits.shape[-1]
-    if valid is None:
-        valid = torch.ones_like(ids, dtype=torch.bool)
-    safe_ids = torch.where(valid, ids, torch.zeros_like(ids))
-    if bool(((safe_ids < 0) | (safe_ids >= vocab)).any()):
-        raise ValueError(f"support ids must lie in [0, {vocab}) on valid slots")
+    valid, safe_ids = support_ids(ids, valid, logits.shape[-1])
     logp, _ = _SupportLogSoftmax.apply(logits, safe_ids, float(temperature))
-    logp = torch.where(valid, logp, torch.full_like(logp, float("-inf")))
     if not return_tail_sq:
-        return logp
-    # sum_j pi_j^2 = exp(logsumexp(2z/T) - 2 logsumexp(z/T)); subtract the (distinct) support slots' squares.
+        return support_outputs(logp, valid, None)
+    # sum_j pi_j^2 = exp(logsumexp(2z/T) - 2 logsumexp(z/T)); the support slots' squares are subtracted after.
     with torch.no_grad():
         z = logits.detach()
         if z.dtype not in _FULL_PRECISION:
@@ -234,5 +228,25 @@ def gather_support_logprobs(
             z = z / temperature
             total_sq = torch.exp(torch.logsumexp(2.0 * z, dim=-1) - 2.0 * torch.logsumexp(z, dim=-1))
         del z
+    return support_outputs(logp, valid, total_sq)
+
+
+def support_ids(ids: Tensor, valid: Tensor | None, vocab: int) -> tuple[Tensor, Tensor]:
+    """``valid`` (every slot when None) and ``ids`` with 0 on the invalid slots; ValueError unless each valid
+    slot's id lies in ``[0, vocab)``."""
+    if valid is None:
+        valid = torch.ones_like(ids, dtype=torch.bool)
+    safe_ids = torch.where(valid, ids, torch.zeros_like(ids))
+    if bool(((safe_ids < 0) | (safe_ids >= vocab)).any()):
+        raise ValueError(f"support ids must lie in [0, {vocab}) on valid slots")
+    return valid, safe_ids
+
+
+def support_outputs(logp: Tensor, valid: Tensor, total_sq: Tensor | None) -> Tensor | tuple[Tensor, Tensor]:
+    """The support log-probs with -inf on the invalid slots; given ``total_sq`` (``sum_j pi_j^2`` [...]), also
+    the exact tail: ``total_sq`` minus the valid slots' squares (distinct tokens), clamped at 0."""
+    logp = torch.where(valid, logp, torch.full_like(logp, float("-inf")))
+    if total_sq is None:
+        return logp
     support_sq = torch.where(valid, torch.exp(2.0 * logp), torch.zeros_like(logp)).sum(-1)
     return logp, (total_sq - support_sq).clamp_min(0.0)
