@@ -114,28 +114,44 @@ def make_inputs(tokens: int, vocab: int, topk: int, *, device: str = "cpu", dtyp
             "sampled_index": sup.sampled_index, "sampled": sampled_ids, "adv": adv}
 
 
-def step_fn(name: str, x: dict[str, Tensor], vocab: int) -> Callable[[], None]:
-    """One forward+backward of ``name`` on the inputs (one sequence of all the tokens)."""
+def loss_inputs(x: dict[str, Tensor], vocab: int) -> tuple[MethodParams, Tensor, Tensor]:
+    """What every timed step shares, built once outside it: the method parameters, the response mask of one
+    sequence of all the tokens and the anchor (the rollout's log-prob of each sampled token) [1, tokens]."""
     params = MethodParams(delta=DELTA, vocab_size=vocab)
     mask = torch.ones(1, x["adv"].shape[0], dtype=torch.bool, device=x["adv"].device)
     old = x["mu"].gather(-1, x["sampled_index"][:, None]).squeeze(-1)[None]
+    return params, mask, old
 
-    def reference() -> None:
+
+def sampled_token_loss(logits: Tensor, x: dict[str, Tensor], old: Tensor) -> Tensor:
+    """The plain sampled-token loss: ``log_softmax`` over the vocabulary, gathered at the sampled tokens."""
+    lp = torch.log_softmax(logits, -1).gather(-1, x["sampled"][:, None]).squeeze(-1)
+    return -(x["adv"] * (lp - old[0]).exp().detach() * lp).mean()
+
+
+def support_loss(name: str, pi: Tensor, x: dict[str, Tensor],
+                 inputs: tuple[MethodParams, Tensor, Tensor]) -> Tensor:
+    """The loss of method ``name`` from the training log-probs on the support ``pi`` [tokens, K+1]."""
+    params, mask, old = inputs
+    log_prob = pi.gather(-1, x["sampled_index"][:, None]).squeeze(-1)
+    loss, _ = policy_loss(name, log_prob=log_prob[None], old_log_prob=old, advantages=x["adv"][None],
+                          response_mask=mask, mu_logprobs=x["mu"][None], pi_logprobs=pi[None],
+                          valid=x["valid"][None], sampled_index=x["sampled_index"][None], params=params)
+    return loss
+
+
+def step_fn(name: str, x: dict[str, Tensor], vocab: int) -> Callable[[], None]:
+    """One forward+backward of ``name`` on the inputs (one sequence of all the tokens)."""
+    inputs = loss_inputs(x, vocab)
+
+    def step() -> None:
         z = x["logits"].detach().requires_grad_()
-        lp = torch.log_softmax(z, -1).gather(-1, x["sampled"][:, None]).squeeze(-1)
-        loss = -(x["adv"] * (lp - old[0]).exp().detach() * lp).mean()
-        loss.backward()
+        if name == REFERENCE:
+            sampled_token_loss(z, x, inputs[2]).backward()
+        else:
+            support_loss(name, gather_support_logprobs(z, x["ids"], x["valid"]), x, inputs).backward()
 
-    def method() -> None:
-        z = x["logits"].detach().requires_grad_()
-        pi = gather_support_logprobs(z, x["ids"], x["valid"])
-        log_prob = pi.gather(-1, x["sampled_index"][:, None]).squeeze(-1)
-        loss, _ = policy_loss(name, log_prob=log_prob[None], old_log_prob=old, advantages=x["adv"][None],
-                              response_mask=mask, mu_logprobs=x["mu"][None], pi_logprobs=pi[None],
-                              valid=x["valid"][None], sampled_index=x["sampled_index"][None], params=params)
-        loss.backward()
-
-    return reference if name == REFERENCE else method
+    return step
 
 
 def _sync(device: torch.device) -> None:

@@ -28,9 +28,15 @@ import torch
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
-from predmask.bench import DELTA, median_times, rollout_support, target
+from predmask.bench import (
+    loss_inputs,
+    median_times,
+    rollout_support,
+    sampled_token_loss,
+    support_loss,
+    target,
+)
 from predmask.hidden_gather import gather_support_logprobs_from_hidden
-from predmask.methods import MethodParams, policy_loss
 from predmask.support import gather_support_logprobs
 
 #: the method whose loss both paths compute
@@ -68,24 +74,16 @@ def step_fn(path: str, x: dict[str, Tensor]) -> Callable[[], tuple[Tensor, Tenso
     """One forward and backward of ``path`` (one of ``PATHS``); returns the gradients of ``h`` and ``W``."""
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; allowed: {', '.join(PATHS)}")
-    vocab = x["weight"].shape[0]
-    params = MethodParams(delta=DELTA, vocab_size=vocab)
-    mask = torch.ones(1, x["adv"].shape[0], dtype=torch.bool)
-    old = x["mu"].gather(-1, x["sampled_index"][:, None]).squeeze(-1)[None]
+    inputs = loss_inputs(x, x["weight"].shape[0])
 
     def step() -> tuple[Tensor, Tensor]:
         h, w = x["hidden"].detach().requires_grad_(), x["weight"].detach().requires_grad_()
         if path == "logits_log_softmax_gather":
-            lp = torch.log_softmax(h @ w.T, -1).gather(-1, x["sampled"][:, None]).squeeze(-1)
-            loss = -(x["adv"] * (lp - old[0]).exp().detach() * lp).mean()
+            loss = sampled_token_loss(h @ w.T, x, inputs[2])
         else:
             pi = gather_support_logprobs(h @ w.T, x["ids"], x["valid"]) if path == "logits" else \
                 gather_support_logprobs_from_hidden(h, w, x["ids"], x["valid"])
-            log_prob = pi.gather(-1, x["sampled_index"][:, None]).squeeze(-1)
-            loss, _ = policy_loss(HIDDEN_METHOD, log_prob=log_prob[None], old_log_prob=old,
-                                  advantages=x["adv"][None], response_mask=mask, mu_logprobs=x["mu"][None],
-                                  pi_logprobs=pi[None], valid=x["valid"][None],
-                                  sampled_index=x["sampled_index"][None], params=params)
+            loss = support_loss(HIDDEN_METHOD, pi, x, inputs)
         grad_h, grad_w = torch.autograd.grad(loss, (h, w))
         return grad_h, grad_w
 
