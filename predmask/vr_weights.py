@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from predmask.evaluation import check_binary, check_int
 from predmask.registry import Registry
 
 #: summed log-probs up to this far above 0 are rounding (log_softmax in float32) and read as 0
@@ -53,15 +54,9 @@ def register_estimator(name: str, *, label: str, inputs: tuple[str, ...]) -> Cal
     return decorator
 
 
-def _check_count(what: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} = {value!r} is not allowed; allowed: an integer >= 1")
-    return value
-
-
 def check_counts(k: object, m: object) -> tuple[int, int]:
     """Check the number of traces per question ``k`` and of answers per trace ``m``: both integers >= 1."""
-    return _check_count("traces per question K", k), _check_count("answers per trace M", m)
+    return check_int("traces per question K", k, 1), check_int("answers per trace M", m, 1)
 
 
 def _float(t: Tensor) -> Tensor:
@@ -122,9 +117,8 @@ def _log_accuracy(answer_logp: Tensor | None, answer_tokens: Tensor | None, corr
     assert correct is not None
     if correct.ndim != 2:
         raise ValueError(f"correct must be [N, M], got shape {tuple(correct.shape)}")
-    _check_count("answers per trace M", int(correct.shape[1]))
-    if correct.dtype != torch.bool and bool(((correct != 0) & (correct != 1)).any()):
-        raise ValueError("correct must hold 0/1 or bool values; allowed: 0, 1, False, True")
+    check_int("answers per trace M", int(correct.shape[1]), 1)
+    check_binary(correct)
     hits = correct.to(torch.float64).sum(-1)
     return torch.log(hits) - math.log(correct.shape[1])  # log 0 = -inf: no correct answer
 
@@ -183,11 +177,14 @@ def trace_log_weights(log_ratio: Tensor, log_correct: Tensor) -> Tensor:
     return _float(log_ratio) + _float(log_correct)
 
 
-def _group_index(group: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """(sorted distinct group ids [G], each row's position among them [N])."""
+def _group_max(values: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
+    """(each row's position among the sorted distinct group ids [N], each group's largest value [G])."""
+    n = values.shape[0]
     if group.shape != (n,) or group.is_floating_point() or group.dtype == torch.bool:
         raise ValueError(f"group must be an integer tensor of shape ({n},), got {group.dtype} {tuple(group.shape)}")
-    return torch.unique(group, sorted=True, return_inverse=True)
+    ids, inverse = torch.unique(group, sorted=True, return_inverse=True)
+    top = torch.full((ids.shape[0],), float("-inf"), dtype=values.dtype, device=values.device)
+    return inverse, top.scatter_reduce(0, inverse, values, reduce="amax")
 
 
 def normalise_weights(log_weights: Tensor, group: Tensor) -> Tensor:
@@ -199,9 +196,7 @@ def normalise_weights(log_weights: Tensor, group: Tensor) -> Tensor:
         raise ValueError(f"log_weights must be [N], got shape {tuple(log_weights.shape)}")
     _check_no_nan("log_weights", log_weights)
     log_weights = _float(log_weights)
-    ids, inverse = _group_index(group, log_weights.shape[0])
-    top = torch.full((ids.shape[0],), float("-inf"), dtype=log_weights.dtype, device=log_weights.device)
-    top = top.scatter_reduce(0, inverse, log_weights, reduce="amax")
+    inverse, top = _group_max(log_weights, group)
     alive = torch.isfinite(top)
     shift = torch.where(alive, top, torch.zeros((), dtype=top.dtype))[inverse]
     unnorm = torch.exp(log_weights - shift)  # exp(-inf) = 0; the group's largest is exp(0) = 1
@@ -219,14 +214,11 @@ def best_trace(weights: Tensor, group: Tensor) -> Tensor:
         raise ValueError(f"weights must be [N], got shape {tuple(weights.shape)}")
     if bool(torch.isnan(weights).any()):
         raise ValueError("weights has NaN values; allowed: finite weights")
-    ids, inverse = _group_index(group, weights.shape[0])
+    inverse, top = _group_max(_float(weights), group)
     n = weights.shape[0]
     rows = torch.arange(n, device=weights.device)
-    top = torch.full((ids.shape[0],), float("-inf"), dtype=_float(weights).dtype, device=weights.device)
-    top = top.scatter_reduce(0, inverse, _float(weights), reduce="amax")
-    is_top = _float(weights) == top[inverse]
-    candidate = torch.where(is_top, rows, torch.full_like(rows, n))
-    best = torch.full((ids.shape[0],), n, dtype=torch.long, device=weights.device)
+    candidate = torch.where(_float(weights) == top[inverse], rows, torch.full_like(rows, n))
+    best = torch.full(top.shape, n, dtype=torch.long, device=weights.device)
     return best.scatter_reduce(0, inverse, candidate, reduce="amin")
 
 
