@@ -1,21 +1,15 @@
 """The run directory ``runs/<sweep>/<run_id>/``: its file names, config.yaml, status.json, metrics.jsonl (its line
 writer and its one parser), the attempt files, the writer lock and the dead-writer rule. Every writer and reader of a
-run directory (the CPU trainer, the variational stages, the verl launchers, ``python -m sweeps``, calibration,
-ingest) goes through this module.
-
-The files:
+run directory (trainers, stages, launchers, sweeps, calibration, ingest) goes through this module.
 
 - ``config.yaml``: the resolved run config, plain safe YAML (``write_config`` / ``read_config``); reading never
-  builds a Python object, so a config file cannot run code. ``planned_config.yaml``: the config the sweep composed.
+  builds a Python object, so a config file cannot run code.
 - ``status.json``: ``{"status", "step", "total_steps", "updated", "error"}``, replaced atomically (``write_status``).
-- ``metrics.jsonl``: verl's file-logger lines ``{"step": N, "data": {name: value}}``, one per logged step
-  (``metrics_line``, ``MetricsWriter``); earlier attempts of a run kept as ``metrics.attempt-<n>.jsonl``
-  (``keep_previous_attempt``), merged by ingest by step with the latest attempt winning; unparseable lines
-  moved aside by the trainer's resume go to ``metrics.corrupt.jsonl``.
-- ``.run.lock``: the writer lock, held by the one process writing the run directory for its whole life
-  (``hold_run_lock``); ``status.json`` saying "running" while the lock is free means the writer died (``DEAD``).
-- ``train.log`` (the engine's log), ``job.log`` (the job's output), ``job.json`` (how the sweep submitted it),
-  ``exit_status.json`` (how the job's command ended), ``checkpoints/`` (written and read by ``predmask.checkpoints``).
+- ``metrics.jsonl``: verl's file-logger lines ``{"step": N, "data": {name: value}}`` (``metrics_line``,
+  ``MetricsWriter``); earlier attempts kept as ``metrics.attempt-<n>.jsonl`` (``keep_previous_attempt``),
+  merged by ingest by step with the latest attempt winning.
+- ``.run.lock``: held by the one process writing the run directory for its whole life (``hold_run_lock``);
+  ``status.json`` saying "running" while the lock is free means the writer died (``DEAD``).
 
 The step rule (``as_step``, the one rule of the trainer's resume and of ingest): a line's ``step`` is a JSON integer
 (verl's file logger writes its ``global_steps``, an int), or a JSON number with an integral value such as ``4.0``
@@ -50,7 +44,6 @@ STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.jsonl"
 #: where the trainer's resume moves a run's unparseable metrics lines when it rewrites the file: kept, never lost
 CORRUPT_METRICS_FILE = "metrics.corrupt.jsonl"
-#: the lock file of a run directory; the process writing the run directory holds an exclusive flock on it
 RUN_LOCK_FILE = ".run.lock"
 LOG_FILE = "train.log"
 JOB_LOG_FILE = "job.log"
@@ -71,7 +64,6 @@ RUNS_ENV = "PREDMASK_RUNS"
 ROOT_ENV = "PREDMASK_ROOT"
 #: the folder of run directories under the project root
 RUNS_DIRNAME = "runs"
-_PROJECT_NAME = "predmask"
 
 
 def _names_this_project(pyproject: Path) -> bool:
