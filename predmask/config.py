@@ -1,17 +1,8 @@
 """The one config layer: the installed conf/ tree, Hydra compose with structured schemas, stable ids, option entries.
 
-- ``compose(config_name, overrides)`` composes a primary config of conf/ (``train``, ``token_level``,
-  ``variational``) with Hydra's compose API after storing the structured-config schemas of ``predmask.schemas`` in
-  Hydra's ConfigStore: the engine's dataclasses (task, base, rollout, trainer sections, and the variational family's
-  sections), the cluster side's (clusters, cluster models) always, and a caller's own (the study passes
-  ``schemas={"token_level_schema": ...}``). The YAML files name their schema in their defaults list and only select
-  values; unknown keys and wrong types fail at compose time with one line
-  (``ConfigError``); ``typed_view`` checks a run config's section against its schema the same way.
-- ``stable_id(config)`` is the identity of a run or a study: a hash of the resolved config minus launcher keys and
-  display labels.
-- ``group_options``, ``group_entry``, ``option_choices``, ``label`` read conf/<group>/<name>.yaml for reports and checks;
-  ``cpu_standin`` maps a cluster model entry to the CPU model that trains in its place.
-"""
+``compose`` stores the schemas of ``predmask.schemas`` (and a caller's own) in Hydra's ConfigStore first, so
+unknown keys and wrong types fail at compose time with one line (``ConfigError``); the YAML files name their
+schema in their defaults list and only select values."""
 
 from __future__ import annotations
 

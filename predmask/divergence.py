@@ -1,10 +1,7 @@
 """Top-K divergences D and their predicted first-order change Ddot along the policy-gradient step (math.md §1-3).
 
-Two registries of behaviour: ``DIVERGENCES`` (a divergence is one function of the coarse distributions,
-registered with :func:`register_divergence` together with its directional derivative) and ``TAILS`` (an estimator of
-q_T, the squared training mass off the support, registered with :func:`register_tail`). Adding either is one new
-registered function; :func:`topk_divergence`, :func:`predicted_divergence_change` and the masked losses of
-``predmask.methods`` look them up by name.
+Two registries: ``DIVERGENCES`` (a divergence and its directional derivative, :func:`register_divergence`) and
+``TAILS`` (estimators of q_T, :func:`register_tail`); adding either is one registered function.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The training log-probs on the rollout support from hidden states and the lm_head weight, without [tokens, vocab].
 
-:func:`gather_support_logprobs_from_hidden` computes what ``predmask.gather_support_logprobs`` computes from the
-logits ``hidden @ lm_head_weight.T`` -- the support log-probs (with their gradient) and, when asked, the exact tail
-``sum of pi^2 off the support`` -- by streaming over chunks of vocabulary columns: an online log-sum-exp in the
-forward, and a backward that recomputes each chunk's logits and writes the hidden and weight gradients chunk by
-chunk (math.md §1.1). Vocabulary-parallel: a rank that holds the weight rows ``[vocab_start, vocab_start + V_local)``
-reduces its partial sums with an injected all-reduce (``torch.distributed`` over the tensor-parallel group in a
-trainer, a fake one in tests). Pure torch.
+Streams over chunks of vocabulary columns (math.md §1.1); vocabulary-parallel ranks reduce their partial sums
+with an injected all-reduce (``torch.distributed`` over the tensor-parallel group in a trainer, a fake one in
+tests).
 """
 
 from __future__ import annotations

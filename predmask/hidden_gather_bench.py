@@ -1,19 +1,12 @@
 """The loss from hidden states against the loss from logits: time ratio and peak extra memory of one step.
 
-Run by ``python scripts/benchmark.py loss`` next to the logits-path benchmark (predmask/bench.py). A step is what a
-trainer's last layer and loss do: from hidden states ``h`` [tokens, D] and the lm_head weight ``W`` [V, D], the
-predictive mask's loss (``HIDDEN_METHOD``) and its backward to ``h`` and ``W``. The logits path computes
-``z = h Wᵀ`` and gathers with ``predmask.gather_support_logprobs``; the hidden-states path calls
-``predmask.gather_support_logprobs_from_hidden``; the plain sampled-token loss (``log_softmax`` of ``h Wᵀ``,
-gathered) is timed beside them. Times interleave the steps in one process (median of the repeats), on one torch
-thread (``THREADS``): on cores that other processes share, each parallel operation waits for its slowest thread, which
-costs the streaming path's many small per-chunk operations far more than their work (measured at 2,048 x 16k x 512 on
-2 busy cores: x1.5-1.9 with 2 threads, x1.11 with 1).
-
-Peak extra memory is measured with ``torch.profiler`` (``profile_memory=True``): the CPU allocator reports every
-allocation and free while profiling, and the most bytes live at once during one step (the second; the first warms
-up) is given in units of one [tokens, V] float32 tensor. The target is on the hidden-states path's peak less the
-gradients of ``h`` and ``W``, which every path returns and which this path holds through its whole backward.
+Run by ``python scripts/benchmark.py loss`` next to the logits-path benchmark (predmask/bench.py). A step is
+the predictive mask's loss (``HIDDEN_METHOD``) from hidden states ``h`` [tokens, D] and the lm_head weight
+``W`` [V, D], and its backward to ``h`` and ``W``, by each of ``PATHS``. Times run on one torch thread
+(``THREADS``): on shared cores each parallel operation waits for its slowest thread, which costs the streaming
+path's many small per-chunk operations far more than their work. Peak extra memory is in units of one [tokens,
+V] float32 tensor; the target is on the hidden-states path's peak less the gradients of ``h`` and ``W``, which
+it holds through its whole backward.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The method registry and the masked policy losses of math.md §4, with verl's loss aggregation modes.
 
-The research axes are registries of functions, in the spirit of verl's ``core_algos`` (one decorator per
-function, one lookup by name): a direction criterion (``DIRECTIONS``: does this token's gradient step move the
-policy further from the rollout?) and, from ``predmask.divergence``, the divergences and tail estimators. The two
-loss kinds (``LOSS_KINDS``: PPO ratio clipping, or the DPPO loss form with a divergence mask) and the two supports
-(``SUPPORTS``: the top-K slots, or the sampled token alone) are plain code. A method (``METHODS``) is one
-registration naming one of each, plus its ``conf/method/<name>.yaml``. :func:`policy_loss` only dispatches; a new
-criterion, divergence or tail is one registered function. Parameter defaults are :class:`MethodParams`' (the YAML
-files select values, they do not repeat the defaults).
+A method (``METHODS``) is one registration naming a loss kind (``LOSS_KINDS``), a support (``SUPPORTS``), a
+direction criterion (``DIRECTIONS``, a registry of functions as in verl's ``core_algos``) and, from
+``predmask.divergence``, a divergence and a tail estimator. :func:`policy_loss` only dispatches. Parameter
+defaults are :class:`MethodParams`' (the YAML files select values, they do not repeat the defaults).
 """
 
 from __future__ import annotations

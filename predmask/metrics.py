@@ -1,18 +1,9 @@
 """The metric catalogue: every metric name a run writes (CPU engine or verl), how it aggregates, and what it means.
 
-A metric's ``reduce`` says how the values of one step's micro-batches (or of several steps) combine: counts add up
-(``sum``), extremes take the extreme (``max`` / ``min``), everything else is averaged (``mean``). Names follow
-verl's (``critic/score/mean``, ``actor/ppo_kl``, ...); the mask metrics live under ``actor/mask/``. A name with
-``{placeholders}`` is a family (one metric per validation data source and sample count); :func:`metric` looks up a
-concrete name in either form. ``wall_clock`` metrics measure time and differ between otherwise identical runs.
-
-A ``mean`` metric of the policy loss names its ``weight``: the count metric it is a fraction or mean over (e.g.
-``actor/mask/tokens``). One mini-batch split into micro-batches and ranks (verl) then merges exactly:
-:func:`merge_micro_batches` sums counts, takes extremes, and weights means by their counts, which gives what one
-micro-batch holding the whole mini-batch reports; a step's mini-batches then reduce by :func:`reduce_metrics`, as
-the CPU engine reduces its mini-batches (one micro-batch each). The verl plugin writes the per-micro-batch values
-as JSON lines under ``<run dir>/<LOSS_STATS_DIR>/`` (:data:`STATS_FIELDS`); ingest merges them per step.
-"""
+Names follow verl's; the mask metrics live under ``actor/mask/``. A name with ``{placeholders}`` is a family
+(one metric per validation data source and sample count). A ``mean`` of the policy loss names its ``weight``,
+the count it is taken over, so that micro-batches and ranks merge exactly (:func:`merge_micro_batches`) before
+a step's mini-batches reduce (:func:`reduce_metrics`)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """The precision catalogue: each rollout/training precision setting by name, what it is on the cluster, and what the
-CPU engine emulates for it (``predmask.rl.emulated_precision`` implements the emulation, ``predmask.verl`` the real thing).
-
-``conf/precision/<name>.yaml`` selects an entry by name (and gives its display label); the facts live here.
-
-The matrix-product rule of the emulation (how a GPU's bf16 and FP8 GEMMs accumulate): a linear layer of the rollout
-model rounds its input and its weight to the emulated format (bf16; e4m3 with an absmax scale where FP8 applies:
-per tensor for weights, per token for activations), multiplies and accumulates in float32, and rounds the output to
-the rollout dtype. Every other operation of the rollout model runs in the rollout dtype.
-"""
+CPU engine emulates for it (``predmask.rl.emulated_precision`` implements the emulation by the matrix-product
+rule of math.md §10, ``predmask.verl`` the real thing). ``conf/precision/<name>.yaml`` selects an entry by
+name."""
 
 from __future__ import annotations
 

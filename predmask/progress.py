@@ -2,18 +2,11 @@
 
     with progress("pretraining base model", total=1000, log=log, unit="steps") as bar:
         for step in range(1000):
-            ...
             bar.advance(status=f"loss {loss:.3f}")
 
-A bar is drawn only when both stdout and stderr are terminals. Otherwise (a job log, a pipe such as ``cmd | tee log``,
-nohup, CI, a test) a line such as
+Without a terminal on both stdout and stderr (a job log, a pipe, CI, a test) a line such as
 ``pretraining base model: 430/1000 steps (43%) loss 0.812 [elapsed 21s, eta 28s]`` is written every ``interval_s``
-seconds (default ``INTERVAL_S``, or ``$PREDMASK_PROGRESS_INTERVAL_S``) whether or not anything advanced (a
-heartbeat thread covers long units of work), and once at the end, to ``stream`` (default stderr) and to ``log`` when
-given; with ``log_file`` the same lines (and, beside a bar, the lines a piped run would write) are appended to
-that file too. ``Tracker.working`` tells the tracker how much of the units under way is done (e.g. the running runs' steps),
-so the ETA moves before the first unit is complete; ``Tracker.estimate`` replaces its extrapolation by a measured
-estimate (e.g. :func:`eta_from_durations`), or marks it rough when there is none yet.
+seconds whether or not anything advanced (a heartbeat thread covers long units of work), and once at the end.
 
 A phase that keeps a run from its first step (pretraining the base model, waiting for another run to build it) is
 made visible to a sweep: inside ``with report_phases(run_dir / PHASE_FILE)`` every progress display (and every
@@ -40,7 +33,6 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
-    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -195,15 +187,14 @@ class Tracker:
         self.description, self.total, self.unit, self.log = description, total, unit, log
         self.completed, self.status, self.partial = completed, "", 0.0
         self._first, self._interval, self._stream, self._log_file = completed, interval_s, stream, log_file
-        self._bar, self._task = bar, (None if bar is None else self._add_task(bar))
+        self._bar = bar
+        self._task = None if bar is None else bar.add_task(description, total=total, completed=completed,
+                                                           status="")
         self._t0 = self._last = time.monotonic()
         self._lock = threading.Lock()
         self._phase_file, self._phase_written = _PHASE_FILE.get(), float("-inf")
         self._estimate: float | None = None
         self._rough = False
-
-    def _add_task(self, bar: Progress) -> TaskID:
-        return bar.add_task(self.description, total=self.total, completed=self.completed, status="")
 
     def advance(self, n: int = 1, status: str = "") -> None:
         """``n`` more units done; ``status`` (e.g. a loss) is shown beside the count."""

@@ -1,12 +1,9 @@
 """The variational family's stage graph: which upstream stages' outputs each stage reads, per final recipe and backend.
 
-One owner for the sweep's expansion (``sweeps.vr_chain``), the CPU stage runner (``predmask.rl.vr_runner``) and
-the cluster commands (``predmask.verl.vr_cluster``); what a stage writes is each backend's own.
-
-The CPU engine runs STAGES; its prior and finals evaluate their own model in their run, and its rft final samples
-pi_theta0 inside its run. On a cluster (``cluster=True``) the SFT jobs cannot sample, so two more stages run there:
-``rft_samples`` (pi_theta0's responses, the correct ones the rft final trains on) and ``eval`` (one per evaluated
-model: the prior, each final; its ``method`` is the evaluated run's, so its recipe says which it reads).
+One owner for the sweep's expansion, the CPU stage runner and the cluster commands. On a cluster the SFT jobs
+cannot sample, so two more stages run there: ``rft_samples`` (pi_theta0's responses, the correct ones the rft
+final trains on) and ``eval`` (one per evaluated model; its ``method`` is the evaluated run's, so its recipe
+says which it reads).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """The weights of variational-reasoning traces and the weighted SFT loss (math.md §8), pure torch, in log space.
 
-A trace ``z`` sampled from the posterior ``q_φ(z | x, y′)`` gets the log weight
-
-    log w = (log π_θ0(z | x) − log q_φ(z | x, y′)) / |z|  +  log P̂(correct | x, z)
-
-(:func:`trace_log_ratio` + :func:`log_correct_estimate`, added by :func:`trace_log_weights`), and the weights
-are normalised over the K traces of a question by a softmax in log space (:func:`normalise_weights`). The
-estimators of ``P̂`` live in the registry ``ESTIMATORS`` (``acc``, ``gml``, ``likelihood``); adding one is one
-registered function. :func:`weighted_sft_loss` is the constant-normaliser SFT loss every variational stage uses.
-"""
+log w = :func:`trace_log_ratio` + :func:`log_correct_estimate` (:func:`trace_log_weights`), normalised over
+the K traces of a question (:func:`normalise_weights`); the estimators of P̂(correct | x, z) are the registry
+``ESTIMATORS``, one registered function each."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The cluster side's config sections as dataclasses: the Hydra schemas of conf/cluster/*.yaml and of the cluster
-models conf/model/qwen3_*.yaml (stored by ``predmask.config.store_schemas``; stdlib and omegaconf only, so composing
-imports no torch). Every value lives in conf/: a field here is typed and MISSING. The verl commands build them from a
-run's config with ``predmask.config.typed_view``, which runs the range checks below (one line naming the key)."""
+models conf/model/qwen3_*.yaml. Every value lives in conf/: a field here is typed and MISSING. The verl
+commands build them with ``predmask.config.typed_view``, which runs the range checks below (one line naming
+the key)."""
 
 from __future__ import annotations
 

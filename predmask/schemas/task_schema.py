@@ -1,5 +1,5 @@
-"""The arithmetic task's config section as a dataclass: the Hydra schema of conf/task/*.yaml (stored by
-``predmask.config.store_schemas``; pure stdlib, so composing imports no torch); ``predmask.rl.task`` makes its data."""
+"""The arithmetic task's config section as a dataclass: the Hydra schema of conf/task/*.yaml;
+``predmask.rl.task`` makes its data."""
 
 from __future__ import annotations
 

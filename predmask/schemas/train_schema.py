@@ -1,6 +1,5 @@
 """The engine's config sections as dataclasses: the Hydra schemas of conf/train.yaml's ``base``, ``rollout`` and
-``trainer`` (stored in Hydra's ConfigStore by ``predmask.config``; pure stdlib, so composing imports no torch), and
-the tracker names ``trainer.logger`` takes (``predmask.rl.trackers`` writes them)."""
+``trainer``, and the tracker names ``trainer.logger`` takes (``predmask.rl.trackers`` writes them)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The variational-reasoning family's config sections as dataclasses: the Hydra schema ``variational_schema`` of
-conf/variational.yaml (stored by ``predmask.config.store_schemas``; pure stdlib, so composing imports no torch),
-each with its range checks and ``from_mapping`` (unknown keys: one line, ``predmask.schemas.unknown_keys.check_known_keys``).
-
-The stage runner (``predmask.rl.vr_runner``) builds ``VRConfig.from_mapping(config)`` from a run's resolved config.
-"""
+conf/variational.yaml, each with its range checks and ``from_mapping``; the stage runner
+(``predmask.rl.vr_runner``) builds ``VRConfig.from_mapping(config)`` from a run's resolved config."""
 
 from __future__ import annotations
 
