@@ -57,8 +57,8 @@ def paper_command(db: str | os.PathLike[str] | None = None, study_id: str | None
 
 
 def missing_db_hint(db: str | os.PathLike[str] | None = None, root: Path | None = None) -> str:
-    """What to run when the database ``db`` has nothing yet: ingest when run directories exist under the runs
-    root ``root`` ($PREDMASK_RUNS or runs/), else a sweep or the token-level study first; then the report."""
+    """What to run when the database ``db`` has nothing yet: ingest the run directories under ``root`` (default: the
+    runs root) if any, else a sweep or the token-level study first; then the report."""
     root = runs_root() if root is None else root
     given = _given(db)
     run_dirs = find_run_dirs([root])[0] if root.is_dir() else []
@@ -79,16 +79,9 @@ class StoreError(RuntimeError):
 
 
 def default_db_path() -> Path:
-    """$PREDMASK_DB if set, else results/predmask.duckdb under the project root (``predmask.rundir.project_root``:
-    the nearest folder up from the working directory holding the project's runs or its pyproject.toml)."""
+    """$PREDMASK_DB if set, else results/predmask.duckdb under ``predmask.rundir.project_root()``."""
     env = os.environ.get(DB_ENV)
     return Path(env) if env else project_root() / DEFAULT_DB_RELPATH
-
-
-def _nearest_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def _what_file(head: bytes) -> str:
@@ -99,9 +92,8 @@ def _what_file(head: bytes) -> str:
 
 
 def check_duckdb_file(db: Path) -> None:
-    """Raise StoreError (one line) unless the existing file ``db`` starts as a DuckDB database file does (bytes 8..11
-    say DUCK): the one check every path runs before DuckDB opens a results database, reader or writer, so a file
-    of another kind is never handed to DuckDB (which would guess its format and reach for an extension)."""
+    """Raise StoreError (one line) unless the existing file ``db`` starts as a DuckDB database file does: checked
+    before DuckDB opens any results database, which would guess another file's format and reach for an extension."""
     try:
         with db.open("rb") as f:
             head = f.read(max(_MAGIC_AT + len(_DUCKDB_MAGIC), 16))
@@ -139,11 +131,8 @@ def storage_error(exc: BaseException, db: str | os.PathLike[str] | Path) -> Stor
 
 def check_db_path(path: str | os.PathLike[str]) -> None:
     """Raise StoreError (one line) unless a writer could use ``path`` as the results database: not a directory;
-    if it exists, a writable DuckDB file; else its nearest existing ancestor is a writable folder.
-
-    Takes no DuckDB lock and leaves nothing behind (writability is probed for real: an existing file opened for
-    writing and closed, else a temporary folder made and removed), so it can run before any work starts and beside
-    a process that holds the database.
+    if it exists, a writable DuckDB file; else its nearest existing ancestor is a writable folder. Takes no DuckDB
+    lock and leaves nothing behind, so it can run before any work starts and beside a process holding the database.
     """
     db = Path(path)
     if db.is_dir():
@@ -163,7 +152,9 @@ def check_db_path(path: str | os.PathLike[str]) -> None:
                 "another --db path"
             ) from None
         return
-    parent = _nearest_existing(db.parent)
+    parent = db.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
     if not parent.is_dir():
         raise StoreError(f"cannot create results database {db}: {parent} is a file, not a folder")
     try:  # a real probe (permission bits say nothing to root, nor of read-only or virtual file systems)
@@ -243,11 +234,9 @@ def connect(
 ) -> duckdb.DuckDBPyConnection:
     """Open the results database; a writer creates the parent folder and the schema, a reader needs the file.
 
-    While another process holds the file (a reader blocks writers, a writer blocks everyone) it retries with a
-    jittered backoff for up to ``wait_s`` seconds (default: $PREDMASK_DB_WAIT, else WRITE_WAIT_S for a writer and
-    READ_WAIT_S for a reader). Raises StoreError (one line) when a read-only database is missing, when a writer's
-    path fails ``check_db_path``, or when the lock is still held after the wait (naming the holder's pid when
-    DuckDB says it).
+    While another process holds the file it retries for up to ``wait_s`` seconds (DB_WAIT_ENV). Raises StoreError
+    (one line) when a read-only database is missing, when a writer's path fails ``check_db_path``, or when the lock
+    is still held after the wait (naming the holder's pid when DuckDB says it).
     """
     db = Path(path) if path is not None else default_db_path()
     bound = _wait_bound(read_only, wait_s)
@@ -291,8 +280,8 @@ def utcnow() -> datetime:
 @contextlib.contextmanager
 def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     """The block in one transaction: committed at its end, rolled back when anything in it (the commit included)
-    raises. A connection that cannot roll back (DuckDB invalidates it after a failed write to a full disk) has
-    nothing to undo that it could keep: the block's error is the one raised."""
+    raises; the block's error is the one raised (DuckDB invalidates a connection after a failed write to a full
+    disk: it cannot roll back, and has nothing to keep)."""
     con.execute("BEGIN TRANSACTION")
     try:
         yield

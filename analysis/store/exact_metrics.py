@@ -37,10 +37,7 @@ def _record(line: str, where: str) -> dict[str, Any]:
 
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The records of one statistics file; a torn last line (a killed writer, no newline) is left out."""
-    text = path.read_text()
-    lines = text.split("\n")
-    complete, torn = lines[:-1], lines[-1]
-    del torn  # the text after the last newline: empty, or a line its writer did not finish
+    complete = path.read_text().split("\n")[:-1]  # after the last newline: nothing, or a line not finished
     return [_record(line, f"{path}:{i}") for i, line in enumerate(complete, 1) if line.strip()]
 
 

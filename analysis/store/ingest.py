@@ -1,17 +1,11 @@
 """Ingest of run directories and standalone metrics files into `runs`, `run_sweeps` (the sweep whose folder holds
 the run: a run two sweeps share belongs to both) and `metrics` (idempotent, one run per transaction).
 
-Nothing invalid is stored silently: each problem is one warning line naming the run (and the file and line), and a
-count in the run's RunIngest and the IngestSummary. Corrupt lines, non-numeric and non-finite values and lines whose
-step goes backwards are not stored (``metrics_files``); a run directory without a readable config.yaml is refused
-(not registered); a "completed" run without any stored metric gets status ``empty``, a killed one ``dead``
-(``runs``). Ingest makes a run's stored metrics equal its files: a row an older ingest stored whose step or value is
-no longer in them (a run resumed with fewer steps, a non-finite value) is deleted, in the transaction that writes the
-rest. Files stream through DuckDB in batches, so memory does not grow with a file; a storage failure (disk full,
-read-only, DuckDB's IO and transaction errors) is one StoreError line naming the database and the remedy. A verl run's
-policy-loss metrics are replaced, step by step, by the exact values of its loss statistics (``exact_metrics``).
-A variational-reasoning `weights` stage run (config ``family: variational``, ``stage: weights``) also stores its
-weights.parquet in `vr_traces` (``vr_tables``); a missing or malformed file is one warning, the run stays registered.
+What is stored and refused, each problem one warning line and a count: docs/results.md ("What ingest stores"). A run's
+stored metrics are made equal to its files (rows no longer in them are deleted in the same transaction); files stream
+through DuckDB in batches, so memory does not grow with a file. A verl run's policy-loss metrics are replaced by the
+exact values of its loss statistics (``exact_metrics``); a variational `weights` stage run also stores its
+weights.parquet in `vr_traces` (``vr_tables``).
 """
 
 from __future__ import annotations
@@ -135,8 +129,7 @@ def _memory_bound(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     try:
         con.execute(f"SET memory_limit = '{INGEST_MEMORY_LIMIT}'")
     except duckdb.Error:  # the instance holds more than the bound now: it keeps its limit
-        yield
-        return
+        row = None
     try:
         yield
     finally:
@@ -239,9 +232,8 @@ def _overlay_exact(con: duckdb.DuckDBPyConnection, result: RunIngest, source: in
 
 
 def _write_metrics(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[int, int, int]:
-    """Make the run's `metrics` rows equal the final staged rows, one row per (step, name): (added, changed,
-    removed); removed are the rows of steps or names no longer in the run's files, and values an older ingest stored
-    that are not stored now. Changed rows are replaced (deleted, then inserted with the rest)."""
+    """Make the run's `metrics` rows equal the final staged rows: (added, changed, removed); changed rows are
+    deleted, then inserted with the rest."""
     mine = "(SELECT step, name, value FROM metrics WHERE run_id = ?)"
     added, changed = fetch_one(
         con,
@@ -281,8 +273,7 @@ def _ingest(
     con: duckdb.DuckDBPyConnection, run_row: dict[str, Any], run_dir: Path, files: list[Path], exact: bool = False
 ) -> RunIngest:
     """Store one run's row and make its metrics equal its files, in one transaction; ``exact``: overlay its loss
-    statistics (run dirs). The files stream through DuckDB (``BATCH_ROWS`` rows in Python at a time). A storage
-    failure (disk full, read-only, DuckDB's IO and transaction errors) rolls the run back and raises StoreError."""
+    statistics (run dirs). A storage failure rolls the run back and raises StoreError (``storage_error``)."""
     run_id = run_row["run_id"]
     result = RunIngest(run_id=run_id, run_dir=run_dir, files=files)
     db = _db_file(con)
@@ -313,23 +304,17 @@ def _ingest(
 def _ingest_traces(con: duckdb.DuckDBPyConnection, result: RunIngest, run_dir: Path, seed: int | None) -> None:
     """The weights stage's traces into `vr_traces`; a missing or malformed file is a warning (nothing written)."""
     try:
-        written = ingest_vr_traces(con, run_dir, result.run_id, seed)
+        result.vr_traces, result.vr_traces_changed = ingest_vr_traces(con, run_dir, result.run_id, seed)
     except FileNotFoundError as exc:
         result.warnings.append(f"run {result.run_id}: {exc}; no traces stored (rerun the weights stage, then ingest)")
-        return
     except (ValueError, OSError, duckdb.Error) as exc:
         result.skipped_lines += 1
         result.warnings.append(f"run {result.run_id}: traces not stored: {str(exc).splitlines()[0]}")
-        return
-    result.vr_traces, result.vr_traces_changed = written.rows, written.changed
 
 
 def ingest_run_dir(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[str]) -> RunIngest:
-    """Register one run directory in `runs` and merge all its metrics attempts into `metrics` (idempotent).
-
-    A run directory without a readable config.yaml is refused: the result has ``run_registered == "refused"`` and
-    ``refused`` (one line, also the only warning), and nothing is stored.
-    """
+    """Register one run directory in `runs` and merge all its metrics attempts into `metrics` (idempotent); one
+    without a readable config.yaml is refused (``run_registered == "refused"``, ``refused``: one line), nothing stored."""
     path = Path(run_dir)
     if not path.is_dir():
         raise StoreError(f"run directory {path} does not exist")
@@ -362,10 +347,8 @@ def ingest_paths(
     *,
     show_progress: bool = False,
 ) -> IngestSummary:
-    """Ingest every run directory (and standalone metrics file) the inputs name; see find_run_dirs.
-
-    ``show_progress``: follow the runs with ``predmask.progress`` (a bar in a terminal, else plain lines on stdout).
-    """
+    """Ingest every run directory (and standalone metrics file) the inputs name (``find_run_dirs``);
+    ``show_progress``: follow the runs with ``predmask.progress``."""
     if isinstance(paths_or_globs, (str, os.PathLike)):
         paths_or_globs = [paths_or_globs]
     run_dirs, files, unmatched = find_run_dirs(paths_or_globs)

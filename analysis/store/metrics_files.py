@@ -1,13 +1,11 @@
 """verl file-logger files: their ``{"step": N, "data": {...}}`` records (read by ``predmask.rundir.iter_metrics``, the
 one parser and step rule, shared with the trainer's resume) as the finite numeric metric values ingest stores.
 
-What is not stored, each counted and reported with its line number: a line that is not such a record (corrupt);
-a value that is not a number (null, text, lists: the trainer writes null for NaN); a non-finite number (a literal
-NaN, Infinity or -Infinity, which Python's json reads): skipped, never stored as NULL or as the value; a line whose
-step is smaller than an earlier line's (a step going backwards): the whole line is refused and the earlier values of
-that step are kept. The same step on consecutive lines (verl logs validation, then training) is not going backwards.
-A step beyond what the store's step column holds (``schema.STEP_MAX``) refuses its line. Files stream, one line in
-memory at a time (``iter_file_values``).
+What is not stored (docs/results.md, "What ingest stores") is counted and reported with its line number. A value that
+is not a number (null, text, lists: the trainer writes null for NaN) is counted but not warned about. A line whose step
+goes backwards is refused whole, the earlier values of that step kept; the same step on consecutive lines (verl logs
+validation, then training) is not going backwards. A step beyond what the store's step column holds
+(``schema.STEP_MAX``) refuses its line. Files stream, one line in memory at a time.
 """
 
 from __future__ import annotations
@@ -46,20 +44,16 @@ def _as_float(value: float) -> float:
         return math.inf
 
 
-def _bad_line(counts: FileCounts, b: BadLine) -> None:
-    counts.skipped_lines += 1
-    counts.note(b.line, f"{'truncated or corrupt last line' if b.last else 'corrupt line'} ({b.reason}), skipped")
-
-
 def iter_file_values(path: Path, counts: FileCounts) -> Iterator[tuple[int, str, float]]:
-    """The (step, name, value) rows a file-logger file stores, in line order, read one line at a time; what is not
-    stored is counted in ``counts``, with one warning per line (module docstring). A step outside the range the
-    store's step column holds refuses its line (one warning naming the file and line)."""
+    """The (step, name, value) rows a file-logger file stores, in line order; what is not stored is counted in
+    ``counts``, with one warning per line (module docstring)."""
     max_step: int | None = None
     for rec in iter_metrics(path):
         counts.lines += 1
         if isinstance(rec, BadLine):
-            _bad_line(counts, rec)
+            counts.skipped_lines += 1
+            counts.note(rec.line, f"{'truncated or corrupt last line' if rec.last else 'corrupt line'} ({rec.reason}), "
+                                  "skipped")
             continue
         if not _STEP_MIN <= rec.step <= STEP_MAX:
             counts.skipped_lines += 1

@@ -1,10 +1,6 @@
-"""The `runs` table: idempotent upserts of run rows, and the row a run directory describes (config.yaml, status.json,
-job.json; read through ``predmask.rundir``). Ingest is the only builder of a run's row. `run_sweeps`: the sweeps
+"""The `runs` table: idempotent upserts of run rows, and the row a run directory describes (read through
+``predmask.rundir``; its status corrected to ``dead`` or ``empty`` as docs/results.md says). `run_sweeps`: the sweeps
 whose folders hold a run (``record_sweep``, ``run_sweeps``); a run's `runs` row keeps the newest ingest's sweep.
-
-A run directory's status is the one its status.json gives, with two corrections, each reported: "running" while no
-process holds the run's writer lock is ``dead`` (the trainer was killed, ``predmask.rundir.run_status``), and
-"completed" with no stored metric is ``empty`` (``EMPTY``, set by ingest).
 """
 
 from __future__ import annotations
@@ -101,11 +97,9 @@ def _normalise_run_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def upsert_runs(con: duckdb.DuckDBPyConnection, rows: Iterable[Mapping[str, Any]]) -> UpsertCounts:
-    """Insert or update `runs` rows by run_id; a None/absent field keeps the stored value.
-
-    created_at is kept once set; updated_at changes only when some other field changed (given value, else
-    now). Rows with the same run_id within one call are merged in order (later fields win).
-    """
+    """Insert or update `runs` rows by run_id; a None/absent field keeps the stored value. created_at is kept once
+    set; updated_at changes only when another field changed (given value, else now). Rows of one run_id merge in
+    order (later fields win)."""
     merged: dict[str, dict[str, Any]] = {}
     for row in rows:
         norm = _normalise_run_row(row)
@@ -201,13 +195,8 @@ def _backend_of(cfg: Mapping[str, Any]) -> str | None:
 
 
 def run_row_from_dir(run_dir: Path, notes: list[str] | None = None) -> dict[str, Any]:
-    """The `runs` row that a run directory describes: its config.yaml (sweep, method, delta, model, precision, seed,
-    backend, config), status.json (status, updated_at), the job id (status.json, else the sweep's job.json) and the
-    log (the job's job.log, else the engine's train.log).
-
-    Raises RunRefusedError when config.yaml is missing or unreadable (the run's method would be unknown); a broken
-    status.json is reported in ``notes`` and not used; a dead writer gives status ``dead`` (reported).
-    """
+    """The `runs` row that a run directory describes (docs/results.md, "What ingest stores"). Raises RunRefusedError
+    when config.yaml is missing or unreadable; a broken status.json or a dead writer is reported in ``notes``."""
     notes = notes if notes is not None else []
     row: dict[str, Any] = {"run_id": run_dir.name, "run_dir": str(run_dir.resolve())}
     cfg_path = run_dir / CONFIG_FILE

@@ -165,53 +165,40 @@ ACCURACY_WEIGHTING_COLUMNS: dict[str, str] = {
 }
 
 
-def _columns_ddl(columns: Mapping[str, str]) -> str:
-    return ",\n  ".join(f"{name} {kind}" for name, kind in columns.items())
+def _create(table: str, columns: Mapping[str, str], key: tuple[str, ...] = ()) -> str:
+    """The CREATE TABLE IF NOT EXISTS statement of ``table`` (``key``: its PRIMARY KEY columns)."""
+    lines = [f"{name} {kind}" for name, kind in columns.items()]
+    if key:
+        lines.append(f"PRIMARY KEY ({', '.join(key)})")
+    body = ",\n  ".join(lines)
+    return f"CREATE TABLE IF NOT EXISTS {table} (\n  {body}\n)"
 
 
 #: the largest step `metrics.step` (INTEGER) holds; a line with a larger step is refused by ingest, one line naming
 #: the file and line (a step that large is no training step; storing it would need a BIGINT column in every database)
 STEP_MAX = 2**31 - 1
+#: the parent row of a token-level study or an accuracy-weighting analysis, after its key column
+_CONFIG_ROW = {"config": "JSON", "created_at": "TIMESTAMP"}
 
 SCHEMA_DDL: tuple[str, ...] = (
-    f"CREATE TABLE IF NOT EXISTS runs (\n  {_columns_ddl(RUN_COLUMNS)}\n)",
-    f"CREATE TABLE IF NOT EXISTS run_sweeps (\n  {_columns_ddl(RUN_SWEEP_COLUMNS)},\n  PRIMARY KEY (run_id, sweep)\n)",
-    (
-        # one row per (run_id, step, name), kept by ingest, the table's only writer (``ingest._write_metrics`` writes
-        # a run's rows from its de-duplicated files); no PRIMARY KEY: its index lives in memory whole on every write
-        # (about 100 bytes a row, never spilled), which a long run's millions of rows would not fit. A database
-        # created with one keeps it: the same statements write both.
-        "CREATE TABLE IF NOT EXISTS metrics (\n  run_id VARCHAR NOT NULL,\n  step INTEGER NOT NULL,\n"  # STEP_MAX
-        "  name VARCHAR NOT NULL,\n  value DOUBLE\n)"
-    ),
-    (
-        "CREATE TABLE IF NOT EXISTS token_level_studies (\n  study_id VARCHAR PRIMARY KEY,\n  config JSON,\n"
-        "  created_at TIMESTAMP\n)"
-    ),
-    (
-        f"CREATE TABLE IF NOT EXISTS token_level_seeds (\n  {_columns_ddl(SEED_COLUMNS)},\n"
-        "  PRIMARY KEY (study_id, seed)\n)"
-    ),
-    f"CREATE TABLE IF NOT EXISTS token_level_tokens (\n  {_columns_ddl(TOKEN_COLUMNS)}\n)",
+    _create("runs", RUN_COLUMNS),
+    _create("run_sweeps", RUN_SWEEP_COLUMNS, ("run_id", "sweep")),
+    # one row per (run_id, step, name), kept by ingest, the table's only writer (``ingest._write_metrics`` writes a
+    # run's rows from its de-duplicated files); no PRIMARY KEY: its index lives in memory whole on every write (about
+    # 100 bytes a row, never spilled), which a long run's millions of rows would not fit. A database created with
+    # one keeps it: the same statements write both. step: INTEGER, see STEP_MAX
+    _create("metrics", {"run_id": "VARCHAR NOT NULL", "step": "INTEGER NOT NULL", "name": "VARCHAR NOT NULL",
+                        "value": "DOUBLE"}),
+    _create("token_level_studies", {"study_id": "VARCHAR PRIMARY KEY", **_CONFIG_ROW}),
+    _create("token_level_seeds", SEED_COLUMNS, ("study_id", "seed")),
+    _create("token_level_tokens", TOKEN_COLUMNS),
     *(
-        f"CREATE TABLE IF NOT EXISTS {table} (\n  study_id VARCHAR NOT NULL,\n  "
-        f"{_columns_ddl({k: f'{t} NOT NULL' for k, t in keys.items()})},\n  PRIMARY KEY (study_id, {', '.join(keys)})\n)"
+        _create(table, {"study_id": "VARCHAR NOT NULL", **{k: f"{t} NOT NULL" for k, t in keys.items()}},
+                ("study_id", *keys))
         for table, keys in STUDY_RESULT_KEYS.items()
     ),
-    (
-        f"CREATE TABLE IF NOT EXISTS token_level_grid (\n  {_columns_ddl(GRID_COLUMNS)},\n"
-        "  PRIMARY KEY (grid_id, study_id)\n)"
-    ),
-    (
-        f"CREATE TABLE IF NOT EXISTS vr_traces (\n  {_columns_ddl(VR_TRACE_COLUMNS)},\n"
-        "  PRIMARY KEY (run_id, question, trace)\n)"
-    ),
-    (
-        "CREATE TABLE IF NOT EXISTS accuracy_weighting_analyses (\n  analysis_id VARCHAR PRIMARY KEY,\n"
-        "  config JSON,\n  created_at TIMESTAMP\n)"
-    ),
-    (
-        f"CREATE TABLE IF NOT EXISTS accuracy_weighting (\n  {_columns_ddl(ACCURACY_WEIGHTING_COLUMNS)},\n"
-        "  PRIMARY KEY (analysis_id, source, method, question)\n)"
-    ),
+    _create("token_level_grid", GRID_COLUMNS, ("grid_id", "study_id")),
+    _create("vr_traces", VR_TRACE_COLUMNS, ("run_id", "question", "trace")),
+    _create("accuracy_weighting_analyses", {"analysis_id": "VARCHAR PRIMARY KEY", **_CONFIG_ROW}),
+    _create("accuracy_weighting", ACCURACY_WEIGHTING_COLUMNS, ("analysis_id", "source", "method", "question")),
 )

@@ -24,8 +24,7 @@ Derive = Callable[[pa.Table], Mapping[str, Frame]]
 
 @dataclass(frozen=True)
 class TokenLevelWrite:
-    """What upsert_token_level wrote: the study row, seed rows and token rows (after replacing those seeds), and the
-    rows of each study-level result table it rewrote."""
+    """What upsert_token_level wrote: the study row, seed rows, token rows, and the rows of each study-level table."""
 
     study: str  # inserted | updated | unchanged
     seeds: int
@@ -124,13 +123,10 @@ def upsert_token_level(
 ) -> TokenLevelWrite:
     """Store one token-level study's config and the rows of some of its seeds (idempotent, one transaction).
 
-    seed_rows / token_rows: polars DataFrames or pyarrow Tables with SEED_COLUMNS / TOKEN_COLUMNS names
-    (study_id optional; columns not in the schema are added). Every seed present in a frame replaces that
-    seed's stored rows, so writing the same frames again changes nothing. Duplicate (seed) or
-    (seed, sequence, position) keys inside a frame raise ValueError.
-
-    ``derive``: when rows of some seed were written, it is given the study's stored token rows (all its seeds, as
-    an Arrow table, read back in the same transaction) and returns the study-level result tables
+    seed_rows / token_rows: frames with SEED_COLUMNS / TOKEN_COLUMNS names (study_id optional; columns not in the
+    schema are added). Every seed present in a frame replaces that seed's stored rows; duplicate (seed) or (seed,
+    sequence, position) keys inside a frame raise ValueError. ``derive``: when rows of some seed were written, it is
+    given the study's stored token rows (all its seeds) and returns the study-level result tables
     (``STUDY_RESULT_KEYS``) whose rows of this study it replaces, in the same transaction.
     """
     if not isinstance(study_id, str) or not study_id:
@@ -176,8 +172,8 @@ def stored_seeds(con: duckdb.DuckDBPyConnection, study_id: str) -> set[int]:
 
 
 def upsert_grid(con: duckdb.DuckDBPyConnection, grid_id: str, rows: Sequence[Mapping[str, Any]]) -> int:
-    """Store the cells of one drift grid (idempotent: the grid's rows are replaced; ``created_at`` of a cell
-    already stored is kept). ``rows``: mappings with the GRID_COLUMNS keys but ``grid_id`` and ``created_at``."""
+    """Store the cells of one drift grid, replacing its rows (idempotent: a stored cell keeps its ``created_at``).
+    ``rows``: mappings with the GRID_COLUMNS keys but ``grid_id`` and ``created_at``."""
     if not isinstance(grid_id, str) or not grid_id:
         raise ValueError(f"grid_id must be a non-empty string, got {grid_id!r}")
     keys = [k for k in GRID_COLUMNS if k not in ("grid_id", "created_at")]
@@ -205,7 +201,7 @@ def upsert_grid(con: duckdb.DuckDBPyConnection, grid_id: str, rows: Sequence[Map
 
 def grid_cells(con: duckdb.DuckDBPyConnection, grid_id: str | None = None) -> Any:
     """The cells of ``grid_id`` (default: the grid stored last) as a polars frame ordered by cell, with each cell's
-    stored seed count (``n_seeds``); an empty frame when no grid is stored. Raises ValueError for an unknown id."""
+    stored seed count (``n_seeds``); empty when no grid is stored. Raises ValueError for an unknown id."""
     import polars as pl
 
     if not table_exists(con, "token_level_grid"):  # a database written before the grid existed

@@ -4,7 +4,7 @@ of the accuracy-weighting analysis (``accuracy_weighting``, ``accuracy_weighting
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,14 +17,6 @@ from analysis.store.runs import upsert_config_row
 from analysis.store.schema import ACCURACY_WEIGHTING_COLUMNS, VR_TRACE_COLUMNS
 
 _AW_KEY = ("source", "method", "question")
-
-
-@dataclass(frozen=True)
-class VrTracesWrite:
-    """What ingesting one weights-stage run did to `vr_traces`: rows in the file and whether the table changed."""
-
-    rows: int
-    changed: bool
 
 
 @dataclass(frozen=True)
@@ -48,6 +40,7 @@ def _sorted_rows(table: pa.Table, columns: Sequence[str], key: Sequence[str]) ->
 
 
 def _same(old: list[tuple[Any, ...]], new: list[tuple[Any, ...]]) -> bool:
+    """Whether two row lists are equal, NaN equal to NaN."""
     if len(old) != len(new):
         return False
     for a, b in zip(old, new):
@@ -57,6 +50,20 @@ def _same(old: list[tuple[Any, ...]], new: list[tuple[Any, ...]]) -> bool:
                     return False
             elif x != y:
                 return False
+    return True
+
+
+def _replace_if_changed(con: duckdb.DuckDBPyConnection, table: str, where: tuple[str, str], columns: Sequence[str],
+                        key: Sequence[str], new: list[tuple[Any, ...]], insert: Callable[[], None]) -> bool:
+    """Replace the rows of ``table`` whose column ``where[0]`` is ``where[1]`` (``insert`` writes the new ones)
+    unless they equal ``new`` (sorted by ``key``) already; whether they changed."""
+    column, value = where
+    old = con.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE {column} = ? ORDER BY {', '.join(key)}",
+                      [value]).fetchall()
+    if _same([tuple(r) for r in old], new):
+        return False
+    con.execute(f"DELETE FROM {table} WHERE {column} = ?", [value])
+    insert()
     return True
 
 
@@ -83,8 +90,9 @@ def _vr_table(path: Path, run_id: str, seed: int | None) -> pa.Table:
 
 def ingest_vr_traces(
     con: duckdb.DuckDBPyConnection, run_dir: Path, run_id: str, seed: int | None
-) -> VrTracesWrite:
-    """Replace the `vr_traces` rows of ``run_id`` by the run's weights.parquet (one transaction; idempotent).
+) -> tuple[int, bool]:
+    """Replace the `vr_traces` rows of ``run_id`` by the run's weights.parquet (one transaction; idempotent): the
+    file's rows and whether the table changed.
 
     Raises FileNotFoundError when the file is missing and ValueError when it lacks a column; nothing is written then.
     The file's name is the stage's own (``predmask.rl.vr_runner.WEIGHTS_FILE``; imported here, as it loads torch)."""
@@ -96,20 +104,18 @@ def ingest_vr_traces(
     table = _vr_table(path, run_id, seed)
     columns = list(VR_TRACE_COLUMNS)
     key = ("question", "trace")
+
+    def insert() -> None:
+        con.register("_predmask_vr", table)
+        try:
+            con.execute(f"INSERT INTO vr_traces ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _predmask_vr")
+        finally:
+            con.unregister("_predmask_vr")
+
     with transaction(con):
-        old = con.execute(
-            f"SELECT {', '.join(columns)} FROM vr_traces WHERE run_id = ? ORDER BY question, trace", [run_id]
-        ).fetchall()
-        new = _sorted_rows(table, columns, key)
-        changed = not _same([tuple(r) for r in old], new)
-        if changed:
-            con.execute("DELETE FROM vr_traces WHERE run_id = ?", [run_id])
-            con.register("_predmask_vr", table)
-            try:
-                con.execute(f"INSERT INTO vr_traces ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _predmask_vr")
-            finally:
-                con.unregister("_predmask_vr")
-    return VrTracesWrite(rows=table.num_rows, changed=changed)
+        changed = _replace_if_changed(con, "vr_traces", ("run_id", run_id), columns, key,
+                                      _sorted_rows(table, columns, key), insert)
+    return table.num_rows, changed
 
 
 def upsert_accuracy_weighting(
@@ -140,17 +146,10 @@ def upsert_accuracy_weighting(
          for r in rows),
         key=lambda r: tuple(r[columns.index(k)] for k in _AW_KEY),
     )
+    insert = (f"INSERT INTO accuracy_weighting (analysis_id, {', '.join(columns)}) "
+              f"VALUES ({', '.join('?' * (len(columns) + 1))})")
     with transaction(con):
         analysis = upsert_config_row(con, "accuracy_weighting_analyses", "analysis_id", analysis_id, config)
-        old = con.execute(
-            f"SELECT {', '.join(columns)} FROM accuracy_weighting WHERE analysis_id = ? "
-            f"ORDER BY {', '.join(_AW_KEY)}",
-            [analysis_id],
-        ).fetchall()
-        changed = not _same([tuple(r) for r in old], new)
-        if changed:
-            con.execute("DELETE FROM accuracy_weighting WHERE analysis_id = ?", [analysis_id])
-            insert = (f"INSERT INTO accuracy_weighting (analysis_id, {', '.join(columns)}) "
-                      f"VALUES ({', '.join('?' * (len(columns) + 1))})")
-            con.executemany(insert, [[analysis_id, *r] for r in new])
+        changed = _replace_if_changed(con, "accuracy_weighting", ("analysis_id", analysis_id), columns, _AW_KEY, new,
+                                      lambda: con.executemany(insert, [[analysis_id, *r] for r in new]))
     return AccuracyWeightingWrite(analysis=analysis, rows=len(rows), changed=changed)
