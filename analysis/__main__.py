@@ -24,11 +24,8 @@ from analysis.store import IngestSummary, StoreError, connect, default_db_path, 
 from analysis.store.ingest import RunIngest
 from predmask.console import error, make_console
 
-# ------------------------------------------------------------------------------------------------------
-# Delegated subcommands: name -> (module, one-line help). Each module exposes `main(argv: list[str]) -> int`
-# and parses its own arguments (Hydra-style overrides included). It is imported only when called, so a
-# missing or broken analysis never stops `ingest`.
-# >>> register further analyses here <<<
+#: name -> (module, one-line help); each module's ``main(argv) -> int`` parses its own arguments. It is imported
+#: only when called, so a missing or broken analysis never stops `ingest`.
 DELEGATED: dict[str, tuple[str, str]] = {
     "token_level": (
         "analysis.token_level.cli",
@@ -47,7 +44,6 @@ DELEGATED: dict[str, tuple[str, str]] = {
         "the weight RFT, REINFORCE, GRPO and the variational objective put on ∇ log p per accuracy (docs/math.md §9)",
     ),
 }
-# ------------------------------------------------------------------------------------------------------
 
 _err = make_console(stderr=True)
 

@@ -14,12 +14,9 @@ then prints, per setting, what the regime targets speak of:
 - **identical**: whether the two runs logged the same validation curve and the same training reward at every
   step (the trust region never told the two criteria apart).
 
-The targets the defaults are chosen for (``BF16_OUTSIDE``, ``MIN_DISAGREEMENT``, ``check_targets``) are checked
-and printed beside the numbers. Runs live under ``results/calibrate/<run_id>/`` (resumable: a finished run is
-read, not trained again; a changed override is another run id) and the table is written to
-``results/calibrate/calibration.md`` and ``.json``. The runs are composed and trained by ``analysis.calibrate_runs``
-(through the launch layer, local processes, ``--max-parallel`` at a time); this module is the command and the
-regime's statistics.
+The targets the defaults are chosen for (``check_targets``) are printed beside the numbers. Runs live under
+``results/calibrate/<run_id>/`` (a finished run is read, not trained again) and are trained by
+``analysis.calibrate_runs``; the table is written to ``results/calibrate/calibration.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -85,8 +82,7 @@ class SettingRegime:
 
 
 def _validation(records: Sequence[Mapping[str, Any]], val_n: int) -> tuple[list[int], list[float]]:
-    """Validation accuracy per validated step: the mean of the two stand-in splits' avg@val_n (one definition:
-    ``analysis.training.stats.mean_on_common_steps``)."""
+    """Validation accuracy per validated step: the mean of the two stand-in splits' avg@val_n."""
     series = []
     for split in EVAL_SPLITS:
         name = M.val_acc(split, val_n)
@@ -97,11 +93,8 @@ def _validation(records: Sequence[Mapping[str, Any]], val_n: int) -> tuple[list[
 
 
 def run_regime(records: Sequence[Mapping[str, Any]], val_n: int = 16) -> RunRegime:
-    """The regime of one run from its ``metrics.jsonl`` records (``{"step", "data"}``, step 0 = validation only;
-    validation avg@``val_n``).
-
-    Raises ValueError when the run has no training step or no validation at its start and end.
-    """
+    """The regime of one run from its ``metrics.jsonl`` records (step 0 = validation only; validation avg@``val_n``).
+    Raises ValueError when the run has no training step or no validation at its start and end."""
     train = [r["data"] for r in records if int(r["step"]) > 0]
     vals = list(zip(*_validation(records, val_n), strict=True))
     if not train or len(vals) < 2 or vals[0][0] != 0:
@@ -165,7 +158,6 @@ def check_targets(rows: Sequence[SettingRegime]) -> list[tuple[str, bool, str]]:
     return out
 
 
-# ----------------------------------------------------------------------------------------------- rendering
 def render_markdown(rows: Sequence[SettingRegime], checks: Sequence[tuple[str, bool, str]], overrides: Sequence[str],
                     steps: int, seed: int) -> str:
     """The calibration table and target checks as Markdown (what the command prints and writes)."""
@@ -192,7 +184,6 @@ def render_markdown(rows: Sequence[SettingRegime], checks: Sequence[tuple[str, b
     return "\n".join(lines) + "\n"
 
 
-# ----------------------------------------------------------------------------------------------- the command
 def next_step(checks: Sequence[tuple[str, bool, str]], overrides: Sequence[str]) -> str:
     """What to do with the targets: run the main comparison with these overrides, or try others."""
     import shlex

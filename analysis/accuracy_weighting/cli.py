@@ -57,16 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def compose_analysis(overrides: Sequence[str]) -> dict[str, Any]:
-    """The resolved analysis config (a plain dict); AnalysisInputError for one that does not compose."""
-    from predmask.config import ConfigError, compose, to_container
-
-    try:
-        return to_container(compose(PRIMARY, list(overrides)))
-    except ConfigError as err:
-        raise AnalysisInputError(str(err)) from None
-
-
 def validate(cfg: Mapping[str, Any]) -> None:
     """One AnalysisInputError line for the first bad value of ``cfg``: the sizes and every bandit case are checked
     where the measurement defines them (``check_sampling``, ``BanditCase``)."""
@@ -93,13 +83,6 @@ def validate(cfg: Mapping[str, Any]) -> None:
             raise AnalysisInputError(
                 f"checkpoint = {cfg['checkpoint']!r}: {path} does not exist; allowed: a posterior stage's model.pt or "
                 "its run directory (python -m predmask.rl.vr_runner RUN_DIR writes it)")
-
-
-def analysis_id_of(cfg: Mapping[str, Any]) -> str:
-    """The stable id of what the analysis computes (the config without its paths, with the code version)."""
-    from predmask.config import stable_id
-
-    return stable_id({**cfg, "version": ANALYSIS_VERSION}, exclude=PATH_KEYS)
 
 
 def _checkpoint_file(value: str) -> Path:
@@ -144,12 +127,14 @@ def print_summary(rows: Sequence[Mapping[str, Any]], console: Console) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from predmask.config import ConfigError, compose, to_container
+
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     console = make_console()
     try:
-        cfg = compose_analysis(args.overrides)
+        cfg = to_container(compose(PRIMARY, list(args.overrides)))
         validate(cfg)
-    except AnalysisInputError as err:
+    except (ConfigError, AnalysisInputError) as err:
         error(str(err))
         return 2
     return _run(cfg, args, console)
@@ -161,6 +146,7 @@ def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int
     from analysis.accuracy_weighting.measure import bandit_rows, model_rows
     from analysis.store import StoreError, check_db_path, connect, default_db_path, upsert_accuracy_weighting
     from predmask.command_text import command, with_db
+    from predmask.config import stable_id
     from predmask.progress import progress
     from predmask.schemas.task_schema import TaskConfig
 
@@ -171,7 +157,7 @@ def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int
         error(str(err))
         return 2
     run_cfg = {**cfg, "bandit_only": bool(args.bandit_only)}
-    analysis_id = analysis_id_of(run_cfg)
+    analysis_id = stable_id({**run_cfg, "version": ANALYSIS_VERSION}, exclude=PATH_KEYS)  # what it computes
     bandit = cfg["bandit"]
     cases = len(bandit["group_sizes"]) * len(bandit["accuracies"])
     questions = 0 if args.bandit_only else cfg["questions"]

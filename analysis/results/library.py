@@ -1,13 +1,9 @@
 """The results database as DataFrames for notebooks: runs, metric curves, the main results, the token-level study
 (its rows, its summary, and its criteria judged against the per-token ground truths).
 
-``open_results()`` opens the database read-only (the same default path and ``PREDMASK_DB`` as the commands)
-and returns a ``Results`` whose methods return pandas DataFrames (``backend="polars"``: polars DataFrames). No
-number is computed here: the main results come from ``analysis.training.stats`` (as Table 2 of the reports),
-smoothing is its EMA (as the figures), the token-level statistics are ``analysis.token_level.summary.study_stats``
-(as the study's CLI), and validation curves are read by ``analysis.results.curves`` (as the reports read
-them). An unknown name (a metric, sweep, run, method, setting, study, backend or level) raises
-``UnknownNameError`` listing what exists.
+No number is computed here: the main results and smoothing come from ``analysis.training.stats`` (as in the
+reports), the token-level statistics from ``analysis.token_level.summary.study_stats`` (as the study's CLI), the
+validation curves from ``analysis.results.curves``. An unknown name raises ``UnknownNameError`` listing what exists.
 """
 
 from __future__ import annotations
@@ -67,9 +63,6 @@ def _metric_list(names: Any) -> list[str]:
         raise TypeError(f"metric names are strings: give a name or a list of names (Results.metric_names() lists "
                         f"them), got {type(odd[0]).__name__} {odd[0]!r}")
     return list(dict.fromkeys(listed or []))
-
-
-# -------------------------------------------------------------------------------------------- run axes
 
 
 @cache
@@ -252,9 +245,7 @@ def _metric_names(con: duckdb.DuckDBPyConnection, runs: pl.DataFrame) -> list[st
 def _studies(con: duckdb.DuckDBPyConnection) -> list[str]:
     if not table_exists(con, "token_level_studies"):
         return []
-    return [
-        r[0] for r in con.execute("SELECT study_id FROM token_level_studies ORDER BY study_id").fetchall()
-    ]
+    return [r[0] for r in con.execute("SELECT study_id FROM token_level_studies ORDER BY study_id").fetchall()]
 
 
 def _study(con: duckdb.DuckDBPyConnection, study: str | None) -> str:
@@ -270,13 +261,9 @@ def _study(con: duckdb.DuckDBPyConnection, study: str | None) -> str:
     raise ValueError(f"this database has {len(known)} token-level studies; name one: {', '.join(known)}")
 
 
-# ------------------------------------------------------------------------------------------ the library
-
-
 class Results:
-    """A read-only view of one results database. Every call opens the file read-only for its own queries and
-    closes it again, so a notebook left open never keeps a sweep's ingest from writing; each call sees the
-    database as it is then."""
+    """A read-only view of one results database. Every call opens the file for its own queries and closes it
+    again, so a notebook left open never keeps a sweep's ingest from writing."""
 
     def __init__(self, path: Path, backend: Backend = "pandas") -> None:
         _check("backend", [backend], BACKENDS)
@@ -290,9 +277,7 @@ class Results:
         return connect(self.path, read_only=True)
 
     def __repr__(self) -> str:
-        return (
-            f"Results({str(self.path)!r}: sweeps {self.sweeps()}, studies {self.studies()}; {self.backend})"
-        )
+        return f"Results({str(self.path)!r}: sweeps {self.sweeps()}, studies {self.studies()}; {self.backend})"
 
     def _out(self, frame: pl.DataFrame) -> Any:
         if self.backend == "polars":
@@ -303,8 +288,6 @@ class Results:
             raise ModuleNotFoundError(
                 f"backend 'pandas' needs pandas installed ({exc}); pip install pandas, or use backend='polars'"
             ) from exc
-
-    # --------------------------------------------------------------------------------------------- names
 
     def sweeps(self) -> list[str]:
         """The sweeps that have runs in this database."""
@@ -320,8 +303,6 @@ class Results:
         """The token-level studies stored, by id."""
         with self._connect() as con:
             return _studies(con)
-
-    # ---------------------------------------------------------------------------------------------- runs
 
     def runs(
         self,
@@ -339,8 +320,6 @@ class Results:
         with self._connect() as con:
             frame = _select(_run_frame(con), sweep, method, setting, seed)
         return self._out(frame.with_columns(pl.col("sweeps").list.join(", ")))
-
-    # ------------------------------------------------------------------------------------------- metrics
 
     def metrics(
         self,
@@ -385,8 +364,6 @@ class Results:
             tidy = tidy.pivot(on="name", index=["run_id", *AXES, "step"], values="value")
             tidy = tidy.select("run_id", *AXES, "step", *present).sort("run_id", "step")
         return self._out(tidy)
-
-    # ------------------------------------------------------------------------------------- main results
 
     def summary(self, sweep: str) -> Any:
         """The main results of a sweep, one row per (setting, model, δ, method): final, best and AUC validation
@@ -434,8 +411,6 @@ class Results:
             frame.sort(["setting", "model", "precision", "delta"], nulls_last=True, maintain_order=True)
         )
 
-    # -------------------------------------------------------------------------------------- token level
-
     def token_level(self, study: str | None = None, level: str = "seed") -> Any:
         """A token-level study's rows as stored: ``level="seed"`` one row per seed (the per-seed counts and
         rates), ``level="token"`` one row per studied token. ``study`` None: the only study stored."""
@@ -475,8 +450,6 @@ class Results:
                 _pooled_row("corrective, ratio", crit, pair.corrective_ratio, "corrective_ratio"),
             ]
         return self._out(pl.DataFrame(rows, schema=_SUMMARY_SCHEMA))
-
-    # ------------------------------------------------------------- token level: the criteria judged (math.md §5.1)
 
     def _study_table(self, table: str, study: str | None) -> Any:
         """A study's rows of one study-level table as ingest stored them, in the table's column order
@@ -547,34 +520,16 @@ def _count_row(quantity: str, criterion: str | None, value: int, paper: str | No
 def _mean_row(
     quantity: str, criterion: str | None, m: token_stats.MeanSE, paper: str | None, count: bool = False
 ) -> dict[str, Any]:
-    return _row(
-        quantity,
-        criterion,
-        paper,
-        value=m.mean,
-        se=m.se,
-        n=m.n,
-        over=m.over,
-        text=m.count() if count else m.pct(),
-    )
+    return _row(quantity, criterion, paper, value=m.mean, se=m.se, n=m.n, over=m.over,
+                text=m.count() if count else m.pct())
 
 
 def _pooled_row(
     quantity: str, criterion: str | None, p: token_stats.Pooled, paper: str | None
 ) -> dict[str, Any]:
     lo, hi = p.interval
-    return _row(
-        quantity,
-        criterion,
-        paper,
-        value=p.fraction,
-        lo=None if np.isnan(lo) else lo,
-        hi=None if np.isnan(hi) else hi,
-        k=p.k,
-        n=p.n,
-        over="tokens pooled over seeds",
-        text=p.pct(),
-    )
+    return _row(quantity, criterion, paper, value=p.fraction, lo=None if np.isnan(lo) else lo,
+                hi=None if np.isnan(hi) else hi, k=p.k, n=p.n, over="tokens pooled over seeds", text=p.pct())
 
 
 def open_results(db: str | os.PathLike[str] | None = None, *, backend: Backend = "pandas") -> Results:
