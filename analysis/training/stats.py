@@ -3,28 +3,7 @@
 Pure functions on numpy arrays. A series is ``(steps, values)`` with steps ascending (one run's logged points of one
 metric); a group of seeds is a mapping ``key -> series`` whose keys pair the runs of two methods (the seed).
 The figures and tables of ``reports`` call these functions and print what they return; docs/results.md states the
-same definitions in words.
-
-Definitions (one each):
-- the interval over seeds is the two-sided 95% Student-t interval of the mean, ``mean ± t_{0.975, n-1} s / sqrt(n)``
-  with ``s`` the sample standard deviation; a single seed gives a mean and no interval (never a made-up band);
-- smoothing is a debiased exponential moving average over logged points (weights ``(1 - alpha)^age``, normalised
-  over the points seen so far), parameterised by its half-life in logged points; each seed is smoothed before the
-  mean and the band are taken;
-- a seed curve is taken on the steps that every seed logged;
-- two methods coincide when they have the same seeds and every seed's series are identical (same steps, values
-  equal within 1e-12);
-- per run: final = the value at the last logged step, best = the largest value, AUC = trapezoid area under the
-  curve over steps divided by the step span (a mean accuracy over the run; one point: that point);
-- collapse: see ``collapse``;
-- power of a paired comparison (sizing Table 2): the two-sided paired t-test at level ``alpha`` on n seeds whose
-  paired differences are normal with mean ``d`` and standard deviation ``sd`` rejects with probability
-  ``P(|T| > t_{1-alpha/2, n-1})``, T noncentral t with n - 1 degrees of freedom and noncentrality
-  ``d sqrt(n) / sd`` (exact, ``scipy.stats.nct``); the minimum detectable difference is the ``d > 0`` at which that
-  power is ``POWER`` (0.8 at alpha 0.05 by default), the seeds needed the smallest n >= 2 reaching it;
-- the minimum detectable difference of two accuracies, each a proportion over ``trials`` independent 0/1 outcomes
-  (an evaluation's problems x seeds), by the normal approximation of the two-sided z-test of two proportions:
-  ``(z_{1-alpha/2} + z_{POWER}) sqrt(2 p (1 - p) / trials)`` at accuracy ``p`` (0.5, the widest, unless given).
+definitions in words, one each, and each function's docstring states its own.
 """
 
 from __future__ import annotations
@@ -55,13 +34,6 @@ def interval_note(n: int | str = "n") -> str:
     if n == 1:
         return "mean of 1 seed (no interval: one seed)"
     return f"mean ± {INTERVAL_NAME} over {n} seeds"
-
-
-# ----------------------------------------------------------------------------------------------- intervals
-
-
-def _t_quantile(n: np.ndarray | int, confidence: float) -> np.ndarray:
-    return sps.t.ppf(0.5 + confidence / 2, np.asarray(n) - 1)
 
 
 @dataclass(frozen=True)
@@ -103,7 +75,8 @@ def _finite_points(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, n
 
 
 def t_interval(values: Iterable[float | None], confidence: float = CONFIDENCE) -> Interval:
-    """The Student-t interval of the mean of the finite values (None and NaN are left out)."""
+    """The two-sided Student-t interval of the mean, ``mean ± t_{(1+confidence)/2, n-1} s / sqrt(n)``, of the finite
+    values (None and NaN are left out)."""
     x = finite_values(values)
     if x.size == 0:
         return Interval(None, None, None, 0)
@@ -123,12 +96,10 @@ def t_band(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndarr
         mean = np.where(finite, v, 0.0).sum(axis=0) / n
         dev = np.where(finite, v - mean, 0.0)
         sd = np.sqrt((dev**2).sum(axis=0) / (n - 1))
-        half = np.where(n >= 2, _t_quantile(np.maximum(n, 2), confidence) * sd / np.sqrt(n), np.nan)
+        q = sps.t.ppf(0.5 + confidence / 2, np.maximum(n, 2) - 1)
+        half = np.where(n >= 2, q * sd / np.sqrt(n), np.nan)
     mean = np.where(n > 0, mean, np.nan)
     return mean, mean - half, mean + half
-
-
-# ----------------------------------------------------------------------------------------------- smoothing
 
 
 def ema(values: np.ndarray, alpha: float) -> np.ndarray:
@@ -176,9 +147,6 @@ RAW = Smoothing(0.0)
 STEP_SMOOTHING = Smoothing(5.0)
 #: validation curves (one point every 10-25 steps: 5-11 points per run): a half-life of one evaluation
 VAL_SMOOTHING = Smoothing(1.0)
-
-
-# -------------------------------------------------------------------------------------------------- curves
 
 
 def mean_on_common_steps(a: Series, b: Series) -> Series:
@@ -266,9 +234,6 @@ def coincidences(
     return out
 
 
-# ------------------------------------------------------------------------------------------- run summaries
-
-
 def area_under_curve(steps: np.ndarray, values: np.ndarray) -> float:
     """Trapezoid area under the curve over steps divided by the step span: the curve's mean value over the run
     (one point: that point). Non-finite points are left out."""
@@ -282,7 +247,8 @@ def area_under_curve(steps: np.ndarray, values: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """One run's validation curve in three numbers (see the module docstring), and where they come from."""
+    """One run's validation curve in three numbers (final: the last logged value; best: the largest;
+    ``area_under_curve``), and where they come from."""
 
     final: float
     best: float
@@ -315,11 +281,8 @@ class Collapse:
 
 
 def collapse(steps: np.ndarray, values: np.ndarray, min_points: int = MIN_COLLAPSE_POINTS) -> Collapse:
-    """A run collapsed when its validation accuracy, after reaching its best, stays below half of that best for the
-    rest of the run. Precisely: with best b > 0 first reached at step s_b, the run collapsed iff there is a step
-    s > s_b such that every logged value from s to the end of the run is < b / 2, and that final stretch holds at
-    least `min_points` logged points (default 2, so one low last evaluation is not a collapse). A run that never
-    learned (b <= 0) or has no point after its best cannot collapse. Non-finite points are left out."""
+    """Whether the run collapsed (docs/results.md): with best b > 0 first reached at step s_b, every logged value
+    from some step s > s_b to the end is < b / 2, over at least `min_points` points. Non-finite points left out."""
     if min_points < 1:
         raise ValueError(f"min_points must be >= 1, got {min_points!r}")
     x, y = _finite_points(steps, values)
@@ -333,9 +296,6 @@ def collapse(steps: np.ndarray, values: np.ndarray, min_points: int = MIN_COLLAP
     start = len(y) - tail
     since = int(x[start]) if tail and start > i else None
     return Collapse(best > 0 and since is not None and tail >= min_points, best, int(x[i]), since)
-
-
-# ------------------------------------------------------------------------------------------ paired methods
 
 
 @dataclass(frozen=True)
@@ -413,9 +373,6 @@ def predictive_references(methods: Sequence[str]) -> dict[str, str]:
         if ref is not None:
             out[name] = ref
     return out
-
-
-# ------------------------------------------------------------------------------------- power of a paired test
 
 
 def _check_test(sd: float, alpha: float) -> None:
@@ -496,8 +453,9 @@ def seeds_needed(
 
 def proportion_mdd(trials: int, p: float = 0.5, power: float = POWER, alpha: float = 1.0 - CONFIDENCE) -> float:
     """The smallest difference of two accuracies, each a proportion over ``trials`` 0/1 outcomes at accuracy ``p``,
-    that the two-sided z-test at level ``alpha`` detects with probability ``power`` (normal approximation, module
-    docstring); it shrinks as 1/sqrt(trials), so a difference d needs ``trials * (mdd / d)**2`` trials."""
+    that the two-sided z-test at level ``alpha`` detects with probability ``power`` (normal approximation:
+    ``(z_{1-alpha/2} + z_{power}) sqrt(2 p (1 - p) / trials)``); it shrinks as 1/sqrt(trials), so a difference d
+    needs ``trials * (mdd / d)**2`` trials."""
     if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
         raise ValueError(f"trials must be an integer >= 1 (problems x seeds), got {trials!r}")
     if not 0.0 < p < 1.0:
@@ -505,9 +463,6 @@ def proportion_mdd(trials: int, p: float = 0.5, power: float = POWER, alpha: flo
     _check_power_args(1.0, power, alpha)
     z = float(sps.norm.ppf(1.0 - alpha / 2) + sps.norm.ppf(power))
     return z * math.sqrt(2.0 * p * (1.0 - p) / trials)
-
-
-# ------------------------------------------------------------------------------------------ one setting
 
 
 @dataclass(frozen=True)
@@ -569,9 +524,6 @@ def setting_results(groups: Mapping[str, Mapping[Hashable, Series]]) -> dict[str
         )
         for m, runs in summaries.items()
     }
-
-
-# ----------------------------------------------------------------------------------------------- correlation
 
 
 @dataclass(frozen=True)
