@@ -4,31 +4,9 @@ Pure numpy/scipy. A study's tokens are not independent: every token of one seed 
 policy and its one update, so an interval that treats pooled tokens as independent draws is too narrow. The unit
 of replication is the seed; everything here resamples or pairs seeds.
 
-Definitions (one each):
-- a **pooled statistic** is a function of the per-seed count vectors summed over seeds (a pooled rate: the sum of
-  the numerators over the sum of the denominators);
-- its **seed-cluster bootstrap interval**: draw the n seeds with replacement ``resamples`` times (row b of
-  ``numpy.random.default_rng(seed).integers(0, n, size=(resamples, n))`` is resample b), recompute the statistic
-  on each resample's sums, and take the percentile interval (``numpy.quantile``, linear interpolation) at
-  ``(1 - level) / 2`` and ``(1 + level) / 2``. Degenerate cases:
-  - no seed, or a statistic undefined on the seeds themselves (a zero denominator): no estimate, no interval;
-  - one seed: the estimate and no interval (one seed says nothing about how seeds vary; ``t_interval`` does the
-    same);
-  - a resample on which the statistic is undefined (it drew only seeds with a zero denominator) is left out and
-    counted in ``n_undefined``; the interval is taken over the others;
-  - seeds that all give the same value (every seed at 100%, say) give every resample that value: the interval is
-    that point. The bootstrap cannot show variation the seeds do not have; a Wilson interval printed beside it
-    is then the only hint of sampling error, under its own assumption;
-- a **paired comparison** of two per-seed rates: the differences ``a - b`` on the seeds where both are finite,
-  their mean with the Student-t interval of ``analysis.training.stats.t_interval``, the seeds where ``a`` is
-  lower / tied / higher, a two-sided sign test (``scipy.stats.binomtest``, p = 1/2, on the seeds that are not
-  tied) and a two-sided Wilcoxon signed-rank test (``scipy.stats.wilcoxon``, ``zero_method="wilcox"``: tied seeds
-  are dropped, the same seeds as the sign test; ``method="auto"``: exact without ties up to 50 seeds, exhaustive
-  permutations with ties up to 13, the normal approximation above). All seeds tied: both p-values are 1.0 with
-  that reason. With fewer than ``min_untied(level)`` untied seeds neither test can reach ``p <= 1 - level`` (the
-  smallest two-sided p of n untied seeds is 2 / 2^n), and the note says so;
-- the **Wilson score interval** of a binomial proportion k/n treats the n trials as independent: on tokens pooled
-  over seeds it is printed only beside a cluster interval, labelled as assuming independence.
+docs/math.md §5.1 defines the seed-cluster bootstrap and the paired comparison; the degenerate cases are stated at
+``cluster_bootstrap`` and ``paired_comparison``. The Wilson score interval of k/n treats the n trials as independent:
+on tokens pooled over seeds it is printed only beside a cluster interval, labelled as assuming independence.
 """
 
 from __future__ import annotations
@@ -75,9 +53,6 @@ def wilson_interval(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return centre - half, centre + half
 
 
-# ------------------------------------------------------------------------------------- cluster bootstrap
-
-
 @dataclass(frozen=True)
 class ClusterInterval:
     """A pooled statistic over seeds with its seed-cluster bootstrap percentile interval.
@@ -109,10 +84,6 @@ class ClusterInterval:
         return f"{est} [{lo}, {hi}] (seed bootstrap, {self.n_seeds} seeds)"
 
 
-def _resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-
-
 def cluster_bootstrap(
     counts: ArrayLike,
     statistic: Statistic,
@@ -124,7 +95,11 @@ def cluster_bootstrap(
     """A pooled statistic of per-seed count vectors (``counts``: seeds × k) with its seed-cluster bootstrap interval.
 
     ``statistic`` maps summed count vectors (``... × k``) to one value each (NaN where undefined); it is applied to
-    the sums over all seeds for the estimate and to each resample's sums for the interval."""
+    the sums over all seeds for the estimate and to each resample's sums for the interval: row b of
+    ``default_rng(seed).integers(0, n, size=(resamples, n))`` draws resample b, and the percentile interval is
+    ``numpy.quantile`` (linear) at ``(1 ∓ level) / 2``. No seed, or a statistic undefined on the seeds: no estimate.
+    One seed: no interval. A resample on which the statistic is undefined is left out and counted. Seeds that all
+    give one value give that point: the bootstrap cannot show variation the seeds do not have."""
     _check_level(level)
     if resamples < 1:
         raise ValueError(f"resamples must be a positive number of bootstrap draws, got {resamples!r}")
@@ -142,7 +117,7 @@ def cluster_bootstrap(
         return ClusterInterval(None, None, None, n_undefined=0, note=note, **base)
     if n == 1:
         return ClusterInterval(estimate, None, None, n_undefined=0, note="one seed: no interval", **base)
-    sums = c[_resample_indices(n, resamples, seed)].sum(axis=1)
+    sums = c[np.random.default_rng(seed).integers(0, n, size=(resamples, n))].sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         values = np.asarray(statistic(sums), dtype=float)
     ok = np.isfinite(values)
@@ -169,9 +144,6 @@ def cluster_bootstrap_ratio(
     if (b < 0).any():
         raise ValueError(f"denominators must be >= 0, got {float(b[b < 0][0])!r}")
     return cluster_bootstrap(np.stack([a, b], axis=1), _ratio, level=level, resamples=resamples, seed=seed)
-
-
-# ------------------------------------------------------------------------------------- paired comparison
 
 
 def min_untied(level: float = CONFIDENCE) -> int:
@@ -225,7 +197,9 @@ def _tests(d: np.ndarray, level: float) -> tuple[float | None, float | None, str
 
 
 def paired_comparison(a: ArrayLike, b: ArrayLike, level: float = CONFIDENCE) -> PairedComparison:
-    """Per-seed rates ``a`` and ``b`` (aligned: entry i of both is seed i) compared seed by seed."""
+    """Per-seed rates ``a`` and ``b`` (aligned: entry i of both is seed i) compared seed by seed: the mean difference
+    with ``t_interval``, a two-sided sign test (``binomtest``, p = 1/2) and Wilcoxon signed-rank test
+    (``zero_method="wilcox"``, ``method="auto"``) on the untied seeds; all tied: both p-values 1.0."""
     _check_level(level)
     x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if x.ndim != 1 or x.shape != y.shape:
