@@ -1,18 +1,10 @@
 """The names of the token-level study (docs/math.md §5): its masks, criteria and columns, spelled once.
 
 A studied step is made with one mask: ``ratio`` (DPPO's: a token is dropped when ``A (r - 1) > 0``) or the
-predictive mask of one tail, ``pred_<tail>`` (dropped when ``A Ddot > 0``, Ddot with that tail's estimator). A token
-row carries Ddot per tail (``ddot_<tail>``), each mask's keep decision (``keep_<mask>``) and the dD of the step made
-with it (``dd_<mask>``; ``dd_all`` for the unmasked reference step). The statistics call a mask a criterion:
-``ratio``, and per tail ``predictive<suffix>`` (the paper's ``predictive`` has the aggregated tail and no suffix).
-A seed's row compares each predictive criterion with the ratio criterion on their disagreement set
-(``n_disagree<suffix>``) and counts there each side's kept, unsafe and corrective tokens (``n_keep_<side>``,
-``n_unsafe_<side>``, ``n_corrective_<side>``) and its unsafe-keep rate (``unsafe_keep_<side>``), the ratio side of
-the uniform and exact comparisons being ``ratio_uniform`` and ``ratio_exact``. A token row may also carry its
-ground truths (docs/math.md §5.1): ``ddot_net`` (the own update), ``ddot_net_adam`` (the same through Adam's
-preconditioner), ``dd_cf`` (the counterfactual; ``dd_cf_<mode>`` per counterfactual mode while computed) and
-``context_id``. The study's compute writes these columns, the store declares them and the statistics read them: each
-takes the names from here.
+predictive mask of one tail, ``pred_<tail>`` (dropped when ``A Ddot > 0``, Ddot with that tail's estimator). The
+statistics call a mask a criterion: ``ratio``, and per tail ``predictive<suffix>``. A seed's row compares each
+predictive criterion with the ratio criterion on their disagreement set. The study's compute writes these columns,
+the store declares them and the statistics read them: each takes the names from here.
 """
 
 from __future__ import annotations
