@@ -1,30 +1,13 @@
 """Each direction criterion judged against each per-token ground truth on the same tokens (docs/math.md §5.1).
 
-A criterion decides, per outside token, to keep or drop its update; a ground truth says whether keeping it
-increases the token's divergence (``truth > 0``). The decision is **right** when the criterion drops the token
-exactly where ``truth > 0``. Every criterion is judged on the same tokens: one token set, one ground truth, the
-tokens of the set where that truth is finite.
-
-Definitions (one each):
-- token sets (``TOKEN_SETS``): ``outside``, every outside token with ``A != 0`` (a token without advantage has no
-  update to keep or drop: every criterion keeps it and its own-update truth is 0, so it would only add agreement
-  by construction); ``disagree<suffix>``, the outside tokens where the ratio criterion and one predictive
-  criterion decide differently (the suffix of ``analysis.token_columns.PREDICTIVE``: ``disagree`` for the
-  aggregated tail, ``disagree_uniform``, ``disagree_exact``);
-- ground truths (``TRUTHS``), judged when their column is present: ``ddot_net``, ``ddot_net_adam``, ``dd_cf``,
-  ``dd_all``; a token whose truth is null or not finite is left out of that truth's judgement (``n_missing``);
-- accuracy: right decisions / tokens; balanced accuracy: the mean of the share of truth-positive tokens dropped and
-  the share of truth-negative tokens kept (undefined when the tokens hold only one class);
-- the constant predictor: one decision for every token, the majority class of the set's pooled tokens ("rises":
-  drop all, on a tie too; "falls": keep all). Its accuracy is the majority share; its balanced accuracy 0.5;
-- pooled statistics sum each seed's counts before dividing, with seed-cluster bootstrap intervals over every seed
-  of the token frame (a seed with no token in the set counts as a seed with zero counts) and, for the accuracy,
-  the Wilson interval beside it, which assumes independent tokens (``analysis.paired.WILSON_NOTE``);
-- per seed: accuracy and balanced accuracy on the seed's tokens; each criterion other than the ratio criterion is
-  compared with it seed by seed (criterion − ratio, ``analysis.paired.paired_comparison``) on the seeds where
-  both rates are defined;
-- sign agreement (the paper's §3.4 caveat, measured): on the ``outside`` tokens, the share where a network-aware
-  truth and the logit-space prediction ``A · Ḋ`` have the same sign (``numpy.sign``: 0 agrees only with 0).
+A criterion decides, per outside token, to keep or drop its update; its decision is **right** when it drops the
+token exactly where ``truth > 0`` (keeping it would increase the token's divergence). docs/math.md §5.1 defines the
+token sets (``TOKEN_SETS``), the ground truths (``TRUTHS``, judged when their column is present), accuracy,
+balanced accuracy, the constant predictor (the majority class of the set's pooled tokens, "rises" on a tie) and
+the sign agreement. Every criterion is judged on the same tokens: one token set, one ground truth, the tokens of
+the set where that truth is finite (the others are counted in ``n_missing``). Pooled statistics have seed-cluster
+bootstrap intervals over every seed of the token frame (a seed with no token in the set counts with zero counts);
+each criterion but the ratio's is compared with the ratio criterion seed by seed (``analysis.paired``).
 """
 
 from __future__ import annotations
@@ -231,8 +214,6 @@ def judge(
     return out
 
 
-# --------------------------------------------------------------------------------------------------- tables
-
 _F, _I, _S = pl.Float64, pl.Int64, pl.String
 
 
@@ -371,9 +352,6 @@ def per_seed_table(judgements: Iterable[Judgement]) -> pl.DataFrame:
         for j in judgements
     ]
     return pl.concat(frames) if frames else pl.DataFrame(schema=PER_SEED_COLUMNS)
-
-
-# ---------------------------------------------------------------------------------------------- agreement
 
 
 @dataclass(frozen=True)

@@ -2,17 +2,15 @@
 paper's numbers under the paper's definitions (docs/math.md §5), and the checks beyond it.
 
 Reads one study's seeds from the results database (read-only) and renders rich tables, readable at 120 columns.
-Every number comes from ``analysis.token_level.summary.study_stats`` and, for the judgement against the per-token ground
-truths, ``analysis.token_level.summary.study_tables`` (the functions whose tables ingest stores and ``reports``
-reads). The report opens with the judgement; each of its tables names the share of response tokens outside the
-trust region it was measured at. The paper's column is labelled as the paper's (Qwen3 scale, real bf16/FP8
-mismatch); this run's as what it is (model, emulated precision).
+Every number comes from ``study_stats`` and, for the judgement against the per-token ground truths, ``study_tables``
+(whose tables ingest stores and ``reports`` reads). Each table names the share of response tokens outside the trust
+region it was measured at; the paper's column is labelled as the paper's (Qwen3 scale, real bf16/FP8 mismatch).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,10 +100,6 @@ def load_study(
 
 def _pct(v: float | None) -> str:
     return "—" if v is None else f"{100 * v:.1f}%"
-
-
-def _run_label(config: Mapping[str, Any]) -> str:
-    return str(config.get("label", "this run"))
 
 
 def measured_at(data: StudyData) -> str:
@@ -292,7 +286,7 @@ def criteria_section(data: StudyData, judged: StudyJudgement | None = None) -> l
 def paper_table(data: StudyData) -> Table:
     """docs/math.md §5: outside / disagreement sizes, unsafe-keep rates, seeds where predictive is lower, corrective."""
     summary = study_summary(data.seeds)
-    label = _run_label(data.config)
+    label = str(data.config.get("label", "this run"))
     t = titled_table(
         f"The paper's definitions (§4.2), study {data.study_id}: the paper vs this run, {measured_at(data)}",
         f"this run: {label}; δ={data.config.get('delta')}, K={data.config.get('top_k')}, "
@@ -340,9 +334,8 @@ def beyond_table(data: StudyData) -> Table | None:
     acc = sign_accuracy(tok) if has_ref else {}
     fo = first_order(tok, float(data.config["ratio_cap"])) if has_ref else {}
     flips = tail_flips(tok)
-    names = CRITERION_LABELS
     flip_key = {crit: TAILS[tail] for crit, tail in PREDICTIVE_TAILS.items()}
-    for crit, label in names.items():
+    for crit, label in CRITERION_LABELS.items():
         f = flips.get(flip_key.get(crit, ""), None)
         corr = fo.get(crit, {})
         t.add_row(

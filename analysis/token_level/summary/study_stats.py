@@ -5,25 +5,11 @@ Two inputs. A worker turns one seed's token rows (one row per studied token, ``D
 about a study is then a pure function of those per-seed rows (``study_summary``), whether they come from a worker's
 files or from the results database: the CLI, its report, the figures and the tables all call it.
 
-Criteria: ``ratio`` keeps a token when ``A (r - 1) <= 0``; ``predictive`` (aggregated tail, the paper's),
-``predictive_uniform`` and ``predictive_exact`` keep it when ``A Ddot <= 0`` with that tail estimator. Each
-predictive criterion is compared with the ratio criterion on its own disagreement set (the tokens on which the two
-keep decisions differ); the names of the criteria and of every column are ``analysis.token_columns``'.
-
-Definitions (one each):
-- a mean of per-seed unsafe-keep rates is taken over the PAIRED seeds of its comparison, the seeds where both
-  criteria kept at least one disagreement token (both rates defined); its standard error is the sample standard
-  deviation over those seeds / sqrt(n), and every printed mean names its n and the seeds it is taken over;
-- a corrective fraction is pooled: corrective kept tokens / kept tokens, summed over all seeds, with a 95% Wilson
-  score interval;
-- sizes per seed (outside tokens, disagreement set) are means over all seeds of the study;
-- the share of response tokens outside the trust region (``share_outside``), and the disagreement share
-  (disagreement tokens / outside tokens), are pooled over all seeds, with Wilson intervals (``drift_point``: one
-  cell of the drift grid);
-- beyond the paper (docs/math.md §5.1), a drift point also carries the criteria judged against the own-update
-  ground truth (``OWN_UPDATE``) on the aggregated-tail disagreement set: each criterion's pooled balanced accuracy
-  with its seed-cluster interval and the paired per-seed difference predictive − ratio, read from the rows of
-  ``analysis.token_level.summary.criteria.criteria_table`` (which this module does not import: it judges nothing).
+The criteria and every column are named by ``analysis.token_columns``; docs/math.md §5 defines the statistics (a
+mean of per-seed unsafe-keep rates is over the PAIRED seeds of its comparison and names its n; corrective
+fractions and shares are pooled over seeds, with Wilson intervals). A drift point (``drift_point``) also carries the
+criteria judged against the own-update ground truth (§5.1), read from the rows of
+``analysis.token_level.summary.criteria.criteria_table`` (which this module does not import: it judges nothing).
 """
 
 from __future__ import annotations
@@ -93,9 +79,6 @@ def paper_disagreement_share() -> float:
     return PAPER_TOKEN_LEVEL["disagree_per_seed"] / PAPER_TOKEN_LEVEL["outside_per_seed"]
 
 
-# ------------------------------------------------------------------------------------ summaries of numbers
-
-
 @dataclass(frozen=True)
 class MeanSE:
     """Mean and standard error of per-seed values, with the number of seeds and which seeds they are."""
@@ -157,13 +140,6 @@ class Pooled:
         return "—" if f is None else f"{100 * f:.1f}% ({self.k}/{self.n})"
 
 
-# ------------------------------------------------------------------------------------------ per-seed rows
-
-
-def _rate(num: int, den: int) -> float | None:
-    return num / den if den else None
-
-
 def _counts(keep: np.ndarray, dd: np.ndarray, disagree: np.ndarray) -> tuple[int, int, int]:
     kept = disagree & keep
     return int(kept.sum()), int((kept & (dd > 0)).sum()), int((kept & (dd < 0)).sum())
@@ -191,7 +167,7 @@ def seed_summary(tokens: pl.DataFrame, n_tokens: int) -> dict[str, int | float |
         for side, keep, dd in ((crit, keep_pred, dd_pred), (ratio, keep_ratio, dd_ratio)):
             counts = _counts(keep, dd, disagree)
             row.update(zip(token_columns.count_columns(side), counts))
-            row[token_columns.unsafe_keep_column(side)] = _rate(counts[1], counts[0])
+            row[token_columns.unsafe_keep_column(side)] = counts[1] / counts[0] if counts[0] else None
     return row
 
 
@@ -221,8 +197,9 @@ def _column(cols: Mapping[str, np.ndarray], name: str) -> np.ndarray:
     return cols.get(name, np.full(n, np.nan))
 
 
-def _pooled(cols: Mapping[str, np.ndarray], corrective: str, kept: str) -> Pooled:
-    k, n = _column(cols, corrective), _column(cols, kept)
+def _pooled(cols: Mapping[str, np.ndarray], part: str, whole: str) -> Pooled:
+    """``part`` / ``whole``, pooled over the seeds that have both counts."""
+    k, n = _column(cols, part), _column(cols, whole)
     ok = np.isfinite(k) & np.isfinite(n)
     return Pooled(int(k[ok].sum()), int(n[ok].sum()))
 
@@ -231,9 +208,6 @@ def _corrective(cols: Mapping[str, np.ndarray], side: str) -> Pooled:
     """The corrective fraction of one side of a comparison, pooled over seeds."""
     kept, _unsafe, corrective = token_columns.count_columns(side)
     return _pooled(cols, corrective, kept)
-
-
-# ------------------------------------------------------------------------------------ across-seed summaries
 
 
 @dataclass(frozen=True)
@@ -341,10 +315,7 @@ def study_summary(seed_rows: SeedRows) -> StudySummary:
 
 def share_outside(seed_rows: SeedRows) -> Pooled:
     """Outside tokens / response tokens, pooled over the seeds that have both counts."""
-    cols = seed_columns(seed_rows)
-    outside, tokens = _column(cols, "n_outside"), _column(cols, "n_tokens")
-    ok = np.isfinite(outside) & np.isfinite(tokens)
-    return Pooled(int(outside[ok].sum()), int(tokens[ok].sum()))
+    return _pooled(seed_columns(seed_rows), "n_outside", "n_tokens")
 
 
 @dataclass(frozen=True)
@@ -414,33 +385,21 @@ def _estimate(row: Mapping[str, Any] | None, prefix: str) -> Estimate | None:
 def _paired_estimate(row: Mapping[str, Any] | None, prefix: str) -> PairedEstimate | None:
     if row is None or row[f"{prefix}_seeds"] is None:
         return None
-    return PairedEstimate(
-        mean=row[f"{prefix}_mean"],
-        lo=row[f"{prefix}_lo"],
-        hi=row[f"{prefix}_hi"],
-        n_seeds=int(row[f"{prefix}_seeds"]),
-        n_lower=int(row[f"{prefix}_lower"]),
-        n_tied=int(row[f"{prefix}_tied"]),
-        n_higher=int(row[f"{prefix}_higher"]),
-        sign_p=row[f"{prefix}_sign_p"],
-        wilcoxon_p=row[f"{prefix}_wilcoxon_p"],
+    mean, lo, hi, *counts, sign_p, wilcoxon_p = (
+        row[f"{prefix}_{k}"] for k in ("mean", "lo", "hi", "seeds", "lower", "tied", "higher", "sign_p", "wilcoxon_p")
     )
+    return PairedEstimate(mean, lo, hi, *(int(c) for c in counts), sign_p, wilcoxon_p)
 
 
 @dataclass(frozen=True)
 class DriftPoint:
-    """One study as a point of the drift grid: where it sits (share outside) and the paper's statistics there.
-
-    ``share_outside``: outside tokens / response tokens, pooled over all seeds; ``disagreement``: disagreement
-    tokens (aggregated-tail predictive vs ratio) / outside tokens, pooled; the unsafe-keep means are over the
-    paired seeds and the corrective fractions pooled, as in ``study_summary``; ``min_disagree``: the smallest
-    per-seed disagreement set (None without seeds); ``outside_per_seed`` and ``disagree_per_seed``: the means over
-    seeds of the outside and the disagreement tokens.
+    """One study as a point of the drift grid: where it sits (share outside) and the paper's statistics there, as
+    in ``study_summary``, for the aggregated-tail comparison (``disagreement``: disagreement tokens / outside
+    tokens, pooled; ``min_disagree``: the smallest per-seed disagreement set, None without seeds).
 
     Beyond the paper, against the own-update ground truth (``OWN_UPDATE``) on the disagreement set, when the
-    study's tokens carry it (None otherwise): ``judged_disagree``, the disagreement tokens judged, pooled over
-    seeds; ``balanced_predictive`` and ``balanced_ratio``, each criterion's pooled balanced accuracy;
-    ``balanced_difference``, the per-seed paired difference predictive − ratio of the balanced accuracy.
+    study's tokens carry it (None otherwise): the tokens judged, each criterion's pooled balanced accuracy and
+    the per-seed paired difference predictive − ratio.
     """
 
     n_seeds: int
@@ -495,9 +454,6 @@ def drift_point(seed_rows: SeedRows, criteria: pl.DataFrame | None = None) -> Dr
         balanced_ratio=_estimate(ratio, "balanced_accuracy"),
         balanced_difference=_paired_estimate(pred, "vs_ratio_balanced"),
     )
-
-
-# ------------------------------------------------------------------------------ checks beyond the paper
 
 
 def _predicted_increase(crit: str) -> pl.Expr:

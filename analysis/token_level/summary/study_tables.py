@@ -1,15 +1,9 @@
 """A study's criteria judged on all its tokens (docs/math.md §5.1): the three tables ingest stores per study and the
 judgements the report prints, from one function.
 
-``judge_study`` judges every criterion against every ground truth the study's token rows carry
-(``analysis.token_level.summary.criteria.judge_all``), on the tokens of all the seeds it is given. A ground truth is
-carried when its column holds at least one finite value: a database keeps a column for every study once one study
-has it, so an older study's rows hold it as NULL. Nothing is judged unless the own-update truth
+A ground truth is carried when its column holds at least one finite value: a database keeps a column for every
+study once one study has it, so an older study's rows hold it as NULL. Nothing is judged unless the own-update truth
 (``analysis.token_columns.OWN_UPDATE``) is carried; then the tables are empty and ``reason`` says why.
-
-The tables (``STUDY_TABLES``; their columns are criteria.py's): ``token_level_criteria`` (``criteria_table``),
-``token_level_criteria_seeds`` (``per_seed_table``) and ``token_level_sign_agreement`` (``agreement_table``).
-``study_tables`` is what ``analysis.store.upsert_token_level`` calls (its ``derive``) on the study's stored tokens.
 """
 
 from __future__ import annotations
@@ -43,8 +37,7 @@ STUDY_TABLES: dict[str, dict[str, pl.DataType]] = {
 
 
 def carried(tokens: pl.DataFrame, column: str) -> bool:
-    """Whether the token rows carry ``column``: present, with at least one finite (or, for an integer column,
-    non-null) value."""
+    """Whether the token rows carry ``column``: present, with at least one finite (or non-null integer) value."""
     if column not in tokens.columns:
         return False
     values = tokens.get_column(column).drop_nulls()
