@@ -24,8 +24,8 @@ from analysis.store import IngestSummary, StoreError, connect, default_db_path, 
 from analysis.store.ingest import RunIngest
 from predmask.console import error, make_console
 
-#: name -> (module, one-line help); each module's ``main(argv) -> int`` parses its own arguments. It is imported
-#: only when called, so a missing or broken analysis never stops `ingest`.
+#: name -> (module, one-line help); each module's ``main(argv) -> int`` parses its own arguments. It is
+#: imported only when called, so a missing or broken analysis never stops `ingest`.
 DELEGATED: dict[str, tuple[str, str]] = {
     "token_level": (
         "analysis.token_level.cli",

@@ -93,8 +93,9 @@ def _validation(records: Sequence[Mapping[str, Any]], val_n: int) -> tuple[list[
 
 
 def run_regime(records: Sequence[Mapping[str, Any]], val_n: int = 16) -> RunRegime:
-    """The regime of one run from its ``metrics.jsonl`` records (step 0 = validation only; validation avg@``val_n``).
-    Raises ValueError when the run has no training step or no validation at its start and end."""
+    """The regime of one run from its ``metrics.jsonl`` records (step 0 = validation only; validation
+    avg@``val_n``). Raises ValueError when the run has no training step or no validation at its start and
+    end."""
     train = [r["data"] for r in records if int(r["step"]) > 0]
     vals = list(zip(*_validation(records, val_n), strict=True))
     if not train or len(vals) < 2 or vals[0][0] != 0:

@@ -1,12 +1,12 @@
 """The results store: DuckDB schema, connections, idempotent ingest of run directories and token-level rows.
 
-One process writes the database (ingest, sweeps through this package, the token-level study's final write); every
-reader opens it read-only. Opening waits a bounded time while another process holds the file (``connect``'s
-``wait_s``, $PREDMASK_DB_WAIT), then raises StoreError naming the holder's pid: a caller that must not fail (a sweep)
-catches it and ingests later. Every write here is idempotent. What ingest stores and refuses: docs/results.md ("What
-ingest stores"); the run directory's files: ``predmask.rundir``. A file reaches DuckDB only after its first bytes say
-DuckDB (``check_duckdb_file``), on a connection with extension autoloading and autoinstalling off: a file's contents
-never reach the network.
+One process writes the database (ingest, sweeps through this package, the token-level study's final write);
+every reader opens it read-only. Opening waits a bounded time while another process holds the file
+(``connect``'s ``wait_s``, $PREDMASK_DB_WAIT), then raises StoreError naming the holder's pid: a caller that
+must not fail (a sweep) catches it and ingests later. Every write here is idempotent. What ingest stores and
+refuses: docs/results.md ("What ingest stores"); the run directory's files: ``predmask.rundir``. A file
+reaches DuckDB only after its first bytes say DuckDB (``check_duckdb_file``), on a connection with extension
+autoloading and autoinstalling off: a file's contents never reach the network.
 """
 
 from analysis.store.connection import (

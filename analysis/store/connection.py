@@ -57,8 +57,8 @@ def paper_command(db: str | os.PathLike[str] | None = None, study_id: str | None
 
 
 def missing_db_hint(db: str | os.PathLike[str] | None = None, root: Path | None = None) -> str:
-    """What to run when the database ``db`` has nothing yet: ingest the run directories under ``root`` (default: the
-    runs root) if any, else a sweep or the token-level study first; then the report."""
+    """What to run when the database ``db`` has nothing yet: ingest the run directories under ``root``
+    (default: the runs root) if any, else a sweep or the token-level study first; then the report."""
     root = runs_root() if root is None else root
     given = _given(db)
     run_dirs = find_run_dirs([root])[0] if root.is_dir() else []
@@ -92,8 +92,9 @@ def _what_file(head: bytes) -> str:
 
 
 def check_duckdb_file(db: Path) -> None:
-    """Raise StoreError (one line) unless the existing file ``db`` starts as a DuckDB database file does: checked
-    before DuckDB opens any results database, which would guess another file's format and reach for an extension."""
+    """Raise StoreError (one line) unless the existing file ``db`` starts as a DuckDB database file does:
+    checked before DuckDB opens any results database, which would guess another file's format and reach for an
+    extension."""
     try:
         with db.open("rb") as f:
             head = f.read(max(_MAGIC_AT + len(_DUCKDB_MAGIC), 16))
@@ -130,9 +131,10 @@ def storage_error(exc: BaseException, db: str | os.PathLike[str] | Path) -> Stor
 
 
 def check_db_path(path: str | os.PathLike[str]) -> None:
-    """Raise StoreError (one line) unless a writer could use ``path`` as the results database: not a directory;
-    if it exists, a writable DuckDB file; else its nearest existing ancestor is a writable folder. Takes no DuckDB
-    lock and leaves nothing behind, so it can run before any work starts and beside a process holding the database.
+    """Raise StoreError (one line) unless a writer could use ``path`` as the results database: not a
+    directory; if it exists, a writable DuckDB file; else its nearest existing ancestor is a writable folder.
+    Takes no DuckDB lock and leaves nothing behind, so it can run before any work starts and beside a process
+    holding the database.
     """
     db = Path(path)
     if db.is_dir():
@@ -234,9 +236,9 @@ def connect(
 ) -> duckdb.DuckDBPyConnection:
     """Open the results database; a writer creates the parent folder and the schema, a reader needs the file.
 
-    While another process holds the file it retries for up to ``wait_s`` seconds (DB_WAIT_ENV). Raises StoreError
-    (one line) when a read-only database is missing, when a writer's path fails ``check_db_path``, or when the lock
-    is still held after the wait (naming the holder's pid when DuckDB says it).
+    While another process holds the file it retries for up to ``wait_s`` seconds (DB_WAIT_ENV). Raises
+    StoreError (one line) when a read-only database is missing, when a writer's path fails ``check_db_path``,
+    or when the lock is still held after the wait (naming the holder's pid when DuckDB says it).
     """
     db = Path(path) if path is not None else default_db_path()
     bound = _wait_bound(read_only, wait_s)
@@ -279,9 +281,9 @@ def utcnow() -> datetime:
 
 @contextlib.contextmanager
 def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """The block in one transaction: committed at its end, rolled back when anything in it (the commit included)
-    raises; the block's error is the one raised (DuckDB invalidates a connection after a failed write to a full
-    disk: it cannot roll back, and has nothing to keep)."""
+    """The block in one transaction: committed at its end, rolled back when anything in it (the commit
+    included) raises; the block's error is the one raised (DuckDB invalidates a connection after a failed
+    write to a full disk: it cannot roll back, and has nothing to keep)."""
     con.execute("BEGIN TRANSACTION")
     try:
         yield
@@ -290,6 +292,16 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
         with contextlib.suppress(duckdb.Error):
             con.execute("ROLLBACK")
         raise
+
+
+@contextlib.contextmanager
+def registered(con: duckdb.DuckDBPyConnection, name: str, table: Any) -> Iterator[None]:
+    """``table`` (an Arrow table) visible to the block's SQL as ``name``."""
+    con.register(name, table)
+    try:
+        yield
+    finally:
+        con.unregister(name)
 
 
 def fetch_one(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:

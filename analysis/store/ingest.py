@@ -1,11 +1,11 @@
 """Ingest of run directories and standalone metrics files into `runs`, `run_sweeps` (the sweep whose folder holds
 the run: a run two sweeps share belongs to both) and `metrics` (idempotent, one run per transaction).
 
-What is stored and refused, each problem one warning line and a count: docs/results.md ("What ingest stores"). A run's
-stored metrics are made equal to its files (rows no longer in them are deleted in the same transaction); files stream
-through DuckDB in batches, so memory does not grow with a file. A verl run's policy-loss metrics are replaced by the
-exact values of its loss statistics (``exact_metrics``); a variational `weights` stage run also stores its
-weights.parquet in `vr_traces` (``vr_tables``).
+What is stored and refused, each problem one warning line and a count: docs/results.md ("What ingest stores").
+A run's stored metrics are made equal to its files (rows no longer in them are deleted in the same
+transaction); files stream through DuckDB in batches, so memory does not grow with a file. A verl run's
+policy-loss metrics are replaced by the exact values of its loss statistics (``exact_metrics``); a variational
+`weights` stage run also stores its weights.parquet in `vr_traces` (``vr_tables``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.connection import StoreError, fetch_one, storage_error, transaction
+from analysis.store.connection import StoreError, fetch_one, registered, storage_error, transaction
 from analysis.store.exact_metrics import exact_step_metrics
 from analysis.store.inputs import find_run_dirs
 from analysis.store.metrics_files import FileCounts, iter_file_values
@@ -159,11 +159,8 @@ def _insert_batch(con: duckdb.DuckDBPyConnection, rows: list[tuple[int, str, flo
     steps, names, values = zip(*rows)
     batch = pa.table({"step": pa.array(steps, pa.int64()), "name": pa.array(names, pa.string()),
                       "value": pa.array(values, pa.float64())})
-    con.register(_BATCH, batch)
-    try:
+    with registered(con, _BATCH, batch):
         con.execute(f"INSERT INTO {_STAGED} SELECT step, name, value, {int(source)} FROM {_BATCH}")
-    finally:
-        con.unregister(_BATCH)
 
 
 def _stage_source(con: duckdb.DuckDBPyConnection, rows: Iterable[tuple[int, str, float]], source: int) -> None:
@@ -212,12 +209,9 @@ def _overlay_exact(con: duckdb.DuckDBPyConnection, result: RunIngest, source: in
     if not exact:
         return False
     wanted = pa.table({"step": pa.array(sorted(exact), pa.int64())})
-    con.register(_BATCH, wanted)
-    try:
+    with registered(con, _BATCH, wanted):
         logged = {r[0] for r in con.execute(f"SELECT DISTINCT s.step FROM {_STAGED} s JOIN {_BATCH} w USING (step)")
                   .fetchall()}
-    finally:
-        con.unregister(_BATCH)
     rows: list[tuple[int, str, float]] = []
     for step in sorted(logged):
         values = exact[step]
@@ -313,8 +307,9 @@ def _ingest_traces(con: duckdb.DuckDBPyConnection, result: RunIngest, run_dir: P
 
 
 def ingest_run_dir(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[str]) -> RunIngest:
-    """Register one run directory in `runs` and merge all its metrics attempts into `metrics` (idempotent); one
-    without a readable config.yaml is refused (``run_registered == "refused"``, ``refused``: one line), nothing stored."""
+    """Register one run directory in `runs` and merge all its metrics attempts into `metrics` (idempotent);
+    one without a readable config.yaml is refused (``run_registered == "refused"``, ``refused``: one line),
+    nothing stored."""
     path = Path(run_dir)
     if not path.is_dir():
         raise StoreError(f"run directory {path} does not exist")

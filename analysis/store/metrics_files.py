@@ -1,11 +1,11 @@
 """verl file-logger files: their ``{"step": N, "data": {...}}`` records (read by ``predmask.rundir.iter_metrics``, the
 one parser and step rule, shared with the trainer's resume) as the finite numeric metric values ingest stores.
 
-What is not stored (docs/results.md, "What ingest stores") is counted and reported with its line number. A value that
-is not a number (null, text, lists: the trainer writes null for NaN) is counted but not warned about. A line whose step
-goes backwards is refused whole, the earlier values of that step kept; the same step on consecutive lines (verl logs
-validation, then training) is not going backwards. A step beyond what the store's step column holds
-(``schema.STEP_MAX``) refuses its line. Files stream, one line in memory at a time.
+What is not stored (docs/results.md, "What ingest stores") is counted and reported with its line number. A
+value that is not a number (null, text, lists: the trainer writes null for NaN) is counted but not warned
+about. A line whose step goes backwards is refused whole, the earlier values of that step kept; the same step
+on consecutive lines (verl logs validation, then training) is not going backwards. A step beyond what the
+store's step column holds (``schema.STEP_MAX``) refuses its line. Files stream, one line in memory at a time.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def iter_file_values(path: Path, counts: FileCounts) -> Iterator[tuple[int, str,
         counts.lines += 1
         if isinstance(rec, BadLine):
             counts.skipped_lines += 1
-            counts.note(rec.line, f"{'truncated or corrupt last line' if rec.last else 'corrupt line'} ({rec.reason}), "
-                                  "skipped")
+            what = "truncated or corrupt last line" if rec.last else "corrupt line"
+            counts.note(rec.line, f"{what} ({rec.reason}), skipped")
             continue
         if not _STEP_MIN <= rec.step <= STEP_MAX:
             counts.skipped_lines += 1

@@ -1,6 +1,7 @@
 """The `runs` table: idempotent upserts of run rows, and the row a run directory describes (read through
-``predmask.rundir``; its status corrected to ``dead`` or ``empty`` as docs/results.md says). `run_sweeps`: the sweeps
-whose folders hold a run (``record_sweep``, ``run_sweeps``); a run's `runs` row keeps the newest ingest's sweep.
+``predmask.rundir``; its status corrected to ``dead`` or ``empty`` as docs/results.md says). `run_sweeps`: the
+sweeps whose folders hold a run (``record_sweep``, ``run_sweeps``); a run's `runs` row keeps the newest
+ingest's sweep.
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ def _normalise_run_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def upsert_runs(con: duckdb.DuckDBPyConnection, rows: Iterable[Mapping[str, Any]]) -> UpsertCounts:
-    """Insert or update `runs` rows by run_id; a None/absent field keeps the stored value. created_at is kept once
-    set; updated_at changes only when another field changed (given value, else now). Rows of one run_id merge in
-    order (later fields win)."""
+    """Insert or update `runs` rows by run_id; a None/absent field keeps the stored value. created_at is kept
+    once set; updated_at changes only when another field changed (given value, else now). Rows of one run_id
+    merge in order (later fields win)."""
     merged: dict[str, dict[str, Any]] = {}
     for row in rows:
         norm = _normalise_run_row(row)
@@ -195,8 +196,9 @@ def _backend_of(cfg: Mapping[str, Any]) -> str | None:
 
 
 def run_row_from_dir(run_dir: Path, notes: list[str] | None = None) -> dict[str, Any]:
-    """The `runs` row that a run directory describes (docs/results.md, "What ingest stores"). Raises RunRefusedError
-    when config.yaml is missing or unreadable; a broken status.json or a dead writer is reported in ``notes``."""
+    """The `runs` row that a run directory describes (docs/results.md, "What ingest stores"). Raises
+    RunRefusedError when config.yaml is missing or unreadable; a broken status.json or a dead writer is
+    reported in ``notes``."""
     notes = notes if notes is not None else []
     row: dict[str, Any] = {"run_id": run_dir.name, "run_dir": str(run_dir.resolve())}
     cfg_path = run_dir / CONFIG_FILE

@@ -183,10 +183,10 @@ _CONFIG_ROW = {"config": "JSON", "created_at": "TIMESTAMP"}
 SCHEMA_DDL: tuple[str, ...] = (
     _create("runs", RUN_COLUMNS),
     _create("run_sweeps", RUN_SWEEP_COLUMNS, ("run_id", "sweep")),
-    # one row per (run_id, step, name), kept by ingest, the table's only writer (``ingest._write_metrics`` writes a
-    # run's rows from its de-duplicated files); no PRIMARY KEY: its index lives in memory whole on every write (about
-    # 100 bytes a row, never spilled), which a long run's millions of rows would not fit. A database created with
-    # one keeps it: the same statements write both. step: INTEGER, see STEP_MAX
+    # one row per (run_id, step, name), kept by ingest, the table's only writer (``ingest._write_metrics``
+    # writes a run's rows from its de-duplicated files); no PRIMARY KEY: its index lives in memory whole on
+    # every write (about 100 bytes a row, never spilled), which a long run's millions of rows would not fit. A
+    # database created with one keeps it: the same statements write both. step: INTEGER, see STEP_MAX
     _create("metrics", {"run_id": "VARCHAR NOT NULL", "step": "INTEGER NOT NULL", "name": "VARCHAR NOT NULL",
                         "value": "DOUBLE"}),
     _create("token_level_studies", {"study_id": "VARCHAR PRIMARY KEY", **_CONFIG_ROW}),
@@ -200,5 +200,6 @@ SCHEMA_DDL: tuple[str, ...] = (
     _create("token_level_grid", GRID_COLUMNS, ("grid_id", "study_id")),
     _create("vr_traces", VR_TRACE_COLUMNS, ("run_id", "question", "trace")),
     _create("accuracy_weighting_analyses", {"analysis_id": "VARCHAR PRIMARY KEY", **_CONFIG_ROW}),
-    _create("accuracy_weighting", ACCURACY_WEIGHTING_COLUMNS, ("analysis_id", "source", "method", "question")),
+    _create("accuracy_weighting", ACCURACY_WEIGHTING_COLUMNS,
+            ("analysis_id", "source", "method", "question")),
 )

@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.connection import table_columns, table_exists, transaction, utcnow
+from analysis.store.connection import registered, table_columns, table_exists, transaction, utcnow
 from analysis.store.runs import canonical_config, upsert_config_row
 from analysis.store.schema import GRID_COLUMNS, STUDY_RESULT_KEYS
 
@@ -24,7 +24,8 @@ Derive = Callable[[pa.Table], Mapping[str, Frame]]
 
 @dataclass(frozen=True)
 class TokenLevelWrite:
-    """What upsert_token_level wrote: the study row, seed rows, token rows, and the rows of each study-level table."""
+    """What upsert_token_level wrote: the study row, seed rows, token rows, and the rows of each study-level
+    table."""
 
     study: str  # inserted | updated | unchanged
     seeds: int
@@ -76,10 +77,9 @@ def _replace_rows(
         raise ValueError(
             f"{table_name}: column names must be identifiers ([A-Za-z_][A-Za-z0-9_]*), got {bad}"
         )
-    con.register("_predmask_frame", table)
-    try:
+    added: list[str] = []
+    with registered(con, "_predmask_frame", table):
         have = set(table_columns(con, table_name))
-        added: list[str] = []
         for name, kind, *_ in con.execute("DESCRIBE SELECT * FROM _predmask_frame").fetchall():
             if name not in have:
                 con.execute(f'ALTER TABLE {table_name} ADD COLUMN "{name}" {kind}')
@@ -87,8 +87,6 @@ def _replace_rows(
         which = " AND seed IN (SELECT DISTINCT seed FROM _predmask_frame)" if by_seed else ""
         con.execute(f"DELETE FROM {table_name} WHERE study_id = ?{which}", [study_id])
         con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _predmask_frame")
-    finally:
-        con.unregister("_predmask_frame")
     return tuple(added)
 
 
@@ -123,11 +121,11 @@ def upsert_token_level(
 ) -> TokenLevelWrite:
     """Store one token-level study's config and the rows of some of its seeds (idempotent, one transaction).
 
-    seed_rows / token_rows: frames with SEED_COLUMNS / TOKEN_COLUMNS names (study_id optional; columns not in the
-    schema are added). Every seed present in a frame replaces that seed's stored rows; duplicate (seed) or (seed,
-    sequence, position) keys inside a frame raise ValueError. ``derive``: when rows of some seed were written, it is
-    given the study's stored token rows (all its seeds) and returns the study-level result tables
-    (``STUDY_RESULT_KEYS``) whose rows of this study it replaces, in the same transaction.
+    seed_rows / token_rows: frames with SEED_COLUMNS / TOKEN_COLUMNS names (study_id optional; columns not in
+    the schema are added). Every seed present in a frame replaces that seed's stored rows; duplicate (seed) or
+    (seed, sequence, position) keys inside a frame raise ValueError. ``derive``: when rows of some seed were
+    written, it is given the study's stored token rows (all its seeds) and returns the study-level result
+    tables (``STUDY_RESULT_KEYS``) whose rows of this study it replaces, in the same transaction.
     """
     if not isinstance(study_id, str) or not study_id:
         raise ValueError(f"study_id must be a non-empty string, got {study_id!r}")
@@ -172,8 +170,8 @@ def stored_seeds(con: duckdb.DuckDBPyConnection, study_id: str) -> set[int]:
 
 
 def upsert_grid(con: duckdb.DuckDBPyConnection, grid_id: str, rows: Sequence[Mapping[str, Any]]) -> int:
-    """Store the cells of one drift grid, replacing its rows (idempotent: a stored cell keeps its ``created_at``).
-    ``rows``: mappings with the GRID_COLUMNS keys but ``grid_id`` and ``created_at``."""
+    """Store the cells of one drift grid, replacing its rows (idempotent: a stored cell keeps its
+    ``created_at``). ``rows``: mappings with the GRID_COLUMNS keys but ``grid_id`` and ``created_at``."""
     if not isinstance(grid_id, str) or not grid_id:
         raise ValueError(f"grid_id must be a non-empty string, got {grid_id!r}")
     keys = [k for k in GRID_COLUMNS if k not in ("grid_id", "created_at")]

@@ -12,7 +12,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 
-from analysis.store.connection import transaction
+from analysis.store.connection import registered, transaction
 from analysis.store.runs import upsert_config_row
 from analysis.store.schema import ACCURACY_WEIGHTING_COLUMNS, VR_TRACE_COLUMNS
 
@@ -53,13 +53,20 @@ def _same(old: list[tuple[Any, ...]], new: list[tuple[Any, ...]]) -> bool:
     return True
 
 
-def _replace_if_changed(con: duckdb.DuckDBPyConnection, table: str, where: tuple[str, str], columns: Sequence[str],
-                        key: Sequence[str], new: list[tuple[Any, ...]], insert: Callable[[], None]) -> bool:
-    """Replace the rows of ``table`` whose column ``where[0]`` is ``where[1]`` (``insert`` writes the new ones)
-    unless they equal ``new`` (sorted by ``key``) already; whether they changed."""
+def _replace_if_changed(
+    con: duckdb.DuckDBPyConnection,
+    table: str,
+    where: tuple[str, str],
+    columns: Sequence[str],
+    key: Sequence[str],
+    new: list[tuple[Any, ...]],
+    insert: Callable[[], None],
+) -> bool:
+    """Replace the rows of ``table`` whose column ``where[0]`` is ``where[1]`` (``insert`` writes the new
+    ones) unless they equal ``new`` (sorted by ``key``) already; whether they changed."""
     column, value = where
-    old = con.execute(f"SELECT {', '.join(columns)} FROM {table} WHERE {column} = ? ORDER BY {', '.join(key)}",
-                      [value]).fetchall()
+    select = f"SELECT {', '.join(columns)} FROM {table} WHERE {column} = ? ORDER BY {', '.join(key)}"
+    old = con.execute(select, [value]).fetchall()
     if _same([tuple(r) for r in old], new):
         return False
     con.execute(f"DELETE FROM {table} WHERE {column} = ?", [value])
@@ -91,8 +98,8 @@ def _vr_table(path: Path, run_id: str, seed: int | None) -> pa.Table:
 def ingest_vr_traces(
     con: duckdb.DuckDBPyConnection, run_dir: Path, run_id: str, seed: int | None
 ) -> tuple[int, bool]:
-    """Replace the `vr_traces` rows of ``run_id`` by the run's weights.parquet (one transaction; idempotent): the
-    file's rows and whether the table changed.
+    """Replace the `vr_traces` rows of ``run_id`` by the run's weights.parquet (one transaction; idempotent):
+    the file's rows and whether the table changed.
 
     Raises FileNotFoundError when the file is missing and ValueError when it lacks a column; nothing is written then.
     The file's name is the stage's own (``predmask.rl.vr_runner.WEIGHTS_FILE``; imported here, as it loads torch)."""
@@ -106,11 +113,9 @@ def ingest_vr_traces(
     key = ("question", "trace")
 
     def insert() -> None:
-        con.register("_predmask_vr", table)
-        try:
-            con.execute(f"INSERT INTO vr_traces ({', '.join(columns)}) SELECT {', '.join(columns)} FROM _predmask_vr")
-        finally:
-            con.unregister("_predmask_vr")
+        with registered(con, "_predmask_vr", table):
+            names = ", ".join(columns)
+            con.execute(f"INSERT INTO vr_traces ({names}) SELECT {names} FROM _predmask_vr")
 
     with transaction(con):
         changed = _replace_if_changed(con, "vr_traces", ("run_id", run_id), columns, key,
@@ -150,6 +155,8 @@ def upsert_accuracy_weighting(
               f"VALUES ({', '.join('?' * (len(columns) + 1))})")
     with transaction(con):
         analysis = upsert_config_row(con, "accuracy_weighting_analyses", "analysis_id", analysis_id, config)
-        changed = _replace_if_changed(con, "accuracy_weighting", ("analysis_id", analysis_id), columns, _AW_KEY, new,
-                                      lambda: con.executemany(insert, [[analysis_id, *r] for r in new]))
+        changed = _replace_if_changed(
+            con, "accuracy_weighting", ("analysis_id", analysis_id), columns, _AW_KEY, new,
+            lambda: con.executemany(insert, [[analysis_id, *r] for r in new]),
+        )
     return AccuracyWeightingWrite(analysis=analysis, rows=len(rows), changed=changed)
