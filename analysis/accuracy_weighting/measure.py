@@ -1,18 +1,6 @@
-"""Measured accuracy weights: the projection of each method's real gradient on the estimate of ∇ log p (math.md §9).
-
-Two sources, one measurement. For a question with accuracy p, g = ∇ log p = E_{π(·|x, correct)}[∇ log π(y|x)]; a
-method's weight is <−∇L, ĝ> / <ĝ, ĝ>, the share of its descent direction along ĝ.
-
-- ``bandit``: one question whose answers are the arms of a softmax policy (float64 logits, the first ``correct`` arms
-  right), with the logits set so that p is exact. The expected gradient of each method over batches of G samples is
-  computed exactly: every one of the arms^G ordered batches enters the loss with its probability (detached), and
-  autograd gives Σ P(batch)·∇L(batch); ĝ is the exact ∇ log p. The measured weights equal the closed forms of
-  ``analysis.accuracy_weighting.theory`` up to float64 rounding (GRPO's advantages in float64 too, through
-  ``grpo_advantages(dtype=...)``).
-- ``model``: real batches of a real model (the engine's cached base model π_θ0 by default): for each training
-  question, n samples and the gradient of each method's loss on them (autograd on the model's parameters); ĝ is the
-  self-normalised estimate (the mean score ∇ log π(y) of the batch's correct samples), the accuracy the batch's p̂.
-  A batch without a correct sample has no ĝ: its weights are None (stored NULL) and counted.
+"""Measured accuracy weights: the projection of each method's real gradient on the estimate of ∇ log p
+(docs/math.md §9.6), on the exact softmax bandit (source ``bandit``) and on real batches of a model
+(``model``).
 
 The losses (one question, n samples y_i, s_i = Σ_t log π(y_i,t | ...) the sequence log-prob, r_i ∈ {0, 1}):
 reinforce −(1/n) Σ r_i s_i; rft the same on the reference model's samples, at θ = θ_ref; grpo −(1/n) Σ min(ρ_i A_i,
@@ -224,7 +212,6 @@ class ModelMeasurement:
     """model_rows' result: the rows and how many questions had no correct sample (weights NULL)."""
 
     rows: list[dict[str, Any]]
-    questions: int
     no_correct: int
 
 
@@ -316,7 +303,7 @@ def model_rows(
                 on_question(q)
     finally:
         model.train(was_training)
-    return ModelMeasurement(rows=rows, questions=questions, no_correct=no_correct)
+    return ModelMeasurement(rows=rows, no_correct=no_correct)
 
 
 def summarise(rows: Sequence[Mapping[str, Any]], bins: int = 5) -> list[dict[str, Any]]:

@@ -1,21 +1,8 @@
 """Closed forms of the weight w(p) each training objective puts on g = ∇ log p(x) (docs/math.md §9).
 
-p is the model's probability of a correct answer on a question, g = E_{π(·|x, correct)}[∇ log π(y|x)] (so that
-∇p = p·g). Every method's expected gradient on one question, over batches of ``group_size`` samples drawn from the
-model, is w(p)·g exactly (the part of the gradient orthogonal to g vanishes in expectation):
-
-- ``reinforce`` (binary reward, sequence log-prob, mean over the batch): w = p, for every batch size;
-- ``rft`` (the reference model's correct samples, likelihood, mean over the batch), at θ = θ_ref: w = p_ref = p;
-- ``vr`` (the self-normalised weights of the acc estimator on the batch: 1/c on each of its c correct samples):
-  w = 1 − (1 − p)^G, the chance that the batch holds a correct sample (1 in the limit, the log-likelihood's weight);
-- ``grpo`` (0/1 rewards, advantages (r − mean)/(std + eps) with the unbiased std of the group,
-  ``predmask.rl.algo.grpo_advantages``, mean over the group): w = p·(a₁ − a₀) with a_r the advantage of a sample
-  with reward r averaged over the other G − 1 rewards ~ Binomial(G − 1, p); its large-group limit is
-  p / (√(p(1 − p)) + eps), i.e. √(p / (1 − p)) at eps = 0.
-
-``predicted_weight(method, p, group_size=None)`` is the limit of infinitely many samples; ``group_size=G`` the exact
-expectation over batches of G samples. ``batch_weight`` is what one batch with a correct sample gets at its own
-accuracy p̂ (the per-batch identities of reinforce, rft and vr; GRPO's finite-group expectation).
+``predicted_weight(method, p, group_size=None)`` is the limit of infinitely many samples; ``group_size=G`` the
+exact expectation over batches of G samples. ``batch_weight`` is what one batch with a correct sample gets at
+its own accuracy p̂ (the per-batch identities of reinforce, rft and vr; GRPO's finite-group expectation).
 """
 
 from __future__ import annotations
@@ -67,12 +54,8 @@ def _group_std(k: NDArray[np.float64], g: int) -> NDArray[np.float64]:
 
 
 def grpo_weight(p: ArrayLike, group_size: int | None, eps: float = DEFAULT_EPS) -> NDArray[np.float64]:
-    """GRPO's weight on g: the exact finite-group form for ``group_size`` G, the large-group limit for None.
-
-    Finite G: w = p Σ_{s=0}^{G−1} Bin(s; G−1, p) [ (G−1−s)/(G(σ_{s+1} + eps)) + s/(G(σ_s + eps)) ] with
-    σ_k = √(k(G−k)/(G(G−1))) (the first term: the sample is correct, s of the others are; the second: it is not).
-    G = 1: 0 (a group of one has advantage 0). Limit: p / (√(p(1−p)) + eps) (∞ at p = 1 when eps = 0).
-    """
+    """GRPO's weight on g (docs/math.md §9.5): the exact finite-group form for ``group_size`` G, the
+    large-group limit for None."""
     pa = _accuracy(p)
     g = _group(group_size)
     check_eps(eps)
@@ -111,10 +94,8 @@ def predicted_weight(
 def batch_weight(
     method: str, p_hat: ArrayLike, *, group_size: int, eps: float = DEFAULT_EPS
 ) -> NDArray[np.float64]:
-    """The weight predicted for one batch of ``group_size`` samples with accuracy ``p_hat`` > 0 (a correct sample).
-
-    reinforce, rft: p̂ and vr: 1 are identities of every such batch (the gradient is p̂·ĝ, resp. ĝ, with ĝ the
-    batch's mean score of its correct samples); grpo: its finite-group expectation at p̂ (no per-batch identity)."""
+    """The weight predicted for one batch of ``group_size`` samples with accuracy ``p_hat`` > 0 (a correct
+    sample): the per-batch identities of reinforce, rft (p̂) and vr (1); grpo's finite-group expectation."""
     check_method(method)
     if method == "vr":
         return np.ones_like(_accuracy(p_hat))

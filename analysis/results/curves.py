@@ -132,14 +132,10 @@ def validation_series(aime: Mapping[str, Series]) -> Series | None:
     return training_stats.mean_on_common_steps(aime["aime24"], aime["aime25"])
 
 
-def _no_rank(method: str | None) -> int:
-    return 0
-
-
 def by_method_and_seed(
     runs: Iterable[RunKey],
     series: Mapping[str, Series],
-    rank: Callable[[str | None], Any] = _no_rank,
+    rank: Callable[[str | None], Any] = lambda _method: 0,
 ) -> dict[str | None, dict[Hashable, Series]]:
     """method -> {seed: series} for the runs that have a series (by run_id), methods ordered by ``rank`` then name.
     A run is keyed by its seed; where a method has a run without a seed or two runs of one seed (runs of several

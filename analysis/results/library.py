@@ -2,8 +2,9 @@
 (its rows, its summary, and its criteria judged against the per-token ground truths).
 
 No number is computed here: the main results and smoothing come from ``analysis.training.stats`` (as in the
-reports), the token-level statistics from ``analysis.token_level.summary.study_stats`` (as the study's CLI), the
-validation curves from ``analysis.results.curves``. An unknown name raises ``UnknownNameError`` listing what exists.
+reports), the token-level statistics from ``analysis.token_level.summary.study_stats`` (as the study's CLI),
+the validation curves from ``analysis.results.curves``. An unknown name raises ``UnknownNameError`` listing
+what exists.
 """
 
 from __future__ import annotations
@@ -233,19 +234,15 @@ def _select(
 
 
 def _metric_names(con: duckdb.DuckDBPyConnection, runs: pl.DataFrame) -> list[str]:
-    if not table_exists(con, "metrics"):
-        return []
-    rows = con.execute(
-        "SELECT DISTINCT name FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY name",
-        [runs.get_column("run_id").to_list()],
-    ).fetchall()
-    return [r[0] for r in rows]
+    by_run = curves.metric_names_by_run(con, runs.get_column("run_id").to_list(), "")
+    return sorted({name for names in by_run.values() for name in names})
 
 
 def _studies(con: duckdb.DuckDBPyConnection) -> list[str]:
     if not table_exists(con, "token_level_studies"):
         return []
-    return [r[0] for r in con.execute("SELECT study_id FROM token_level_studies ORDER BY study_id").fetchall()]
+    rows = con.execute("SELECT study_id FROM token_level_studies ORDER BY study_id").fetchall()
+    return [r[0] for r in rows]
 
 
 def _study(con: duckdb.DuckDBPyConnection, study: str | None) -> str:
@@ -277,7 +274,9 @@ class Results:
         return connect(self.path, read_only=True)
 
     def __repr__(self) -> str:
-        return f"Results({str(self.path)!r}: sweeps {self.sweeps()}, studies {self.studies()}; {self.backend})"
+        return (
+            f"Results({str(self.path)!r}: sweeps {self.sweeps()}, studies {self.studies()}; {self.backend})"
+        )
 
     def _out(self, frame: pl.DataFrame) -> Any:
         if self.backend == "polars":
