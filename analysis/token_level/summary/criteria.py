@@ -217,8 +217,11 @@ def judge(
 _F, _I, _S = pl.Float64, pl.Int64, pl.String
 
 
-def _interval_columns(prefix: str) -> dict[str, pl.DataType]:
-    return {prefix: _F, f"{prefix}_lo": _F, f"{prefix}_hi": _F}
+def _interval_columns(prefix: str, wilson: bool = False) -> dict[str, pl.DataType]:
+    """A pooled rate with its seed-cluster interval; with ``wilson``, its Wilson score interval too (which assumes
+    independent tokens)."""
+    names = ("", "_lo", "_hi", *(("_wilson_indep_lo", "_wilson_indep_hi") if wilson else ()))
+    return {f"{prefix}{name}": _F for name in names}
 
 
 def _paired_columns(prefix: str) -> dict[str, pl.DataType]:
@@ -239,9 +242,7 @@ CRITERIA_COLUMNS: dict[str, pl.DataType] = {
     "n_contexts": _I,
     "n_missing": _I,
     **_interval_columns("share_positive"),
-    **_interval_columns("accuracy"),
-    "accuracy_wilson_indep_lo": _F,  # Wilson score interval: assumes independent tokens
-    "accuracy_wilson_indep_hi": _F,
+    **_interval_columns("accuracy", wilson=True),
     **_interval_columns("balanced_accuracy"),
     "constant_class": _S,
     **_interval_columns("constant_accuracy"),
@@ -251,8 +252,11 @@ CRITERIA_COLUMNS: dict[str, pl.DataType] = {
 }
 
 
-def _interval_row(prefix: str, ci: ClusterInterval) -> dict[str, float | None]:
-    return {prefix: ci.estimate, f"{prefix}_lo": ci.lo, f"{prefix}_hi": ci.hi}
+def _interval_row(
+    prefix: str, ci: ClusterInterval, wilson: tuple[float, float] | tuple[()] = ()
+) -> dict[str, float | None]:
+    values = (ci.estimate, ci.lo, ci.hi, *(x if np.isfinite(x) else None for x in wilson))
+    return dict(zip(_interval_columns(prefix, wilson=bool(wilson)), values))
 
 
 def _paired_row(prefix: str, cmp: PairedComparison | None) -> dict[str, object]:
@@ -265,12 +269,7 @@ def _paired_row(prefix: str, cmp: PairedComparison | None) -> dict[str, object]:
     return row
 
 
-def _nan_to_none(x: float) -> float | None:
-    return x if np.isfinite(x) else None
-
-
 def _judgement_row(j: Judgement) -> dict[str, object]:
-    lo, hi = j.accuracy_wilson
     return {
         "token_set": j.token_set,
         "truth": j.truth,
@@ -282,9 +281,7 @@ def _judgement_row(j: Judgement) -> dict[str, object]:
         "n_contexts": j.n_contexts,
         "n_missing": j.n_missing,
         **_interval_row("share_positive", j.share_positive),
-        **_interval_row("accuracy", j.accuracy),
-        "accuracy_wilson_indep_lo": _nan_to_none(lo),
-        "accuracy_wilson_indep_hi": _nan_to_none(hi),
+        **_interval_row("accuracy", j.accuracy, j.accuracy_wilson),
         **_interval_row("balanced_accuracy", j.balanced_accuracy),
         "constant_class": j.constant_class,
         **_interval_row("constant_accuracy", j.constant_accuracy),
@@ -411,9 +408,7 @@ AGREEMENT_COLUMNS: dict[str, pl.DataType] = {
     "level": _F,
     "n_seeds": _I,
     "n_tokens": _I,
-    **_interval_columns("agreement"),
-    "agreement_wilson_indep_lo": _F,  # Wilson score interval: assumes independent tokens
-    "agreement_wilson_indep_hi": _F,
+    **_interval_columns("agreement", wilson=True),
 }
 
 
@@ -429,7 +424,6 @@ def agreement_table(
     for truth in (t for t in token_columns.NETWORK_TRUTHS if t in tokens.columns):
         for ddot in (d for d in TAIL_COLUMNS if d in tokens.columns):
             g = sign_agreement(tokens, truth, ddot, level=level, resamples=resamples, seed=seed)
-            lo, hi = g.wilson
             rows.append(
                 {
                     "truth": truth,
@@ -437,9 +431,7 @@ def agreement_table(
                     "level": level,
                     "n_seeds": int(g.seeds.size),
                     "n_tokens": g.n_tokens,
-                    **_interval_row("agreement", g.agreement),
-                    "agreement_wilson_indep_lo": _nan_to_none(lo),
-                    "agreement_wilson_indep_hi": _nan_to_none(hi),
+                    **_interval_row("agreement", g.agreement, g.wilson),
                 }
             )
     return pl.DataFrame(rows, schema=AGREEMENT_COLUMNS)

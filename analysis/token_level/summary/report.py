@@ -24,7 +24,7 @@ from rich.text import Text
 from analysis import token_columns
 from analysis.paired import WILSON_NOTE, ClusterInterval, PairedComparison
 from analysis.token_columns import DD_ALL, HEADLINE, OWN_UPDATE, PREDICTIVE, PREDICTIVE_TAILS, RATIO, TAILS
-from analysis.token_level.summary.criteria import Judgement
+from analysis.token_level.summary.criteria import OUTSIDE, Judgement
 from analysis.token_level.summary.study_stats import (
     DISAGREE_SET,
     PAPER_LABEL,
@@ -55,15 +55,14 @@ TRUTH_LABELS: dict[str, str] = {
     token_columns.COUNTERFACTUAL: "counterfactual",
     DD_ALL: "realised ΔD, all kept",
 }
-OUTSIDE_SET = "outside"
 #: the token sets the judgement prints, with the criteria compared on each
 SET_CRITERIA: dict[str, tuple[str, ...]] = {
     DISAGREE_SET: (RATIO, HEADLINE),
-    OUTSIDE_SET: (RATIO, *PREDICTIVE),
+    OUTSIDE: (RATIO, *PREDICTIVE),
 }
 SET_LABELS: dict[str, str] = {
     DISAGREE_SET: "disagreement set (aggregated tail)",
-    OUTSIDE_SET: "all outside tokens (A ≠ 0)",
+    OUTSIDE: "all outside tokens (A ≠ 0)",
 }
 
 
@@ -96,10 +95,6 @@ def load_study(
         con, f"SELECT * FROM token_level_tokens WHERE {where} ORDER BY seed, sequence, position", params
     )
     return StudyData(study_id, config if isinstance(config, dict) else {}, s, t)
-
-
-def _pct(v: float | None) -> str:
-    return "—" if v is None else f"{100 * v:.1f}%"
 
 
 def measured_at(data: StudyData) -> str:
@@ -217,7 +212,7 @@ def _paired_table(judged: StudyJudgement, where: str) -> Table:
 
 
 def _truths_table(judged: StudyJudgement, where: str) -> Table | None:
-    truths = [tr for tr in TRUTH_LABELS if judged.of(OUTSIDE_SET, tr)]
+    truths = [tr for tr in TRUTH_LABELS if judged.of(OUTSIDE, tr)]
     if len(truths) < 2:
         return None
     t = titled_table(
@@ -343,7 +338,7 @@ def beyond_table(data: StudyData) -> Table | None:
             acc[crit].pct() if crit in acc else "—",
             f"{corr['pearson']:.3f}" if corr else "—",
             f"{corr['spearman']:.3f}" if corr else "—",
-            f"{f['sign_flips']} of {f['tokens']} ({_pct(f['sign_flip_frac'])})" if f else "—",
+            f"{f['sign_flips']} of {f['tokens']} ({100 * f['sign_flip_frac']:.1f}%)" if f else "—",
             f"{f['keep_flips']}" if f else "—",
         )
     return t

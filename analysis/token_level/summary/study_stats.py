@@ -429,12 +429,7 @@ def drift_point(seed_rows: SeedRows, criteria: pl.DataFrame | None = None) -> Dr
     disagree = _column(cols, headline)
     pred, ratio = _criteria_row(criteria, HEADLINE), _criteria_row(criteria, RATIO)
     head = summary.headline
-    if head is None:
-        empty = mean_se([], PAIRED)
-        paired, unsafe_p, unsafe_r, corr_p, corr_r = None, empty, empty, Pooled(0, 0), Pooled(0, 0)
-    else:
-        paired, unsafe_p, unsafe_r = head.unsafe_keep, head.unsafe_keep.pred_mean, head.unsafe_keep.ratio_mean
-        corr_p, corr_r = head.corrective_pred, head.corrective_ratio
+    paired, empty = (head.unsafe_keep if head else None), mean_se([], PAIRED)
     finite = disagree[np.isfinite(disagree)]
     return DriftPoint(
         n_seeds=summary.n_seeds,
@@ -443,12 +438,12 @@ def drift_point(seed_rows: SeedRows, criteria: pl.DataFrame | None = None) -> Dr
         outside_per_seed=summary.outside,
         disagree_per_seed=mean_se(disagree),
         min_disagree=int(finite.min()) if finite.size else None,
-        n_paired=paired.n_paired if paired is not None else 0,
-        n_lower=paired.n_lower if paired is not None else 0,
-        unsafe_keep_predictive=unsafe_p,
-        unsafe_keep_ratio=unsafe_r,
-        corrective_predictive=corr_p,
-        corrective_ratio=corr_r,
+        n_paired=paired.n_paired if paired else 0,
+        n_lower=paired.n_lower if paired else 0,
+        unsafe_keep_predictive=paired.pred_mean if paired else empty,
+        unsafe_keep_ratio=paired.ratio_mean if paired else empty,
+        corrective_predictive=head.corrective_pred if head else Pooled(0, 0),
+        corrective_ratio=head.corrective_ratio if head else Pooled(0, 0),
         judged_disagree=None if ratio is None else int(ratio["n_tokens"]),
         balanced_predictive=_estimate(pred, "balanced_accuracy"),
         balanced_ratio=_estimate(ratio, "balanced_accuracy"),
