@@ -37,6 +37,7 @@ from analysis.calibrate_runs import METHODS, plan_runs, read_run, train_runs
 from analysis.training.stats import mean_on_common_steps
 from predmask import metrics as M
 from predmask.config import ConfigError, group_options, label, sweep_params
+from predmask.console import error
 from predmask.io import atomic_write_text
 from predmask.rl.task import EVAL_SPLITS
 
@@ -237,7 +238,7 @@ def _settings(arg: str | None) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_intermixed_args(list(argv) if argv is not None else None)
     if args.max_parallel < 1:
-        print(f"error: --max-parallel must be >= 1, got {args.max_parallel}", file=sys.stderr)
+        error(f"--max-parallel must be >= 1, got {args.max_parallel}")
         return 2
     out = (args.out or Path.cwd() / DEFAULT_OUT).resolve()
     try:
@@ -245,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         planned = plan_runs(settings, args.seed, args.overrides, out)
         out.mkdir(parents=True, exist_ok=True)
     except (ConfigError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        error(str(err))
         return 2
     t0 = time.perf_counter()
     print(f"calibration: {len(planned)} runs ({len(settings)} settings x {', '.join(METHODS)}), seed {args.seed}, "
@@ -253,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     failed = train_runs(planned, args.max_parallel, out)
     if failed:
         for msg in failed:
-            print(f"error: {msg}", file=sys.stderr)
+            error(msg)
         print(f"{len(failed)} of {len(planned)} runs failed: fix the cause in its log and rerun the same command "
               "(completed runs are reused)", file=sys.stderr)
         return 1
@@ -265,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg = by_key[(s, METHODS[0])].config
             rows.append(setting_regime(s, str(cfg["precision"]["name"]), ref, pred, int(cfg["trainer"]["val_n"])))
     except (RuntimeError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        error(str(err))
         return 1
     checks = check_targets(rows)
     steps = int(planned[0].config["trainer"]["steps"])

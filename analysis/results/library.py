@@ -56,8 +56,8 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _metric_list(names: Any) -> list[str]:
-    """The metric names asked for, each once (in the order first given): a name, or a list or tuple of names.
-    Anything else (bytes, a number, a mapping, a list holding a non-string) raises TypeError naming it."""
+    """The metric names asked for, each once (in the order first given): a name, or a list or tuple of names;
+    anything else raises TypeError naming it."""
     listed = [names] if isinstance(names, str) else list(names) if isinstance(names, (list, tuple)) else None
     odd = [names] if listed is None else [n for n in listed if not isinstance(n, str)]
     if odd:
@@ -333,10 +333,8 @@ class Results:
         column per metric (run axes, step, then the metrics; null where a run did not log one at a step). ``names``:
         a metric name or a list of them (a name given twice is read once).
 
-        ``smooth``: the figures' EMA (``analysis.training.stats.Smoothing``, or its half-life in logged points;
-        ``STEP_SMOOTHING`` and ``VAL_SMOOTHING`` are the figures' choices) applied to each run's series of each
-        metric on its own logged points, as the figures smooth each seed; ``value`` is then the smoothed value.
-        """
+        ``smooth``: the figures' EMA (``analysis.training.stats.Smoothing``, or its half-life in logged
+        points) applied to each run's series of each metric, as the figures smooth each seed."""
         wanted = _metric_list(names)
         if not wanted:
             raise ValueError("metrics() needs at least one metric name; see Results.metric_names()")
@@ -368,9 +366,8 @@ class Results:
         """The main results of a sweep, one row per (setting, model, δ, method): final, best and AUC validation
         accuracy over seeds (mean and 95% t-interval; ``lo``/``hi`` null for one seed), the method a predictive
         mask is paired with and the paired differences in final accuracy and AUC (mean, interval, pairs, pairs
-        > 0), and the seeds that collapsed. The numbers of Table 2 of the reports, from the same functions
-        (``analysis.training.stats.setting_results`` on the validation curves of ``analysis.results.curves``);
-        validation accuracy is the mean of the two AIME scores, and runs without both are left out."""
+        > 0), and the seeds that collapsed: the numbers of Table 2 of the reports, from the same functions.
+        Validation accuracy is the mean of the two AIME scores; runs without both are left out."""
         with self._connect() as con:
             selected = _select(_run_frame(con), sweep=sweep)
             aime = curves.aime_series(con, selected.get_column("run_id").to_list())
@@ -473,8 +470,7 @@ class Results:
         stored seeds: one row per token set × ground truth × criterion, with accuracy and balanced accuracy and
         their 95% seed-cluster bootstrap intervals (``accuracy_wilson_indep_*``: the Wilson interval, which assumes
         independent tokens), the constant predictor, and the paired per-seed comparison with the ratio criterion
-        (``vs_ratio_*``). Empty for a study whose tokens carry no own-update ground truth (``ddot_net``). The table
-        ``token_level_criteria``, as ingest stored it (``analysis.token_level.summary.criteria.criteria_table``)."""
+        (``vs_ratio_*``). Empty for a study whose tokens carry no own-update ground truth (``ddot_net``)."""
         return self._study_table("token_level_criteria", study)
 
     def token_level_criteria_seeds(self, study: str | None = None) -> Any:

@@ -28,18 +28,15 @@ _PREFIXES = ("actor", "critic", "response_length", "timing_s", "perf", "val-core
 _STEMS = ("pg_loss", "entropy", "kl", "clipfrac", "grad_norm", "lr", "mean", "max", "min", "score")
 
 
-def metric_names(count: int) -> list[str]:
-    """``count`` distinct metric names shaped like verl's (``actor/pg_loss``, ``timing_s/gen``...)."""
-    return [f"{_PREFIXES[i % len(_PREFIXES)]}/{_STEMS[(i // len(_PREFIXES)) % len(_STEMS)]}_{i}" for i in range(count)]
-
-
 def write_run(root: Path, lines: int, metrics: int, seed: int = 0) -> Path:
     """A completed run directory ``root/bench/big`` whose metrics.jsonl has ``lines`` steps of ``metrics`` values."""
     run_dir = root / "bench" / "big"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(yaml.safe_dump({"seed": seed, "method": {"name": "grpo"}}))
     (run_dir / STATUS_FILE).write_text(json.dumps({"status": "completed", "step": lines, "total_steps": lines}))
-    names = metric_names(metrics)
+    # distinct names shaped like verl's (actor/pg_loss_0, critic/entropy_1, ...)
+    names = [f"{_PREFIXES[i % len(_PREFIXES)]}/{_STEMS[(i // len(_PREFIXES)) % len(_STEMS)]}_{i}"
+             for i in range(metrics)]
     rng = random.Random(seed)
     with open(run_dir / METRICS_FILE, "w") as fh:
         fh.writelines(json.dumps({"step": step, "data": {n: rng.random() for n in names}}) + "\n"

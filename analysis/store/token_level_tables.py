@@ -144,14 +144,13 @@ def upsert_token_level(
         keys = ["seed", "sequence", "position"] if "sequence" in tokens.column_names else ["seed", "position"]
         _check_unique(tokens, keys, "token_rows")
     added: tuple[str, ...] = ()
+    given = (("token_level_seeds", seeds), ("token_level_tokens", tokens))
+    frames = {name: frame for name, frame in given if frame is not None and frame.num_rows}
     with transaction(con):
         study = upsert_config_row(con, "token_level_studies", "study_id", study_id, config)
-        if seeds is not None and seeds.num_rows:
-            added += _replace_rows(con, "token_level_seeds", study_id, seeds, by_seed=True)
-        if tokens is not None and tokens.num_rows:
-            added += _replace_rows(con, "token_level_tokens", study_id, tokens, by_seed=True)
-        wrote = (seeds is not None and seeds.num_rows > 0) or (tokens is not None and tokens.num_rows > 0)
-        derived = _derive(con, study_id, derive) if derive is not None and wrote else {}
+        for name, frame in frames.items():
+            added += _replace_rows(con, name, study_id, frame, by_seed=True)
+        derived = _derive(con, study_id, derive) if derive is not None and frames else {}
     if added:
         warnings.warn(f"token-level tables gained columns {list(added)}", stacklevel=2)
     return TokenLevelWrite(
