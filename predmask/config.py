@@ -40,7 +40,7 @@ def _engine_schemas() -> dict[tuple[str | None, str], Any]:
     from predmask.schemas import cluster_schema as cs
     from predmask.schemas.task_schema import TaskConfig
     from predmask.schemas.train_schema import BaseConfig, RolloutConfig, TrainerConfig
-    from predmask.schemas.variational_schema import section_schemas
+    from predmask.schemas.variational_schema import SECTIONS
 
     return {
         ("task", "schema"): TaskConfig,
@@ -50,7 +50,7 @@ def _engine_schemas() -> dict[tuple[str | None, str], Any]:
         ("cluster", "slurm_schema"): cs.SlurmClusterConfig,
         ("cluster", "verl_schema"): cs.VerlClusterConfig,
         (None, "train_schema"): {"rollout": RolloutConfig, "trainer": TrainerConfig},
-        (None, "variational_schema"): section_schemas(),
+        (None, "variational_schema"): SECTIONS,
     }
 
 
@@ -68,10 +68,8 @@ def _schema_node(node: Any) -> DictConfig:
 
 
 def store_schemas(schemas: Mapping[str, Any] | None = None) -> None:
-    """Store the engine's schemas and ``schemas`` (primary-level name -> dataclass) in Hydra's ConfigStore.
-
-    Call it before ``@hydra.main`` of an app that composes conf/ itself; ``compose`` calls it.
-    """
+    """Store the engine's schemas and ``schemas`` (primary-level name -> dataclass) in Hydra's ConfigStore:
+    before ``@hydra.main`` of an app that composes conf/ itself (``compose`` calls it)."""
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
@@ -290,10 +288,8 @@ def label(group: str, name: str) -> str:
 
 
 def cpu_standin(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The CPU model to train for a model entry: itself when ``backend: cpu``, else its ``cpu_standin`` entry.
-
-    A stand-in carries ``resolved_from`` = the name of the model it replaces.
-    """
+    """The CPU model to train for a model entry: itself when ``backend: cpu``, else its ``cpu_standin`` entry,
+    which carries ``resolved_from`` = the name of the model it replaces."""
     if model_cfg.get("backend") == "cpu":
         return dict(model_cfg)
     name = model_cfg.get("name")

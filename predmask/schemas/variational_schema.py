@@ -21,20 +21,28 @@ FINAL_RECIPES: tuple[str, ...] = ("sft", "rft", "vr_acc", "vr_gml", "vr_likeliho
 DATA_MODES: tuple[str, ...] = ("all_weighted", "best_mixed")
 
 
-def _at_least(section: str, name: str, value: float, low: float) -> None:
-    if isinstance(value, bool) or not value >= low:
-        raise ValueError(f"{section}.{name} = {value!r} is not allowed; allowed: a number >= {low:g}")
+def _at_least(low: float, *, default: float) -> Any:
+    """A field whose value must be a number >= ``low`` (checked by ``_Section``)."""
+    return field(default=default, metadata={"allowed": f"a number >= {low:g}", "ok": lambda v: v >= low})
 
 
-def _positive(section: str, name: str, value: float) -> None:
-    if isinstance(value, bool) or not value > 0:
-        raise ValueError(f"{section}.{name} = {value!r} is not allowed; allowed: a number > 0")
+def _positive(default: float) -> Any:
+    """A field whose value must be a number > 0 (checked by ``_Section``)."""
+    return field(default=default, metadata={"allowed": "a number > 0", "ok": lambda v: v > 0})
 
 
 class _Section:
-    """``from_mapping`` of a section: unknown keys raise one line naming them and the allowed ones."""
+    """``from_mapping`` of a section (unknown keys raise one line naming them and the allowed ones) and the
+    range check of each ``_at_least`` / ``_positive`` field, in field order."""
 
     _name = "section"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if "ok" in f.metadata and (isinstance(value, bool) or not f.metadata["ok"](value)):
+                raise ValueError(f"{self._name}.{f.name} = {value!r} is not allowed; "
+                                 f"allowed: {f.metadata['allowed']}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Any:
@@ -48,12 +56,12 @@ class DataConfig(_Section):
     rate ``noise`` (``predmask.rl.task.noisy_steps``, rng seeded by ``seed`` only: fixed across training seeds)."""
 
     _name = "data"
-    questions: int = 1024
+    questions: int = _at_least(1, default=1024)
     noise: float = 0.1
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _at_least("data", "questions", self.questions, 1)
+        super().__post_init__()
         if not 0.0 <= self.noise < 1.0:
             raise ValueError(f"data.noise = {self.noise!r} is not allowed; allowed: a number in [0, 1)")
 
@@ -90,20 +98,12 @@ class SFTConfig(_Section):
     a checkpoint every ``save_every`` steps (0: only at the end)."""
 
     _name = "sft"
-    lr: float = 1e-3
-    warmup: int = 10
-    grad_clip: float = 1.0
-    normaliser: float = 16.0
-    questions_per_step: int = 16
-    save_every: int = 50
-
-    def __post_init__(self) -> None:
-        _positive("sft", "lr", self.lr)
-        _at_least("sft", "warmup", self.warmup, 0)
-        _positive("sft", "grad_clip", self.grad_clip)
-        _positive("sft", "normaliser", self.normaliser)
-        _at_least("sft", "questions_per_step", self.questions_per_step, 1)
-        _at_least("sft", "save_every", self.save_every, 0)
+    lr: float = _positive(1e-3)
+    warmup: int = _at_least(0, default=10)
+    grad_clip: float = _positive(1.0)
+    normaliser: float = _positive(16.0)
+    questions_per_step: int = _at_least(1, default=16)
+    save_every: int = _at_least(0, default=50)
 
 
 #: what q_phi is fitted to: the original solutions, or pi_theta0's own worked samples (POSTERIOR_SOURCES)
@@ -117,13 +117,12 @@ class PosteriorConfig(_Section):
     answer as the hint, the worked ones kept, each weighted 1/samples (prior), or both."""
 
     _name = "posterior"
-    epochs: int = 4
+    epochs: int = _at_least(1, default=4)
     source: str = "original"
-    samples: int = 8
+    samples: int = _at_least(1, default=8)
 
     def __post_init__(self) -> None:
-        _at_least("posterior", "epochs", self.epochs, 1)
-        _at_least("posterior", "samples", self.samples, 1)
+        super().__post_init__()
         if self.source not in POSTERIOR_SOURCES:
             raise ValueError(f"posterior.source = {self.source!r} is not allowed; allowed: "
                              f"{', '.join(POSTERIOR_SOURCES)}")
@@ -134,12 +133,8 @@ class TracesConfig(_Section):
     """``k`` traces per question sampled from q_phi at ``temperature``."""
 
     _name = "traces"
-    k: int = 8
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        _at_least("traces", "k", self.k, 1)
-        _positive("traces", "temperature", self.temperature)
+    k: int = _at_least(1, default=8)
+    temperature: float = _positive(1.0)
 
 
 @dataclass(frozen=True)
@@ -147,12 +142,8 @@ class WeightsConfig(_Section):
     """``m`` answers sampled from pi_theta0(.|x, z) per trace at ``temperature`` (the acc estimator's correctness)."""
 
     _name = "weights"
-    m: int = 8
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        _at_least("weights", "m", self.m, 1)
-        _positive("weights", "temperature", self.temperature)
+    m: int = _at_least(1, default=8)
+    temperature: float = _positive(1.0)
 
 
 @dataclass(frozen=True)
@@ -160,10 +151,7 @@ class FinalConfig(_Section):
     """The final recipes: ``epochs`` shuffled passes over the questions, from the base model."""
 
     _name = "final"
-    epochs: int = 1
-
-    def __post_init__(self) -> None:
-        _at_least("final", "epochs", self.epochs, 1)
+    epochs: int = _at_least(1, default=1)
 
 
 @dataclass(frozen=True)
@@ -171,10 +159,7 @@ class RFTConfig(_Section):
     """RFT: ``samples`` responses per question from pi_theta0; the correct ones are kept, each weighted 1/samples."""
 
     _name = "rft"
-    samples: int = 8
-
-    def __post_init__(self) -> None:
-        _at_least("rft", "samples", self.samples, 1)
+    samples: int = _at_least(1, default=8)
 
 
 @dataclass(frozen=True)
@@ -182,12 +167,8 @@ class EvalConfig(_Section):
     """Evaluation of prior and final models: ``n`` samples per problem (avg@n, pass@1..n) at ``temperature``."""
 
     _name = "eval"
-    n: int = 16
-    temperature: float = 1.0
-
-    def __post_init__(self) -> None:
-        _at_least("eval", "n", self.n, 1)
-        _positive("eval", "temperature", self.temperature)
+    n: int = _at_least(1, default=16)
+    temperature: float = _positive(1.0)
 
 
 @dataclass(frozen=True)
@@ -212,16 +193,11 @@ class VRMethodConfig(_Section):
                 raise ValueError(f"method.data = {self.data!r} is not allowed; allowed: {', '.join(DATA_MODES)}")
 
 
-#: config section -> its dataclass (the sections ``variational_schema`` types)
-_SECTIONS: dict[str, type] = {
+#: config section -> its dataclass: the schema node ``variational_schema``, as ``predmask.config`` stores it
+SECTIONS: dict[str, type] = {
     "data": DataConfig, "hint": HintConfig, "sft": SFTConfig, "posterior": PosteriorConfig, "traces": TracesConfig,
     "weights": WeightsConfig, "final": FinalConfig, "rft": RFTConfig, "eval": EvalConfig,
 }
-
-
-def section_schemas() -> dict[str, type]:
-    """The schema node ``variational_schema`` (section name -> dataclass), as ``predmask.config`` stores it."""
-    return dict(_SECTIONS)
 
 
 @dataclass(frozen=True)
@@ -267,10 +243,7 @@ class VRConfig:
         if not isinstance(stage, str):
             raise ValueError(f"stage = {stage!r} is not allowed; allowed: {', '.join(STAGES)}")  # noqa: TRY004
         sections = {name: kind.from_mapping(config.get(name) or {})  # type: ignore[attr-defined]
-                    for name, kind in _SECTIONS.items()}
+                    for name, kind in SECTIONS.items()}
         inputs = {str(k): str(v) for k, v in (config.get("inputs") or {}).items()}
         return cls(stage=stage, seed=int(config.get("seed", 0)),
                    method=VRMethodConfig.from_mapping(config.get("method") or {}), inputs=inputs, **sections)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
