@@ -1,16 +1,6 @@
-"""A run directory's checkpoints (``checkpoints/step_XXXXXX.pt``): written atomically, read as data only, the newest
-readable one found on resume with an unreadable newer one moved aside, never deleted.
-
-Every trainer that checkpoints (the CPU GRPO trainer ``predmask.rl.train``, the variational stages' weighted SFT
-``predmask.rl.weighted_sft``) and every reader of a saved model file (``predmask.rl.vr_runner``) goes through here:
-
-- a file is loaded with ``torch.load(weights_only=True)``: tensors, numbers, strings and the containers of them
-  (dicts, lists, tuples), the RNG states included. A pickle naming any other Python object (code run on load) is
-  refused in one line naming the file (``CheckpointRefusedError``) and nothing in it is run or used;
-- a checkpoint that cannot be read (truncated by a full disk or a copy cut short, not a torch file, not a checkpoint
-  dict) is renamed to ``step_XXXXXX.pt.damaged`` (kept for inspection, with a warning line), and the next older one
-  is tried; a resume then starts from the newest readable checkpoint, or from step 0 when none is left.
-"""
+"""A run directory's checkpoints (``checkpoints/step_XXXXXX.pt``): written atomically, read as data only, the
+newest readable one found on resume with an unreadable newer one moved aside, never deleted. Every trainer
+that checkpoints and every reader of a saved model file goes through here."""
 
 from __future__ import annotations
 
@@ -28,7 +18,7 @@ from typing import Any
 
 import torch
 
-from predmask.io import atomic_write
+from predmask.io import atomic_write, write_synced
 from predmask.rundir import CHECKPOINT_DIR, DamagedFileError
 
 #: the suffix an unreadable checkpoint is renamed with (``step_000008.pt`` -> ``step_000008.pt.damaged``)
@@ -76,19 +66,12 @@ def save_checkpoint(run_dir: Path, step: int, blob: Mapping[str, Any], keep: int
     buffer = io.BytesIO()  # serialised first: a failed write is then an OSError naming the file (torch's own zip
     torch.save({**blob, "step": step}, buffer)  # writer reports a full disk as a RuntimeError without a name)
     try:
-        atomic_write(path, lambda tmp: _write_synced(tmp, buffer.getbuffer()))
+        atomic_write(path, lambda tmp: write_synced(tmp, buffer.getbuffer()))
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
     for old in checkpoint_files(run_dir)[:-max(1, keep)]:
         old.unlink(missing_ok=True)
     return path
-
-
-def _write_synced(path: Path, data: memoryview) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
 
 
 def _first_line(exc: BaseException) -> str:
@@ -103,12 +86,10 @@ def _refusal_detail(exc: pickle.UnpicklingError) -> str:
 
 
 def load_data(path: Path) -> Any:
-    """The contents of a torch file, loaded as data only (``weights_only=True``).
-
-    CheckpointRefusedError (one line naming the file) when it names any other Python object: nothing is run.
-    DamagedFileError (``damaged: <file>, unreadable (...)``) when its bytes are not a whole torch file (truncated,
-    not a torch file); OSError when it cannot be opened.
-    """
+    """The contents of a torch file, loaded as data only (``weights_only=True``: tensors, numbers, strings and
+    their containers). CheckpointRefusedError (one line naming the file) when it names any other Python
+    object: nothing is run. DamagedFileError when its bytes are not a whole torch file; OSError when it cannot
+    be opened."""
     try:
         with warnings.catch_warnings():  # torch warns about a foreign pickle protocol before refusing it
             warnings.simplefilter("ignore", UserWarning)
@@ -129,13 +110,6 @@ def load_data(path: Path) -> Any:
         raise DamagedFileError(path, f"unreadable ({_first_line(exc)})") from None
 
 
-def _load_checkpoint(path: Path) -> Checkpoint:
-    blob = load_data(path)
-    if not isinstance(blob, dict) or isinstance(blob.get("step"), bool) or not isinstance(blob.get("step"), int):
-        raise DamagedFileError(path, "not a checkpoint (no integer 'step')")
-    return Checkpoint(path, int(blob["step"]), blob)
-
-
 def _quarantine(path: Path) -> Path:
     """Rename ``path`` to ``<name>.damaged`` (``.damaged-2``, ... when taken); returns the new path."""
     target, n = path.with_name(path.name + DAMAGED_SUFFIX), 1
@@ -154,7 +128,11 @@ def latest_valid_checkpoint(run_dir: Path, log: logging.Logger) -> Checkpoint | 
     """
     for path in reversed(checkpoint_files(run_dir)):
         try:
-            return _load_checkpoint(path)
+            blob = load_data(path)
+            step = blob.get("step") if isinstance(blob, dict) else None
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise DamagedFileError(path, "not a checkpoint (no integer 'step')")
+            return Checkpoint(path, step, blob)
         except DamagedFileError as exc:
             moved = _quarantine(path)
             log.warning("%s: moved aside to %s (kept, not deleted); trying the next older checkpoint", exc, moved.name)

@@ -22,3 +22,11 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically, UTF-8 encoded."""
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_synced(path: Path, data: bytes | memoryview, mode: str = "wb") -> None:
+    """Write (``mode`` "ab": append) ``data`` to ``path`` and sync it to disk before returning."""
+    with open(path, mode) as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())

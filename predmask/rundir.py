@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from predmask.io import atomic_write_text
+from predmask.io import atomic_write_text, write_synced
 
 # ----------------------------------------------------------------------------------------------- file names
 CONFIG_FILE = "config.yaml"
@@ -101,7 +101,7 @@ def is_project_root(folder: Path) -> bool:
 def project_root(start: Path | None = None) -> Path:
     """The folder of the project's ``runs/`` and ``results/``, absolute: ``$PREDMASK_ROOT`` when set, else the
     nearest of ``start`` (default: the working directory) and its ancestors that ``is_project_root``, else
-    ``start`` itself (a new project there). ``$PREDMASK_RUNS`` and ``$PREDMASK_DB`` still name their own paths."""
+    ``start`` itself (a new project there)."""
     if configured := os.environ.get(ROOT_ENV):
         return Path(configured).expanduser().absolute()
     here = (start or Path.cwd()).absolute()
@@ -116,9 +116,8 @@ def _subfolders(folder: Path) -> list[Path]:
 
 
 def other_roots(start: Path | None = None) -> list[Path]:
-    """The folders besides ``project_root(start)`` that hold the project's runs, each once, resolved, nearest kinds
-    first: ``$PREDMASK_ROOT``, the checkout this package runs from, ``start`` (default: the working directory) and
-    its ancestors, its subfolders, its siblings. Where a sweep's finished runs may be when it would start over."""
+    """The folders besides ``project_root(start)`` that hold the project's runs, each once, resolved, nearest
+    kinds first: where a sweep's finished runs may be when it would start over."""
     here = (start or Path.cwd()).absolute()
     configured = [Path(c).expanduser()] if (c := os.environ.get(ROOT_ENV)) else []
     found = [*configured, Path(__file__).parents[1], here, *here.parents, *_subfolders(here), *_subfolders(here.parent)]
@@ -146,7 +145,7 @@ def run_path(sweep: str, run_id: str, root: Path | None = None) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------- write errors
-#: what to do when a write fails with this errno (a full disk, a quota, a read-only or foreign file system)
+#: what to do when a write fails with this errno
 _REMEDIES = {
     errno.ENOSPC: "free space on its file system",
     errno.EDQUOT: "free space within your disk quota",
@@ -158,9 +157,8 @@ _REMEDIES = {
 
 
 def storage_problem(exc: OSError, where: Path) -> str | None:
-    """One line for a write that failed for lack of space or permission: the file (``where`` when the error names
-    none), why, and the remedy, e.g. ``cannot write runs/x/status.json: No space left on device; free space on its
-    file system, then rerun the same command to resume``; None for any other OSError."""
+    """One line for a write that failed for lack of space or permission: the file (``where`` when the error
+    names none), why, and the remedy; None for any other OSError."""
     remedy = _REMEDIES.get(exc.errno or 0)
     if remedy is None:
         return None
@@ -199,10 +197,8 @@ def _plain(value: Any, where: str) -> Any:
 
 
 def write_config(run_dir: Path, config: Mapping[str, Any], name: str = CONFIG_FILE) -> Path:
-    """Write ``config`` as ``run_dir/name`` (plain safe YAML, keys in their order, atomically); returns the path.
-
-    A value that is not plain data (an object, a tensor) raises TypeError naming its key: the file holds data only.
-    """
+    """Write ``config`` as ``run_dir/name`` (plain safe YAML, keys in their order, atomically); returns the
+    path. A value that is not plain data (an object, a tensor) raises TypeError naming its key."""
     path = run_dir / name
     text = yaml.safe_dump(_plain(config, ""), sort_keys=False, allow_unicode=True)
     with _writing(path):
@@ -210,15 +206,14 @@ def write_config(run_dir: Path, config: Mapping[str, Any], name: str = CONFIG_FI
     return path
 
 
-#: PyYAML's C safe loader when libyaml is built in (about 10x faster: ``python -m sweeps status`` reads thousands of
-#: configs), else its pure-Python safe loader; both build plain data only, never a Python object
+#: PyYAML's C safe loader when libyaml is built in (``python -m sweeps status`` reads thousands of configs),
+#: else its pure-Python safe loader; both build plain data only
 YAML_LOADER: type[Any] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class DamagedFileError(ValueError):
-    """A run-directory file that exists but cannot be read as what it should be: one line,
-    ``damaged: <file>, <what>``, for every reader (the trainer's resume, ``python -m sweeps status``, the sweep,
-    ingest)."""
+    """A run-directory file that exists but cannot be read as what it should be: one line, ``damaged: <file>,
+    <what>``, for every reader."""
 
     def __init__(self, path: Path, what: str) -> None:
         super().__init__(f"damaged: {path}, {what}")
@@ -231,13 +226,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    """A config file (``run_dir / CONFIG_FILE``, ``PLANNED_CONFIG_FILE``) as a dict: safe YAML, with its ``${...}``
-    interpolations resolved when they resolve (else kept literally, as written).
-
-    FileNotFoundError when it is missing; DamagedFileError (``damaged: <file>, <what>``) when it is not YAML (a
-    ``!!python`` tag included: nothing is ever constructed), empty, not a mapping, or truncated (``write_config``
-    ends every file with a newline, so a file that does not end with one was cut short).
-    """
+    """A config file as a dict: safe YAML, with its ``${...}`` interpolations resolved when they resolve (else
+    kept as written). FileNotFoundError when it is missing; DamagedFileError when it is not YAML (a
+    ``!!python`` tag included: nothing is ever constructed), empty, not a mapping, or truncated."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -280,11 +271,8 @@ def write_status(run_dir: Path, status: str, step: int, total_steps: int, error:
 
 def read_status(run_dir: Path) -> dict[str, Any]:
     """``status.json`` of a run directory as written by ``write_status``; ``{}`` when there is none (yet).
-
-    StatusError (a DamagedFileError: ``damaged: <file>, <what>``) when the file is empty, not JSON (a truncated
-    write), or not a JSON object (``[]``). ``write_status`` replaces the file atomically, so a reader never sees a
-    half-written one: a damaged file stays damaged until the run's writer replaces it.
-    """
+    StatusError when the file is empty, not JSON or not a JSON object: the file is replaced atomically, so a
+    damaged one stays damaged until the run's writer replaces it."""
     path = run_dir / STATUS_FILE
     try:
         text = path.read_bytes()
@@ -417,9 +405,9 @@ def _parse_line(line: bytes) -> tuple[int, dict[str, Any]] | str:
 
 
 def iter_metrics(path: Path) -> Iterator[Record | BadLine]:
-    """The one parser of a metrics file (any attempt), streaming: every non-blank line as a Record or a BadLine, in
-    file order, one line in memory at a time (blank lines are neither); a missing file has none. A bad line is
-    yielded when the next non-blank line (or the end of the file) says whether it is the last one."""
+    """The one parser of a metrics file (any attempt), streaming: every non-blank line as a Record or a
+    BadLine, in file order; a missing file has none. A bad line is yielded once the next non-blank line (or
+    the end of the file) says whether it is the last one."""
     try:
         fh = path.open("rb")
     except FileNotFoundError:
@@ -452,8 +440,8 @@ def parse_metrics(path: Path) -> MetricsFile:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The records of a metrics file as ``{"step": int, "data": {...}}`` dicts, in file order; a line that is not a
-    record (a torn last write, a bad disk, a hand edit) is skipped, and the valid lines after it are read."""
+    """The records of a metrics file as ``{"step": int, "data": {...}}`` dicts, in file order; a line that is
+    not a record is skipped, and the valid lines after it are read."""
     return [{"step": r.step, "data": r.data} for r in parse_metrics(path).records]
 
 
@@ -477,10 +465,7 @@ def truncate_metrics(path: Path, max_step: int) -> Truncation:
     parsed = parse_metrics(path)
     kept = [r for r in parsed.records if r.step <= max_step]
     if parsed.bad:
-        with open(path.with_name(CORRUPT_METRICS_FILE), "ab") as fh:
-            fh.write(b"".join(b.text + b"\n" for b in parsed.bad))
-            fh.flush()
-            os.fsync(fh.fileno())
+        write_synced(path.with_name(CORRUPT_METRICS_FILE), b"".join(b.text + b"\n" for b in parsed.bad), "ab")
     result = Truncation(len(parsed.records) - len(kept), len(parsed.bad))
     if result.dropped or result.quarantined:
         atomic_write_text(path, "".join(json.dumps({"step": r.step, "data": r.data}) + "\n" for r in kept))
@@ -501,12 +486,9 @@ def _attempt_number(metrics_file: Path, name: str) -> int | None:
 
 
 def keep_previous_attempt(metrics_file: Path) -> Path | None:
-    """verl's file logger truncates its file on start: move a previous attempt's lines aside first.
-
-    ``metrics.jsonl`` becomes ``metrics.attempt-<n>.jsonl`` (n one above the highest present), the naming
-    ``attempt_files`` lists and ingest merges by step (later attempts win). Returns the new name, or None when there
-    was nothing.
-    """
+    """verl's file logger truncates its file on start: move a previous attempt's lines aside first, as
+    ``metrics.attempt-<n>.jsonl`` (n one above the highest present). Returns the new name, or None when there
+    was nothing."""
     if not metrics_file.is_file() or metrics_file.stat().st_size == 0:
         return None
     taken = [n for p in metrics_file.parent.iterdir() if (n := _attempt_number(metrics_file, p.name)) is not None]
@@ -564,13 +546,10 @@ def _holder(text: str) -> str:
 
 @contextmanager
 def hold_lock(path: Path, stamp: str, busy: Callable[[str], Exception]) -> Iterator[None]:
-    """Hold an exclusive flock on the file ``path`` for the with-block, ``stamp`` (who holds it) written in it while
-    held: the one lock of the project (a run directory's writer lock, a sweep's lock).
-
-    When another process holds it, raises ``busy(what that holder wrote)``. Never through a link (the file is
-    truncated, and a link could name a file elsewhere): a link is a LinkedLockError (ELOOP) naming it and its target.
-    The lock goes with the process: a SIGKILLed holder leaves it free.
-    """
+    """Hold an exclusive flock on the file ``path`` for the with-block, ``stamp`` (who holds it) written in it
+    while held: the one lock of the project. When another process holds it, raises ``busy(what that holder
+    wrote)``. Never through a link (the file is truncated, and a link could name a file elsewhere):
+    LinkedLockError. The lock goes with the process: a SIGKILLed holder leaves it free."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -595,9 +574,8 @@ def hold_lock(path: Path, stamp: str, busy: Callable[[str], Exception]) -> Itera
 
 
 def hold_run_lock(run_dir: Path) -> AbstractContextManager[None]:
-    """Hold ``run_dir/.run.lock`` for the with-block (the run's writer, for its whole life), ``pid N HOST`` of the
-    holder written in it. Raises RunDirBusyError when another process holds it; a SIGKILLed writer leaves it free
-    (``run_writer_alive``)."""
+    """Hold ``run_dir/.run.lock`` for the with-block (the run's writer, for its whole life), ``pid N HOST`` of
+    the holder written in it; RunDirBusyError when another process holds it."""
     def busy(holder: str) -> RunDirBusyError:
         return RunDirBusyError(f"run_dir {run_dir} is being written by another trainer ({_holder(holder)})")
 
@@ -620,8 +598,7 @@ def run_writer_alive(run_dir: Path) -> bool:
 
 
 def run_status(run_dir: Path, status: str) -> str:
-    """The status a run directory's ``status.json`` gives, corrected for a dead writer: "running" with the writer
-    lock free means the writer was killed, so the run is ``"dead"``; any other status is returned as it is."""
+    """``status`` corrected for a dead writer: "running" with the writer lock free is ``"dead"``."""
     if status == "running" and not run_writer_alive(run_dir):
         return DEAD
     return status
