@@ -86,13 +86,9 @@ def rollout_support(logit_chunks: Iterable[Tensor], topk: int, g: torch.Generato
 
 def make_inputs(tokens: int, vocab: int, topk: int, *, device: str = "cpu", dtype: torch.dtype = torch.float32,
                 seed: int = 0) -> dict[str, Tensor]:
-    """Logits [tokens, vocab] in ``dtype`` and a rollout support built from a perturbed copy of them.
-
-    Each token's logits are standard normal times a sharpness drawn from [1, 6], so the distributions range from
-    nearly flat to peaked like a language model's; the rollout distribution is the (rounded) logits plus noise of
-    scale 0.3, a stand-in for precision mismatch. Generated in row chunks on ``device``, so that no float32 copy
-    of the whole logits exists.
-    """
+    """Logits [tokens, vocab] in ``dtype`` (standard normal times a per-token sharpness drawn from [1, 6]:
+    nearly flat to peaked like a language model's) and a rollout support (``rollout_support``), generated in
+    row chunks on ``device`` so that no float32 copy of the whole logits exists."""
     g = torch.Generator(device=device).manual_seed(seed)
     logits = torch.empty(tokens, vocab, dtype=dtype, device=device)
     sharp = 1.0 + 5.0 * torch.rand(tokens, 1, generator=g, device=device)

@@ -108,12 +108,8 @@ def _check_inputs(mu_logprobs: Tensor, pi_logprobs: Tensor, valid: Tensor) -> No
 
 
 def coarse_distributions(mu_logprobs: Tensor, pi_logprobs: Tensor, valid: Tensor) -> Coarse:
-    """Validate the support log-probs and build the coarse distributions over ``S ∪ {T}``.
-
-    Log-probs may be -inf (treated as the floor); NaN or +inf on a valid slot raises ValueError. Log-probs
-    slightly above 0 (rounding in bf16) are clamped to 0. Computation is in float64 for float64 input, else in
-    float32.
-    """
+    """Validate the support log-probs and build the coarse distributions over ``S ∪ {T}`` (math.md §1), in
+    float64 for float64 input, else in float32."""
     _check_inputs(mu_logprobs, pi_logprobs, valid)
     dtype = _compute_dtype(mu_logprobs, pi_logprobs)
     zero = torch.zeros((), dtype=dtype, device=mu_logprobs.device)
@@ -150,13 +146,9 @@ def divergence_of(c: Coarse, divergence: str) -> Tensor:
 
 
 def topk_divergence(mu_logprobs: Tensor, pi_logprobs: Tensor, valid: Tensor, *, divergence: str = "kl") -> Tensor:
-    """D per token over the coarse distributions ``S ∪ {T}`` (math.md §2).
-
-    mu_logprobs, pi_logprobs: [..., S] log-probs of the rollout and training policies on the support slots;
-    valid: bool [..., S]. ``divergence`` names a registered divergence: ``"kl"`` is the forward KL(mu‖pi),
-    ``"tv"`` the total variation. Rows with no valid slot (padding) get D = 0. Returns [...] in float32 (float64
-    for float64 input).
-    """
+    """D per token [...] over the coarse distributions ``S ∪ {T}`` of the support log-probs [..., S] (math.md
+    §2): ``divergence`` names a registered divergence (``"kl"``: KL(mu‖pi), ``"tv"``); padding rows get D =
+    0."""
     return divergence_of(coarse_distributions(mu_logprobs, pi_logprobs, valid), divergence)
 
 
@@ -258,12 +250,9 @@ def predicted_divergence_change(
 ) -> Tensor:
     """Ddot per token: the directional derivative of D along the unit logit step ``v = e_k - pi`` (math.md §3).
 
-    The first-order change of D under the policy-gradient step on this token has the sign of ``A * Ddot``.
-    ``sampled_index`` long [...] is the slot of the sampled token k (must be valid on rows with support).
-    ``tail`` names a registered q_T estimator (the squared training mass off the support): "aggregated"
-    (pi_T**2), "uniform" (pi_T**2 / (vocab_size - |S|), needs ``vocab_size``) or "exact" (needs ``pi_tail_sq``,
-    e.g. from ``gather_support_logprobs(..., return_tail_sq=True)``). TV uses sign(0) = 0. Rows without support
-    get 0.
+    ``sampled_index`` long [...] is the slot of the sampled token k (valid on rows with support); ``tail``
+    names a registered q_T estimator ("uniform" needs ``vocab_size``, "exact" needs ``pi_tail_sq``, e.g. from
+    ``gather_support_logprobs(..., return_tail_sq=True)``). Rows without support get 0.
     """
     c = coarse_distributions(mu_logprobs, pi_logprobs, valid)
     return divergence_change(c, sampled_index, divergence=divergence, tail=tail, vocab_size=vocab_size,

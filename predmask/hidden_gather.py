@@ -15,8 +15,8 @@ from torch.autograd.function import once_differentiable
 
 from predmask.support import support_ids, support_outputs
 
-#: vocabulary columns whose logits are computed at once: each [tokens, chunk] work buffer is 1/16 of the float32
-#: logits at 32k vocabulary (1/74 at 151,936), while each chunk's matrix product stays large enough to run at speed
+#: vocabulary columns whose logits are computed at once: small work buffers, while each chunk's matrix product
+#: stays large enough to run at speed
 DEFAULT_VOCAB_CHUNK = 2048
 
 #: ``all_reduce(tensor, op)`` reduces ``tensor`` in place over the tensor-parallel ranks; ``op`` is "max" or "sum"
@@ -91,9 +91,8 @@ class _HiddenSupportLogSoftmax(torch.autograd.Function):
     def backward(  # type: ignore[no-untyped-def, override]
         ctx, grad_logp: Tensor, _grad_lse: Tensor | None, _grad_sq: Tensor | None,
     ):
-        """Per chunk: ``dz = (scatter(g) - sum(g) * softmax(z / T)) / T``, then ``dh += dz @ W_c`` and
-        ``dW_c = dz.T @ h``. The hidden states are the same on every rank, so their gradient is summed over the
-        ranks (each rank's share comes from its own vocabulary rows)."""
+        """Per chunk ``dz`` (math.md §1.1), ``dh += dz @ W_c`` and ``dW_c = dz.T @ h``; the hidden states are
+        the same on every rank, so their gradient is summed over the ranks."""
         hidden, weight, ids, lse = ctx.saved_tensors
         t, chunk = ctx.temperature, ctx.chunk
         cd = lse.dtype
@@ -136,18 +135,13 @@ def gather_support_logprobs_from_hidden(
     vocab_size: int | None = None,
     all_reduce: AllReduce | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """``predmask.gather_support_logprobs(hidden @ lm_head_weight.T, ids, valid, ...)`` without the logits.
-
-    hidden [..., D] and lm_head_weight [V_local, D] (one dtype; bf16/fp16 logits of each chunk are computed in
-    that dtype, as the lm_head does, then in float32), ids long [..., S] (global vocabulary ids), valid bool
-    [..., S]. Returns the support log-probs [..., S] (-inf and no gradient on invalid slots; the gradient reaches
-    ``hidden`` and ``lm_head_weight``) and, with ``return_tail_sq``, the exact tail [...]: ``sum_j pi_j^2`` minus
-    the valid slots' squares, whose gradient, as on the logits path, flows through the slots' squares only.
+    """``predmask.gather_support_logprobs(hidden @ lm_head_weight.T, ids, valid, ...)`` without the logits
+    (math.md §1.1), the gradient reaching ``hidden`` [..., D] and ``lm_head_weight`` [V_local, D] (one dtype;
+    each chunk's logits are computed in it, as the lm_head does, then in float32).
 
     Vocabulary-parallel: this rank holds the rows ``[vocab_start, vocab_start + V_local)`` of a vocabulary of
     ``vocab_size`` (default: ``vocab_start + V_local``); ``all_reduce`` combines the ranks' partial results
-    (2 all-reduces forward, 1 backward; None: one rank holds the whole vocabulary). Work buffers are
-    [tokens, chunk]; the backward recomputes each chunk's logits instead of keeping them.
+    (None: one rank holds the whole vocabulary).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")

@@ -31,13 +31,12 @@ from predmask.support import binary_support_valid, topk_only_valid
 LOSS_AGG_MODES: tuple[str, ...] = (
     "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean",
 )
-#: what the ratio r = pi / anchor is anchored on: "old" = pi_old, the training policy's log-prob of the sampled token
-#: before the batch's first update (verl's recomputed old_log_prob); "rollout" = the rollout's log mu_k
+#: what the ratio r = pi / anchor is anchored on: pi_old or the rollout's mu_k (math.md §4.3)
 ANCHORS: tuple[str, ...] = ("old", "rollout")
 #: the loss forms (math.md §4.2): "clip" = PPO ratio clipping, "divergence" = the DPPO loss form with a divergence mask
 LOSS_KINDS: tuple[str, ...] = ("clip", "divergence")
-#: the slots D is taken over: "topk" = the top-K support (TOPK_SUPPORTS says which), "binary" = {k} alone (DPPO's
-#: binary approximation)
+#: the slots D is taken over: the top-K support (TOPK_SUPPORTS says which) or {k} alone (DPPO's binary
+#: approximation)
 SUPPORTS: tuple[str, ...] = ("topk", "binary")
 #: the top-K methods' support (``MethodParams.support``): "topk_plus_sampled" = TopK(mu) ∪ {k} (the paper's, the
 #: default), "topk" = TopK(mu) alone, a sampled token outside it counted in the tail (the DPPO reference code's)
@@ -56,19 +55,11 @@ def _delta_error(delta: float) -> str:
 
 @dataclass(frozen=True)
 class MethodParams:
-    """Hyperparameters of every method, with their defaults (the one place of them); each loss kind reads its own.
-
-    delta:          trust-region threshold on D (divergence methods; paper: 0.15, tight-threshold study: 0.05;
-                    a run config links it to its top-level ``delta``)
-    eps_low, eps_high: PPO clip range of grpo_clip_higher (DAPO's clip-higher values 0.2 / 0.28, as in the paper)
-    ratio_cap:      c in the DPPO loss ``-A * sg(min(r, c)) * keep * log pi_k`` (our choice: the DPPO reference
-                    code's default)
-    loss_agg_mode:  one of verl's modes (LOSS_AGG_MODES; our choice: the paper's Table 1 was not available)
-    anchor:         what r is anchored on (ANCHORS); None = the method's default (its loss kind's: "old" for
-                    grpo_clip_higher, as verl's GRPO; "rollout" for the divergence methods, as the paper)
-    support:        the top-K methods' support (TOPK_SUPPORTS); None = "topk_plus_sampled" (the paper's)
-    vocab_size:     V, needed by the uniform tail estimator (known at run time, not configured)
-    """
+    """Hyperparameters of every method, with their defaults (the one place of them; math.md §4); each loss
+    kind reads its own. ``delta``: a run config links it to its top-level ``delta``; ``loss_agg_mode``: our
+    choice, the paper's Table 1 was not available; ``anchor`` and ``support``: None = the method's default
+    (``Method.anchor``, ``Method.topk_support``); ``vocab_size``: V, needed by the uniform tail (known at run
+    time, not configured)."""
 
     delta: float = 0.15
     eps_low: float = 0.2
@@ -97,9 +88,9 @@ class MethodParams:
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> MethodParams:
-        """Build from a config mapping (a run's, a study's, a command line's), ignoring keys that are not parameters
-        (e.g. ``name``). A configured delta must be finite: delta=inf is no trust region at all, which is never what
-        a run or a study of the trust region means (the token-level study's unmasked reference step sets it itself)."""
+        """Build from a config mapping, ignoring keys that are not parameters (e.g. ``name``). A configured
+        delta must be finite: delta=inf is no trust region at all (the token-level study's unmasked reference
+        step sets it itself)."""
         known = {f.name for f in fields(cls)}
         params = cls(**{k: v for k, v in values.items() if k in known})
         if math.isinf(params.delta):
@@ -109,12 +100,9 @@ class MethodParams:
 
 @dataclass(frozen=True)
 class LossBatch:
-    """The per-token inputs of one loss call, as :func:`policy_loss` prepared them (all [batch, response_len]).
-
-    ``mask`` is the bool response mask, ``adv`` the advantages in the log-prob dtype, ``ratio`` = exp of the
-    clamped ``log_prob - old_log_prob`` (with grad), ``nonzero_adv`` the response tokens with a nonzero advantage.
-    The support tensors [batch, response_len, K+1] and ``pi_tail_sq`` are None when the caller gave none.
-    """
+    """The per-token inputs of one loss call, as :func:`policy_loss` prepared them: ``adv`` is the advantages
+    in the log-prob dtype, ``ratio`` has grad, the support tensors and ``pi_tail_sq`` are None when the caller
+    gave none."""
 
     log_prob: Tensor
     advantages: Tensor
@@ -131,8 +119,8 @@ class LossBatch:
 
 @dataclass(frozen=True)
 class DirectionInputs:
-    """What a direction criterion sees (no grad): the coarse distributions, advantages [B, R], the detached ratio,
-    the sampled slot, ``pi_tail_sq`` (or None), the method and its parameters."""
+    """What a direction criterion sees (no grad): the coarse distributions, advantages [B, R], the detached
+    ratio, the sampled slot, ``pi_tail_sq`` (or None), the method and its parameters."""
 
     coarse: Coarse
     advantages: Tensor
@@ -153,17 +141,9 @@ register_direction = DIRECTIONS.register
 
 @dataclass(frozen=True)
 class Method:
-    """One trust-region mask: a registration naming its parts (each a key of its registry).
-
-    kind:       loss form, one of LOSS_KINDS: "clip" (PPO ratio clipping) or "divergence" (DPPO loss form
-                with a divergence mask)
-    divergence: D of the proximity test, a key of predmask.divergence.DIVERGENCES ("kl", "tv")
-    support:    one of SUPPORTS: "topk" (TopK(mu) ∪ {k}) or "binary" ({k} only, DPPO's binary approximation)
-    direction:  a key of DIRECTIONS: "ratio" (A·(r-1) > 0) or "predictive" (A·Ddot > 0)
-    tail:       q_T estimator of the predictive direction, a key of predmask.divergence.TAILS
-    The ratio's anchor is the caller's ``old_log_prob``: pi_old or the rollout's log mu_k, as
-    :meth:`anchor` says (:attr:`default_anchor` unless ``MethodParams.anchor`` is set).
-    """
+    """One trust-region mask: a registration naming its parts, each a key of its registry or tuple (``kind``:
+    LOSS_KINDS, ``divergence``: predmask.divergence.DIVERGENCES, ``support``: SUPPORTS, ``direction``:
+    DIRECTIONS, ``tail``: predmask.divergence.TAILS, the q_T estimator of the predictive direction)."""
 
     name: str
     kind: str
@@ -172,8 +152,7 @@ class Method:
     direction: str | None = None
     tail: str | None = None
     description: str = ""
-    #: this method's own parameter values where they differ from MethodParams' defaults (a conf/method file
-    #: repeats none of them; ``method_config`` records them in every run's config)
+    #: this method's own parameter values where they differ from MethodParams' defaults
     defaults: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
@@ -201,22 +180,20 @@ class Method:
 
     @property
     def reads_tail_sq(self) -> bool:
-        """Whether the loss reads the exact tail's sum of squared probabilities (``pi_tail_sq``): only the exact tail
-        estimator does, so every other method's caller skips computing it."""
+        """Whether the loss reads ``pi_tail_sq`` (only the exact tail does; every other caller skips computing
+        it)."""
         return self.tail == "exact"
 
     @property
     def params(self) -> tuple[str, ...]:
-        """The MethodParams fields this method's loss kind reads (its configurable parameters, recorded in every
-        run's config)."""
+        """The MethodParams fields this method's loss kind reads (recorded in every run's config)."""
         if self.kind == "clip":
             return ("eps_low", "eps_high", "anchor", "loss_agg_mode")
         return ("delta", "ratio_cap", "loss_agg_mode")
 
     @property
     def default_anchor(self) -> str:
-        """The anchor of the ratio when ``MethodParams.anchor`` is None: pi_old for clipping (as verl's GRPO), the
-        rollout's mu for the divergence kind (as the paper and DPPO)."""
+        """The anchor of the ratio when ``MethodParams.anchor`` is None (math.md §4.3)."""
         return "old" if self.kind == "clip" else "rollout"
 
     def anchor(self, params: MethodParams) -> str:
@@ -224,9 +201,8 @@ class Method:
         return params.anchor or self.default_anchor
 
     def topk_support(self, params: MethodParams) -> str | None:
-        """The support of a top-K method with ``params`` (TOPK_SUPPORTS; the first is the default), None for the
-        others; one line when ``params.support`` is set for a method that cannot take it (a binary or clipping
-        method, or the predictive direction, whose Ddot needs the sampled token on the support)."""
+        """The support of a top-K method with ``params`` (TOPK_SUPPORTS; the first is the default), None for
+        the others; one line when ``params.support`` is set for a method that cannot take it."""
         if self.support != "topk":
             if params.support is not None:
                 raise ValueError(f"method {self.name!r} takes no support={params.support} (its divergence is not "
@@ -257,13 +233,12 @@ def get_method(name: str) -> Method:
 
 def method_config(section: dict[str, Any]) -> dict[str, Any]:
     """A run config's ``method`` section completed with every parameter the method reads (its value, else the
-    MethodParams default): what a run records in its config.yaml. Other keys (``name``, ``label``) are kept.
+    default): what a run records in its config.yaml. Other keys (``name``, ``label``) are kept.
 
-    The anchor is recorded resolved where the loss kind reads it (``anchor`` in its params: grpo_clip_higher);
-    elsewhere it is kept only when it differs from the method's default, so a default run's config (and its id)
-    does not carry it. :func:`method_anchor` reads it back either way. The top-K support likewise is kept only
-    when it is not the default (``topk_plus_sampled``). A parameter the method does not read (a cluster recipe's
-    ``ratio_cap`` on a clipping method) is left out: the record says what the loss used."""
+    The anchor is recorded where the loss kind reads it, elsewhere (like the top-K support) only when it is
+    not the default, so a default run's config (and its id) does not carry it. A parameter the method does not
+    read (a cluster recipe's ``ratio_cap`` on a clipping method) is left out: the record says what the loss
+    used."""
     m = get_method(str(section.get("name")))
     params = method_params(section)
     unread = {f.name for f in fields(MethodParams)} - set(m.params) - {"anchor"}
@@ -286,7 +261,8 @@ def method_params(section: Mapping[str, Any]) -> MethodParams:
 
 
 def method_anchor(section: Mapping[str, Any]) -> str:
-    """The anchor of a run's ``method`` config section (recorded, else the method's default): ``old`` | ``rollout``."""
+    """The anchor of a run's ``method`` config section (recorded, else the method's default): ``old`` |
+    ``rollout``."""
     m = get_method(str(section.get("name")))
     return m.anchor(method_params(section))
 
@@ -306,11 +282,8 @@ def agg_loss(
     global_batch_size: float | Tensor | None = None,
     loss_scale_factor: float | None = None,
 ) -> Tensor:
-    """Aggregate a [batch, response_len] loss matrix into a scalar with verl's semantics.
-
-    ``dp_size``, ``batch_num_tokens`` and ``global_batch_size`` are verl's ``global_batch_info``: when given,
-    normalise by the global token / sequence count so the loss does not depend on micro-batching.
-    """
+    """Aggregate a [batch, response_len] loss matrix into a scalar with verl's semantics (math.md §4); the
+    keywords are verl's ``global_batch_info``, so that the loss does not depend on micro-batching."""
     mask = loss_mask.to(loss_mat.dtype)
     if loss_agg_mode == "token-mean":
         denom = mask.sum() if batch_num_tokens is None else batch_num_tokens
@@ -355,16 +328,14 @@ def policy_loss(
     global_batch_info: dict[str, Any] | None = None,
     **param_overrides: Any,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The masked policy loss of a registered method and its metrics, per batch (math.md §4).
+    """The masked policy loss of a registered method and its metrics (``predmask.metrics`` names), per batch
+    (math.md §4).
 
     Per-token tensors [batch, response_len]: ``log_prob`` (training log pi_k, with grad), ``old_log_prob``
-    (the anchor of r: pi_old or the rollout's log mu_k, see ``Method.anchor``), ``advantages``, ``response_mask``.
-    Divergence methods also need the support [batch, response_len, K+1]: ``mu_logprobs``, ``pi_logprobs``,
-    ``valid`` and ``sampled_index``; ``predmask_*_exact`` needs ``pi_tail_sq`` and ``*_uniform`` needs
-    ``params.vocab_size``. ``param_overrides`` replace fields of ``params`` (e.g. ``delta=0.05``).
-
-    Returns ``(loss, metrics)``; metric names are ``predmask.metrics``' (verl's ``actor/pg_clipfrac``,
-    ``actor/ppo_kl`` plus the mask metrics under ``actor/mask/...``).
+    (the anchor of r, see ``Method.anchor``), ``advantages``, ``response_mask``. Divergence methods also need
+    the support [batch, response_len, K+1]: ``mu_logprobs``, ``pi_logprobs``, ``valid`` and ``sampled_index``;
+    ``predmask_*_exact`` needs ``pi_tail_sq`` and ``*_uniform`` needs ``params.vocab_size``.
+    ``param_overrides`` replace fields of ``params`` (e.g. ``delta=0.05``).
     """
     m = method if isinstance(method, Method) else get_method(method)
     p = replace(params or MethodParams(), **param_overrides) if param_overrides else (params or MethodParams())
@@ -400,8 +371,8 @@ def _clip_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor
 
 
 def _divergence_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """The DPPO loss form ``-A sg(min(r, c)) keep log pi_k``: a token is dropped when it lies outside the trust
-    region (D > delta) and the method's direction criterion says its step increases D."""
+    """The DPPO loss form ``-A sg(min(r, c)) keep log pi_k``: a token is dropped when it lies outside the
+    trust region (D > delta) and the method's direction criterion says its step increases D."""
     missing = [n for n, t in (("mu_logprobs", b.mu_logprobs), ("pi_logprobs", b.pi_logprobs), ("valid", b.valid),
                               ("sampled_index", b.sampled_index)) if t is None]
     if missing:
@@ -441,9 +412,7 @@ def _divergence_loss(m: Method, p: MethodParams, b: LossBatch) -> tuple[Tensor, 
 
 
 def _divergence_support(m: Method, p: MethodParams, valid: Tensor, sampled_index: Tensor) -> Tensor:
-    """The slots of the K+1 support that D is taken over: all of them (``topk_plus_sampled``), the top-K slots alone
-    (``topk``: the extra slot K, which holds a sampled token outside the top-K, joins the tail) or the sampled
-    slot alone (the binary methods)."""
+    """The slots of the K+1 support that D is taken over: all, the top-K alone or the sampled slot alone."""
     support = m.topk_support(p)
     if support is None:
         return binary_support_valid(valid, sampled_index)

@@ -13,17 +13,14 @@ from predmask.registry import Registry
 
 @dataclass(frozen=True)
 class Precision:
-    """One precision setting.
+    """One precision setting (``rollout_dtype``: compute/weight dtype of the rollout model).
 
-    name:            the setting's name (conf/precision/<name>.yaml)
-    rollout_dtype:   compute/weight dtype of the rollout model ("float32" or "bfloat16")
     rollout_fp8:     FP8 rollout: vLLM ``quantization=fp8`` on the cluster; e4m3 fake-quantised linear layers on CPU
     train_fp8:       FP8 training: Megatron FP8 on the cluster; e4m3 fake-quantised training forwards on CPU
                      (straight-through gradients)
     fp8_activations: where FP8 is on, the linear layers' inputs are quantised too (W8A8), not only the weights
     cluster:         a setting of the paper that runs on the GPU cluster (fp32, no mismatch, is a CPU reference)
-    emulates:        what the CPU engine does for it, in words (shown in logs and run configs)
-    """
+    emulates:        what the CPU engine does for it, in words (shown in logs and run configs)"""
 
     name: str
     rollout_dtype: Literal["float32", "bfloat16"]

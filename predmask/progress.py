@@ -79,8 +79,8 @@ def seconds_since_start(proc_stat: str, uptime: str, ticks_per_s: float) -> floa
 
 
 def process_seconds() -> float:
-    """Wall seconds since this process started (interpreter start-up and imports included), for a command's
-    "... in 3m05s"; where /proc is missing, since this module was imported."""
+    """Wall seconds since this process started (imports included); where /proc is missing, since this module
+    was imported."""
     try:
         return seconds_since_start(Path("/proc/self/stat").read_text(), Path("/proc/uptime").read_text(),
                                    os.sysconf("SC_CLK_TCK"))
@@ -94,13 +94,9 @@ def eta_from_durations(
     pending: Sequence[str],
     parallel: int,
 ) -> float | None:
-    """Seconds until every run has ended, from the durations of completed runs of the same kind; None while any
-    running or pending run's kind has no completed run yet (the caller then has only a rough extrapolation).
-
-    ``completed``: kind -> wall seconds of each completed run of that kind; ``running``: (kind, seconds it has run)
-    per running run, each expected to take its kind's mean duration (at least 0 s more); ``pending``: the kinds of
-    the runs not started, in start order, each started on the first of ``parallel`` slots to come free.
-    """
+    """Seconds until every run has ended, each run expected to take its kind's mean ``completed`` duration (a
+    running one at least 0 s more, a pending one started on the first of ``parallel`` slots to come free);
+    None while any running or pending run's kind has no completed run yet."""
     if parallel < 1:
         raise ValueError(f"parallel must be >= 1, got {parallel}")
     mean = {kind: sum(times) / len(times) for kind, times in completed.items() if times}
@@ -205,8 +201,8 @@ class Tracker:
         self._update()
 
     def advance_to(self, completed: int, status: str = "") -> None:
-        """Move the count up to ``completed`` units done (a poller that reads a running total, e.g. finished files
-        on disk); a total at or below the current count changes nothing."""
+        """Move the count up to ``completed`` units done (a poller that reads a running total); a total at or
+        below the current count changes nothing."""
         if completed > self.completed:
             self.advance(completed - self.completed, status)
 
@@ -218,8 +214,8 @@ class Tracker:
         self._update()
 
     def estimate(self, seconds: float | None) -> None:
-        """The seconds left as measured by the caller (e.g. :func:`eta_from_durations`); None: no measured
-        estimate yet, so the line's extrapolation from the work done so far is shown as rough (``eta ~5m (rough)``)."""
+        """The seconds left as measured by the caller (e.g. :func:`eta_from_durations`); None: none yet, so
+        the line's extrapolation from the work done so far is shown as rough (``eta ~5m (rough)``)."""
         self._estimate, self._rough = seconds, seconds is None
 
     def _update(self) -> None:

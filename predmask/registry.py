@@ -9,11 +9,8 @@ T = TypeVar("T")
 
 
 class Registry(dict[str, T], Generic[T]):
-    """Entries by name, in registration order; ``what`` names the kind of entry in error messages.
-
-    ``register(name)`` is a decorator that adds the decorated function; ``add(name, entry)`` adds any entry;
-    ``lookup(name)`` raises one ValueError line listing the allowed names. Names are unique.
-    """
+    """Entries by name (unique), in registration order; ``what`` names the kind of entry in error messages,
+    and ``lookup(name)`` raises one ValueError line listing the allowed names."""
 
     def __init__(self, what: str) -> None:
         super().__init__()

@@ -7,33 +7,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-#: row chunks of low-precision (bf16, fp16) logits: their log-sum-exp and gradient are computed in float32 one
-#: chunk of rows at a time, so each float32 work buffer is 1/32 of a float32 copy, 1/16 of the bf16 logits (a
-#: step's peak stays near the gradient alone, 1 x the logits, instead of the 4 x that whole-tensor float32 copies
-#: cost), while a chunk stays large (at 8,192 tokens x 151,936, 256 rows) so each kernel runs at full speed
+#: row chunks of low-precision (bf16, fp16) logits computed in float32 at once: each float32 work buffer is
+#: 1/16 of the bf16 logits (a step's peak stays near the gradient alone), while a chunk stays large enough to
+#: run at speed
 LOW_PRECISION_CHUNKS = 32
 _FULL_PRECISION = (torch.float32, torch.float64)
 
 
 @dataclass(frozen=True)
 class TopKSupport:
-    """The width K+1 support of each token: ``TopK(mu) ∪ {sampled}``.
-
-    ids:           long  [..., K+1] token ids of the support slots
-    mu_logprobs:   float [..., K+1] rollout (behaviour policy) log-probs on the slots
-    valid:         bool  [..., K+1] False for the extra slot when the sampled token is already in the top-K
-                   (and for slots the engine left empty)
-    sampled_index: long  [...]      slot of the sampled token, always a valid slot
-    """
+    """The width K+1 support of each token, ``TopK(mu) ∪ {sampled}`` (math.md §1): ``ids``, ``mu_logprobs``
+    and ``valid`` [..., K+1], and ``sampled_index`` [...], the sampled token's slot, always a valid one."""
 
     ids: Tensor
     mu_logprobs: Tensor
     valid: Tensor
     sampled_index: Tensor
-
-    @property
-    def width(self) -> int:
-        return int(self.ids.shape[-1])
 
     def select(self, index: slice | Tensor) -> TopKSupport:
         """Rows ``index`` of the support (along the first dimension)."""
@@ -51,15 +40,9 @@ def build_support(
     sampled_logprobs: Tensor,
     topk_valid: Tensor | None = None,
 ) -> TopKSupport:
-    """Build the K+1 support from what a rollout engine reports per generated token.
-
-    topk_ids [..., K] and topk_logprobs [..., K]: the engine's top-K of mu (any order);
-    sampled_ids [...] and sampled_logprobs [...]: the sampled token and its log-prob;
-    topk_valid [..., K] (optional): False where the engine reported fewer than K entries.
-
-    The extra slot K holds the sampled token when it is not among the valid top-K entries; otherwise it is
-    invalid and ``sampled_index`` points at the top-K slot that holds it.
-    """
+    """Build the K+1 support (math.md §1) from what a rollout engine reports per generated token: its top-K of
+    mu [..., K] (any order), the sampled token and its log-prob [...], and ``topk_valid`` [..., K] (False
+    where the engine reported fewer than K entries)."""
     if topk_ids.shape != topk_logprobs.shape:
         raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_logprobs {tuple(topk_logprobs.shape)} differ")
     if topk_ids.shape[:-1] != sampled_ids.shape or sampled_ids.shape != sampled_logprobs.shape:
@@ -118,12 +101,10 @@ def _chunked_logsumexp(logits: Tensor, temperature: float, factor: float = 1.0) 
 
 
 class _SupportLogSoftmax(torch.autograd.Function):
-    """``log_softmax(z / T)`` gathered at ``ids``, with a hand-written backward that builds the logits gradient
-    in one [..., V] buffer: ``(scatter(g) - sum(g) * softmax(z / T)) / T``. Autograd's own graph for the same
-    expression keeps several [..., V] tensors alive (the exp of the log-sum-exp, the scatter of the gather, their
-    sum); this keeps only the gradient itself. Low-precision logits (bf16, fp16) are computed in float32 in row
-    chunks, forward and backward, so that their gradient is again the only [..., V] tensor. Forward-mode AD
-    (``torch.func.jvp``) is supported too."""
+    """``log_softmax(z / T)`` gathered at ``ids``, with a hand-written backward that builds the logits
+    gradient in one [..., V] buffer (autograd's own graph keeps several [..., V] tensors alive); low-precision
+    logits are computed in float32 row chunks, forward and backward. Forward-mode AD (``torch.func.jvp``) is
+    supported too."""
 
     @staticmethod
     def forward(logits: Tensor, ids: Tensor, temperature: float) -> tuple[Tensor, Tensor]:  # type: ignore[override]
@@ -199,17 +180,11 @@ def gather_support_logprobs(
     temperature: float = 1.0,
     return_tail_sq: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """Training log-probs ``log_softmax(logits / temperature)`` gathered at the support ids.
-
-    logits [..., V] (any float dtype; computed in at least float32), ids long [..., S].
-    Uses ``logits[ids] - logsumexp(logits)`` with a backward that writes the logits gradient in place (see
-    ``_SupportLogSoftmax``): no log-softmax tensor is materialised, forward or backward. Invalid slots get
-    log-prob -inf (and no gradient).
-
-    With ``return_tail_sq`` also returns ``pi_tail_sq`` [...]: the sum of squared training probabilities off the
-    valid support (the exact tail of math.md §3.1). Computed as ``sum_j pi_j^2 - sum_{i in S} pi_i^2`` from a
-    second log-sum-exp, ``logsumexp(2 z) - 2 logsumexp(z)``, again without a [..., V] probability tensor.
-    """
+    """Training log-probs ``log_softmax(logits / temperature)`` [..., V] gathered at the support ids [..., S],
+    as ``logits[ids] - logsumexp(logits)`` (math.md §1): no log-softmax tensor is materialised, forward or
+    backward. Invalid slots get log-prob -inf (and no gradient). With ``return_tail_sq`` also returns
+    ``pi_tail_sq`` [...], the sum of squared training probabilities off the valid support (the exact tail of
+    math.md §3.1)."""
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if ids.shape[:-1] != logits.shape[:-1]:

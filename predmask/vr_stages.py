@@ -12,8 +12,6 @@ from collections.abc import Iterable
 
 #: the stages of the CPU engine, in pipeline order (one run directory each; the ``stage`` key of a run's config)
 STAGES: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "final")
-#: the stages only a cluster runs
-CLUSTER_ONLY: tuple[str, ...] = ("rft_samples", "eval")
 #: the stages of a cluster, in pipeline order
 CLUSTER_STAGES: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "rft_samples", "final", "eval")
 #: the stages that train with SFT (on a cluster each has an SFT config, ``cluster.variational.<stage>``)

@@ -74,9 +74,8 @@ def _check_lengths(name: str, tokens: Tensor, n: int, minimum: int) -> Tensor:
 
 
 def sequence_logprob(token_logp: Tensor, mask: Tensor) -> Tensor:
-    """Σ_t log p_bt over the positions where ``mask`` is true, per row: [B, T] -> [B] (0 for an empty row).
-
-    Masked-out positions are ignored whatever they hold (padding may be NaN or -inf)."""
+    """Σ_t log p_bt over the positions where ``mask`` is true (whatever the others hold), per row: [B, T] ->
+    [B]."""
     if token_logp.shape != mask.shape or token_logp.ndim != 2:
         raise ValueError(
             f"token_logp and mask must be [B, T] of one shape, got {tuple(token_logp.shape)} and {tuple(mask.shape)}"
@@ -138,10 +137,8 @@ def log_correct_estimate(
     answer_tokens: Tensor | None = None,
     correct: Tensor | None = None,
 ) -> Tensor:
-    """log P̂(correct | x, z) per trace [N] by the estimator ``name`` (-inf allowed: ``acc`` with no correct answer).
-
-    ``answer_logp`` [N]: Σ log π_θ0(y′ | x, z) over the answer's tokens; ``answer_tokens`` [N]: |y′| >= 1;
-    ``correct`` [N, M]: whether each of M answers sampled from π_θ0(· | x, z) is correct."""
+    """log P̂(correct | x, z) per trace [N] by the estimator ``name`` (math.md §8; -inf: ``acc`` with no
+    correct answer), from the inputs it names (``Estimator.inputs``)."""
     estimator = get_estimator(name)
     given = {"answer_logp": answer_logp, "answer_tokens": answer_tokens, "correct": correct}
     missing = [key for key in estimator.inputs if given[key] is None]
@@ -182,10 +179,8 @@ def _group_max(values: Tensor, group: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def normalise_weights(log_weights: Tensor, group: Tensor) -> Tensor:
-    """Softmax of ``log_weights`` within each group (the K traces of a question), in log space: [N] -> [N].
-
-    Each group's weights sum to 1; a group whose log weights are all -inf gets zeros. Finite for any finite or -inf
-    input (the group's maximum is subtracted before exponentiating)."""
+    """Softmax of ``log_weights`` within each group (the K traces of a question), in log space: [N] -> [N]; a
+    group whose log weights are all -inf gets zeros."""
     if log_weights.ndim != 1:
         raise ValueError(f"log_weights must be [N], got shape {tuple(log_weights.shape)}")
     _check_no_nan("log_weights", log_weights)
@@ -217,10 +212,8 @@ def best_trace(weights: Tensor, group: Tensor) -> Tensor:
 
 
 def weighted_sft_loss(token_logp: Tensor, mask: Tensor, weights: Tensor, normaliser: float) -> Tensor:
-    """The constant-normaliser weighted SFT loss −Σ_b w_b Σ_t m_bt log p_bt / normaliser (a scalar).
-
-    ``normaliser`` is a fixed token count (sft.normaliser × sft.questions_per_step), not the batch's own token
-    count, so a sequence's gradient does not depend on what else is in the batch (math.md §8)."""
+    """The constant-normaliser weighted SFT loss −Σ_b w_b Σ_t m_bt log p_bt / normaliser (a scalar, math.md
+    §8): a fixed token count, so a sequence's gradient does not depend on what else is in the batch."""
     if isinstance(normaliser, bool) or not isinstance(normaliser, (int, float)) or not normaliser > 0 \
             or not math.isfinite(normaliser):
         raise ValueError(f"normaliser = {normaliser!r} is not allowed; allowed: a finite number > 0")

@@ -68,11 +68,10 @@ class BatchConfig:
 
 @dataclass
 class ClusterModelConfig:
-    """A real model of the cluster path: ``path`` its local checkpoint, ``engine`` verl's training engine (ENGINES),
-    ``fused_kernels`` verl's fused log-prob kernels on engine=fsdp (no [tokens, vocab] logits; Megatron keeps the
-    logits path, where the support gather from the hidden states is not wired),
-    its parallelism and batch, ``verl`` raw verl overrides applied after ours; ``cpu_standin`` trains in its place on
-    the CPU engine."""
+    """A real model of the cluster path: ``path`` its local checkpoint, ``engine`` verl's training engine
+    (ENGINES), ``fused_kernels`` verl's fused log-prob kernels on engine=fsdp (no [tokens, vocab] logits;
+    Megatron keeps the logits path, where the support gather from the hidden states is not wired), ``verl``
+    raw verl overrides applied after ours; ``cpu_standin`` trains in its place on the CPU engine."""
 
     name: str = MISSING
     backend: str = MISSING

@@ -10,19 +10,9 @@ from predmask.schemas.unknown_keys import check_known_keys
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """Shape of the arithmetic task; every field changes the data (and so the base-model cache key).
-
-    max_number:    largest number token (results never leave ``[0, max_number]``)
-    operand_max:   operands are drawn from ``[0, operand_max]``
-    train_ops:     inclusive range of the number of operations of ``train`` problems
-    pretrain_ops:  the same for the base model's supervised data
-    eval_ops:      number of operations of (aime24_standin, aime25_standin)
-    eval_size:     problems per evaluation split (AIME has 30)
-    slots:         prompts are written as a fixed form of ``slots`` operation slots, unused ones blank (``_ _``),
-                   so every prompt has the same length (0: no blanks, variable-length prompts)
-    seed:          seed of every split
-    label:         how outputs describe the task (display text; not part of the data, nor of any cache key)
-    """
+    """Shape of the arithmetic task (conf/task/arithmetic.yaml says what each field is); every field but the
+    display ``label`` changes the data (and so the base-model cache key). Results never leave ``[0,
+    max_number]``; the ``*_ops`` ranges are inclusive; ``slots`` = 0: no blanks, variable-length prompts."""
 
     max_number: int = 255
     operand_max: int = 9

@@ -104,14 +104,10 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class BaseConfig:
-    """Supervised pretraining of the base model.
-
-    seed: model init and data noise; steps: optimiser steps; batch_size: problems per step; lr, warmup,
-    min_lr_ratio: AdamW with linear warmup and cosine decay to ``lr * min_lr_ratio``; noise: probability of an
-    arithmetic slip per written step of a worked solution; guess_frac: fraction of corpus solutions that are bare
-    guesses (``task.guess_solution``, off by up to ``guess_spread``); eval_problems: train problems in the
-    reported accuracy.
-    """
+    """Supervised pretraining of the base model: AdamW with linear warmup and cosine decay to ``lr *
+    min_lr_ratio``; ``noise``: probability of an arithmetic slip per written step of a worked solution;
+    ``guess_frac``: fraction of corpus solutions that are bare guesses (``task.guess_solution``, off by up to
+    ``guess_spread``); ``eval_problems``: train problems in the reported accuracy."""
 
     seed: int = 0
     steps: int = 1000
