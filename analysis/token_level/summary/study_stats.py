@@ -466,9 +466,9 @@ def sign_accuracy(tokens: pl.DataFrame, reference: str = token_columns.DD_ALL) -
     live = tokens.filter(pl.col("a") != 0)
     out = {}
     for crit in CRITERIA:
-        per_seed = live.group_by("seed").agg(
+        per_seed = live.group_by("seed").agg(  # sorted: the float sums of mean_se do not depend on polars' order
             acc=(_predicted_increase(crit) == (pl.col(reference) > 0)).mean()
-        )
+        ).sort("seed")
         out[crit] = mean_se(per_seed["acc"].to_list())
     return out
 
