@@ -1,8 +1,4 @@
 """`python -m reports paper|variational|list`: draw the report's figures and tables from the results database, or list them.
-
-python -m reports paper       [--db PATH] [--out DIR] [--sweep NAME ...] [--study ID] [--raw] [--only NAME ...]
-python -m reports variational [--db PATH] [--out DIR] [--sweep NAME ...]   (only the variational family; page updated)
-python -m reports list        [--db PATH] [--sweep NAME ...] [--study ID]
 """
 
 from __future__ import annotations
@@ -52,27 +48,29 @@ def _parser() -> argparse.ArgumentParser:
             "--study", default=None, metavar="ID", help="token-level study id (default: the one with the most seeds, the newest among equals)"
         )
 
-    paper = sub.add_parser("paper", help="draw every figure and table and write the index page")
-    common(paper)
-    paper.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})"
-    )
-    paper.add_argument(
-        "--raw",
-        action="store_true",
-        help="training curves without smoothing (default: an EMA per seed, its half-life stated on each figure)",
-    )
-    paper.add_argument(
-        "--only", action="append", default=None, metavar="NAME", help="draw only these artefacts"
-    )
-    paper.add_argument("--debug", action="store_true", help="show the traceback when an artefact fails")
-    vr = sub.add_parser(
-        "variational",
-        help="draw only the variational-reasoning family's figures and table and update the index page",
-    )
-    common(vr)
-    vr.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})")
-    vr.add_argument("--debug", action="store_true", help="show the traceback when an artefact fails")
+    for name, what in (
+        ("paper", "draw every figure and table and write the index page"),
+        (
+            "variational",
+            "draw only the variational-reasoning family's figures and table and update the index page",
+        ),
+    ):
+        sp = sub.add_parser(name, help=what)
+        common(sp)
+        sp.add_argument(
+            "--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default: {DEFAULT_OUT})"
+        )
+        if name == "paper":
+            sp.add_argument(
+                "--raw",
+                action="store_true",
+                help="training curves without smoothing (default: an EMA per seed, its half-life stated on "
+                "each figure)",
+            )
+            sp.add_argument(
+                "--only", action="append", default=None, metavar="NAME", help="draw only these artefacts"
+            )
+        sp.add_argument("--debug", action="store_true", help="show the traceback when an artefact fails")
     lst = sub.add_parser(
         "list", help="list the figures and tables and whether the database has data for them"
     )

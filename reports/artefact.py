@@ -1,9 +1,5 @@
-"""What every report artefact shares: the context it reads, the data it returns, and the decorators that declare it.
-
-Artefact modules (reports/figures/*, reports/tables/*) declare their figures and tables with `figure`
-(reports/figures/draw.py) / `table` (reports/tables/render.py), each under its function's name, through `declare`;
-reports/artefact_registry.py imports those modules and collects what they declared.
-"""
+"""What every report artefact shares: the context it reads, the data it returns, and the decorator declaring
+it (``declare``, behind ``figure`` in reports/figures/draw.py and ``table`` in reports/tables/render.py)."""
 
 from __future__ import annotations
 
@@ -118,6 +114,10 @@ class ArtefactResult:
     command: str = ""  # the command that produces the data it draws (named when it has none)
     drawn: Any = None  # what its files hold: a figure's matplotlib Figure, a table's TextTables in file order
 
+    def series_labels(self) -> list[str]:
+        """Every series label of its panels, once each, in the order drawn."""
+        return list(dict.fromkeys(s.label for p in self.panels for s in p.series))
+
     def panel(self, title_start: str, row: str | None = None) -> Panel:
         for p in self.panels:
             if p.title.startswith(title_start) and (row is None or p.row == row):
@@ -127,8 +127,8 @@ class ArtefactResult:
 
 @dataclass(frozen=True)
 class Artefact:
-    """A declared figure or table; calling it with a context draws or renders it and, when the context draws, writes
-    its files (``write``: the result's ``drawn`` under its name, the paths written)."""
+    """A declared figure or table; calling it with a context draws or renders it, and writes its files when
+    the context draws."""
 
     name: str
     kind: Kind

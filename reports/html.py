@@ -4,7 +4,7 @@ where each one's data came from."""
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -70,6 +70,22 @@ def _table_html(t: TextTable, classes: Sequence[str] | None = None) -> str:
     return f"<h3>{_esc(t.title)}</h3><p class='note'>{_esc(t.note)}</p><table><tr>{head}</tr>{body}</table>"
 
 
+#: the columns of the table of runs an artefact drew from: header, cell of (run, run_id -> (steps, last step))
+RUN_COLUMNS: tuple[tuple[str, Callable[[queries.RunInfo, dict[str, tuple[int, int]]], object]], ...] = (
+    ("run", lambda r, steps: r.run_id),
+    ("sweeps", lambda r, steps: ", ".join(r.sweeps) or "—"),
+    ("method", lambda r, steps: r.method or "—"),
+    ("δ", lambda r, steps: f"{r.delta:g}" if r.delta is not None else "—"),
+    ("scale", lambda r, steps: r.describe_scale()),
+    ("precision", lambda r, steps: r.describe_precision()),
+    ("backend", lambda r, steps: r.describe_backend()),
+    ("seed", lambda r, steps: "—" if r.seed is None else r.seed),
+    ("status", lambda r, steps: r.status or "—"),
+    ("steps logged", lambda r, steps: steps.get(r.run_id, (0, 0))[0]),
+    ("last step", lambda r, steps: steps[r.run_id][1] if r.run_id in steps else "—"),
+)
+
+
 def _provenance(result: ArtefactResult, steps: dict[str, tuple[int, int]]) -> str:
     if result.study is not None:
         s = result.study
@@ -88,42 +104,10 @@ def _provenance(result: ArtefactResult, steps: dict[str, tuple[int, int]]) -> st
         + ("" if not emulated or all(r.is_cpu for r in result.runs) else " for the CPU runs")
     )
     rows = "".join(
-        "<tr>"
-        + "".join(
-            f"<td>{_esc(v)}</td>"
-            for v in (
-                r.run_id,
-                ", ".join(r.sweeps) or "—",
-                r.method or "—",
-                f"{r.delta:g}" if r.delta is not None else "—",
-                r.describe_scale(),
-                r.describe_precision(),
-                r.describe_backend(),
-                r.seed if r.seed is not None else "—",
-                r.status or "—",
-                steps.get(r.run_id, (0, 0))[0],
-                steps.get(r.run_id, (0, -1))[1] if r.run_id in steps else "—",
-            )
-        )
-        + "</tr>"
+        "<tr>" + "".join(f"<td>{_esc(cell(r, steps))}</td>" for _, cell in RUN_COLUMNS) + "</tr>"
         for r in result.runs
     )
-    head = "".join(
-        f"<th>{h}</th>"
-        for h in (
-            "run",
-            "sweeps",
-            "method",
-            "δ",
-            "scale",
-            "precision",
-            "backend",
-            "seed",
-            "status",
-            "steps logged",
-            "last step",
-        )
-    )
+    head = "".join(f"<th>{h}</th>" for h, _ in RUN_COLUMNS)
     return (
         f"<p class='note'>{_esc(summary)}</p><details><summary>runs drawn from</summary>"
         f"<table><tr>{head}</tr>{rows}</table></details>"

@@ -1,8 +1,6 @@
 """Display labels of methods, models, precisions and settings, the paper's settings (read from conf/), and the
-size of the runs' evaluation splits (read from their recorded configs).
-
-conf/ declares every option once (predmask.config); this module only looks them up, caches them and falls back to
-the raw name for an option conf/ does not have (a run of an option that was since removed still draws).
+size of the runs' evaluation splits (read from their recorded configs). An option conf/ no longer has is
+labelled by its raw name, so its runs still draw.
 """
 
 from __future__ import annotations

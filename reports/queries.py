@@ -16,6 +16,15 @@ from analysis.store import STUDY_RESULT_KEYS, run_sweeps, table_exists
 from reports import labels
 
 
+def _json_dict(text: Any) -> dict[str, Any]:
+    """A stored JSON object (text, or already parsed); {} for anything else or unparsable text."""
+    try:
+        parsed = json.loads(text) if isinstance(text, str) else (text or {})
+    except (TypeError, json.JSONDecodeError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
 def count_rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
     return (
         int(con.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]) if table_exists(con, table) else 0
@@ -93,14 +102,7 @@ def load_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
         "SELECT run_id, sweep, method, delta, model, precision, seed, backend, status, config FROM runs ORDER BY run_id"
     ).fetchall()
     held = run_sweeps(con)
-    out = []
-    for r in rows:
-        try:
-            cfg = json.loads(r[9]) if r[9] else {}
-        except (TypeError, json.JSONDecodeError):
-            cfg = {}
-        out.append(RunInfo(*r[:9], config=cfg if isinstance(cfg, dict) else {}, sweeps=held.get(r[0], ())))
-    return out
+    return [RunInfo(*r[:9], config=_json_dict(r[9]), sweeps=held.get(r[0], ())) for r in rows]
 
 
 def same_delta(a: float | None, b: float) -> bool:
@@ -238,14 +240,7 @@ def load_studies(con: duckdb.DuckDBPyConnection) -> list[StudyInfo]:
     rows = con.execute(
         f"SELECT study_id, config, {count} FROM token_level_studies t ORDER BY created_at DESC NULLS LAST, study_id"
     ).fetchall()
-    out = []
-    for sid, cfg, n in rows:
-        try:
-            parsed = json.loads(cfg) if cfg else {}
-        except (TypeError, json.JSONDecodeError):
-            parsed = {}
-        out.append(StudyInfo(sid, parsed if isinstance(parsed, dict) else {}, int(n)))
-    return out
+    return [StudyInfo(sid, _json_dict(cfg), int(n)) for sid, cfg, n in rows]
 
 
 def pick_study(studies: Sequence[StudyInfo], study_id: str | None) -> StudyInfo | None:
@@ -376,11 +371,7 @@ def latest_weighting(con: duckdb.DuckDBPyConnection) -> WeightingAnalysis | None
     if not found:
         return None
     aid, cfg = found[0]
-    try:
-        parsed = json.loads(cfg) if isinstance(cfg, str) else (cfg or {})
-    except json.JSONDecodeError:
-        parsed = {}
     rows = con.sql(
         "SELECT * FROM accuracy_weighting WHERE analysis_id = ? ORDER BY method, source, accuracy", params=[aid]
     ).pl()
-    return WeightingAnalysis(str(aid), parsed if isinstance(parsed, dict) else {}, rows)
+    return WeightingAnalysis(str(aid), _json_dict(cfg), rows)

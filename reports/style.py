@@ -32,20 +32,16 @@ METHOD_STYLE: dict[str, tuple[str, str]] = {
     "predmask_binary_kl": (OKABE_ITO["blue"], "-."),
     "predmask_tv_agg": (OKABE_ITO["sky_blue"], ":"),
     "predmask_tv_uniform": (OKABE_ITO["yellow"], ":"),
+    # The variational family: baselines first, then the three estimators; a recipe's data setting picks the
+    # marker and the fill (VR_DATA_STYLE), its estimator the colour.
+    "prior": (GREY, ":"),
+    "sft": (OKABE_ITO["orange"], "--"),
+    "rft": (OKABE_ITO["sky_blue"], "--"),
+    "grpo": (OKABE_ITO["black"], "-."),
+    "vr_acc": (OKABE_ITO["vermillion"], "-"),
+    "vr_gml": (OKABE_ITO["blue"], "-"),
+    "vr_likelihood": (OKABE_ITO["bluish_green"], "-"),
 }
-# The variational family: baselines first, then the three estimators; a recipe's data setting picks the
-# marker and the fill (VR_DATA_STYLE), its estimator the colour.
-METHOD_STYLE.update(
-    {
-        "prior": (GREY, ":"),
-        "sft": (OKABE_ITO["orange"], "--"),
-        "rft": (OKABE_ITO["sky_blue"], "--"),
-        "grpo": (OKABE_ITO["black"], "-."),
-        "vr_acc": (OKABE_ITO["vermillion"], "-"),
-        "vr_gml": (OKABE_ITO["blue"], "-"),
-        "vr_likelihood": (OKABE_ITO["bluish_green"], "-"),
-    }
-)
 METHOD_ORDER: tuple[str, ...] = tuple(METHOD_STYLE)
 
 # data setting of a final recipe -> (marker, filled, line style): all K weighted traces solid and filled, the best
@@ -100,14 +96,8 @@ RC: dict[str, object] = {
 
 # A training line's markers (its legend shows one): every method a shape of its own, so a line drawn under another
 # still shows its markers (the figures stagger the markers of a panel's lines so that no two share a point).
-METHOD_MARKER: dict[str, str] = dict(
-    zip(
-        ("grpo_clip_higher", "dppo_topk_kl", "predmask_kl_agg", "predmask_kl_uniform", "predmask_kl_exact",
-         "dppo_topk_tv", "dppo_binary_kl", "dppo_binary_tv", "predmask_binary_kl", "predmask_tv_agg",
-         "predmask_tv_uniform"),
-        ("s", "o", "^", "v", "D", "P", "X", "h", "<", ">", "*"),
-    )
-)
+# The training methods are METHOD_ORDER's first eleven.
+METHOD_MARKER: dict[str, str] = dict(zip(METHOD_ORDER, "so^vDPXh<>*"))
 _FALLBACK_MARKERS = ("p", "8", "H", "d", "1")
 
 

@@ -1,9 +1,5 @@
-"""The summary at the top of the report page: what ran and where, runs and seeds per sweep, the headline results.
-
-The headline numbers are Table 2's (``main_results.headline_table`` of the results ``table2_main_results``
-computed) and the token-level summary's (``token_level.summary_rows``), each labelled as this database's or the
-paper's (both modules in reports/tables/).
-"""
+"""The summary at the top of the report page: what ran and where, runs and seeds per sweep, the headline
+results (Table 2's cells and the token-level summary's, each labelled as this database's or the paper's)."""
 
 from __future__ import annotations
 

@@ -2,13 +2,8 @@
 last value of every val-core metric, with the metric names, the evaluation splits found in the database, the scale
 note, the hint-use gate and the minimum detectable difference its figures and its table share.
 
-A regime is the traces' settings (``hint``, ``traces`` sections of the traces runs) that differ between the selected
-runs, e.g. ``traces.k = 4`` in the trace-count ablation; a final that reads traces carries its traces run's regime.
-The gate (issue 26): per regime, q_φ's hint use, from the traces stage's metrics averaged over seeds; it fails when
-q_φ follows a decoy hint in under DECOY_FOLLOW_MIN of traces or reaches the hinted answer under HINT_GAIN_MIN times
-as often as π_θ0, and the artefacts' titles (``gated_title``) then say that VR measured a filter, not a posterior. A
-regime without hint conditioning (``hint.use = false``, the ablation's other arm) has no hint to use: it is reported,
-never gated. VR recipes whose traces logged no hint-use metrics get a title saying so.
+A regime (``regimes``): the traces runs' settings that differ between the selected runs, e.g.
+``traces.k = 4``; a final carries its traces run's. The gate (issue 26, the README): ``HintUse.failure``.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from predmask import metrics
 from predmask.command_text import sweep_command
 from predmask.rl.task import EVAL_SPLITS
 from reports import queries
-from reports.artefact import ReportContext
+from reports.artefact import ArtefactResult, ReportContext
 from reports.labels import split_size_text
 from reports.style import method_rank
 
@@ -44,10 +39,6 @@ NOT_MEASURED = "q_φ's hint use not measured (no traces run logged it): whether 
 
 def acc_name(split: str) -> str:
     return metrics.val_acc(split, AT_N)
-
-
-def pass_name(split: str, k: int) -> str:
-    return metrics.val_pass(split, k)
 
 
 @dataclass(frozen=True)
@@ -143,6 +134,17 @@ class VrScores:
     def values(self, key: queries.VrKey, name: str) -> dict[Hashable, float]:
         """seed -> final value of one metric (the seeds that logged it)."""
         return {s: m[name] for s, m in self.by_key.get(key, {}).items() if name in m}
+
+    def result(self, title: str, caption: str, **fields: Any) -> ArtefactResult:
+        """An artefact's result over these scores: its title gated, the family's runs, rule and command."""
+        return ArtefactResult(
+            title=self.gated_title(title),
+            caption=caption,
+            runs=self.runs,
+            selection_rule=self.rule,
+            command=SWEEP_COMMAND,
+            **fields,
+        )
 
     def interval(self, key: queries.VrKey, name: str) -> training_stats.Interval:
         return training_stats.t_interval(self.values(key, name).values())

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from predmask.io import atomic_write
-from reports.artefact import Artefact, ArtefactResult, ReportContext, Source, declare
+from reports.artefact import Artefact, ArtefactResult, Panel, ReportContext, Source, declare
 from reports.style import GREY, RC
 
 plt.rcParams.update(RC)  # one style for every figure of the process (reports run in their own process)
@@ -58,6 +58,29 @@ def grid_figure(
     return fig, [ax for row in axes for ax in row]
 
 
+def titled_grid(
+    n_rows: int,
+    n_cols: int,
+    title: Iterable[str],
+    n_labels: int,
+    legend_cols: int,
+    *,
+    ax_w: float = 2.7,
+    ax_h: float = 1.75,
+    bottom: float = 0.55,
+) -> tuple[Figure, list]:
+    """A grid_figure with room above for the wrapped title and below for a legend of n_labels entries."""
+    n_title = len(wrap_lines(title, 0.95 + n_cols * ax_w + (n_cols - 1) * 0.6))
+    return grid_figure(
+        n_rows,
+        n_cols,
+        ax_w=ax_w,
+        ax_h=ax_h,
+        top=0.2 * n_title + 0.55,
+        bottom=bottom + LEGEND_ROW_IN * legend_rows(n_labels, legend_cols),
+    )
+
+
 def wrap_lines(lines: Iterable[str], width_in: float) -> list[str]:
     """Lines wrapped to a figure width in inches (9 pt text: about 13 characters per inch)."""
     width_chars = max(40, int(width_in * 13))
@@ -74,6 +97,16 @@ def empty_panel(ax, message: str) -> None:
     ax.grid(False)
 
 
+def panel_axes(ax, panel: Panel, title: str | None = None, empty: bool | None = None, **title_kw) -> bool:
+    """Title the axes (the panel's title unless given); a panel without series (or ``empty``) shows its note
+    instead: False."""
+    ax.set_title(panel.title if title is None else title, **title_kw)
+    if not panel.series if empty is None else empty:
+        empty_panel(ax, panel.note or "no data")
+        return False
+    return True
+
+
 def save_figure(fig: Figure, out_dir: Path, name: str, formats: Iterable[str] = ("png", "pdf")) -> list[Path]:
     """Write name.<fmt> for each format atomically; close the figure."""
     paths: list[Path] = []
@@ -88,8 +121,7 @@ def save_figure(fig: Figure, out_dir: Path, name: str, formats: Iterable[str] = 
 
 
 def figure(title: str, source: Source = "runs") -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
-    """Declare a figure function `fn(ctx) -> ArtefactResult` named as its files are; with a context that draws it
-    sets the result's `drawn` to its open Figure, saved as <name>.<format>."""
+    """Declare a figure function named as its files are; it sets the result's `drawn` to its open Figure."""
     return declare("figure", title, source, lambda r, ctx: save_figure(r.drawn, ctx.out, r.name, ctx.formats))
 
 

@@ -29,13 +29,13 @@ from reports.cells import interval_caption
 from reports.figures.draw import (
     LEGEND_ROW_IN,
     clear_of,
-    empty_panel,
     figure,
     fit_width,
     keep_inside,
     legend_below,
     legend_rows,
     new_figure,
+    panel_axes,
     suptitle,
     wrap_lines,
 )
@@ -117,7 +117,7 @@ def _paired_dots(
         mid, lo, hi = centre[crit]
         if not np.isfinite(mid):
             continue
-        _draw_interval(ax, at, lo, hi, colour)
+        _draw_intervals(ax, [at], [lo], [hi], colour)
         ax.plot([at], [mid], marker="D", color=colour, markersize=6, linestyle="", zorder=4)
         texts.append(
             ax.annotate(
@@ -131,12 +131,16 @@ def _paired_dots(
                 ha="right" if x == 0 else "left",
             )
         )
-    ax.set_xticks([0, 1], [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in same_tokens.PAIR])
+    ax.set_xticks([0, 1], _tick_labels(same_tokens.PAIR))
     ax.set_xlim(-1.3, 2.3)
     return texts
 
 
-def _sorted_bars(ax, diff_pp: np.ndarray, good: str, text: str, ylabel: str):
+def _tick_labels(crits) -> list[str]:
+    return [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in crits]
+
+
+def _sorted_bars(ax, diff_pp: np.ndarray, good: str, text: str):
     """Per-seed differences predictive − ratio (percentage points), sorted; coloured by which criterion each seed
     favours (``good``: "negative" when a lower value favours the predictive criterion, else "positive"); returns
     the text above the bars (to clear of them once the layout is final: _place_texts)."""
@@ -152,9 +156,17 @@ def _sorted_bars(ax, diff_pp: np.ndarray, good: str, text: str, ylabel: str):
     lines = text.count("\n") + 1
     ax.set_ylim(low - 0.05 * span, high + (0.12 + 0.1 * lines) * span)  # room for the text above the bars
     ax.set_xlabel("seeds, sorted by difference")
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel("predictive − ratio (percentage points)")
     ax.set_xticks([])
     return ax.text(0.02, 0.97, text, transform=ax.transAxes, va="top", fontsize=7)
+
+
+def _pair_row(ax, bx, values, centre, notes, ylabel: str, diff_pp: np.ndarray, good: str, text: str) -> list:
+    """A row of Figure 3: each seed's pair with the summaries (left), the sorted differences (right); the
+    placements of their texts (_place_texts)."""
+    labels = _paired_dots(ax, values, centre, notes)
+    ax.set_ylabel(ylabel)
+    return [(ax, labels, None), (bx, [], _sorted_bars(bx, diff_pp, good, text))]
 
 
 def _place_texts(ax, inside=(), top=None) -> None:
@@ -167,8 +179,7 @@ def _place_texts(ax, inside=(), top=None) -> None:
 
 
 def _study_result(ctx: ReportContext, where: str, title: str, caption: str, intervals: str) -> ArtefactResult:
-    """The result of a figure of the chosen study: its caption ends with where the study was measured (`where`)
-    and what its intervals are."""
+    """A figure of the chosen study, its caption ending with where it was measured and its intervals."""
     return ArtefactResult(
         command=STUDY_COMMAND,
         title=title,
@@ -218,9 +229,7 @@ def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
             Series("ratio", pair.seeds, pair.ratio, yerr=np.array([pair.ratio_mean.value()[1]])),
             Series("predictive", pair.seeds, pair.pred, yerr=np.array([pair.pred_mean.value()[1]])),
         ]
-        diff = pair.pred - pair.ratio
-        order = np.argsort(diff, kind="stable")
-        right.series = [Series("difference", pair.seeds[order], diff[order])]
+        right.series = [_sorted_difference(pair.seeds, pair.pred - pair.ratio)]
         result.has_data = True
     same = _same(ctx)
     if same is None:
@@ -235,15 +244,18 @@ def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
             same_left.series.append(
                 Series("constant predictor", np.array([0.0, 1.0]), np.full(2, same.constant_balanced))
             )
-        diff = per_seed["predictive"] - per_seed["ratio"]
-        order = np.argsort(diff, kind="stable")
-        same_right.series = [Series("difference", seeds[order], diff[order])]
+        same_right.series = [_sorted_difference(seeds, per_seed["predictive"] - per_seed["ratio"])]
         if not both.any():
             same_left.note = same_right.note = "no seed has both balanced accuracies"
         result.has_data = True
     if ctx.draw:
         result.drawn = _draw_fig3(ctx, result, same, where)
     return result
+
+
+def _sorted_difference(seeds: np.ndarray, diff: np.ndarray) -> Series:
+    order = np.argsort(diff, kind="stable")
+    return Series("difference", seeds[order], diff[order])
 
 
 def _pooled_series(same: same_tokens.SameTokens) -> Series:
@@ -295,14 +307,12 @@ Placement = tuple[Any, list, Any]  # (axes, labels in data coordinates, text at 
 def _draw_same_per_seed(
     ax, bx, result: ArtefactResult, same: same_tokens.SameTokens | None
 ) -> list[Placement]:
-    """Fig 3's bottom row: balanced accuracy per seed, paired, with the pooled values; the sorted differences.
-    Returns the texts to place once the layout is final."""
+    """Fig 3's bottom row: balanced accuracy per seed, paired, with the pooled values; sorted differences."""
     panel, diff_panel = result.panels[2], result.panels[3]
+    empty = same is None or not panel.series or bool(panel.note)
     for axis, p in ((ax, panel), (bx, diff_panel)):
-        axis.set_title(p.title, fontsize=8)
-    if same is None or not panel.series or panel.note:
-        for axis, p in ((ax, panel), (bx, diff_panel)):
-            empty_panel(axis, p.note or "no data")
+        panel_axes(axis, p, empty=empty, fontsize=8)
+    if empty:
         return []
     values = {c: 100 * panel.get(c).y for c in same_tokens.PAIR}
     est = _estimates(same)
@@ -312,18 +322,13 @@ def _draw_same_per_seed(
     }
     n = same.point.judged_disagree or 0
     notes = {c: _estimate_label(est[c], f"\n(pooled, {n:,} tokens)") for c in same_tokens.PAIR}
-    labels = _paired_dots(ax, values, centre, notes)
+    placements = _pair_row(
+        ax, bx, values, centre, notes, "balanced accuracy (%)", 100 * diff_panel.series[0].y, "positive",
+        _paired_text(same),
+    )
     _constant_line(ax, same.constant_balanced)
     ax.set_ylim(-5, 105)
-    ax.set_ylabel("balanced accuracy (%)")
-    top = _sorted_bars(
-        bx,
-        100 * diff_panel.series[0].y,
-        "positive",
-        _paired_text(same),
-        "predictive − ratio (percentage points)",
-    )
-    return [(ax, labels, None), (bx, [], top)]
+    return placements
 
 
 def _draw_fig3(
@@ -332,10 +337,7 @@ def _draw_fig3(
     fig, (ax, bx, cx, dx) = new_figure(2, 2, panel_w=4.2, panel_h=3.3)
     left, right = result.panels[:2]
     placements: list[Placement] = []
-    for axis, panel in ((ax, left), (bx, right)):
-        axis.set_title(panel.title, fontsize=8)
-        if not panel.series:
-            empty_panel(axis, panel.note or "no data")
+    _title_panels((ax, left), (bx, right))
     if left.series:
         pair: stats.Paired = result.stats
         means = {RATIO: pair.ratio_mean, HEADLINE: pair.pred_mean}
@@ -344,21 +346,11 @@ def _draw_fig3(
             mean, se = m.value()
             se = se if np.isfinite(se) else 0.0
             centre[crit] = (100 * mean, 100 * (mean - se), 100 * (mean + se))
-        labels = _paired_dots(
-            ax,
-            {RATIO: 100 * pair.ratio, HEADLINE: 100 * pair.pred},
-            centre,
-            {c: _mean_label(m) for c, m in means.items()},
+        placements += _pair_row(
+            ax, bx, {RATIO: 100 * pair.ratio, HEADLINE: 100 * pair.pred}, centre,
+            {c: _mean_label(m) for c, m in means.items()}, "unsafe-keep rate (%)", 100 * right.series[0].y,
+            "negative", f"predictive lower on {pair.n_lower} of {pair.n_paired} paired seeds",
         )
-        ax.set_ylabel("unsafe-keep rate (%)")
-        top = _sorted_bars(
-            bx,
-            100 * right.series[0].y,
-            "negative",
-            f"predictive lower on {pair.n_lower} of {pair.n_paired} paired seeds",
-            "predictive − ratio (percentage points)",
-        )
-        placements += [(ax, labels, None), (bx, [], top)]
     placements += _draw_same_per_seed(cx, dx, result, same)
     suptitle(fig, result.title, _study_title(ctx), where)
     fig.tight_layout()
@@ -439,10 +431,7 @@ def _draw_fig4(
     ax_labels: list = []
     bx_labels: list = []
     bx_top = None
-    for axis, p in ((ax, panel), (bx, same_panel)):
-        axis.set_title(p.title, fontsize=8)
-        if not p.series:
-            empty_panel(axis, p.note or "no data")
+    _title_panels((ax, panel), (bx, same_panel))
     if panel.series:
         s = panel.series[0]
         crits = list(s.x)
@@ -457,40 +446,27 @@ def _draw_fig4(
             error_kw={"elinewidth": 1},
         )
         pooled: dict[str, stats.Pooled] = result.stats
-        for x, c, v, up in zip(xs, crits, s.y, s.yerr[1]):  # above the interval, dark on the axes' face
-            ax_labels.append(
-                ax.text(
-                    x,
-                    100 * (v + np.nan_to_num(up)) + 2,
-                    f"{100 * v:.1f}%\n{pooled[c].k}/{pooled[c].n}",
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                    color="black",
-                )
-            )
-        ax.set_xticks(xs, [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in crits])
+        ax_labels = _bar_labels(
+            ax,
+            xs,
+            [100 * (v + np.nan_to_num(up)) + 2 for v, up in zip(s.y, s.yerr[1])],
+            [f"{100 * v:.1f}%\n{pooled[c].k}/{pooled[c].n}" for c, v in zip(crits, s.y)],
+        )
+        ax.set_xticks(xs, _tick_labels(crits))
         ax.set_ylim(0, 100)
         ax.set_ylabel("corrective fraction (%)")
     if same is not None and same_panel.series:
         s = same_panel.get("pooled")
         xs = np.arange(len(s.x))
         bx.bar(xs, np.nan_to_num(100 * s.y), width=0.6, color=[CRITERION_STYLE[c][1] for c in s.x])
-        for x, y, a, b in zip(xs, 100 * s.y, 100 * s.yerr[0], 100 * s.yerr[1]):
-            _draw_interval(bx, x, y - a, y + b, "black")
+        _draw_intervals(bx, xs, 100 * s.y - 100 * s.yerr[0], 100 * s.y + 100 * s.yerr[1], "black")
         est = _estimates(same)
-        for x, y, b, c in zip(xs, 100 * s.y, 100 * s.yerr[1], s.x):  # above the interval, dark on the face
-            bx_labels.append(
-                bx.text(
-                    x,
-                    np.nan_to_num(y + b, nan=np.nan_to_num(y)) + 2,
-                    _estimate_label(est[c]),
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                    color="black",
-                )
-            )
+        bx_labels = _bar_labels(
+            bx,
+            xs,
+            [np.nan_to_num(y + b, nan=np.nan_to_num(y)) + 2 for y, b in zip(100 * s.y, 100 * s.yerr[1])],
+            [_estimate_label(est[c]) for c in s.x],
+        )
         _constant_line(bx, same.constant_balanced)
         n, k = same.point.judged_disagree or 0, same.point.n_seeds
         bx_top = bx.text(
@@ -501,7 +477,7 @@ def _draw_fig4(
             va="top",
             fontsize=7,
         )
-        bx.set_xticks(xs, [CRITERION_STYLE[c][0].replace(", ", ",\n") for c in s.x])
+        bx.set_xticks(xs, _tick_labels(s.x))
         bx.set_ylim(0, 105)
         bx.set_ylabel("balanced accuracy (%)")
     suptitle(fig, result.title, _study_title(ctx), where)
@@ -691,10 +667,23 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
     return result
 
 
-def _draw_interval(ax, x: float, lo: float, hi: float, colour: str) -> None:
-    """A vertical interval from lo to hi with caps (nothing where a bound is missing)."""
-    if np.isfinite(lo) and np.isfinite(hi):
-        ax.plot([x, x], [lo, hi], color=colour, linewidth=1, marker="_", markersize=7, zorder=2)
+def _draw_intervals(ax, xs, los, his, colour: str) -> None:
+    """At each x a vertical interval from lo to hi with caps (nothing where a bound is missing)."""
+    for x, lo, hi in zip(xs, los, his):
+        if np.isfinite(lo) and np.isfinite(hi):
+            ax.plot([x, x], [lo, hi], color=colour, linewidth=1, marker="_", markersize=7, zorder=2)
+
+
+def _bar_labels(ax, xs, ys, texts) -> list:
+    """A label above each bar's interval, dark on the axes' face."""
+    kw = {"ha": "center", "va": "bottom", "fontsize": 7, "color": "black"}
+    return [ax.text(x, y, t, **kw) for x, y, t in zip(xs, ys, texts)]
+
+
+def _title_panels(*pairs) -> None:
+    """Each (axes, panel) titled at 8 pt; a panel without series shows its note."""
+    for axis, panel in pairs:
+        panel_axes(axis, panel, fontsize=8)
 
 
 def _precision_marker(precisions: list[str], prec: str) -> str:
@@ -713,8 +702,7 @@ def _draw_difference(ax, panel: Panel, precisions: list[str]) -> None:
         marker = _precision_marker(precisions, s.label)
         ax.plot(100 * s.x, 100 * s.y, marker=marker, color="black", markersize=4, linewidth=0.9, alpha=0.85)
         lo, hi = 100 * (s.y - s.yerr[0]), 100 * (s.y + s.yerr[1])
-        for x, a, b in zip(100 * s.x, lo, hi):
-            _draw_interval(ax, x, a, b, "black")
+        _draw_intervals(ax, 100 * s.x, lo, hi, "black")
         tops.append(float(np.nanmax(np.abs(np.concatenate([lo, hi, 100 * s.y])))))
     top = min(105.0, 1.15 * max(tops))  # a difference of two balanced accuracies lies within ±100 points
     ax.set_ylim(-top, top)
@@ -726,9 +714,7 @@ def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> Figure:
     lo, hi = stats.paper_share_outside()
     precisions: list[str] = []
     for ax, panel in zip(axes, result.panels):
-        ax.set_title(panel.title, fontsize=8)
-        if not any(s.x.size for s in panel.series):
-            empty_panel(ax, panel.note or "no data")
+        if not panel_axes(ax, panel, empty=not any(s.x.size for s in panel.series), fontsize=8):
             continue
         ax.axvspan(100 * lo, 100 * hi, color=GREY, alpha=0.18, linewidth=0)
         ax.set_xscale("log")
@@ -854,12 +840,9 @@ def fig10_criteria_vs_drift(ctx: ReportContext) -> ArtefactResult:
 def _draw_fig10(ctx: ReportContext, result: ArtefactResult) -> Figure:
     fig, (ax,) = new_figure(1, 1, panel_w=9.2, panel_h=4.2)
     panel = result.panels[0]
-    ax.set_title(panel.title, fontsize=8)
     lo, hi = stats.paper_share_outside()
     handles: dict[str, object] = {}
-    if not result.has_data:
-        empty_panel(ax, panel.note or "no data")
-    else:
+    if panel_axes(ax, panel, empty=not result.has_data, fontsize=8):
         ax.axvspan(100 * lo, 100 * hi, color=GREY, alpha=0.18, linewidth=0)
         ax.text(
             100 * np.sqrt(lo * hi),
@@ -893,8 +876,7 @@ def _draw_fig10(ctx: ReportContext, result: ArtefactResult) -> Figure:
                 markersize=5,
                 linewidth=1,
             )
-            for x, y, a, b in zip(100 * s.x, 100 * s.y, 100 * (s.y - s.yerr[0]), 100 * (s.y + s.yerr[1])):
-                _draw_interval(ax, x, a, b, colour)
+            _draw_intervals(ax, 100 * s.x, 100 * (s.y - s.yerr[0]), 100 * (s.y + s.yerr[1]), colour)
             handles[f"{s.label.split(':')[0]}: {CRITERION_STYLE[crit][0]}"] = line
             xs.extend(100 * s.x)
         ax.set_xscale("log")

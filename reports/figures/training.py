@@ -19,16 +19,7 @@ from predmask.rl.task import EVAL_SPLITS
 from reports import queries
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series
 from reports.cells import detectable, detectable_note, interval_caption
-from reports.figures.draw import (
-    LEGEND_ROW_IN,
-    empty_panel,
-    figure,
-    grid_figure,
-    legend_below,
-    legend_rows,
-    suptitle,
-    wrap_lines,
-)
+from reports.figures.draw import figure, legend_below, panel_axes, suptitle, titled_grid
 from reports.labels import method_label, setting_label, split_size_text, sweep_delta
 from reports.queries import MAIN_SWEEP, TIGHT_SWEEP
 from reports.style import method_marker, method_rank, method_style
@@ -301,18 +292,11 @@ def render_per_setting(
     panels). Artists carry gids for tests: "line:<label>", "band:<label>", "final:<label>"."""
     n_cols = min(MAX_COLS, max(n_settings, 1))
     setting_rows = math.ceil(n_settings / n_cols)
-    labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
+    labels = result.series_labels()
     size = split_size_text(r.config for r in result.runs)
     rule = f"{result.selection_rule}; validation: {size}" if size else result.selection_rule
     title = [result.title, rule, _method_note(ctx, rows), *_detectable_lines(result)]
-    width_in = 0.95 + n_cols * 2.7 + (n_cols - 1) * 0.6
-    n_title = len(wrap_lines(title, width_in))
-    fig, axes = grid_figure(
-        setting_rows * len(rows),
-        n_cols,
-        top=0.2 * n_title + 0.55,
-        bottom=0.55 + LEGEND_ROW_IN * legend_rows(len(labels), LEGEND_COLS),
-    )
+    fig, axes = titled_grid(setting_rows * len(rows), n_cols, title, len(labels), LEGEND_COLS)
     handles: dict[str, object] = {}
     used: set[int] = set()
     for i, panel in enumerate(result.panels):
@@ -320,9 +304,7 @@ def render_per_setting(
         index = (r_idx * setting_rows + s_idx // n_cols) * n_cols + s_idx % n_cols
         used.add(index)
         ax = axes[index]
-        ax.set_title(panel.title)
-        if not panel.series:
-            empty_panel(ax, panel.note or "no data")
+        panel_axes(ax, panel)
         panel_finals = finals[i] if i < len(finals) else {}
         for j, s in enumerate(panel.series):
             colour, ls = method_style(s.method, j)

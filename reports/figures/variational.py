@@ -1,9 +1,7 @@
 """The variational-reasoning family's figures: accuracy and pass@k per recipe, accuracy weighting, length bias.
 
-Every number comes from the database (final-stage and GRPO runs' last logged evaluation, the vr_traces rows of the
-weights stage, the newest accuracy-weighting analysis); intervals and correlations come from analysis.training.stats.
-The family runs on the CPU engine with stand-in models and π_θ0 = the engine's cached base model: every figure says so,
-names its evaluation splits (those in the database) with their size, and carries the hint-use gate in its title.
+Every figure states its scale (the CPU engine's π_θ0 is its cached base model) and its evaluation splits with
+their size, and carries the hint-use gate in its title.
 """
 
 from __future__ import annotations
@@ -16,21 +14,13 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from analysis.training import stats as training_stats
+from predmask import metrics
 from predmask.command_text import command
 from predmask.rl.task import EVAL_SPLITS
 from reports import queries
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series
 from reports.cells import interval_caption
-from reports.figures.draw import (
-    LEGEND_ROW_IN,
-    empty_panel,
-    figure,
-    grid_figure,
-    legend_below,
-    legend_rows,
-    suptitle,
-    wrap_lines,
-)
+from reports.figures.draw import figure, legend_below, panel_axes, suptitle, titled_grid
 from reports.labels import WEIGHTING_ORDER, weighting_method_label
 from reports.style import GREY, method_style, vr_data_style
 from reports.vr_scores import (
@@ -39,7 +29,6 @@ from reports.vr_scores import (
     VrScores,
     acc_name,
     mdd_note,
-    pass_name,
     regime_rank,
     scale_note,
     vr_scores,
@@ -86,12 +75,9 @@ def _style(key: queries.VrKey, index: int) -> tuple[str, str, str, bool]:
 
 
 def _key_panels(axes, panels: Sequence[Panel], keys: list[queries.VrKey]):
-    """Each panel with series, on its titled axes, with its series and each one's key and style (``_style``); an
-    empty panel shows its note and is skipped."""
+    """Each titled panel with series, each series with its key and style; an empty one shows its note."""
     for ax, panel in zip(axes, panels):
-        ax.set_title(panel.title)
-        if not panel.series:
-            empty_panel(ax, panel.note or "no data")
+        if not panel_axes(ax, panel):
             continue
         found = [(s, next(k for k in keys if s.label.startswith(k.label + " ("))) for s in panel.series]
         yield ax, [(s, key, *_style(key, keys.index(key))) for s, key in found]
@@ -99,16 +85,7 @@ def _key_panels(axes, panels: Sequence[Panel], keys: list[queries.VrKey]):
 
 def _layout(n_panels: int, n_labels: int, title: Sequence[str], ax_w: float = 3.4, rows: int = 1):
     n_cols = max(1, -(-n_panels // rows))
-    width_in = 0.95 + n_cols * ax_w + (n_cols - 1) * 0.6
-    n_title = len(wrap_lines(title, width_in))
-    return grid_figure(
-        rows,
-        n_cols,
-        ax_w=ax_w,
-        ax_h=2.2,
-        top=0.2 * n_title + 0.55,
-        bottom=0.7 + LEGEND_ROW_IN * legend_rows(n_labels, LEGEND_COLS),
-    )
+    return titled_grid(rows, n_cols, title, n_labels, LEGEND_COLS, ax_w=ax_w, ax_h=2.2, bottom=0.7)
 
 
 # ------------------------------------------------------------------------------------------- vr_accuracy
@@ -117,18 +94,15 @@ def _layout(n_panels: int, n_labels: int, title: Sequence[str], ax_w: float = 3.
 @figure("Variational reasoning: avg@16 per recipe, over seeds")
 def vr_accuracy(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
-    result = ArtefactResult(
-        title=scores.gated_title("Variational reasoning: avg@16 per method, data setting and estimator"),
-        caption=(
+    result = scores.result(
+        "Variational reasoning: avg@16 per method, data setting and estimator",
+        (
             f"Final avg@{AT_N} ({acc_name('<split>')}) on each held-out evaluation split, per method (VR recipes by "
             f"data setting and estimator): {training_stats.interval_note()} as a bar with its interval, each seed "
             f"a dot, the seeds named in the legend. {mdd_note(scores.runs, scores.seed_count())}. "
             f"{interval_caption('seeds')}{_gate_caption(scores)}"
         ),
-        runs=scores.runs,
-        selection_rule=scores.rule,
         has_data=bool(scores.runs),
-        command=SWEEP_COMMAND,
     )
     for split in scores.splits:
         panel = Panel(title=_split_title(split))
@@ -191,21 +165,19 @@ def _draw_accuracy(ctx: ReportContext, result: ArtefactResult, scores: VrScores)
 @figure("Variational reasoning: pass@k, k = 1..16")
 def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
-    result = ArtefactResult(
-        title=scores.gated_title(f"Variational reasoning: pass@k for k = 1..{AT_N}"),
-        caption=(
-            f"pass@k ({pass_name('<split>', 1)} … pass@{AT_N}, the unbiased estimator from {AT_N} samples per "
-            f"problem) of each method's final model on each evaluation split: line = mean over seeds, band = "
-            f"{training_stats.INTERVAL_NAME} (one seed: no band). {interval_caption('seeds')}{_gate_caption(scores)}"
+    result = scores.result(
+        f"Variational reasoning: pass@k for k = 1..{AT_N}",
+        (
+            f"pass@k ({metrics.val_pass('<split>', 1)} … pass@{AT_N}, the unbiased estimator from {AT_N} "
+            f"samples per problem) of each method's final model on each evaluation split: line = mean over "
+            f"seeds, band = {training_stats.INTERVAL_NAME} (one seed: no band). {interval_caption('seeds')}"
+            f"{_gate_caption(scores)}"
         ),
-        runs=scores.runs,
-        selection_rule=scores.rule,
-        command=SWEEP_COMMAND,
     )
     for split in scores.splits:
         panel = Panel(title=_split_title(split))
         for key, per_seed in scores.by_key.items():
-            names = [pass_name(split, k) for k in PASS_KS]
+            names = [metrics.val_pass(split, k) for k in PASS_KS]
             seeds = [s for s, m in per_seed.items() if all(n in m for n in names)]
             if not seeds:
                 continue
@@ -234,7 +206,7 @@ def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
 def _draw_pass(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> Figure:
     keys = list(scores.by_key)
     title = title_lines(result, scores, f"line: {training_stats.interval_note()} (shaded)")
-    labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
+    labels = result.series_labels()
     fig, axes = _layout(len(result.panels), len(labels), title)
     handles: dict[str, object] = {}
     for ax, series in _key_panels(axes, result.panels, keys):
@@ -317,9 +289,7 @@ def _draw_weighting(
     fig, axes = _layout(len(result.panels), 2, title, ax_w=2.6, rows=len(WEIGHT_SOURCES))
     handles: dict[str, object] = {}
     for i, (ax, panel) in enumerate(zip(axes, result.panels)):
-        ax.set_title(f"{panel.title}\n({panel.row})")
-        if not panel.series:
-            empty_panel(ax, panel.note or "no data")
+        if not panel_axes(ax, panel, f"{panel.title}\n({panel.row})"):
             continue
         method = panel.series[0].method
         colour, _ = method_style(method, methods.index(method) if method in methods else i)
@@ -423,14 +393,12 @@ def _rows_by_regime(
 
 def _draw_length(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> Figure:
     title = title_lines(result, scores)
-    labels = list(dict.fromkeys(s.label for p in result.panels for s in p.series))
+    labels = result.series_labels()
     legend = len(labels) > 1
     fig, axes = _layout(len(result.panels), len(labels) if legend else 0, title)
     handles: dict[str, object] = {}
     for ax, panel, (_, _, _, xlabel, ylabel) in zip(axes, result.panels, LENGTH_PANELS):
-        ax.set_title(panel.title)
-        if not panel.series:
-            empty_panel(ax, panel.note or "no data")
+        if not panel_axes(ax, panel):
             continue
         for i, s in enumerate(panel.series):
             colour = method_style(None, i)[0] if legend else method_style("vr_acc")[0]

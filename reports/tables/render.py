@@ -1,8 +1,4 @@
-"""How a table is written: a TextTable as Markdown or LaTeX (escaped), and its files in the output folder.
-
-Content lives in the table families beside this module; this module knows nothing of runs or statistics; `table`
-declares a table function.
-"""
+"""How a table is written: a TextTable as Markdown or LaTeX (escaped), and its files in the output folder."""
 
 from __future__ import annotations
 
@@ -84,8 +80,7 @@ def latex_escape(text: str) -> str:
 
 
 def write_tables(out: Path, name: str, *tables: TextTable) -> list[Path]:
-    """Write out/<name>.md and out/<name>.tex atomically: the tables one after the other, a blank line between
-    them; the paths written."""
+    """Write out/<name>.md and out/<name>.tex atomically, the tables a blank line apart; the paths written."""
     texts = {
         out / f"{name}.md": "\n".join(t.markdown() for t in tables),
         out / f"{name}.tex": "\n".join(t.latex() for t in tables),
@@ -96,6 +91,5 @@ def write_tables(out: Path, name: str, *tables: TextTable) -> list[Path]:
 
 
 def table(title: str, source: Source = "runs") -> Callable[[Callable[[ReportContext], ArtefactResult]], Artefact]:
-    """Declare a table function `fn(ctx) -> ArtefactResult` named as its files are; it sets the result's `drawn` to
-    the TextTables its files hold (``write_tables``)."""
+    """Declare a table function named as its files are; it sets the result's `drawn` to their TextTables."""
     return declare("table", title, source, lambda r, ctx: write_tables(ctx.out, r.name, *r.drawn))

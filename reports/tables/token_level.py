@@ -28,35 +28,21 @@ class StudyNumbers:
     unjudged: str = "—"
 
 
-SummaryRow = tuple[str, Callable[[], str], Callable[[StudyNumbers], str]]
+#: (quantity, the paper's cell: a key of ``stats.paper_text``, a function, or None: not reported; this study's
+#: cell, or None on a heading row)
+SummaryRow = tuple[str, "str | Callable[[], str] | None", "Callable[[StudyNumbers], str] | None"]
 
 
-def _paper(key: str) -> Callable[[], str]:
-    return lambda: stats.paper_text(key)
-
-
-def _none() -> str:
-    return NOT_REPORTED
-
-
-def _heading() -> str:
-    return ""
-
-
-def _of(cell: Callable[[stats.StudySummary], str]) -> Callable[[StudyNumbers], str]:
-    return lambda n: cell(n.summary)
+def _pct(e: stats.Estimate | stats.Pooled | None) -> str:
+    return "—" if e is None else e.pct()
 
 
 def _pooled(crit: str) -> Callable[[StudyNumbers], str]:
-    return lambda n: n.summary.corrective[crit].pct() if crit in n.summary.corrective else "—"
+    return lambda n: _pct(n.summary.corrective.get(crit))
 
 
 def _paired_mean(crit: str, side: str) -> Callable[[StudyNumbers], str]:
-    def cell(n: StudyNumbers) -> str:
-        pair = n.summary.pairs.get(crit)
-        return "—" if pair is None else getattr(pair.unsafe_keep, side).pct()
-
-    return cell
+    return lambda n: _pct(getattr(pair.unsafe_keep, side) if (pair := n.summary.pairs.get(crit)) else None)
 
 
 def _lower(n: StudyNumbers) -> str:
@@ -95,12 +81,11 @@ def _same(cell: Callable[[same_tokens.SameTokens], str]) -> Callable[[StudyNumbe
     return lambda n: "—" if n.same is None else cell(n.same)
 
 
-def _balanced(field: str) -> Callable[[same_tokens.SameTokens], str]:
-    def cell(s: same_tokens.SameTokens) -> str:
-        e: stats.Estimate | None = getattr(s.point, field)
-        return "—" if e is None else e.pct()
-
-    return cell
+def _difference(
+    cell: Callable[[same_tokens.SameTokens, stats.PairedEstimate], str],
+) -> Callable[[StudyNumbers], str]:
+    """A cell of the paired difference of balanced accuracies ("—" without a judgement or a difference)."""
+    return _same(lambda s: "—" if (d := s.point.balanced_difference) is None else cell(s, d))
 
 
 def _constant(s: same_tokens.SameTokens) -> str:
@@ -111,20 +96,7 @@ def _constant(s: same_tokens.SameTokens) -> str:
     return f"{value}, {decision}"
 
 
-def _difference(s: same_tokens.SameTokens) -> str:
-    d = s.point.balanced_difference
-    return "—" if d is None else f"{d.pp()} (n = {d.n_seeds} seeds)"
-
-
-def _counts(s: same_tokens.SameTokens) -> str:
-    d = s.point.balanced_difference
-    return "—" if d is None else f"{d.n_lower} / {d.n_tied} / {d.n_higher} of {d.n_seeds} seeds"
-
-
-def _p_values(s: same_tokens.SameTokens) -> str:
-    d = s.point.balanced_difference
-    if d is None:
-        return "—"
+def _p_values(s: same_tokens.SameTokens, d: stats.PairedEstimate) -> str:
     p = ["—" if v is None else f"{v:.3g}" for v in (d.sign_p, d.wilcoxon_p)]
     return f"{p[0]}; {p[1]}" + (f" ({s.paired_note})" if s.paired_note else "")
 
@@ -135,71 +107,78 @@ SAME_HEADING = (
     "beyond the paper:"
 )
 
-# (quantity, the paper's cell, this study's cell)
 SUMMARY_ROWS: tuple[SummaryRow, ...] = (
-    ("seeds", _paper("seeds"), lambda n: str(n.summary.n_seeds)),
+    ("seeds", "seeds", lambda n: str(n.summary.n_seeds)),
     ("share of response tokens outside the trust region (pooled over seeds)", _paper_share, _share),
-    (PAPER_HEADING, _heading, lambda n: ""),
+    (PAPER_HEADING, None, None),
     (
         "tokens outside the trust region per seed (mean ± SE)",
-        _paper("outside_per_seed"),
-        _of(lambda s: s.outside.count()),
+        "outside_per_seed",
+        lambda n: n.summary.outside.count(),
     ),
     (
         "disagreement set per seed (mean ± SE)",
-        _paper("disagree_per_seed"),
-        _of(lambda s: s.headline.disagree.count() if s.headline else "—"),
+        "disagree_per_seed",
+        lambda n: n.summary.headline.disagree.count() if n.summary.headline else "—",
     ),
     (
         "unsafe-keep rate, predictive aggregated (mean ± SE over paired seeds)",
-        _paper("unsafe_keep_predictive"),
+        "unsafe_keep_predictive",
         _paired_mean(HEADLINE, "pred_mean"),
     ),
     (
         "unsafe-keep rate, ratio (mean ± SE over paired seeds)",
-        _paper("unsafe_keep_ratio"),
+        "unsafe_keep_ratio",
         _paired_mean(HEADLINE, "ratio_mean"),
     ),
-    ("seeds where predictive is lower", _paper("seeds_predictive_lower"), _lower),
-    (
-        "corrective fraction, predictive aggregated (pooled)",
-        _paper("corrective_predictive"),
-        _pooled(HEADLINE),
-    ),
-    ("corrective fraction, ratio (pooled)", _paper("corrective_ratio"), _pooled(RATIO)),
+    ("seeds where predictive is lower", "seeds_predictive_lower", _lower),
+    ("corrective fraction, predictive aggregated (pooled)", "corrective_predictive", _pooled(HEADLINE)),
+    ("corrective fraction, ratio (pooled)", "corrective_ratio", _pooled(RATIO)),
     (
         "unsafe-keep rate, predictive uniform (mean ± SE over paired seeds)",
-        _none,
+        None,
         _paired_mean("predictive_uniform", "pred_mean"),
     ),
     (
         "unsafe-keep rate, predictive exact tail (mean ± SE over paired seeds)",
-        _none,
+        None,
         _paired_mean("predictive_exact", "pred_mean"),
     ),
-    ("corrective fraction, predictive uniform (pooled)", _none, _pooled("predictive_uniform")),
-    ("corrective fraction, predictive exact tail (pooled)", _none, _pooled("predictive_exact")),
-    (SAME_HEADING, _heading, lambda n: ""),
-    ("disagreement tokens judged (pooled over seeds)", _none, _judged),
+    ("corrective fraction, predictive uniform (pooled)", None, _pooled("predictive_uniform")),
+    ("corrective fraction, predictive exact tail (pooled)", None, _pooled("predictive_exact")),
+    (SAME_HEADING, None, None),
+    ("disagreement tokens judged (pooled over seeds)", None, _judged),
     (
         "balanced accuracy, predictive aggregated (pooled, 95% seed-cluster bootstrap interval)",
-        _none,
-        _same(_balanced("balanced_predictive")),
+        None,
+        _same(lambda s: _pct(s.point.balanced_predictive)),
     ),
     (
         "balanced accuracy, ratio (pooled, 95% seed-cluster bootstrap interval)",
-        _none,
-        _same(_balanced("balanced_ratio")),
+        None,
+        _same(lambda s: _pct(s.point.balanced_ratio)),
     ),
-    ("balanced accuracy, constant predictor (one decision for every token)", _none, _same(_constant)),
+    ("balanced accuracy, constant predictor (one decision for every token)", None, _same(_constant)),
     (
         "balanced accuracy, predictive − ratio per seed (mean, 95% t-interval)",
-        _none,
-        _same(_difference),
+        None,
+        _difference(lambda s, d: f"{d.pp()} (n = {d.n_seeds} seeds)"),
     ),
-    ("seeds where predictive's balanced accuracy is lower / tied / higher", _none, _same(_counts)),
-    ("p-values of predictive vs ratio: two-sided sign test; Wilcoxon signed-rank", _none, _same(_p_values)),
+    (
+        "seeds where predictive's balanced accuracy is lower / tied / higher",
+        None,
+        _difference(lambda s, d: f"{d.n_lower} / {d.n_tied} / {d.n_higher} of {d.n_seeds} seeds"),
+    ),
+    (
+        "p-values of predictive vs ratio: two-sided sign test; Wilcoxon signed-rank",
+        None,
+        _difference(_p_values),
+    ),
 )
+
+
+def _paper_cell(paper: str | Callable[[], str] | None) -> str:
+    return NOT_REPORTED if paper is None else stats.paper_text(paper) if isinstance(paper, str) else paper()
 
 
 def summary_rows(numbers: StudyNumbers | stats.StudySummary | None) -> list[list[str]]:
@@ -208,11 +187,9 @@ def summary_rows(numbers: StudyNumbers | stats.StudySummary | None) -> list[list
     if isinstance(numbers, stats.StudySummary):
         numbers = StudyNumbers(numbers)
     return [
-        [
-            quantity,
-            paper(),
-            value(numbers) if numbers is not None else ("" if paper is _heading else "—"),
-        ]
+        [quantity, "", ""]
+        if value is None
+        else [quantity, _paper_cell(paper), value(numbers) if numbers is not None else "—"]
         for quantity, paper, value in SUMMARY_ROWS
     ]
 

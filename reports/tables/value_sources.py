@@ -1,9 +1,6 @@
 """Where each value of Table 1 comes from: the paper, verl's DPPO recipe (where the paper is silent), or our choice
-with its reason; names, labels and the deployment's plumbing are said to be such.
-
-:func:`value_source` answers for one dotted config key of one run (the same key may differ by engine: the cluster
-takes the recipe's loss aggregation and ratio cap, the CPU engine ``predmask.methods.MethodParams``' defaults). A key
-no rule names gets None, which Table 1 shows as a missing source and the tests refuse for the cluster settings.
+with its reason; names, labels and the deployment's plumbing are said to be such. A key no rule names has no
+source: Table 1 shows it missing, and the tests refuse that for the cluster settings.
 """
 
 from __future__ import annotations

@@ -5,17 +5,16 @@ own headline at its own scale."""
 from __future__ import annotations
 
 from analysis.training import stats as training_stats
+from predmask import metrics
 from reports.artefact import ArtefactResult, ReportContext
 from reports.cells import pct
 from reports.labels import vr_data_label, vr_method_label
 from reports.tables.render import TextTable, table
 from reports.vr_scores import (
     AT_N,
-    SWEEP_COMMAND,
     VrScores,
     acc_name,
     mdd_note,
-    pass_name,
     scale_note,
     vr_scores,
 )
@@ -43,7 +42,7 @@ def vr_results_table(scores: VrScores) -> TextTable:
         cells.append(str(len(scores.by_key[key])))
         for split in splits:
             cells.append(pct(scores.interval(key, acc_name(split))))
-            cells.append(pct(scores.interval(key, pass_name(split, AT_N))))
+            cells.append(pct(scores.interval(key, metrics.val_pass(split, AT_N))))
         rows.append(cells)
     header = ["method", "data setting", "estimator", *(["regime"] if with_regime else []), "seeds"]
     for split in splits:
@@ -77,18 +76,15 @@ def vr_paper_table() -> TextTable:
 def vr_results(ctx: ReportContext) -> ArtefactResult:
     scores = vr_scores(ctx)
     text, paper = vr_results_table(scores), vr_paper_table()
-    result = ArtefactResult(
-        title=scores.gated_title("Variational reasoning: results table"),
-        caption=(
+    result = scores.result(
+        "Variational reasoning: results table",
+        (
             "avg@16 and pass@16 per method over seeds from this database; below it, separately, the paper's own "
             f"headline at its own scale. {mdd_note(scores.runs, scores.seed_count())}."
         ),
-        runs=scores.runs,
-        selection_rule=scores.rule,
         stats=scores,
         tables={"results": text, "paper": paper},
         has_data=bool(scores.runs),
-        command=SWEEP_COMMAND,
     )
     result.drawn = (text, paper)
     return result
