@@ -1,9 +1,9 @@
 """`python -m analysis token_level`: the token-level study of the direction criteria (docs/math.md §5, paper §4.2).
 
-Composes the config (``compute.study_config``), fans the pending seeds out to workers (``compute.fanout``: local
-processes or a Slurm job array), then, the only database writer, summarises the finished seed files into seed rows
-(``seed_row``), ingests them and prints the study's report (``summary.report``). A rerun skips the seeds already
-stored for the same study (same config, whatever the seed count and launcher).
+Composes the config (``compute.study_config``), fans the pending seeds out to workers (``compute.fanout``:
+local processes or a Slurm job array), then, the only database writer, summarises the finished seed files into
+seed rows (``seed_row``), ingests them and prints the study's report (``summary.report``). A rerun skips the
+seeds already stored for the same study (same config, whatever the seed count and launcher).
 """
 
 from __future__ import annotations
@@ -257,21 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args, cfg, study_id, seeds, console)
 
 
-def absolute_paths(cfg: dict[str, Any]) -> None:
-    """Workers may start elsewhere (Slurm): make relative paths absolute against this process's directory."""
-    paths = dict(cfg.get("paths") or {})
-    for key, value in paths.items():
-        if isinstance(value, str) and value and not Path(value).is_absolute():
-            paths[key] = str(Path.cwd() / value)
-    cfg["paths"] = paths
-
-
 def prepare_study(cfg: dict[str, Any], study_dir: Path) -> dict[str, Any] | None:
-    """Before any worker starts: absolute paths, the CPU base model built into its cache (its info; None when the
-    study trains no CPU base model), and ``config.json`` beside the seed files."""
+    """Before any worker starts: relative paths made absolute against this directory, the CPU base model
+    built into its cache (its info; None when the study trains no CPU base model), and ``config.json`` beside
+    the seed files."""
     from predmask.io import atomic_write_text
 
-    absolute_paths(cfg)
+    paths = cfg["paths"] = dict(cfg.get("paths") or {})
+    for key, value in paths.items():  # workers may start elsewhere (Slurm)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            paths[key] = str(Path.cwd() / value)
     info = None
     if cfg["model"].get("backend") == "cpu" and not cfg.get("checkpoint"):
         from analysis.token_level.compute.backend import base_model

@@ -1,11 +1,11 @@
 """`python -m analysis drift`: the token-level study over a grid of drift (lr x staleness x precision), beyond the paper.
 
 The grid is conf/drift.yaml (``DriftGridConfig``): every combination of its ``axes`` is one cell, a normal
-token-level study with its own study id, whose seeds run on the study's own workers (``compute.fanout``; one pool
-for the pending seeds of every cell) and are stored by the study's own ingest (``cli.ingest``);
-``token_level_grid`` links the cells to their studies. A rerun skips the seeds already stored or finished on disk.
-At the end: one row per cell (``summary.study_stats.drift_point``), the cell the grid's ``rule`` chooses as the
-study's default (``choose_default``; docs/math.md §5.1) and a benchmark line (elapsed, per cell).
+token-level study with its own study id, whose seeds run on the study's own workers (``compute.fanout``; one
+pool for the pending seeds of every cell) and are stored by the study's own ingest (``cli.ingest``);
+``token_level_grid`` links the cells to their studies. A rerun skips the seeds already stored or finished on
+disk. At the end: one row per cell (``summary.study_stats.drift_point``), the cell the grid's ``rule`` chooses
+as the study's default (``choose_default``; docs/math.md §5.1) and a benchmark line (elapsed, per cell).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from analysis.token_columns import OWN_UPDATE
+from analysis.token_level.cli import ERR, add_run_options, db_path, ingest, out_root, run_studies, stored_in
 from analysis.token_level.compute.study_config import StudyInputError, compose_study, study_id_of, validate
 from analysis.token_level.summary.study_stats import DriftPoint
 from predmask.config import ConfigError, compose, stable_id, to_container
@@ -254,8 +255,6 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m analysis drift --dry-run"
         ),
     )
-    from analysis.token_level.cli import add_run_options
-
     add_run_options(p, "print the cells and their study ids; run nothing")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="grid or study overrides (see below)")
     return p
@@ -291,35 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     return _run(args, grid, grid_id, cells, console)
 
 
-def _unstored(db: Path, cells: Sequence[Cell], seeds: Sequence[int]) -> dict[int, list[int]]:
-    """Per cell index: the seeds not stored yet."""
-    from analysis.token_level.cli import stored_in
-
-    unstored = {}
-    for c in cells:
-        stored = stored_in(db, c.study_id)
-        unstored[c.index] = [s for s in seeds if s not in stored]
-    return unstored
-
-
-def _store_cells(db: Path, out: Path, grid: Mapping[str, Any], grid_id: str, cells: list[Cell],
-                 unstored: Mapping[int, Sequence[int]]) -> None:
-    """Ingest every cell's seeds not yet stored and link the cells to their studies (``token_level_grid``)."""
-    from analysis.store import connect
-    from analysis.store.token_level_tables import upsert_grid
-    from analysis.token_level.cli import ingest
-
-    for c in cells:
-        ingest(db, c.study_id, c.config, out / c.study_id, unstored[c.index])
-    with connect(db) as con:
-        upsert_grid(con, grid_id, grid_rows(cells, grid["name"]))
-
-
 def _run(
     args: argparse.Namespace, grid: Mapping[str, Any], grid_id: str, cells: list[Cell], console: Console
 ) -> int:
-    from analysis.store import StoreError, check_db_path, paper_command
-    from analysis.token_level.cli import ERR, db_path, out_root
+    from analysis.store import StoreError, check_db_path, connect, paper_command
+    from analysis.store.token_level_tables import upsert_grid
     from analysis.token_level.compute.fanout import SeedFiles
 
     t0 = time.perf_counter()
@@ -327,11 +302,13 @@ def _run(
     seeds = list(range(grid["seeds"]))
     try:
         check_db_path(db)  # before any seed runs: a bad path costs nothing
-        unstored = _unstored(db, cells, seeds)
+        stored = {c.index: stored_in(db, c.study_id) for c in cells}
     except StoreError as err:
         error(str(err))
         return 2
-    pending = {c.index: [s for s in unstored[c.index] if not SeedFiles(out / c.study_id).done(s)] for c in cells}
+    unstored = {i: [s for s in seeds if s not in done] for i, done in stored.items()}
+    pending = {c.index: [s for s in unstored[c.index] if not SeedFiles(out / c.study_id).done(s)]
+               for c in cells}
     n_pending = sum(map(len, pending.values()))
     console.print(
         f"{len(cells) * len(seeds) - n_pending} of {len(cells) * len(seeds)} cell seeds done; {n_pending} to run"
@@ -339,14 +316,15 @@ def _run(
     failures: list[str] = []
     interrupted = False
     if n_pending:
-        from analysis.token_level.cli import run_studies
-
         failures, interrupted = run_studies(
             [(c.config, out / c.study_id, pending[c.index]) for c in cells], args, f"drift grid {grid_id}: cell seeds",
             out / "jobs" / grid_id, out / "jobs" / grid_id / "drift.log", console,
         )
-    try:
-        _store_cells(db, out, grid, grid_id, cells, unstored)
+    try:  # every cell's seeds not yet stored, and the cells linked to their studies
+        for c in cells:
+            ingest(db, c.study_id, c.config, out / c.study_id, unstored[c.index])
+        with connect(db) as con:
+            upsert_grid(con, grid_id, grid_rows(cells, grid["name"]))
     except StoreError as err:
         error(str(err))
         return 1

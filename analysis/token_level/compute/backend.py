@@ -1,11 +1,5 @@
-"""The token-level study's CPU backend (the CPU engine's policy and rollouts), and the choice of backend.
-
-``make_backend(cfg)`` reads the composed study config: a ``conf/model`` entry with ``backend: cpu`` gives the
-CPU engine's base model (or ``checkpoint=...``, a training run's saved weights) with the precision-emulating
-rollout engine; ``backend: hf`` gives ``analysis.token_level.compute.hf.HFBackend`` (GPU path). ``run_seed``
-is one seed of the study on either: the seed's prompts, a fresh rollout, then
-``analysis.token_level.compute.study.study_batch``.
-"""
+"""The token-level study's backends, the policy and rollouts it studies: the CPU engine's (a base model or a
+training run's checkpoint, with the precision-emulating rollout) or a Hugging Face model's (``HFBackend``)."""
 
 from __future__ import annotations
 
@@ -162,8 +156,8 @@ def make_backend(cfg: Mapping[str, Any]) -> Backend:
 
 
 def _checkpoint_policy(cfg: Mapping[str, Any], vocab_size: int) -> nn.Module:
-    """The CPU engine's policy with a training run's weights (``cfg.checkpoint``): the architecture comes from the
-    model entry."""
+    """The CPU engine's policy with a training run's weights (``cfg.checkpoint``): the architecture comes from
+    the model entry."""
     from predmask.rl.model import build_policy
 
     model = build_policy(cfg["model"], vocab_size, seed=0)

@@ -1,14 +1,10 @@
 """Fan the token-level study's seeds out to workers (submitit: local processes or a Slurm job array).
 
-Each worker loads the backend once per study, then runs its share of the seeds one after another (a worker of
-the drift grid runs shares of several studies in turn). Every finished seed is two files in the study
-directory, each written atomically (``predmask.io``): ``seed-<n>.parquet`` (its token rows) and then
-``seed-<n>.json`` (its response-token count, batch facts and timings); the JSON file marks the seed as
-finished. A worker computes and writes only: the counts and rates of a seed's stored row are summarised from
-its token rows by the ingest that reads these files. A killed worker or a Ctrl-C therefore loses only the
-seeds in progress, and the main process (the only database writer) ingests whatever is finished. The workers
-are submitted and followed through the launch layer (``launch``), whose loop also reports a Slurm job that
-died without a result.
+A worker loads the backend once per study and runs its share of the seeds in turn. Every finished seed is two
+files in the study directory, each written atomically: ``seed-<n>.parquet`` (its token rows), then
+``seed-<n>.json`` (its response-token count, batch facts and timings), which marks the seed as finished. A
+worker only computes and writes, so a killed worker or a Ctrl-C loses only the seeds in progress; the main
+process, the only database writer, ingests whatever is finished.
 """
 
 from __future__ import annotations
@@ -167,9 +163,9 @@ def submit_shares(
 ) -> list[str]:
     """Submit one job per share (``run_specs``) through the launch layer's executor
     (``launch.executor.make_executor``: one single-node task per worker, a job array on Slurm with at most
-    ``launcher.array_parallelism`` at once), follow them until every job has ended (``launch.follow``: a Slurm job
-    that died without a result ends too), calling ``on_poll(count_finished())`` each round. Returns one message per
-    failed job. Ctrl-C cancels every job and re-raises."""
+    ``launcher.array_parallelism`` at once), follow them until every job has ended (``launch.follow``: a Slurm
+    job that died without a result ends too), calling ``on_poll(count_finished())`` each round. Returns one
+    message per failed job. Ctrl-C cancels every job and re-raises."""
     from launch.executor import make_executor
     from launch.follow import follow
 

@@ -19,20 +19,21 @@ Defaults, and why:
   criteria's logit-space Ḋ (which is the case J_t P J_tᵀ = I); it exists at staleness 0, where Adam has no state.
 - ``cf_modes=("adam_carried",)``: the counterfactual of the step the study actually takes. A fresh Adam's first
   step is about lr·sign(G) per coordinate: a different, sign-like step.
-- ``dtype=torch.float64`` for the counterfactual forwards: removing one token's share moves D_t by so little that
-  float32 rounding of the parameters is a visible part of the difference, and so are the float32 casts inside
-  Hugging Face models, which ``_FullPrecision`` turns into float64. Gradients and optimiser updates stay in the
-  model's dtype (the float64 parameters are θ minus a float32 update): as accurate, and cheaper.
+- ``dtype=torch.float64`` for the counterfactual forwards: removing one token's share moves D_t by so little
+  that float32 rounding of the parameters is a visible part of the difference, and so are the float32
+  casts inside Hugging Face models, which ``_FullPrecision`` turns into float64. Gradients and optimiser
+  updates stay in the model's dtype (the float64 parameters are θ minus a float32 update): as accurate, and
+  cheaper.
 
-How. One forward/backward of the whole batch gives G and the logits of the studied tokens (or, with ``gradient``,
-the caller's G and a forward of only the rows holding them); from those logits, ∂D_t/∂z and ∂ℓ_t/∂z. Tokens with
-the same context, support and loss weight are one computation (a GRPO group shares its prompt, so its first
-response tokens repeat). Per chunk of ``chunk_size`` such tokens, sorted by context length, ``torch.func.vmap``
-over a VJP of each token's row gives ∇D_t and ∇ℓ_t for all of them at once; the inner products, G − c_t∇ℓ_t, each
-token's clip factor and its AdamW update follow as batched elementwise work, and a vmapped forward with each
-token's own parameters gives the counterfactual logits. Rows are left-aligned (the prompt's left padding moved to
-the end), so a causal model needs no attention mask. The model runs in eval mode (deterministic) and, for the
-vmapped passes, with eager attention, both restored afterwards.
+How. One forward/backward of the whole batch gives G and the logits of the studied tokens (or, with
+``gradient``, the caller's G and a forward of only the rows holding them); from those logits, ∂D_t/∂z and
+∂ℓ_t/∂z. Tokens with the same context, support and loss weight are one computation (a GRPO group shares its
+prompt, so its first response tokens repeat). Per chunk of ``chunk_size`` such tokens, sorted by context
+length, ``torch.func.vmap`` over a VJP of each token's row gives ∇D_t and ∇ℓ_t for all of them at once; the
+inner products, G − c_t∇ℓ_t, each token's clip factor and its AdamW update follow as batched elementwise work,
+and a vmapped forward with each token's own parameters gives the counterfactual logits. Rows are left-aligned
+(the prompt's left padding moved to the end), so a causal model needs no attention mask. The model runs in
+eval mode (deterministic) and, for the vmapped passes, with eager attention, both restored afterwards.
 
 The policy is any causal LM called as ``model(input_ids=ids).logits`` (a Hugging Face causal LM, the CPU engine's
 Qwen3 included), on the device it lives on. The forward is the plain training forward: FP8 training emulation
@@ -164,14 +165,6 @@ def _adam_state(
     if len(steps) > 1:
         raise ValueError(f"the optimiser's parameters have taken different numbers of steps: {sorted(steps)}")
     return _AdamState(m, v, steps.pop() if steps else 0)
-
-
-def _fresh(state: _AdamState) -> _AdamState:
-    return _AdamState(
-        {k: torch.zeros_like(t) for k, t in state.m.items()},
-        {k: torch.zeros_like(t) for k, t in state.v.items()},
-        0,
-    )
 
 
 @dataclass(frozen=True)
@@ -343,7 +336,7 @@ def _logits_of(out: Any) -> Tensor:
 
 
 def _logits_at(model: nn.Module, ids: Tensor, index: Tensor) -> Tensor:
-    """The logits [n, m, V] at positions ``index`` [n, m] of rows ``ids`` [n, L], from a forward cut after the last."""
+    """The logits [n, m, V] at positions ``index`` [n, m] of rows ``ids`` [n, L], cut after the last."""
     logits = _logits_of(model(input_ids=ids[:, : int(index.max()) + 1], **_forward_kwargs(model)))
     return logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
 
@@ -599,7 +592,8 @@ def ground_truths(
     work = next(iter(trainable.values())).dtype  # per-token gradients and optimiser updates: the model's dtype
     theta = {k: p.detach() for k, p in trainable.items()}
     carried = _adam_state(optimizer, trainable, work)
-    states = {"adam_carried": carried, "adam_reset": _fresh(carried), "sgd": carried}
+    fresh = _AdamState(*({k: torch.zeros_like(t) for k, t in m.items()} for m in (carried.m, carried.v)), 0)
+    states = {"adam_carried": carried, "adam_reset": fresh, "sgd": carried}
     precond = _preconditioner(rule, carried) if adam_preconditioner else None
     names = ["d", OWN_UPDATE, *([OWN_UPDATE_ADAM] if precond else []), *map(counterfactual_column, cf_modes)]
     all_seq, all_pos = tokens.nonzero(as_tuple=True)

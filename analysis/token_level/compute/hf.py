@@ -1,21 +1,10 @@
 """The token-level study's GPU path: a Hugging Face causal-LM checkpoint, rollouts through vLLM or transformers.
 
-The study itself is the same code as on the CPU engine (``analysis.token_level.compute.study``); this module
-only loads the checkpoint and produces a scored ``RolloutBatch`` with the top-K support of every generated
-token:
-
-- ``rollout_engine: vllm`` (when the ``vllm`` extra is installed): ``SamplingParams(n, temperature,
-  logprobs=K)``; vLLM returns up to K+1 log-probs per position, the sampled token always included
-  (``batch_from_vllm`` turns them into a batch). The log-probs must be those of the sampling distribution
-  (``logprobs_mode="processed_logprobs"``), so the LLM is built with it.
-- ``rollout_engine: transformers``: ``model.generate(do_sample=True, output_logits=True)`` on a rollout copy of
-  the policy in the precision's dtype (``predmask.rl.emulated_precision.make_rollout_model``); mu is
-  ``log_softmax(logits / temperature)`` of each step's raw logits, exactly the distribution sampled from
-  (top-k and top-p disabled).
-
-Prompts are the synthetic arithmetic task's (``predmask.rl.task``) rendered through ``prompt_template``; rewards
-are the task's 1/0 boxed-answer reward on the decoded response. Only the transformers path can run on CPU, where
-it is tested with a tiny randomly initialised model; the vLLM path is exercised with stand-in output objects.
+Both report the top-K of mu, the distribution each token was sampled from: vLLM built with
+``logprobs_mode="processed_logprobs"`` (up to K+1 log-probs per position, the sampled token always included),
+or ``model.generate`` on a rollout copy of the policy in the precision's dtype (``make_rollout_model``), top-k
+and top-p disabled. Prompts are the arithmetic task's rendered through ``prompt_template``; rewards are its
+1/0 boxed-answer reward on the decoded response. The transformers path runs on CPU too.
 """
 
 from __future__ import annotations
@@ -54,13 +43,6 @@ def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) 
     return ids.to(device), mask.to(device)
 
 
-def _response_mask(response_ids: Tensor, eos_id: int) -> Tensor:
-    """True up to and including the first eos of each row."""
-    is_eos = (response_ids == eos_id).long()
-    before = is_eos.cumsum(-1) - is_eos  # eos seen strictly before this position
-    return before == 0
-
-
 @torch.no_grad()
 def generate_transformers(
     model: nn.Module,
@@ -96,7 +78,8 @@ def generate_transformers(
     response = out.sequences[:, p:]
     logits = torch.stack(list(out.logits), 1).float()  # [B, T, V] raw logits of each step
     logp = torch.log_softmax(logits / temperature, dim=-1)
-    mask = _response_mask(response, eos_id)
+    is_eos = (response == eos_id).long()
+    mask = is_eos.cumsum(-1) - is_eos == 0  # up to and including the first eos of each row
     response = torch.where(mask, response, torch.full_like(response, pad_id))
     top = torch.topk(logp, top_k, dim=-1, sorted=True)
     return RolloutBatch(
@@ -138,7 +121,7 @@ def batch_from_vllm(
                 ids.append([i for _, i, _ in ranked[:top_k]])
                 lps.append([lp for _, _, lp in ranked[:top_k]])
             n = len(tokens)
-            if not n:  # an empty completion: one padding position, so that the batch is at least one token wide
+            if not n:  # an empty completion: one padding position, so the batch is at least one token wide
                 tokens, sampled, ids, lps = [pad_id], [0.0], [[pad_id] * top_k], [[float("-inf")] * top_k]
             rows.append(RolloutBatch(
                 prompt,
@@ -158,14 +141,8 @@ def _to(batch: RolloutBatch, device: torch.device | str) -> RolloutBatch:
 
 
 class HFBackend:
-    """A Hugging Face checkpoint as the study's policy; rollouts through vLLM or transformers.
-
-    The options are the study config's (``temperature``, ``device`` and the ``hf:`` block, whose values live in
-    conf/token_level.yaml only).
-
-    ``policy()`` returns the training model reset to the checkpoint's weights (float32 by default);
-    ``rollout(problems, n, seed)`` samples ``n`` responses per problem and scores them.
-    """
+    """A Hugging Face checkpoint as the study's policy (``Backend``); the options are the study config's
+    (``temperature``, ``device`` and the ``hf:`` block)."""
 
     def __init__(
         self,
@@ -230,15 +207,11 @@ class HFBackend:
 
     def _rollout_copy(self) -> nn.Module:
         if self._rollout_model is None:
-            self.policy()
-            self._rollout_model = make_rollout_model(self.model, self.precision)
+            self._rollout_model = make_rollout_model(self.policy(), self.precision)
         return self._rollout_model
 
-    def _texts(self, problems: Sequence[Problem]) -> list[str]:
-        return [self.prompt_template.format(prompt=p.prompt) for p in problems]
-
     def rollout(self, problems: Sequence[Problem], n: int, seed: int) -> RolloutBatch:
-        texts = self._texts(problems)
+        texts = [self.prompt_template.format(prompt=p.prompt) for p in problems]
         answers = [p.answer for p in problems for _ in range(n)]
         batch = (
             self._rollout_vllm(texts, n, seed) if self.engine == "vllm" else self._rollout_hf(texts, n, seed)

@@ -17,9 +17,10 @@ CF_MODES: tuple[str, ...] = ("adam_carried", "adam_reset", "sgd")
 
 @dataclass(frozen=True, kw_only=True)
 class StepSettings:
-    """Fields of the schema (``StudyConfig``) and of the runtime settings (``study.StudySettings``, which checks
-    their ranges), each described beside its value in conf/token_level.yaml; ``grad_clip=None`` does not clip,
-    ``micro_batch=None`` takes the whole batch in one forward/backward (else gradients are accumulated)."""
+    """Fields of the schema (``StudyConfig``) and of the runtime settings (``study.StudySettings``, which
+    checks their ranges), each described beside its value in conf/token_level.yaml; ``grad_clip=None`` does
+    not clip, ``micro_batch=None`` takes the whole batch in one forward/backward (else gradients are
+    accumulated)."""
 
     delta: float
     group_size: int

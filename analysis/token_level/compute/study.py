@@ -1,16 +1,9 @@
 """One seed of the token-level study (docs/math.md §5): staleness, one masked optimiser step per mask, ΔD per token.
 
-``study_batch(model, batch, settings)`` takes the training policy (the base model, on any device) and a scored
-rollout batch with its top-K support, and returns one row per token outside the trust region (``D_pre > delta``):
-``D_pre``, ``r``, ``A``, ``Ddot`` with the aggregated / uniform / exact tails, the ratio and predictive keep
-decisions, and ``ΔD = D_post - D_pre`` after ONE optimiser step on the whole batch with each mask (ratio DPPO,
-predictive aggregated, uniform, exact; plus ``all``, the unmasked reference step, for the sign-accuracy checks).
-
-``pi_pre`` is the model after ``staleness`` mini-batch updates on the batch's own mini-batches (verl's
-mini-batching); every masked step starts from the same ``pi_pre`` and the same optimiser state (restored from a
-snapshot). The losses and updates are the CPU engine's (``predmask.rl.algo.policy_update`` with
-``predmask.policy_loss``), so the study measures exactly the masks the trainer applies; a run-time check compares
-the number of tokens each loss dropped with the keep decisions recorded here.
+Every masked step starts from the same ``pi_pre`` and optimiser state (restored from a snapshot). The losses
+and updates are the CPU engine's (``predmask.rl.algo.policy_update`` with ``predmask.policy_loss``), so the
+study measures exactly the masks the trainer applies; a run-time check compares the number of tokens each loss
+dropped with the keep decisions recorded here.
 """
 
 from __future__ import annotations
@@ -53,12 +46,11 @@ MASKS: dict[str, str] = {
     RATIO: "dppo_topk_kl",
     **{token_columns.predictive_mask(tail): f"predmask_kl_{tail}" for tail in token_columns.TAILS},
 }
-_NO_TRUST_REGION = {"delta": float("inf")}
 
 
 def reference_step() -> tuple[str, dict[str, Any]]:
     """(method, loss overrides) of the unmasked reference step: the ratio mask's loss with an infinite threshold."""
-    return MASKS[RATIO], dict(_NO_TRUST_REGION)
+    return MASKS[RATIO], {"delta": float("inf")}
 
 
 #: keep column (``keep_<mask>``) -> Ddot column (predictive) or None (ratio)
@@ -70,15 +62,10 @@ _KEEP_COLUMNS: dict[str, str | None] = {
 
 @dataclass(frozen=True, kw_only=True)
 class StudySettings(StepSettings):
-    """Everything ``study_batch`` needs besides the model and the batch: the step settings of the composed conf/
-    config (``StepSettings``, through ``analysis.token_level.compute.study_config.settings_of``), plus
-
-    vocab_size:     V (the uniform tail estimator needs it; from the tokenizer)
-    precision:      training-side precision emulation (fp8_e2e fake-quantises the training forward)
-    check_masks:    compare each loss's dropped-token count with the recorded keep decisions (cheap)
-
-    Construction checks every range of the step settings (the one place of these checks); delta, ratio_cap and
-    loss_agg_mode are checked by ``predmask.MethodParams``, stale_method by ``predmask.methods.get_method``.
+    """Everything ``study_batch`` needs besides the model and the batch: the step settings
+    (``study_config.settings_of``), V (the uniform tail estimator needs it), the training precision, and
+    whether to check each loss's dropped-token count against the recorded keep decisions. Construction checks
+    every range of the step settings (the one place of these checks; some through MethodParams).
     """
 
     vocab_size: int
@@ -104,26 +91,26 @@ class StudySettings(StepSettings):
         require(
             self.ground_truth_chunk >= 1, "ground_truth_chunk", self.ground_truth_chunk, "an integer >= 1"
         )
-        if self.update_path == "split" and self.loss_agg_mode == "seq-mean-token-mean":
-            raise ValueError(
-                "update_path=split needs a loss aggregation linear in the kept tokens; "
-                "seq-mean-token-mean is not (use update_path=direct)"
-            )
-        if self.update_path == "split" and self.precision.train_fp8:
-            raise ValueError(
-                "update_path=split needs a training forward independent of the batch's other rows; precision "
-                f"{self.precision.name} quantises activations per tensor (use update_path=direct)"
-            )
+        if self.update_path == "split" and self._split_needs:
+            raise ValueError(f"update_path=split needs {self._split_needs} (use update_path=direct)")
+
+    @property
+    def _split_needs(self) -> str | None:
+        """What the split path needs and these settings lack (a row's gradient independent of the other
+        rows of its forward), or None."""
+        if self.loss_agg_mode == "seq-mean-token-mean":
+            return "a loss aggregation linear in the kept tokens; seq-mean-token-mean is not"
+        if self.precision.train_fp8:
+            return (f"a training forward independent of the batch's other rows; precision "
+                    f"{self.precision.name} quantises activations per tensor")
+        return None
 
     @property
     def update_path_resolved(self) -> str:
-        """``split`` unless the loss aggregation or the training precision makes a row's gradient depend on the
-        other rows of its forward (seq-mean-token-mean; FP8 training with per-tensor activation scales)."""
+        """``auto`` is ``split`` unless these settings lack what it needs."""
         if self.update_path != "auto":
             return self.update_path
-        return (
-            "direct" if self.loss_agg_mode == "seq-mean-token-mean" or self.precision.train_fp8 else "split"
-        )
+        return "direct" if self._split_needs else "split"
 
     @property
     def method_params(self) -> MethodParams:
@@ -289,29 +276,7 @@ def masked_update(
 def _cat_logprobs(parts: list[TrainLogprobs]) -> TrainLogprobs:
     if len(parts) == 1:
         return parts[0]
-    return TrainLogprobs(
-        torch.cat([p.pi for p in parts]),
-        torch.cat([p.pi_tail_sq for p in parts]),
-        torch.cat([p.log_prob for p in parts]),
-    )
-
-
-@torch.no_grad()
-def forward_logprobs(
-    model: nn.Module, batch: RolloutBatch, support: TopKSupport, s: StudySettings
-) -> TrainLogprobs:
-    """Training log-probs on the support without a graph (micro-batched)."""
-    parts = []
-    for rows in _chunks(batch.batch_size, s.micro_batch):
-        lp = support_logprobs(
-            model,
-            batch.select(rows),
-            support.select(rows),
-            temperature=s.temperature,
-            precision=s.precision,
-        )
-        parts.append(lp.detach())
-    return _cat_logprobs(parts)
+    return TrainLogprobs(*(torch.cat([getattr(p, f.name) for p in parts]) for f in fields(TrainLogprobs)))
 
 
 def minibatch_slices(batch_size: int, group_size: int, minibatches: int) -> list[slice]:
@@ -370,7 +335,7 @@ def _snapshot(model: nn.Module, optimizer: torch.optim.Optimizer) -> Snapshot:
 
 def _restore(model: nn.Module, optimizer: torch.optim.Optimizer, snap: Snapshot) -> None:
     model.load_state_dict(snap[0])
-    optimizer.load_state_dict(_to_cpu(snap[1]))  # a fresh copy: the optimiser steps its state tensors in place
+    optimizer.load_state_dict(_to_cpu(snap[1]))  # a fresh copy: the optimiser steps its state in place
 
 
 def token_quantities(
@@ -422,9 +387,10 @@ def _d_post_on(
     if rows.numel() == 0:
         return out
     sub, sup = sub_batch(batch, support, rows, width)
-    post = forward_logprobs(model, sub, sup, s)
-    d = topk_divergence(sup.mu_logprobs, post.pi, sup.valid, divergence="kl")
-    out[rows, :width] = d.float()
+    with torch.no_grad():  # micro-batched like the steps
+        pi = [support_logprobs(model, sub.select(r), sup.select(r), temperature=s.temperature,
+                               precision=s.precision).pi for r in _chunks(sub.batch_size, s.micro_batch)]
+    out[rows, :width] = topk_divergence(sup.mu_logprobs, torch.cat(pi), sup.valid, divergence="kl").float()
     return out
 
 
@@ -528,14 +494,10 @@ def _steps_split(
 
 
 def _check_masks(
-    batch: RolloutBatch,
-    support: TopKSupport,
-    lp: TrainLogprobs,
-    adv_tok: Tensor,
-    q: Mapping[str, Tensor],
-    s: StudySettings,
+    batch: RolloutBatch, support: TopKSupport, adv_tok: Tensor, q: Mapping[str, Tensor], s: StudySettings
 ) -> None:
     """Each method's own loss, on the same log-probs, drops exactly the tokens recorded here as not kept."""
+    lp = TrainLogprobs(q["pi"], q["pi_tail_sq"], q["log_prob"])
     mask = batch.response_mask
     nonzero = int((mask & (adv_tok != 0)).sum())
     for name, (method, overrides) in s.masks().items():
@@ -609,13 +571,12 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
     steps = _steps_split if s.update_path_resolved == "split" else _steps_direct
     try:
         q, d_post, g_ref = steps(model, optimizer, batch, support, adv_tok, s, snap)
-    except SplitMismatch as err:  # every step again on the whole batch, where decisions and loss share a forward
+    except SplitMismatch as err:  # every step again on the whole batch: decisions and loss share a forward
         log.warning("%s; taking this seed's steps on the direct path", err)
         q, d_post, g_ref = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
     _restore(model, optimizer, snap)
     if s.check_masks:
-        lp = TrainLogprobs(q["pi"], q["pi_tail_sq"], q["log_prob"])
-        _check_masks(batch, support, lp, adv_tok, q, s)
+        _check_masks(batch, support, adv_tok, q, s)
     outside = q["outside"]
     seq_idx, pos_idx = outside.nonzero(as_tuple=True)
     cols: dict[str, Any] = {"sequence": seq_idx.int(), "position": pos_idx.long()}

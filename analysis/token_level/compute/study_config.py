@@ -135,10 +135,9 @@ def compose_study(overrides: Sequence[str] = (), cluster: str | None = None) -> 
 def _label(cfg: Mapping[str, Any]) -> str:
     """How outputs name this run (a CPU stand-in and emulated precision are said to be so)."""
     m = cfg["model"]
-    p = precision_of(cfg)
-    prec = f"{p.name} (CPU emulation: {p.emulates})"
     if m.get("backend") == "cpu":
-        return f"{model_label(cfg)}; {prec}"
+        p = precision_of(cfg)
+        return f"{model_label(cfg)}; {p.name} (CPU emulation: {p.emulates})"
     return f"{m.get('name')} ({cfg.get('checkpoint') or m.get('path')}); precision {cfg['precision'].get('name')}"
 
 
@@ -213,10 +212,9 @@ def precision_of(cfg: Mapping[str, Any]) -> Precision:
 def model_label(cfg: Mapping[str, Any]) -> str:
     """How outputs name the model: a CPU model says which cluster model it stands in for."""
     m = cfg["model"]
-    name = m.get("name")
     if m.get("backend") == "cpu":
-        return f"{name} (CPU stand-in for {m.get('stands_in_for', '?')}, not the real model)"
-    return str(name)
+        return f"{m.get('name')} (CPU stand-in for {m.get('stands_in_for', '?')}, not the real model)"
+    return str(m.get("name"))
 
 
 def settings_of(cfg: Mapping[str, Any], vocab_size: int) -> StudySettings:
