@@ -1,14 +1,11 @@
 """The base model: short supervised pretraining of the CPU policy on the task's (noisy) worked solutions, cached.
 
-``load_base_model(model_cfg, task_cfg, base_cfg)`` returns ``(model, info)``: the float32 policy after pretraining
-and a dict with its measured accuracies. The first call builds it (with a progress display) and caches it under
-``results/cache/base-<model>-<key>.pt``, where ``key`` hashes the model, task and pretraining configs; later calls
-(any process: the training runs, the token-level study) load the file. A file lock makes racing processes build it
-once; the file is written to a temporary name and renamed into place.
-
-Pretraining is deterministic for ``base_cfg.seed`` (one CPU thread while it runs). Its corpus is noisy
-(``predmask.rl.task.noisy_steps``): a fraction of the written steps are arithmetic slips, so the base model samples
-wrong steps at temperature 1 where its most likely step is right — the gap RL closes, as on real base models.
+The first ``load_base_model`` builds it (with a progress display) and caches it under
+``results/cache/base-<model>-<key>.pt`` (``base_cache_key``); later calls, from any process, load the file. A
+file lock makes racing processes build it once. Pretraining is deterministic for ``base_cfg.seed`` (one CPU
+thread while it runs). Its corpus is noisy (``predmask.rl.task.noisy_steps``): a fraction of the written steps
+are arithmetic slips, so the base model samples wrong steps at temperature 1 where its most likely step is
+right — the gap RL closes, as on real base models.
 """
 
 from __future__ import annotations
@@ -32,8 +29,9 @@ from torch import Tensor, nn
 from predmask.io import atomic_write
 from predmask.progress import progress as show_progress
 from predmask.progress import waiting
+from predmask.rl.algo import response_logits
 from predmask.rl.model import build_policy, hf_config
-from predmask.rl.rollout import encode_prompts, rollout_problems
+from predmask.rl.rollout import encode_prompts, pad_rows, rollout_problems
 from predmask.rl.task import (
     EVAL_SPLITS,
     Problem,
@@ -73,16 +71,24 @@ def single_thread() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
+def training_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The model, optimiser and RNG states of a training checkpoint."""
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
+
+
+def load_training_state(blob: Mapping[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Restore what ``training_state`` saved."""
+    model.load_state_dict(blob["model"])
+    optimizer.load_state_dict(blob["optimizer"])
+    torch.set_rng_state(blob["rng"]["torch"])
+    random.setstate(blob["rng"]["python"])
+
+
 def sft_batch(tokenizer: ArithmeticTokenizer, prompts: Sequence[str], responses: Sequence[str]) -> SequenceBatch:
     """Tokenise prompt/response pairs (response ends with <eos>) into a teacher-forcing batch."""
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
-    rows = [tokenizer.encode(r, eos=True) for r in responses]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = True
+    ids, mask = pad_rows([tokenizer.encode(r, eos=True) for r in responses], tokenizer.pad_id, left=False)
     return SequenceBatch(prompt_ids, prompt_mask, ids, mask)
 
 
@@ -99,13 +105,6 @@ def _lr_factor(step: int, cfg: BaseConfig) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
-def _sft_loss(model: nn.Module, batch: SequenceBatch) -> Tensor:
-    from predmask.rl.algo import response_logits
-
-    logits = response_logits(model, batch)
-    return nn.functional.cross_entropy(logits[batch.response_mask], batch.response_ids[batch.response_mask])
-
-
 @torch.no_grad()
 def evaluate_accuracy(
     model: nn.Module,
@@ -117,11 +116,9 @@ def evaluate_accuracy(
     seed: int,
     temperature: float = 1.0,
 ) -> dict[str, float]:
-    """avg@n of ``n`` samples per problem at ``temperature`` with a fixed sampling seed.
-
-    Returns ``acc`` (mean reward), ``guess_rate`` (responses that box an answer without working) and
-    ``worked_acc`` (accuracy of the other responses).
-    """
+    """avg@n of ``n`` samples per problem at ``temperature`` with a fixed sampling seed: ``acc`` (mean
+    reward), ``guess_rate`` (responses that box an answer without working) and ``worked_acc`` (accuracy of the
+    others)."""
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
@@ -159,7 +156,8 @@ def pretrain(
             problems = [next(stream) for _ in range(cfg.batch_size)]
             solutions = [_corpus_solution(p, noise_rng, cfg, task.max_number) for p in problems]
             batch = sft_batch(tokenizer, [p.prompt for p in problems], solutions)
-            loss = _sft_loss(model, batch)
+            mask = batch.response_mask
+            loss = nn.functional.cross_entropy(response_logits(model, batch)[mask], batch.response_ids[mask])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -258,11 +256,9 @@ def load_base_model(
     cache_dir: str | os.PathLike[str] = DEFAULT_CACHE_DIR,
     progress: bool = True,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """The pretrained float32 base policy of ``model_cfg`` and its info dict; built once, then loaded from cache.
-
-    The info's accuracies are measured with the task's full generation budget (``task_response_budget``);
-    ``response_len`` is accepted for callers that pass their own budget and does not change the model or key.
-    """
+    """The pretrained float32 base policy of ``model_cfg`` and its info dict (its measured accuracies); built
+    once, then loaded from cache. ``response_len`` is accepted for callers that pass their own budget and
+    changes nothing (the accuracies are measured with ``task_response_budget``)."""
     del response_len
     path = base_cache_path(model_cfg, task, cfg, cache_dir)
     tok = ArithmeticTokenizer(task.max_number)

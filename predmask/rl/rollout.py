@@ -1,12 +1,9 @@
 """The rollout engine: batched KV-cache sampling that reports, per token, the sampled id, its log-prob and the top-K.
 
-``generate(model, prompt_ids, prompt_mask, ...)`` samples responses from ``mu = softmax(logits / temperature)``
-(top-p 1) of the rollout model (see ``predmask.rl.emulated_precision.make_rollout_model`` for its precision) and returns a
-``RolloutBatch`` whose ``topk_ids``/``topk_logprobs`` [B, R, K] (sorted, highest first) and
-``sampled_ids``/``sampled_logprobs`` [B, R] are exactly what ``predmask.build_support`` takes
-(``RolloutBatch.support()`` calls it). Log-probs are float32 ``log_softmax`` of the rollout logits, as vLLM's
-sampler computes them. ``encode_prompts`` left-pads tokenised prompts; ``rollout_problems`` does both for a list of
-task problems with ``n`` samples each, in chunks so that any number of sequences fits.
+Log-probs are float32 ``log_softmax`` of the rollout logits
+(``predmask.rl.emulated_precision.make_rollout_model`` gives the rollout model its precision), as vLLM's
+sampler computes them; the top-K and sampled fields of a ``RolloutBatch`` are exactly what
+``predmask.build_support`` takes.
 """
 
 from __future__ import annotations
@@ -60,29 +57,28 @@ class RolloutBatch:
         return RolloutBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
-def encode_prompts(tokenizer: ArithmeticTokenizer, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
-    """Tokenise (with <bos>) and left-pad: returns ``(prompt_ids [B, P], prompt_mask [B, P])``."""
-    rows = [tokenizer.encode(p, bos=True) for p in prompts]
+def pad_rows(rows: Sequence[Sequence[int]], pad_id: int, *, left: bool) -> tuple[Tensor, Tensor]:
+    """Token id rows padded to one width, on the left or the right: ``(ids [B, W], mask [B, W])``."""
     width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
     for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = True
+        cols = slice(width - len(r), width) if left else slice(0, len(r))
+        ids[i, cols] = torch.tensor(r, dtype=torch.long)
+        mask[i, cols] = True
     return ids, mask
 
 
-def _pad_right(x: Tensor, width: int, value: float) -> Tensor:
-    if x.shape[1] >= width:
-        return x
-    pad_shape = (x.shape[0], width - x.shape[1], *x.shape[2:])
-    return torch.cat([x, torch.full(pad_shape, value, dtype=x.dtype)], 1)
+def encode_prompts(tokenizer: ArithmeticTokenizer, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+    """Tokenise (with <bos>) and left-pad: returns ``(prompt_ids [B, P], prompt_mask [B, P])``."""
+    return pad_rows([tokenizer.encode(p, bos=True) for p in prompts], tokenizer.pad_id, left=True)
 
 
-def _pad_left(x: Tensor, width: int, value: float) -> Tensor:
+def _pad(x: Tensor, width: int, value: float, *, left: bool = False) -> Tensor:
     if x.shape[1] >= width:
         return x
-    return torch.cat([torch.full((x.shape[0], width - x.shape[1]), value, dtype=x.dtype), x], 1)
+    pad = torch.full((x.shape[0], width - x.shape[1], *x.shape[2:]), value, dtype=x.dtype)
+    return torch.cat([pad, x] if left else [x, pad], 1)
 
 
 def concat_batches(batches: Sequence[RolloutBatch], pad_id: int = 0) -> RolloutBatch:
@@ -90,13 +86,13 @@ def concat_batches(batches: Sequence[RolloutBatch], pad_id: int = 0) -> RolloutB
     p = max(b.prompt_ids.shape[1] for b in batches)
     r = max(b.response_ids.shape[1] for b in batches)
     return RolloutBatch(
-        prompt_ids=torch.cat([_pad_left(b.prompt_ids, p, pad_id) for b in batches]),
-        prompt_mask=torch.cat([_pad_left(b.prompt_mask, p, False) for b in batches]),
-        response_ids=torch.cat([_pad_right(b.response_ids, r, pad_id) for b in batches]),
-        response_mask=torch.cat([_pad_right(b.response_mask, r, False) for b in batches]),
-        sampled_logprobs=torch.cat([_pad_right(b.sampled_logprobs, r, 0.0) for b in batches]),
-        topk_ids=torch.cat([_pad_right(b.topk_ids, r, pad_id) for b in batches]),
-        topk_logprobs=torch.cat([_pad_right(b.topk_logprobs, r, float("-inf")) for b in batches]),
+        prompt_ids=torch.cat([_pad(b.prompt_ids, p, pad_id, left=True) for b in batches]),
+        prompt_mask=torch.cat([_pad(b.prompt_mask, p, False, left=True) for b in batches]),
+        response_ids=torch.cat([_pad(b.response_ids, r, pad_id) for b in batches]),
+        response_mask=torch.cat([_pad(b.response_mask, r, False) for b in batches]),
+        sampled_logprobs=torch.cat([_pad(b.sampled_logprobs, r, 0.0) for b in batches]),
+        topk_ids=torch.cat([_pad(b.topk_ids, r, pad_id) for b in batches]),
+        topk_logprobs=torch.cat([_pad(b.topk_logprobs, r, float("-inf")) for b in batches]),
         rewards=torch.cat([b.rewards for b in batches]),
     )
 
@@ -115,14 +111,14 @@ def generate(
     generator: torch.Generator | None = None,
     n: int = 1,
 ) -> RolloutBatch:
-    """Sample ``n`` responses per prompt row with a KV cache; stop a row at ``eos_id`` or after ``max_new_tokens``.
+    """Sample ``n`` responses per prompt row from ``mu = softmax(logits / temperature)`` (top-p 1) with a KV
+    cache; stop a row at ``eos_id`` or after ``max_new_tokens``.
 
     Each prompt is prefilled once; its KV cache and last logits are then repeated ``n`` times, so the batch's rows
     ``i*n .. i*n+n-1`` are prompt ``i``'s samples (the same samples, up to float summation order, as ``n`` copies of
-    the prompt prefilled apart). Rows are independent; the response width R is the number of decoding steps
-    actually run (<= max_new_tokens).
-    Positions after a row's <eos> hold ``pad_id`` and are False in ``response_mask`` (their top-K entries are
-    whatever the model computed there and must be ignored through the mask).
+    the prompt prefilled apart). The response width R is the number of decoding steps actually run. Positions
+    after a row's <eos> hold ``pad_id`` and are False in ``response_mask`` (their top-K entries must be
+    ignored).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature} (greedy decoding is not a sampling rollout)")
@@ -189,12 +185,9 @@ def rollout_problems(
     chunk_size: int = 1024,
     prefill_once: bool = True,
 ) -> RolloutBatch:
-    """``n`` sampled responses per problem (rows ``i*n .. i*n+n-1`` belong to problem ``i``), scored.
-
-    Each problem's prompt is prefilled once (``generate``'s ``n``); ``prefill_once=False`` (benchmark only: the
-    previous path) prefills every row. Generation runs in chunks of at most ``chunk_size`` sequences (whole
-    problems, at least one); ``rewards`` holds the 1/0 task reward.
-    """
+    """``n`` sampled responses per problem (rows ``i*n .. i*n+n-1`` belong to problem ``i``) with their 1/0
+    task reward, in chunks of at most ``chunk_size`` sequences (whole problems, at least one).
+    ``prefill_once=False`` (benchmark only: the previous path) prefills every row instead of every problem."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     answers = [p.answer for p in problems for _ in range(n)]

@@ -1,52 +1,21 @@
-"""`python -m predmask.rl.train [hydra overrides]`: one GRPO training run of the CPU engine, resumable.
-
-Composes ``conf/train.yaml`` (defaults: method, model, precision, cluster) with Hydra overrides, e.g.
+"""`python -m predmask.rl.train [hydra overrides]`: one GRPO training run of the CPU engine, resumable, e.g.
 
     python -m predmask.rl.train method=predmask_kl_agg model=cpu_s precision=bf16 delta=0.15 \\
         trainer.steps=200 seed=0 run_dir=runs/x
 
-and writes the run directory (the contract of every CPU or VeRL run; its files, writer and parser:
-:mod:`predmask.rundir`):
-
-- ``config.yaml``  the resolved config, written before training starts (the CPU model actually trained, every
-                   parameter of the method, what the precision emulates, and the stand-in labels included);
-- ``metrics.jsonl`` one verl file-logger line ``{"step": N, "data": {...}}`` per step (step 0: validation before
-                   training, computed once for every method of a setting and seed: ``Engine.validate_base``), verl metric
-                   names plus the mask and mismatch metrics;
-- ``status.json``  ``{"status", "step", "total_steps", "updated", "error"}``, replaced atomically;
-- ``checkpoints/step_XXXXXX.pt`` model, optimiser, RNG states and data position every ``trainer.save_every``
-                   steps and at the end (the last ``trainer.keep_checkpoints`` are kept); written and read by
-                   :mod:`predmask.checkpoints`: data only (a file that would build any other Python object is
-                   refused in one line), an unreadable newest one moved aside as ``*.pt.damaged`` and the newest
-                   readable one used;
-- ``train.log``    the human log (appended across restarts);
-- ``tensorboard/``, ``wandb/``, ``wandb_id`` only with ``trainer.logger`` naming ``tensorboard`` / ``wandb``
-                   (verl's tracker names; :mod:`predmask.rl.trackers`: where they write, the W&B id a resumed run
-                   keeps). ``console`` in the list prints the step lines; ``file`` (``metrics.jsonl``) is required.
-
-The trainer holds the run directory's writer lock (``.run.lock``, ``predmask.rundir.hold_run_lock``) for its whole
-life: a second trainer on the same ``run_dir`` exits with one line naming the first one's pid and writes nothing, and
-a ``status.json`` that says "running" while the lock is free belongs to a killed trainer (``predmask.rundir.run_status``).
-Started again with the same config after any kind of death (SIGKILL included), a run resumes from its last
-checkpoint and first truncates ``metrics.jsonl`` to the checkpoint's step, so the file ends with each step once;
-a line found then that is not a record (``predmask.rundir``'s one parser and step rule, shared with ingest) is moved
-to ``metrics.corrupt.jsonl`` (with a warning), never dropped, and the valid lines after it are kept.
-A resume keeps the run's identity: a config differing in anything but ``trainer.steps`` (upwards only: fewer steps than
-the newest checkpoint reached is refused, nothing changed), the display keys and ``run_dir`` (where the run is, not
-what it is: a runs root moved with ``mv`` resumes) is refused in one line. Ctrl-C ends with the one ``interrupted:``
-line and exit status 130; a full disk or a read-only file system with one ``error: cannot write <file>: ...`` line
-naming the remedy and exit status 1 (added to it when ``status.json`` itself cannot record the cause).
-A run's ``seed`` draws its own stream of training prompts (other problems of the same distribution, in another
-order; ``predmask.rl.task.iter_train_prompts``) and seeds its rollout and validation sampling per step; the base model
-(``base.seed``) and the evaluation splits (``task.seed``) are shared by every seed. So the same seed and config give
-the same metrics on the same machine (all but the wall-clock metrics, ``predmask.metrics.wall_clock``). A completed run started again does nothing.
-Hydra does not change the working directory and writes no ``outputs/`` or ``.hydra/`` directories.
+composes ``conf/train.yaml`` and writes the run directory (its files: README.md; their writer and parser:
+:mod:`predmask.rundir`). The trainer holds the run directory's writer lock for its whole life. Started again
+with the same config after any kind of death (SIGKILL included), a run resumes from its last checkpoint and
+first truncates ``metrics.jsonl`` to the checkpoint's step, so the file ends with each step once. A run's
+``seed`` draws its own stream of training prompts and seeds its sampling per step; the base model
+(``base.seed``) and the evaluation splits (``task.seed``) are shared by every seed. So the same seed and
+config give the same metrics on the same machine (all but the wall-clock metrics,
+``predmask.metrics.wall_clock``).
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import signal
 import sys
 import threading
@@ -64,8 +33,9 @@ from predmask.checkpoints import Checkpoint, checkpoint_files, latest_valid_chec
 from predmask.config import store_schemas
 from predmask.progress import progress as show_progress
 from predmask.progress import report_phases
+from predmask.rl.base import load_training_state, training_state
 from predmask.rl.engine import Engine, prepare_config
-from predmask.rl.task import STANDIN_LABEL, Problem, iter_train_prompts
+from predmask.rl.task import STANDIN_LABEL, iter_train_prompts
 from predmask.rl.trackers import Trackers, require_installed
 from predmask.rundir import (
     CONFIG_FILE,
@@ -85,7 +55,6 @@ from predmask.rundir import (
     write_config,
     write_status,
 )
-from predmask.schemas.task_schema import TaskConfig
 
 #: config keys that may change between a run and its resumption (``trainer.steps`` only upwards: ``_check_steps``)
 _RESUMABLE_KEYS = ({"trainer", "steps"}, {"trainer", "progress"}, {"trainer", "log_every"}, {"trainer", "logger"})
@@ -94,26 +63,6 @@ _RESUMABLE_KEYS = ({"trainer", "steps"}, {"trainer", "progress"}, {"trainer", "l
 _LOCATION_KEYS = (("run_dir",),)
 
 log = logging.getLogger("predmask.rl.train")
-
-
-# ----------------------------------------------------------------------------------------------- checkpoints
-def _checkpoint_blob(engine: Engine, data_position: int) -> dict[str, Any]:
-    return {
-        "data_position": data_position,
-        "model": engine.model.state_dict(),
-        "optimizer": engine.optimizer.state_dict(),
-        "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
-    }
-
-
-def _apply_checkpoint(ckpt: Checkpoint, engine: Engine) -> tuple[int, int]:
-    blob = ckpt.blob
-    engine.model.load_state_dict(blob["model"])
-    engine.optimizer.load_state_dict(blob["optimizer"])
-    torch.set_rng_state(blob["rng"]["torch"])
-    random.setstate(blob["rng"]["python"])
-    engine.sync_rollout()
-    return ckpt.step, int(blob["data_position"])
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -151,13 +100,6 @@ def _check_steps(run_dir: Path, ckpt: Checkpoint | None, total: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- logging
-class _ConsoleFilter(logging.Filter):
-    """Lets through every record except those logged with ``extra={"console": False}``."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return bool(getattr(record, "console", True))
-
-
 class _RunLogHandler(logging.FileHandler):
     """``train.log``: a line that cannot be written (a full disk) costs that line and one warning on stderr, never a
     traceback; the write that fails next in the run directory stops the run with its own line."""
@@ -173,20 +115,26 @@ class _RunLogHandler(logging.FileHandler):
                   file=sys.stderr, flush=True)
 
 
-def setup_logging(run_dir: Path, logger: logging.Logger | None = None) -> list[logging.Handler]:
-    """``train.log`` gets every line of ``logger`` (default: the trainer's); the console (stdout) the same minus the
-    quiet step lines. The caller removes and closes the returned handlers."""
+@contextmanager
+def run_logging(run_dir: Path, logger: logging.Logger | None = None) -> Iterator[None]:
+    """In the block, ``train.log`` gets every line of ``logger`` (default: the trainer's); the console
+    (stdout) the same minus the quiet lines (logged with ``extra={"console": False}``)."""
     target = log if logger is None else logger
     file_handler = _RunLogHandler(run_dir / LOG_FILE, mode="a")
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(logging.Formatter("[predmask.rl] %(message)s"))
-    console.addFilter(_ConsoleFilter())
+    console.addFilter(lambda record: bool(getattr(record, "console", True)))
     target.setLevel(logging.INFO)
     target.propagate = False
     for h in (file_handler, console):
         target.addHandler(h)
-    return [file_handler, console]
+    try:
+        yield
+    finally:
+        for h in (file_handler, console):
+            target.removeHandler(h)
+            h.close()
 
 
 def _use_progress(setting: str | bool) -> bool:
@@ -211,11 +159,6 @@ def _step_summary(step: int, data: Mapping[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- the run
-def _problem_stream(task: TaskConfig, seed: int, start: int) -> Iterator[Problem]:
-    """The run's prompts from data position ``start``: the run's ``seed`` draws its own stream (seeds replicate)."""
-    return iter_train_prompts(task, split="train", start=start, replicate=seed)
-
-
 def run(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """Train one run to ``trainer.steps`` (resuming if its run_dir has a checkpoint); returns a summary dict."""
     c = prepare_config(cfg)
@@ -227,9 +170,8 @@ def run(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
 
 def _run_locked(c: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     _check_identity(run_dir, c)  # before anything is written: a different run here is refused, untouched
-    handlers = setup_logging(run_dir)
     total = int(c["trainer"]["steps"])
-    try:
+    with run_logging(run_dir):
         ckpt = latest_valid_checkpoint(run_dir, log)  # unreadable newer ones moved aside, with a warning line
         _check_steps(run_dir, ckpt, total)
         write_config(run_dir, c)
@@ -238,10 +180,6 @@ def _run_locked(c: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         except BaseException as exc:
             _record_failure(run_dir, total, exc)
             raise
-    finally:
-        for h in handlers:
-            log.removeHandler(h)
-            h.close()
 
 
 def _start(c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | None, total: int) -> dict[str, Any]:
@@ -317,7 +255,9 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | 
     metrics_path = run_dir / METRICS_FILE
     start_step, data_pos = 0, 0
     if ckpt is not None:
-        start_step, data_pos = _apply_checkpoint(ckpt, engine)
+        load_training_state(ckpt.blob, engine.model, engine.optimizer)
+        engine.sync_rollout()
+        start_step, data_pos = ckpt.step, int(ckpt.blob["data_position"])
         cut = truncate_metrics(metrics_path, start_step)
         log.info("resumed from %s (step %d); dropped %d metrics lines past it", ckpt.path.name, start_step,
                  cut.dropped)
@@ -351,7 +291,7 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | 
             record({**val, M.GLOBAL_STEP: 0}, step=0)
             last_val = val
             log.info(_step_summary(0, val), extra={"console": console})
-        stream = _problem_stream(engine.task, seed, data_pos)
+        stream = iter_train_prompts(engine.task, start=data_pos, replicate=seed)  # each seed its own stream
 
         title = f"GRPO {engine.method_name} {engine.model_cfg['name']} {engine.precision.name}"
         with show_progress(title, total=t.steps, completed=start_step, unit="steps", bar=progress) as bar:
@@ -374,7 +314,8 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | 
                 loud = step % max(1, t.log_every) == 0 or any(k.startswith(M.VAL_CORE_PREFIX) for k in data)
                 log.info(_step_summary(step, data), extra={"console": console and loud and not progress})
                 if (t.save_every and step % t.save_every == 0) or step == t.steps:
-                    save_checkpoint(run_dir, step, _checkpoint_blob(engine, data_pos), t.keep_checkpoints)
+                    blob = {"data_position": data_pos, **training_state(engine.model, engine.optimizer)}
+                    save_checkpoint(run_dir, step, blob, t.keep_checkpoints)
                 write_status(run_dir, "running", step, t.steps)
                 val_txt = " ".join(f"{v:.2f}" for k, v in last_val.items() if M.VAL_ACC_RE.match(k)) or "-"
                 bar.advance(status=f"score {data.get(M.SCORE_MEAN, float('nan')):.3f} val {val_txt}")

@@ -31,6 +31,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from predmask.rl.model import build_policy
 from predmask.rl.rollout import encode_prompts, generate, rollout_problems
 from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, Problem, extract_answer, make_split, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
-from predmask.rl.train import setup_logging
+from predmask.rl.train import run_logging
 from predmask.rl.vr_questions import (
     Question,
     answer_text,
@@ -98,10 +99,6 @@ _CHUNK = 1024
 Sampler = Callable[[Sequence[str], int], list[list[int]]]
 
 log = logging.getLogger("predmask.rl.vr_runner")
-
-
-class StageInputError(ValueError):
-    """A stage's upstream output is missing (one line: the stage, the path, how to produce it)."""
 
 
 # ----------------------------------------------------------------------------------------------- log-probs
@@ -156,18 +153,14 @@ class Stage:
         return task_response_budget(self.task)
 
 
-def _load_config(run_dir: Path) -> dict[str, Any]:
+def prepare_stage(run_dir: str | Path) -> Stage:
+    """Read and check RUN_DIR/config.yaml and the upstream outputs it needs (ValueError, one line; writes nothing)."""
+    run_dir = Path(run_dir)
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         raise ValueError(f"{path} does not exist; the sweep writes a stage's config.yaml before it runs "
                          f"(python -m sweeps variational_reasoning)")
-    return read_config(path)
-
-
-def prepare_stage(run_dir: str | Path) -> Stage:
-    """Read and check RUN_DIR/config.yaml and the upstream outputs it needs (ValueError, one line; writes nothing)."""
-    run_dir = Path(run_dir)
-    c = _load_config(run_dir)
+    c = read_config(path)
     vr = VRConfig.from_mapping(c)
     if vr.stage in ("traces", "weights"):
         V.check_counts(vr.traces.k, vr.weights.m)
@@ -186,12 +179,12 @@ def prepare_stage(run_dir: str | Path) -> Stage:
     for stage in stage_inputs(vr.stage, vr.method.name):
         run_id = vr.inputs.get(stage)
         if not run_id:
-            raise StageInputError(f"stage {vr.stage} ({vr.method.name}) needs inputs.{stage} (the run id of its "
-                                  f"{stage} stage) in {run_dir / CONFIG_FILE}; the sweep sets it")
+            raise ValueError(f"stage {vr.stage} ({vr.method.name}) needs inputs.{stage} (the run id of its "
+                             f"{stage} stage) in {run_dir / CONFIG_FILE}; the sweep sets it")
         path = run_dir.parent / run_id / STAGE_OUTPUTS[stage]
         if not path.is_file():
-            raise StageInputError(f"stage {vr.stage} needs the {stage} output {path}, which is missing; produce it "
-                                  f"with python -m predmask.rl.vr_runner {path.parent}")
+            raise ValueError(f"stage {vr.stage} needs the {stage} output {path}, which is missing; produce "
+                             f"it with python -m predmask.rl.vr_runner {path.parent}")
         inputs[stage] = path
     return Stage(run_dir, c, vr, model_cfg, task, base, tokenizer, str(c.get("cache_dir") or "results/cache"),
                  inputs)
@@ -207,8 +200,8 @@ def _base_model(st: Stage) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def load_model(st: Stage, path: Path) -> tuple[nn.Module, dict[str, Any]]:
-    """A stage's ``model.pt`` as a policy of the run's model config, and its info (loaded as data only: a file naming
-    any other Python object is refused in one line, ``predmask.checkpoints.load_data``)."""
+    """A stage's ``model.pt`` as a policy of the run's model config, and its info
+    (``predmask.checkpoints.load_data``: data only)."""
     blob = load_data(path)
     model = build_policy(st.model_cfg, st.tokenizer.vocab_size, st.base.seed)
     model.load_state_dict(blob["state_dict"])
@@ -245,13 +238,9 @@ def _train(st: Stage, model: nn.Module, rows: Sequence[Row], epochs: int, final_
 
 def _log_metrics(st: Stage, data: Mapping[str, Any], step: int = 0) -> None:
     """One metrics line for a stage without training steps (a rerun replaces it)."""
-    path = st.run_dir / METRICS_FILE
-    truncate_metrics(path, -1)
-    writer = MetricsWriter(path)
-    try:
+    truncate_metrics(st.run_dir / METRICS_FILE, -1)
+    with closing(MetricsWriter(st.run_dir / METRICS_FILE)) as writer:
         writer.log(data, step)
-    finally:
-        writer.close()
 
 
 def _summary_line(data: Mapping[str, Any]) -> str:
@@ -311,7 +300,7 @@ def _generator(st: Stage, salt: int) -> torch.Generator:
 
 
 def _sample(st: Stage, model: nn.Module, prompts: Sequence[str], temperature: float, salt: int) -> list[list[int]]:
-    """The response ids of one sample per prompt (chunks of _CHUNK drawn in order from ``_generator(st, salt)``)."""
+    """The response ids of one sample per prompt (chunks drawn in order from ``_generator(st, salt)``)."""
     tok, gen = st.tokenizer, _generator(st, salt)
     out: list[list[int]] = []
     for s in range(0, len(prompts), _CHUNK):
@@ -517,38 +506,32 @@ def _total_steps(st: Stage) -> int:
 
 
 def run_stage(run_dir: str | Path) -> dict[str, Any]:
-    """Run the stage RUN_DIR/config.yaml names (resuming it; a completed one is left as it is); returns a summary.
-
-    Bad config or missing upstream output: ValueError (one line) before anything is written."""
+    """Run the stage RUN_DIR/config.yaml names (resuming it; a completed one is left as it is)."""
     st = prepare_stage(run_dir)
     with hold_run_lock(st.run_dir):
         total = _total_steps(st)
         if read_status(st.run_dir).get("status") == "completed" and st.output.is_file():
             last = read_metrics(st.run_dir / METRICS_FILE)
             return {"step": total, "completed_before": True, **(last[-1]["data"] if last else {})}
-        handlers = setup_logging(st.run_dir, log)
-        try:
-            torch.set_num_threads(1)
-            write_status(st.run_dir, "running", 0, total)
-            log.info("start: stage=%s method=%s seed=%s run_dir=%s", st.vr.stage, st.vr.method.name, st.vr.seed,
-                     st.run_dir)
-            log.info("model: %s", st.model_cfg.get("label", st.model_cfg.get("name")))
-            log.info("pi_theta0: %s", PRIOR_LABEL)
-            log.info("task: %s; eval splits: %s", st.task.label or "synthetic arithmetic", STANDIN_LABEL)
-            with single_thread():
-                summary = _RUNNERS[st.vr.stage](st)
-            write_status(st.run_dir, "completed", total, total)
-            log.info("completed: %s", st.output)
-            return summary
-        except BaseException as exc:
-            write_status(st.run_dir, "failed", last_step(st.run_dir), total,
-                         error=f"{type(exc).__name__}: {exc}")
-            log.exception("failed", extra={"console": not isinstance(exc, ValueError)})
-            raise
-        finally:
-            for h in handlers:
-                log.removeHandler(h)
-                h.close()
+        with run_logging(st.run_dir, log):
+            try:
+                torch.set_num_threads(1)
+                write_status(st.run_dir, "running", 0, total)
+                log.info("start: stage=%s method=%s seed=%s run_dir=%s", st.vr.stage, st.vr.method.name,
+                         st.vr.seed, st.run_dir)
+                log.info("model: %s", st.model_cfg.get("label", st.model_cfg.get("name")))
+                log.info("pi_theta0: %s", PRIOR_LABEL)
+                log.info("task: %s; eval splits: %s", st.task.label or "synthetic arithmetic", STANDIN_LABEL)
+                with single_thread():
+                    summary = _RUNNERS[st.vr.stage](st)
+                write_status(st.run_dir, "completed", total, total)
+                log.info("completed: %s", st.output)
+                return summary
+            except BaseException as exc:
+                write_status(st.run_dir, "failed", last_step(st.run_dir), total,
+                             error=f"{type(exc).__name__}: {exc}")
+                log.exception("failed", extra={"console": not isinstance(exc, ValueError)})
+                raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from predmask import vr_weights as V
 from predmask.checkpoints import latest_valid_checkpoint, save_checkpoint
 from predmask.progress import progress as show_progress
 from predmask.rl.algo import response_logits
-from predmask.rl.base import sft_batch
+from predmask.rl.base import load_training_state, sft_batch, training_state
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.rundir import METRICS_FILE, MetricsWriter, truncate_metrics, write_status
 from predmask.schemas.variational_schema import SFTConfig
@@ -55,16 +56,6 @@ def step_plan(n_questions: int, per_step: int, epochs: int, seed: int) -> list[l
     return plan
 
 
-def _lr(step: int, lr: float, warmup: int) -> float:
-    """Linear warmup over ``warmup`` steps (step 1 = lr / warmup), constant after."""
-    return lr * min(1.0, step / warmup) if warmup > 0 else lr
-
-
-def _sft_checkpoint_blob(model: nn.Module, opt: torch.optim.Optimizer, plan: list[list[int]]) -> dict[str, Any]:
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "plan": plan,
-            "rng": {"torch": torch.get_rng_state(), "python": random.getstate()}}
-
-
 def _resume(run_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, plan: list[list[int]],
             log: logging.Logger) -> tuple[int, bool]:
     """Load the run's newest readable checkpoint (model, optimiser, rng; an unreadable newer one is moved aside by
@@ -76,10 +67,7 @@ def _resume(run_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, plan: l
         blob = ckpt.blob
         if blob["plan"] != plan:
             raise ValueError(f"checkpoint {ckpt.path} was written with another data order; use a fresh run directory")
-        model.load_state_dict(blob["model"])
-        opt.load_state_dict(blob["optimizer"])
-        torch.set_rng_state(blob["rng"]["torch"])
-        random.setstate(blob["rng"]["python"])
+        load_training_state(blob, model, opt)
         start = ckpt.step
         log.info("resuming from %s (step %d of %d)", ckpt.path, start, len(plan))
     cut = truncate_metrics(run_dir / METRICS_FILE, start if ckpt is not None else -1)
@@ -120,26 +108,23 @@ def train_sft(model: nn.Module, rows: Sequence[Row], *, run_dir: Path, sft: SFTC
     normaliser = float(sft.normaliser * sft.questions_per_step)
     opt = torch.optim.AdamW(model.parameters(), lr=sft.lr)
     start, resumed = _resume(run_dir, model, opt, plan, log)
-    writer = MetricsWriter(run_dir / METRICS_FILE)
     data: dict[str, Any] = {}
-    try:
-        model.train()
-        with show_progress(title, total=total, completed=start, unit="steps", bar=None) as bar:
-            for step in range(start + 1, total + 1):
-                t0 = time.perf_counter()
-                lr = _lr(step, sft.lr, sft.warmup)
-                batch_rows = [r for q in plan[step - 1] for r in by_question.get(q, [])]
-                data = _sft_step(model, opt, tokenizer, batch_rows, lr, normaliser, sft.grad_clip)
-                if step == total and final_metrics is not None:
-                    data.update(final_metrics(model))
-                data[M.GLOBAL_STEP] = step
-                data[M.TIMING_STEP] = time.perf_counter() - t0
-                writer.log(data, step)
-                log.info("step %d loss=%.4f lr=%.3g", step, data[M.TRAIN_LOSS], lr, extra={"console": False})
-                if (sft.save_every and step % sft.save_every == 0) or step == total:
-                    save_checkpoint(run_dir, step, _sft_checkpoint_blob(model, opt, plan), keep=2)
-                write_status(run_dir, "running", step, total)
-                bar.advance(status=f"loss {data[M.TRAIN_LOSS]:.3f}")
-    finally:
-        writer.close()
+    model.train()
+    with (closing(MetricsWriter(run_dir / METRICS_FILE)) as writer,
+          show_progress(title, total=total, completed=start, unit="steps", bar=None) as bar):
+        for step in range(start + 1, total + 1):
+            t0 = time.perf_counter()
+            lr = sft.lr * min(1.0, step / sft.warmup) if sft.warmup > 0 else sft.lr  # linear warmup
+            batch_rows = [r for q in plan[step - 1] for r in by_question.get(q, [])]
+            data = _sft_step(model, opt, tokenizer, batch_rows, lr, normaliser, sft.grad_clip)
+            if step == total and final_metrics is not None:
+                data.update(final_metrics(model))
+            data[M.GLOBAL_STEP] = step
+            data[M.TIMING_STEP] = time.perf_counter() - t0
+            writer.log(data, step)
+            log.info("step %d loss=%.4f lr=%.3g", step, data[M.TRAIN_LOSS], lr, extra={"console": False})
+            if (sft.save_every and step % sft.save_every == 0) or step == total:
+                save_checkpoint(run_dir, step, {**training_state(model, opt), "plan": plan}, keep=2)
+            write_status(run_dir, "running", step, total)
+            bar.advance(status=f"loss {data[M.TRAIN_LOSS]:.3f}")
     return {"step": total, "resumed": resumed, **data}
