@@ -1,19 +1,6 @@
 """GRPO pieces of the CPU engine: training log-probs on the rollout support, group advantages, one masked update.
 
-Reusable by the trainer and by the token-level study:
-
-- ``response_logits(model, batch, precision)``: training logits [B, R, V] at the response positions.
-- ``support_logprobs(model, batch, support, temperature, precision, tail_sq)`` -> ``TrainLogprobs``: log pi on the
-  support [B, R, K+1] (with grad), ``pi_tail_sq`` [B, R] (exact tail of math.md §3.1; None unless ``tail_sq``) and
-  log pi of the sampled token.
-- ``reads_tail_sq(method)``: whether a method's loss reads ``pi_tail_sq`` (its tail estimator is the exact one).
-- ``grpo_advantages(rewards, group_size)``: group-normalised sequence advantages [B] (rows grouped consecutively).
-- ``token_advantages(adv, response_mask)``: broadcast to [B, R].
-- ``policy_update(model, optimizer, batch, support, advantages, method=..., params=...)``: one optimiser step of a
-  ``predmask`` loss on a (mini-)batch; returns the loss's metrics plus ``actor/grad_norm`` and ``actor/pg_loss``.
-  The ratio is anchored on ``anchor_logprobs`` when given (pi_old of the sampled tokens), else on the rollout's
-  log mu_k. ``tail_sq=None`` computes the exact tail only where the method reads it.
-- ``mismatch_metrics(batch, support, pi_logprobs)``: rollout-vs-training mismatch (top-K KL, verl's sampled KL).
+Reusable by the trainer, the token-level study and the GPU check.
 """
 
 from __future__ import annotations
@@ -53,10 +40,8 @@ def reads_tail_sq(method: str | Method) -> bool:
 
 
 def response_logits(model: nn.Module, batch: RolloutBatch, precision: Precision | None = None) -> Tensor:
-    """Logits [B, R, V] predicting each response token, from one teacher-forced forward of prompt + response.
-
-    Runs in the training precision (fp32, or FP8 fake-quant for ``fp8_e2e``); keeps the autograd graph.
-    """
+    """Logits [B, R, V] predicting each response token, from one teacher-forced forward of prompt + response,
+    in the training precision (fp32, or FP8 fake-quant for ``fp8_e2e``), with the autograd graph."""
     ids = torch.cat([batch.prompt_ids, batch.response_ids], 1)
     attn = torch.cat([batch.prompt_mask, batch.response_mask], 1).long()
     pos = (attn.cumsum(-1) - 1).clamp_min(0)
@@ -76,14 +61,12 @@ def support_logprobs(
     precision: Precision | None = None,
     tail_sq: bool = True,
 ) -> TrainLogprobs:
-    """Training log-probs on the rollout support (``gather_support_logprobs``; the exact tail only with ``tail_sq``),
-    with grad."""
+    """Training log-probs on the rollout support [B, R, K+1] (``gather_support_logprobs``; the exact tail of
+    math.md §3.1 only with ``tail_sq``) and of the sampled token, with grad."""
     s = support if support is not None else batch.support()
     logits = response_logits(model, batch, precision)
-    if tail_sq:
-        pi, tail = gather_support_logprobs(logits, s.ids, s.valid, temperature=temperature, return_tail_sq=True)
-    else:
-        pi, tail = gather_support_logprobs(logits, s.ids, s.valid, temperature=temperature), None
+    out = gather_support_logprobs(logits, s.ids, s.valid, temperature=temperature, return_tail_sq=tail_sq)
+    pi, tail = out if tail_sq else (out, None)
     return TrainLogprobs(pi=pi, pi_tail_sq=tail, log_prob=s.sampled_logprob(pi))
 
 
@@ -94,7 +77,6 @@ def grpo_advantages(rewards: Tensor, group_size: int, eps: float = 1e-6, norm_by
 
     ``std`` is the unbiased sample std (as verl's GRPO). A group of one has no baseline but itself: its advantage
     is 0, not NaN (the unbiased std of one value is undefined). A group whose rewards are all equal gets 0 too.
-    The one GRPO advantage helper of the project (the CPU engine, the token-level study and the GPU check).
     """
     if group_size < 1 or rewards.ndim != 1 or rewards.shape[0] % group_size:
         raise ValueError(f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of {group_size}")
@@ -113,11 +95,9 @@ def token_advantages(advantages: Tensor, response_mask: Tensor) -> Tensor:
 
 
 def mismatch_metrics(batch: RolloutBatch, support: TopKSupport, pi_logprobs: Tensor) -> dict[str, float]:
-    """Rollout-vs-training mismatch on one batch, before any update (pure precision mismatch).
-
-    ``rollout_corr/topk_kl``: mean top-K KL(mu || pi) over response tokens (math.md §2);
-    ``rollout_corr/kl``: verl's sampled-token estimate, mean of ``log mu_k - log pi_k``;
-    ``rollout_corr/topk_kl_max``: the largest per-token top-K KL.
+    """Rollout-vs-training mismatch on one batch, before any update (pure precision mismatch): the mean and
+    largest top-K KL(mu || pi) over response tokens (math.md §2) and verl's sampled-token estimate (mean log
+    mu_k - log pi_k).
     """
     with torch.no_grad():
         pi = pi_logprobs.detach()
@@ -143,9 +123,9 @@ def rollout_policy_loss(
     anchor_logprobs: Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, dict[str, float]]:
-    """``predmask.policy_loss`` on a rollout batch: ratio anchored on ``anchor_logprobs`` [B, R] (pi_old of the
-    sampled token) when given, else on the rollout's log mu of the sampled token; the support's mu and the
-    training log-probs ``lp``; ``kwargs`` go to policy_loss (e.g. global_batch_info)."""
+    """``predmask.policy_loss`` on a rollout batch: ratio anchored on ``anchor_logprobs`` [B, R] (pi_old of
+    the sampled token) when given, else on the rollout's log mu; ``kwargs`` go to policy_loss (e.g.
+    global_batch_info)."""
     return policy_loss(
         method,
         log_prob=lp.log_prob,
@@ -179,14 +159,11 @@ def policy_update(
     anchor_logprobs: Tensor | None = None,
     tail_sq: bool | None = True,
 ) -> tuple[dict[str, float], TrainLogprobs]:
-    """One optimiser step of ``predmask.policy_loss(method)`` on ``batch`` (anchor of r: ``anchor_logprobs``, pi_old
-    of the sampled tokens, when given; else the rollout's log mu).
-
-    ``advantages`` is [B] (sequence) or [B, R] (token). With ``step=False`` only the gradient is computed.
-    ``tail_sq``: compute the exact tail (``pi_tail_sq``) always (True, for callers that read it back), only where
-    ``method`` reads it (None), or never (False).
-    Returns ``(metrics, train_logprobs)``; the log-probs are those before the step (detached).
-    """
+    """One optimiser step of ``rollout_policy_loss(method)`` on ``batch``; ``advantages`` is [B] (sequence) or
+    [B, R] (token). With ``step=False`` only the gradient is computed. ``tail_sq``: compute the exact tail
+    always (True, for callers that read it back), only where ``method`` reads it (None), or never (False).
+    Returns ``(metrics, train_logprobs)``: the loss's metrics plus grad norm and pg loss; the log-probs before
+    the step (detached)."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
     with_tail = reads_tail_sq(method) if tail_sq is None else tail_sq

@@ -2,22 +2,15 @@
 precision on a model's base policy, and the engine's speed against its previous path (measurements, not tests; run
 by ``python scripts/benchmark.py engine``).
 
-``bench_model`` builds the engine from ``conf/train.yaml`` (the cached base model; built on first use), times GRPO
-steps (rollout + mini-batch updates + weight sync) and one validation, and projects the wall time of a
-``trainer.steps`` run. ``measure_mismatch`` measures on the base policy, per precision, the mean / max top-K KL,
-verl's sampled KL, the fraction of tokens with D > delta, and the rollout's probability mass outside the top-K (the
-tail the estimators model). ``compare_rollouts`` and ``compare_runs`` time, in one process, the engine's path
-against the previous one (``use_previous_path``: torch's own bf16 products instead of the matrix-product rule of
-``predmask.precisions``, every sample's prompt prefilled apart, the exact tail computed for every method): rollouts
-of a training batch and of a validation split per precision (median CPU seconds, old and new interleaved), and a
-short run (GRPO steps and one validation) per setting; ``project_sweep`` projects a whole sweep (the main comparison)
-from those runs, with and without the shared step-0 validation and the warm worker of local runs.
+The previous path (``use_previous_path``) is the engine before its speed-ups: torch's own bf16 products
+instead of the matrix-product rule of ``predmask.precisions``, every sample's prompt prefilled apart, the
+exact tail computed for every method.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -42,7 +35,8 @@ def validations_per_run(trainer: Any) -> int:
 
 
 def bench_model(model: str, overrides: list[str], steps: int, warmup: int = 2) -> dict[str, float]:
-    """Time ``steps`` GRPO steps and one validation of ``model``; returns the measurements."""
+    """Time ``steps`` GRPO steps (rollout + mini-batch updates + weight sync) and one validation of ``model``
+    (the engine from ``conf/train.yaml``), and project the wall time of a ``trainer.steps`` run."""
     cfg = compose("train", [f"model={model}", *overrides])
     engine = Engine(cfg, progress=True)
     stream = iter_train_prompts(engine.task)
@@ -77,8 +71,9 @@ def bench_model(model: str, overrides: list[str], steps: int, warmup: int = 2) -
 @torch.no_grad()
 def measure_mismatch(model: str, overrides: list[str], sequences: int,
                      precisions: tuple[str, ...] | None = None) -> list[dict[str, float | str]]:
-    """Mismatch and top-K tail mass of each precision (default: the paper's, ``Precision.cluster``) on ``model``'s
-    base policy (one rollout batch each)."""
+    """Per precision (default: the paper's, ``Precision.cluster``), on ``model``'s base policy (one rollout
+    batch each): the mean / max top-K KL, verl's sampled KL, the fraction of tokens with D > delta, and the
+    rollout's probability mass outside the top-K (the tail the estimators model)."""
     from predmask.divergence import topk_divergence
     from predmask.rl.algo import mismatch_metrics
 
@@ -106,8 +101,7 @@ def measure_mismatch(model: str, overrides: list[str], sequences: int,
 
 
 def use_previous_path(engine: Engine) -> None:
-    """Switch ``engine`` to the path before the speed-ups (benchmark only): torch's own products in the rollout
-    dtype, every sample's prompt prefilled apart, the exact tail computed for every method."""
+    """Switch ``engine`` to the previous path (the module docstring)."""
     engine.rollout_model = make_rollout_model(engine.model, engine.precision, native_products=True)
     engine.prefill_once = False
     engine.tail_where_read = False
@@ -120,14 +114,6 @@ def _agreement(old: RolloutBatch, new: RolloutBatch) -> tuple[bool, float]:
         return False, float("nan")
     m = new.response_mask
     return True, float((old.sampled_logprobs - new.sampled_logprobs)[m].abs().max())
-
-
-def _sampler(engine: Engine, problems: Sequence[Problem], n: int) -> Callable[[], RolloutBatch]:
-    """``n`` samples per problem from the engine's current rollout path, seed 0."""
-    def sample() -> RolloutBatch:
-        return engine.sample(problems, n=n, generator=torch.Generator().manual_seed(0))
-
-    return sample
 
 
 def _train_config(model: str, precision: str, overrides: list[str]) -> DictConfig:
@@ -152,18 +138,18 @@ def compare_rollouts(model: str, precisions: list[str], overrides: list[str],
         stream = iter_train_prompts(engine.task)
         train = [next(stream) for _ in range(engine.trainer_cfg.train_batch_size)]
         split, val = next(iter(engine.eval_problems.items()))
-        cases: dict[str, Callable[[], RolloutBatch]] = {
-            f"train batch ({len(train)} x {engine.rollout_cfg.n})": _sampler(engine, train, engine.rollout_cfg.n),
-            f"{split} ({len(val)} x {engine.trainer_cfg.val_n})": _sampler(engine, val, engine.trainer_cfg.val_n),
+        cases: dict[str, tuple[list[Problem], int]] = {
+            f"train batch ({len(train)} x {engine.rollout_cfg.n})": (train, engine.rollout_cfg.n),
+            f"{split} ({len(val)} x {engine.trainer_cfg.val_n})": (val, engine.trainer_cfg.val_n),
         }
-        for what, sample in cases.items():
+        for what, (problems, n) in cases.items():
             seconds: dict[str, list[float]] = {"old": [], "new": []}
             out: dict[str, RolloutBatch] = {}
             for _ in range(repeats):
                 for path in ("old", "new"):
                     engine.rollout_model, engine.prefill_once = roll[path], path == "new"
-                    with stopwatch() as t:
-                        out[path] = sample()
+                    with stopwatch() as t:  # n samples per problem from the current path, seed 0
+                        out[path] = engine.sample(problems, n=n, generator=torch.Generator().manual_seed(0))
                     seconds[path].append(t["cpu"])
             old_s, new_s = statistics.median(seconds["old"]), statistics.median(seconds["new"])
             same, dlog = _agreement(out["old"], out["new"])
@@ -216,9 +202,8 @@ def project_sweep(rows: Sequence[dict[str, float | str]], *, start_up_s: float, 
     """A sweep's projected time from :func:`compare_runs`'s rows (one per setting; each setting run by ``methods`` x
     ``seeds`` runs of ``steps`` steps and ``validations`` validations, step 0's included), step by step from the
     previous path to this engine with the shared step-0 validation and the warm worker: per-run CPU seconds summed
-    (a run's process start-up ``start_up_s``, its engine build, its steps and validations), then divided over
-    ``slots`` single-thread slots. The base models' pretraining (once per model, from their cache record) is beside
-    it; the install is not in it."""
+    (process start-up ``start_up_s``, engine build, steps, validations), then divided over ``slots``
+    single-thread slots. The base models' pretraining (once per model) is beside it."""
     def total(path: str, shared_val: bool, worker: bool) -> float:
         out = start_up_s if worker else 0.0  # the worker imports once
         for r in rows:

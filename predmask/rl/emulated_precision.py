@@ -1,22 +1,13 @@
 """Emulated precision mismatch on CPU: bf16 rollouts against fp32 training, and e4m3 FP8 fake-quantisation.
 
-The settings and what each emulates are ``predmask.precisions``' catalogue (``conf/precision/<name>.yaml`` selects
-one); this module implements the emulation for a ``Precision``:
-
-- a rollout model in the setting's ``rollout_dtype`` (weights and compute); training always in float32;
-- ``rollout_fp8``: the rollout's linear layers fake-quantised to e4m3 (W8A8 as vLLM's online ``quantization=fp8``:
-  per-tensor weight scale, dynamic per-token activation scale);
-- ``train_fp8``: training forward passes also fake-quantise the linear layers (per-tensor weight scale, dynamic
-  per-tensor activation scale, as a current-scaling FP8 recipe; straight-through gradients), in float32 compute.
-
-Embeddings, norms and the LM head stay unquantised (vLLM and Megatron keep them in high precision).
-Fake-quantisation means ``dequant(quant(x))``: values are rounded onto the e4m3 grid (``torch.float8_e4m3fn``)
-after scaling the tensor's absolute maximum to 448, then scaled back.
-
-The rollout model's linear layers (``RoundedLinear``, the LM head included) follow the matrix-product rule of
-``predmask.precisions``: ``emulated_linear`` multiplies the format-rounded input and weight in float32 and rounds
-the output to the rollout dtype; every other operation runs in the rollout dtype. Fused MoE expert weights keep
-torch's own bf16 products.
+Implements the settings of ``predmask.precisions`` (the matrix-product rule of the rollout's linear layers:
+math.md §10): a rollout model in the setting's ``rollout_dtype``, training always in float32; ``rollout_fp8``:
+the rollout's linear layers fake-quantised to e4m3 (W8A8 as vLLM's online ``quantization=fp8``: per-tensor
+weight scale, dynamic per-token activation scale); ``train_fp8``: training forwards also fake-quantise the
+linear layers (per-tensor weight and activation scales, as a current-scaling FP8 recipe; straight-through
+gradients). Embeddings, norms and the LM head stay unquantised (vLLM and Megatron keep them in high
+precision). Fake-quantisation is ``dequant(quant(x))``: the tensor's absolute maximum scaled to 448, rounded
+onto ``torch.float8_e4m3fn``, scaled back.
 """
 
 from __future__ import annotations
@@ -55,15 +46,10 @@ def rollout_dtype(precision: Precision) -> torch.dtype:
 
 
 def fake_quant_e4m3(x: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
-    """Round ``x`` onto the e4m3 grid with an absmax scale (per tensor, or per slice along ``dim``), then back.
-
-    The result has ``x``'s dtype. Zeros stay zero; an all-zero slice is returned unchanged.
-    """
+    """Round ``x`` onto the e4m3 grid with an absmax scale (per tensor, or per slice along ``dim``), then back
+    to ``x``'s dtype. Zeros stay zero; an all-zero slice is returned unchanged."""
     xf = x.float()
-    if dim is None:
-        amax = xf.abs().amax()
-    else:
-        amax = xf.abs().amax(dim=dim, keepdim=True)
+    amax = xf.abs().amax() if dim is None else xf.abs().amax(dim=dim, keepdim=True)
     scale = (amax / E4M3_MAX).clamp_min(1e-12)
     q = (xf / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return (q.float() * scale).to(x.dtype)
@@ -79,10 +65,9 @@ def format_weight(w: Tensor, precision: Precision, *, fp8: bool = False) -> Tens
 
 def emulated_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, out_dtype: torch.dtype,
                     fp8_inputs: bool = False) -> Tensor:
-    """The matrix-product rule of ``predmask.precisions``: ``x`` rounded to ``out_dtype`` (then, with
-    ``fp8_inputs``, fake-quantised to e4m3 with a per-token scale) times ``weight`` (already on the format's grid,
-    ``format_weight``), plus ``bias`` rounded to ``out_dtype``, accumulated in float32; the output rounded to
-    ``out_dtype``."""
+    """The matrix-product rule (math.md §10): ``x`` rounded to ``out_dtype`` (with ``fp8_inputs`` then e4m3
+    per token) times ``weight`` (already on the format's grid, ``format_weight``) plus ``bias``, in
+    float32."""
     xf = x.to(out_dtype).float()
     if fp8_inputs:
         xf = fake_quant_e4m3(xf, dim=-1)
@@ -154,13 +139,10 @@ def _act_quant_hook(per_token: bool):
 
 
 def make_rollout_model(train_model: nn.Module, precision: Precision, *, native_products: bool = False) -> nn.Module:
-    """A separate inference copy of the policy for the rollout engine, in the precision's dtype, eval mode.
-
-    Below float32 (or with ``rollout_fp8``) its linear layers are ``RoundedLinear``s (the matrix-product rule of
-    ``predmask.precisions``); with ``rollout_fp8`` and ``fp8_activations`` the quantisable ones fake-quantise their
-    inputs per token. ``native_products`` (benchmark only) keeps torch's own products in the rollout dtype, the
-    emulation before the rule. Call ``sync_rollout_model`` to load the training weights (done here once).
-    """
+    """A separate inference copy of the policy for the rollout engine, in the precision's dtype, eval mode,
+    with the training weights loaded (``sync_rollout_model`` after updates). Below float32 (or with
+    ``rollout_fp8``) its linear layers are ``RoundedLinear``s; ``native_products`` (benchmark only) keeps
+    torch's own products in the rollout dtype, the emulation before the rule."""
     roll = copy.deepcopy(train_model).to(rollout_dtype(precision)).eval()
     for p in roll.parameters():
         p.requires_grad_(False)
@@ -177,11 +159,8 @@ def make_rollout_model(train_model: nn.Module, precision: Precision, *, native_p
 
 @torch.no_grad()
 def sync_rollout_model(rollout_model: nn.Module, train_model: nn.Module, precision: Precision) -> None:
-    """Copy the training weights into the rollout model (the weight sync of a real RL system).
-
-    FP8 weights are fake-quantised per tensor (per expert for fused MoE experts) before the cast; a
-    ``RoundedLinear``'s product weight is recomputed from the training weight (``format_weight``).
-    """
+    """Copy the training weights into the rollout model (the weight sync of a real RL system); FP8 weights are
+    fake-quantised per tensor (per expert for fused MoE experts) before the cast."""
     src = dict(train_model.named_parameters())
     quant = set()
     if precision.rollout_fp8:
@@ -199,12 +178,9 @@ def sync_rollout_model(rollout_model: nn.Module, train_model: nn.Module, precisi
 
 @contextlib.contextmanager
 def training_precision(model: nn.Module, precision: Precision) -> Iterator[None]:
-    """Context in which the training model's forward runs in the training precision.
-
-    For ``train_fp8`` it fake-quantises linear weights (per tensor; fused MoE experts per expert) and, with
-    ``fp8_activations``, their inputs (per tensor), with straight-through gradients, through temporary forward
-    hooks that swap the quantised weight in for the duration of each module's forward; otherwise a no-op.
-    """
+    """Context in which the training model's forward runs in the training precision: for ``train_fp8``,
+    temporary hooks swap fake-quantised weights in for each module's forward (straight-through gradients);
+    else a no-op."""
     if not precision.train_fp8:
         yield
         return

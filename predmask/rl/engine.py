@@ -1,28 +1,9 @@
 """The CPU RL engine as one object: task, tokenizer, base policy, rollout model, optimiser, GRPO step, validation.
 
-``Engine(cfg)`` builds everything a run (``predmask.rl.train``) or the token-level study needs from a
-composed ``conf/train.yaml`` (``predmask.config.compose("train", overrides)`` composes one):
-
-- ``engine.model`` (float32 training policy, starts as the cached base model), ``engine.rollout_model`` (the
-  precision-emulating inference copy), ``engine.optimizer`` (AdamW), ``engine.tokenizer``, ``engine.task``.
-- ``engine.sample(problems, n, generator)`` -> ``RolloutBatch`` (top-K support, rewards) from the rollout model.
-- ``engine.train_logprobs(batch, support)`` -> ``TrainLogprobs`` (log pi on the support, pi_tail_sq, log pi_k).
-- ``engine.update(batch, support, advantages, method=None, **param_overrides)`` -> metrics: one optimiser step
-  (the exact tail computed only where the method reads it).
-- ``engine.sync_rollout()``: copy the training weights into the rollout model (after updates).
-- ``engine.train_step(problems, generator)``: one GRPO step (rollout, group advantages, mini-batch updates,
-  weight sync) -> verl-named metrics. With the anchor ``old`` (``MethodParams.anchor``; grpo_clip_higher's
-  default) the ratio is anchored on pi_old: one no-grad forward of the training policy (training precision) over
-  the rollout batch before its first update, as verl's ``compute_log_prob``; else on the rollout's log mu.
-- ``engine.validate(seed)``: avg@``val_n`` accuracy on both stand-in splits -> ``val-core/<split>/acc/mean@16``,
-  and pass@k for k = 1..val_n -> ``val-core/<split>/pass@<k>``.
-- ``engine.validate_base(seed)``: the same on the base policy (a run's step 0), computed once for every method of a
-  setting and seed: cached under ``<cache_dir>/validation/`` by ``base_validation_key`` (its inputs and code).
-
-``resolve_cpu_model`` maps a model entry to the checked CPU model that trains for it (``predmask.config.cpu_standin``);
-``prepare_config`` turns a composed train config into the resolved, validated config of a run (the trainer's
-``config.yaml``; ``python -m sweeps`` prepares every run of a grid with it before anything is written), and
-``validate_config`` is its check of every section.
+``Engine(cfg)`` builds everything a run (``predmask.rl.train``) or the token-level study needs from a composed
+``conf/train.yaml`` (``predmask.config.compose("train", overrides)``). ``prepare_config`` turns a composed
+train config into the resolved, validated config of a run (the trainer's ``config.yaml``; ``python -m sweeps``
+prepares every run of a grid with it before anything is written).
 """
 
 from __future__ import annotations
@@ -47,7 +28,7 @@ from predmask.metrics import reduce_metrics
 from predmask.rl.algo import TrainLogprobs, grpo_advantages, mismatch_metrics, policy_update, support_logprobs
 from predmask.rl.base import base_cache_key, load_base_model
 from predmask.rl.emulated_precision import make_rollout_model, precision_of, sync_rollout_model
-from predmask.rl.model import check_cpu_model_config, count_parameters
+from predmask.rl.model import check_cpu_model_config
 from predmask.rl.rollout import RolloutBatch, rollout_problems
 from predmask.rl.task import EVAL_SPLITS, Problem, make_split
 from predmask.rl.tokenizer import ArithmeticTokenizer
@@ -65,14 +46,18 @@ def resolve_cpu_model(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def prepare_config(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """The resolved config of a run: a cluster model mapped to its CPU stand-in, every parameter of the method and
-    what the precision emulates recorded (the catalogues' facts the run uses), every section validated (ValueError,
-    one line)."""
+    what the precision emulates recorded, every section validated (ValueError, one line)."""
     c = to_container(cfg)
     c["model"] = resolve_cpu_model(c["model"])
     c["method"] = method_config(c["method"])
     c["precision"] = {**c["precision"], "emulates": precision_of(c["precision"]).emulates}
     validate_config(c)
     return c
+
+
+def _sections(c: Mapping[str, Any]) -> tuple[TaskConfig, BaseConfig, RolloutConfig, TrainerConfig]:
+    return (TaskConfig.from_mapping(c.get("task", {})), BaseConfig.from_mapping(c.get("base", {})),
+            RolloutConfig(**c.get("rollout", {})), TrainerConfig.from_mapping(c.get("trainer", {})))
 
 
 def validate_config(c: Mapping[str, Any]) -> None:
@@ -84,10 +69,7 @@ def validate_config(c: Mapping[str, Any]) -> None:
     get_method(str(c["method"].get("name")))
     method_params(dict(c["method"]))
     precision_of(c["precision"])
-    task = TaskConfig.from_mapping(c.get("task", {}))
-    BaseConfig.from_mapping(c.get("base", {}))
-    RolloutConfig(**c.get("rollout", {}))
-    TrainerConfig.from_mapping(c.get("trainer", {}))
+    task, *_ = _sections(c)
     vocab = ArithmeticTokenizer(task.max_number).vocab_size
     if not 1 <= int(c["top_k"]) <= vocab:
         raise ValueError(f"top_k must lie in [1, vocab_size={vocab}], got {c['top_k']}")
@@ -100,10 +82,7 @@ class Engine:
         c = to_container(cfg)
         self.cfg = c
         self.model_cfg = resolve_cpu_model(c["model"])
-        self.task = TaskConfig.from_mapping(c.get("task", {}))
-        self.base_cfg = BaseConfig.from_mapping(c.get("base", {}))
-        self.rollout_cfg = RolloutConfig(**c.get("rollout", {}))
-        self.trainer_cfg = TrainerConfig.from_mapping(c.get("trainer", {}))
+        self.task, self.base_cfg, self.rollout_cfg, self.trainer_cfg = _sections(c)
         self.precision = precision_of(c["precision"])
         self.top_k = int(c.get("top_k", 20))
         self.seed = int(c.get("seed", 0))
@@ -126,7 +105,7 @@ class Engine:
 
     @property
     def n_parameters(self) -> int:
-        return count_parameters(self.model)
+        return sum(p.numel() for p in self.model.parameters())
 
     def make_optimizer(self) -> torch.optim.AdamW:
         t = self.trainer_cfg
@@ -147,8 +126,7 @@ class Engine:
 
     def train_logprobs(self, batch: RolloutBatch, support: TopKSupport | None = None, *,
                        grad: bool = False, tail_sq: bool = True) -> TrainLogprobs:
-        """Training log-probs on the support, in the training precision (no graph unless ``grad``; the exact tail
-        with ``tail_sq``)."""
+        """``algo.support_logprobs`` in the training precision (no graph unless ``grad``)."""
         with torch.set_grad_enabled(grad):
             return support_logprobs(self.model, batch, support, temperature=self.rollout_cfg.temperature,
                                     precision=self.precision, tail_sq=tail_sq)
@@ -171,7 +149,11 @@ class Engine:
         return self.train_logprobs(batch, support, tail_sq=False).log_prob
 
     def train_step(self, problems: Sequence[Problem], generator: torch.Generator) -> dict[str, float]:
-        """One GRPO step on ``problems``: rollout, advantages, mini-batch updates, weight sync; verl metrics."""
+        """One GRPO step on ``problems``: rollout, advantages, mini-batch updates, weight sync; verl metrics.
+
+        With the anchor ``old`` (``MethodParams.anchor``; grpo_clip_higher's default) the ratio is anchored on
+        pi_old: one no-grad forward of the training policy over the rollout batch before its first update, as
+        verl's ``compute_log_prob``; else on the rollout's log mu."""
         t0 = time.perf_counter()
         batch = self.sample(problems, generator=generator)
         t_gen = time.perf_counter() - t0
@@ -203,8 +185,8 @@ class Engine:
         return out
 
     def validate(self, seed: int) -> dict[str, float]:
-        """avg@val_n accuracy and pass@k (k = 1..val_n, ``predmask.evaluation.pass_at_k_curve``) on both stand-in
-        splits, sampling seeded by ``seed`` (independent of training)."""
+        """``validation_metrics`` of val_n samples per problem of both stand-in splits, sampling seeded by
+        ``seed`` (independent of training)."""
         out: dict[str, float] = {}
         n = self.trainer_cfg.val_n
         for i, (split, problems) in enumerate(self.eval_problems.items()):
@@ -235,9 +217,8 @@ _VALIDATION_SOURCES = ("rl/engine.py", "rl/rollout.py", "rl/model.py", "rl/emula
 
 
 def base_validation_key(engine: Engine, seed: int) -> str:
-    """The content key of the base policy's validation: the base model's key (model, task with its evaluation splits,
-    pretraining), the precision, the rollout and validation settings, top-K, the sampling seed, torch's version and
-    the code that computes it; the method is not in it."""
+    """The content key of the base policy's validation: everything it depends on, the code that computes it
+    included; the method is not in it."""
     package = Path(__file__).resolve().parents[1]
     code = hashlib.sha256(b"".join((package / name).read_bytes() for name in _VALIDATION_SOURCES)).hexdigest()
     payload = {

@@ -1,8 +1,7 @@
 """The CPU policy: a small Qwen3 (or Qwen3-MoE) causal LM from ``transformers``, built from a ``conf/model`` entry.
 
-``build_policy(model_cfg, vocab_size, seed)`` returns a freshly initialised ``Qwen3ForCausalLM`` (``arch: qwen3``)
-or ``Qwen3MoeForCausalLM`` (``arch: qwen3_moe``) in float32. The model config names the cluster model it stands in
-for (``stands_in_for``); every output of the engine repeats that it is a CPU stand-in.
+The model config names the cluster model it stands in for (``stands_in_for``); every output of the engine
+repeats that it is a CPU stand-in.
 """
 
 from __future__ import annotations
@@ -64,13 +63,8 @@ def hf_config(model_cfg: Mapping[str, Any], vocab_size: int) -> Qwen3Config | Qw
 def build_policy(model_cfg: Mapping[str, Any], vocab_size: int, seed: int) -> PreTrainedModel:
     """A randomly initialised float32 policy (deterministic for ``seed``), in train mode."""
     cfg = hf_config(model_cfg, vocab_size)
-    devnull = torch.random.fork_rng(devices=[])
-    with devnull:
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model: PreTrainedModel
         model = Qwen3ForCausalLM(cfg) if model_cfg["arch"] == "qwen3" else Qwen3MoeForCausalLM(cfg)
     return model.float().train()
-
-
-def count_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -1,26 +1,16 @@
 """The synthetic verifiable math task of the CPU engine: seeded multi-step integer arithmetic, boxed answers, 1/0 reward.
 
-A problem is a left-to-right chain of additions and subtractions written as a fixed form of ``slots`` operation
-slots, unused ones blank, e.g. ``7 + 2 - 5 _ _ _ _ _ _ =`` (3 of 5 slots blank). The worked solution writes every
-intermediate result, separated by commas, then the final answer in ``\\boxed{}``: ``9 , 4 \\boxed{4}``. Every
-number (operands, intermediate results, answers) lies in ``[0, max_number]`` so that each number is one token of
-the task's tokenizer (``predmask.rl.tokenizer``). The fixed form keeps every operand at the same distance from
-the step that uses it, which is what lets a two-layer policy learn the task in a minute of CPU pretraining.
+A problem is a left-to-right chain of additions and subtractions written as a fixed form of ``slots``
+operation slots, unused ones blank, e.g. ``7 + 2 - 5 _ _ _ _ _ _ =`` (3 of 5 slots blank). The worked solution
+writes every intermediate result, separated by commas, then the final answer in ``\\boxed{}``: ``9 , 4
+\\boxed{4}``. Every number lies in ``[0, max_number]`` so that each number is one token of the task's
+tokenizer. The fixed form keeps every operand at the same distance from the step that uses it, which is what
+lets a two-layer policy learn the task in a minute of CPU pretraining.
 
-Splits (``make_split``):
-
-- ``train``: ``train_ops`` (default 1..4) operations, operands in ``[0, operand_max]``; the RL prompts.
-- ``aime24_standin``: harder held-out problems (``eval_ops[0]``, default 4 operations), stand-in for AIME 2024.
-- ``aime25_standin``: harder held-out problems (``eval_ops[1]``, default 5 operations), stand-in for AIME 2025.
-- ``pretrain``: the supervised data of the base model (``pretrain_ops``, default 1..5 operations); its worked
-  solutions can be made noisy (``noisy_steps``: arithmetic slips), as a web corpus is.
-
-Held-out problems never occur in ``train`` or ``pretrain`` (their expressions are excluded by construction).
-The evaluation splits are stand-ins for the paper's AIME sets, named so in configs and labelled so in outputs.
-
-Reward (``reward``): 1.0 when the last ``\\boxed{...}`` of the response holds an integer equal to the answer,
-else 0.0; ``extract_answer`` is tolerant of spaces, signs, ``\\boxed {`` spacing, and surrounding text, and
-returns None for a missing, empty, unclosed or non-integer box.
+Splits (``make_split``): ``train`` (``train_ops`` operations; the RL prompts), ``pretrain`` (the base model's
+supervised data, ``pretrain_ops``; its solutions can be made noisy, as a web corpus is) and the harder
+held-out ``aime24_standin`` / ``aime25_standin`` (``eval_ops``), stand-ins for the paper's AIME sets, named so
+in configs and labelled so in outputs. Held-out problems never occur in ``train`` or ``pretrain``.
 """
 
 from __future__ import annotations
@@ -68,18 +58,11 @@ class Problem:
         return format_solution(self.steps)
 
 
-def _evaluate(numbers: tuple[int, ...], ops: tuple[str, ...]) -> tuple[int, ...]:
-    acc, steps = numbers[0], []
-    for op, n in zip(ops, numbers[1:]):
-        acc = acc + n if op == "+" else acc - n
-        steps.append(acc)
-    return tuple(steps)
-
-
 def make_problem(rng: random.Random, n_ops: int, operand_max: int, max_number: int, slots: int = 0) -> Problem:
     """Draw one problem whose intermediate results all stay in ``[0, max_number]`` (prompt form of ``slots``)."""
     numbers = [rng.randint(0, operand_max)]
     ops: list[str] = []
+    steps: list[int] = []
     acc = numbers[0]
     for _ in range(n_ops):
         n = rng.randint(0, operand_max)
@@ -90,15 +73,14 @@ def make_problem(rng: random.Random, n_ops: int, operand_max: int, max_number: i
         acc = acc + n if op == "+" else acc - n
         numbers.append(n)
         ops.append(op)
-    return Problem(tuple(numbers), tuple(ops), _evaluate(tuple(numbers), tuple(ops)), slots)
+        steps.append(acc)
+    return Problem(tuple(numbers), tuple(ops), tuple(steps), slots)
 
 
 def noisy_steps(problem: Problem, rng: random.Random, noise: float, max_number: int, max_offset: int = 3) -> tuple[int, ...]:
-    """The problem's intermediate results as a noisy corpus would write them.
-
-    With probability ``noise`` per step the written result is off by 1..``max_offset`` (an arithmetic slip) and the
-    chain continues from the wrong value, so the final answer is wrong too. Values stay in ``[0, max_number]``.
-    """
+    """The problem's intermediate results as a noisy corpus would write them: with probability ``noise`` per
+    step the written result is off by 1..``max_offset`` (an arithmetic slip) and the chain continues from the
+    wrong value, so the final answer is wrong too. Values stay in ``[0, max_number]``."""
     if not 0.0 <= noise < 1.0:
         raise ValueError(f"noise must lie in [0, 1), got {noise}")
     acc, steps = problem.numbers[0], []
@@ -138,17 +120,14 @@ def _stream_seed(cfg: TaskConfig, split: str, replicate: int) -> int:
 
 
 def make_split(cfg: TaskConfig, split: str, size: int | None = None) -> list[Problem]:
-    """The problems of one evaluation split (deterministic for ``cfg``); ``size`` defaults to ``cfg.eval_size``.
-
-    For ``train`` and ``pretrain`` use ``iter_train_prompts`` (an endless stream); ``make_split`` on them returns
-    the first ``size`` problems of that stream.
-    """
+    """The problems of one split (deterministic for ``cfg``; ``size`` defaults to ``cfg.eval_size``): for
+    ``train`` and ``pretrain`` the first ``size`` problems of ``iter_train_prompts``."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; allowed: {', '.join(SPLITS)}")
+    n = cfg.eval_size if size is None else size
     if split in EVAL_SPLITS:
         i = EVAL_SPLITS.index(split)
         rng = random.Random(_split_seed(cfg, split))
-        n = cfg.eval_size if size is None else size
         seen: set[Problem] = set()
         out: list[Problem] = []
         while len(out) < n:
@@ -158,7 +137,7 @@ def make_split(cfg: TaskConfig, split: str, size: int | None = None) -> list[Pro
                 out.append(p)
         return out
     it = iter_train_prompts(cfg, split=split)
-    return [next(it) for _ in range(cfg.eval_size if size is None else size)]
+    return [next(it) for _ in range(n)]
 
 
 def _heldout(cfg: TaskConfig) -> frozenset[Problem]:
@@ -167,12 +146,9 @@ def _heldout(cfg: TaskConfig) -> frozenset[Problem]:
 
 def iter_train_prompts(cfg: TaskConfig, split: str = "train", start: int = 0,
                        replicate: int = 0) -> Iterator[Problem]:
-    """Endless deterministic stream of ``train`` (or ``pretrain``) problems, skipping held-out ones.
-
-    ``start`` skips that many problems (the data position of a resumed run). ``replicate`` (an RL run's ``seed``)
-    draws that replicate's own stream from the same distribution: other problems in another order, the held-out
-    ones still excluded; replicate 0 is the split's stream as the task seed alone gives it.
-    """
+    """Endless deterministic stream of ``train`` (or ``pretrain``) problems, skipping held-out ones, from data
+    position ``start``. ``replicate`` (an RL run's ``seed``) draws that replicate's own stream from the same
+    distribution; replicate 0 is the split's stream as the task seed alone gives it."""
     if split not in ("train", "pretrain"):
         raise ValueError(f"iter_train_prompts takes split 'train' or 'pretrain', got {split!r}")
     lo, hi = cfg.train_ops if split == "train" else cfg.pretrain_ops
@@ -194,10 +170,8 @@ _INT = re.compile(r"^\s*([+-]?)\s*(\d+)\s*$")
 
 def extract_answer(text: str) -> int | None:
     """The integer in the last ``\\boxed{...}`` of ``text``; None when absent, unclosed, empty or not an integer.
-
     Accepts spaces inside the box and around a sign (``\\boxed{ - 7 }`` -> -7), ``\\boxed {`` spacing, and
-    thousands separators (``1,234``).
-    """
+    thousands separators (``1,234``)."""
     starts = list(_BOXED.finditer(text))
     if not starts:
         return None
@@ -222,6 +196,6 @@ def extract_answer(text: str) -> int | None:
 
 
 def reward(response_text: str, answer: int) -> float:
-    """1.0 when the extracted final answer equals ``answer``, else 0.0."""
+    """1.0 when the extracted final answer (``extract_answer``) equals ``answer``, else 0.0."""
     got = extract_answer(response_text)
     return 1.0 if got is not None and got == answer else 0.0

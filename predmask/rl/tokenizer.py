@@ -1,17 +1,14 @@
 """The task's tokenizer: every integer 0..max_number is one token, plus the few symbols of the arithmetic task.
 
-Pure python, nothing downloaded. With the default ``max_number=255`` the vocabulary has 266 tokens, far above the
-top-K width K=20, so the tail outside the top-20 of a rollout distribution is a real (if small) mass.
-
-Layout of the ids: ``<pad>=0, <bos>=1, <eos>=2``, then the symbols ``+ - = , \\boxed{ } _`` (``_`` a blank slot), then the numbers in
-order (``number_id(n) = NUMBER_OFFSET + n``). ``decode`` writes the text the reward parses
-(``49 , 44 \\boxed{44}``); ``encode`` splits text back into tokens and rejects what it cannot represent.
+Pure python, nothing downloaded. With the default ``max_number=255`` the vocabulary has 266 tokens, far above
+the top-K width K=20, so the tail outside the top-20 of a rollout distribution is a real (if small) mass.
+``decode`` writes the text the reward parses (``49 , 44 \\boxed{44}``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>")
 SYMBOLS: tuple[str, ...] = ("+", "-", "=", ",", "\\boxed{", "}", "_")
@@ -35,9 +32,6 @@ class ArithmeticTokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return len(self.tokens)
-
-    def __len__(self) -> int:
         return len(self.tokens)
 
     def token_id(self, token: str) -> int:
@@ -72,6 +66,3 @@ class ArithmeticTokenizer:
             out.append(self.tokens[i])
         text = " ".join(out)
         return text.replace("\\boxed{ ", "\\boxed{").replace(" }", "}")
-
-    def batch_decode(self, rows: Sequence[Sequence[int]]) -> list[str]:
-        return [self.decode(r) for r in rows]

@@ -1,23 +1,11 @@
 """Experiment trackers of a training run (verl's ``trainer.logger``): the names, where each writes in a run directory,
-the W&B run id a resumed run keeps, and the CPU engine's TensorBoard and W&B writers.
+the W&B run id a resumed run keeps, and the CPU engine's TensorBoard and W&B writers (their use: README.md).
 
-``trainer.logger`` takes verl's names: ``console`` (step lines on stdout), ``file`` (``metrics.jsonl``, the run's
-record that everything downstream reads: always required), ``tensorboard`` and ``wandb``. The last two are the
-optional extra ``trackers`` and are imported only when asked for. Both engines put their files in the run directory:
-
-- TensorBoard: event files in ``<run_dir>/tensorboard`` (``$TENSORBOARD_DIR`` instead when set, as in verl);
-- W&B: ``<run_dir>/wandb`` (``$WANDB_DIR`` instead when set); the run's id is ``<run_dir>/wandb_id``, written once
-  by the first attempt and read by every later one, so a resumed run continues the same W&B run
-  (``resume="allow"``). ``WANDB_MODE=offline`` keeps everything local (``wandb sync <run_dir>/wandb/offline-run-*``).
-
-``metrics.jsonl`` is the record and the trackers mirror it: each attempt first hands a tracker the lines the file
-already holds (up to the checkpoint it resumes from) that the tracker lacks, then every new step after its line is
-synced. So a tracker turned on at a resumption, or one whose files a kill cut short (W&B's service process drops
-what it has not written when its parent is killed), still shows every step once. TensorBoard replays them all after
-a purge of the earlier attempts' events (``purge_step=0``); W&B those from its run's next step on (all of them in a
-new offline segment; online, those the server lacks).
-A tracker that fails (cannot open its directory, loses its connection) is reported once and dropped for the rest of
-the attempt; no tracker can cost a line of ``metrics.jsonl``.
+``metrics.jsonl`` is the record and the trackers mirror it: each attempt first hands a tracker the lines the
+file already holds that the tracker lacks, then every new step after its line is synced. So a tracker turned
+on at a resumption, or one whose files a kill cut short (W&B's service process drops what it has not written
+when its parent is killed), still shows every step once. A tracker that fails is reported once and dropped for
+the rest of the attempt; no tracker can cost a line of ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -152,8 +140,7 @@ class Trackers:
     def open(cls, loggers: Iterable[str], run_dir: Path, config: Mapping[str, Any],
              history: Iterable[Mapping[str, Any]] = ()) -> Trackers:
         """Open the optional trackers named in ``loggers`` and replay to each the ``history`` records (the
-        ``{"step", "data"}`` lines of ``metrics.jsonl`` so far) it lacks. One that cannot open is reported and
-        skipped."""
+        ``{"step", "data"}`` lines of ``metrics.jsonl`` so far) it lacks."""
         openers = {
             "tensorboard": lambda: _TensorBoard(tensorboard_dir(run_dir)),
             "wandb": lambda: _WandB(run_dir, config),
