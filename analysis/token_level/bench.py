@@ -1,10 +1,7 @@
 """Cost of the token-level study: per-seed wall and CPU time single-threaded (split into rollout, stale updates,
 masked steps and ground truths), its scaling with the batch size, the 61-seed extrapolation, and the ground truths'
-cost as a ratio; run by ``python scripts/benchmark.py study``.
-
-Seeds run in this process with one torch thread; ``extrapolate`` fits ``time = a + b * sequences`` and estimates the
-full study on single-threaded workers, one per core, plus the measured worker start-up. CPU time is the figure to
-trust on a shared machine: wall time there includes other load.
+cost as a ratio; run by ``python scripts/benchmark.py study``. CPU time is the figure to trust on a shared
+machine: wall time there includes other load.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The token-level study's config: compose, the study id, validation, and the typed pieces read from it.
 
-The config is conf/token_level.yaml (beside conf/train.yaml, composing the same task and base groups) with
-Hydra-style ``key=value`` overrides, typed by the structured schema ``StudyConfig``. The study id is
-``predmask.config.stable_id`` of the resolved config without launcher keys, so a rerun with the same settings finds
-the seeds already stored, whatever the seed count and launcher.
+The study id leaves out the launcher keys, so a rerun with the same settings finds the seeds already stored,
+whatever the seed count and launcher.
 """
 
 from __future__ import annotations
@@ -152,11 +150,8 @@ def study_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def validate(cfg: Mapping[str, Any]) -> None:
-    """One-line errors for a config the study cannot run (checked before anything is written).
-
-    OmegaConf has checked the types at compose; the ranges of the step settings are ``StudySettings``' own
-    (built here on a stand-in vocabulary), those of the batch, the model and the checkpoint are checked here.
-    """
+    """One-line errors for a config the study cannot run (checked before anything is written): the ranges of
+    the step settings are ``StudySettings``' own (built on a stand-in vocabulary), the rest checked here."""
     try:
         settings_of(cfg, vocab_size=1 << 20)
         _check_batch(cfg)
