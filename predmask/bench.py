@@ -44,9 +44,9 @@ REL_FLOOR = 1e-6
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 #: rows of logits generated and compared at once (bounds the float32/float64 work buffers at Qwen3 scale)
 _CHUNK_ROWS = 4096
-#: glibc's mmap threshold in the CPU memory subprocess, fixed: every buffer above 128 KiB is mapped and unmapped on
-#: its own, so the peak RSS follows the live tensors (glibc's default threshold grows after frees and then keeps
-#: freed buffers resident, which adds 0.1-0.3 x the logits of noise at 2,048 x 32k)
+#: glibc's mmap threshold in the CPU memory subprocess, fixed: every buffer above 128 KiB is mapped and
+#: unmapped on its own, so the peak RSS follows the live tensors (glibc's default threshold grows after frees
+#: and then keeps freed buffers resident)
 _MMAP_THRESHOLD = "131072"
 #: the closed forms compared against float64: (name in the output, tail estimator or None for D itself)
 _CLOSED_FORMS: tuple[tuple[str, str | None], ...] = (("D", None), ("Ddot_aggregated", "aggregated"),

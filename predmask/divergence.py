@@ -22,15 +22,10 @@ _LOG_FLOOR = math.log(MASS_FLOOR)
 
 @dataclass(frozen=True)
 class Coarse:
-    """The K+2-category view ``S ∪ {T}`` of mu and pi for each token (math.md §1).
-
-    mu, pi:         [..., S] probabilities on the support, 0 on invalid slots
-    mu_lp, pi_lp:   [..., S] log-probs, floored at log(MASS_FLOOR), 0 on invalid slots
-    mu_T, pi_T:     [...]    tail masses, clamped at MASS_FLOOR
-    mu_T_clamped, pi_T_clamped: bool [...] where the clamp fired (raw tail below the floor, e.g. negative in bf16)
-    n_support:      [...]    number of valid slots
-    has_support:    bool [...] False for rows with no valid slot (padding): their D and Ddot are 0
-    """
+    """The K+2-category view ``S ∪ {T}`` of mu and pi for each token (math.md §1): probabilities and log-probs
+    (floored at log(MASS_FLOOR)) [..., S], 0 on invalid slots; tail masses [...] clamped at MASS_FLOOR, with
+    where the clamp fired; the number of valid slots, and ``has_support`` (False for padding: D and Ddot are
+    0)."""
 
     mu: Tensor
     pi: Tensor
