@@ -12,6 +12,8 @@ from reports.artefact import Artefact, ArtefactResult, ReportContext
 from reports.html import render_index, run_steps
 from reports.summary import page_summary
 
+KEPT_SUFFIXES: tuple[str, ...] = (".png", ".pdf", ".md", ".tex")
+
 
 class EmptyDatabase(StoreError):
     """The database is missing or holds neither runs nor token-level studies: nothing to draw."""
@@ -29,15 +31,6 @@ class PaperResult:
 def check_exists(db: Path) -> None:
     if not db.is_file():
         raise EmptyDatabase(f"results database {db} does not exist: {missing_db_hint(db)}")
-
-
-def check_not_empty(con, db: Path) -> None:
-    n_runs = queries.count_rows(con, "runs")
-    n_seeds = queries.count_rows(con, "token_level_seeds")
-    if n_runs == 0 and n_seeds == 0:
-        raise EmptyDatabase(
-            f"results database {db} is empty (no runs, no token-level studies): {missing_db_hint(db)}"
-        )
 
 
 def build_paper(
@@ -58,7 +51,10 @@ def build_paper(
     artefact name."""
     check_exists(db)
     with connect(db, read_only=True) as con:
-        check_not_empty(con, db)
+        if queries.count_rows(con, "runs") == 0 and queries.count_rows(con, "token_level_seeds") == 0:
+            raise EmptyDatabase(
+                f"results database {db} is empty (no runs, no token-level studies): {missing_db_hint(db)}"
+            )
         ctx = ReportContext(
             con=con,
             out=out,
@@ -76,8 +72,10 @@ def build_paper(
             try:
                 if drawn is None or art.name in drawn:
                     paper.results.append(art(ctx))
-                else:
-                    paper.results.append(_kept_files(art(data_only), out))
+                else:  # data only, with the files an earlier report left in `out` under its name
+                    kept = art(data_only)
+                    kept.files = [p for p in (out / f"{kept.name}{s}" for s in KEPT_SUFFIXES) if p.is_file()]
+                    paper.results.append(kept)
             except Exception as exc:
                 if debug:
                     raise
@@ -89,14 +87,6 @@ def build_paper(
         paper.index = render_index(paper.results, out, db, run_steps(con, paper.results), summary)
         return paper
 
-
-KEPT_SUFFIXES: tuple[str, ...] = (".png", ".pdf", ".md", ".tex")
-
-
-def _kept_files(result: ArtefactResult, out: Path) -> ArtefactResult:
-    """A data-only result with the files an earlier report left in `out` under its name."""
-    result.files = [p for p in (out / f"{result.name}{s}" for s in KEPT_SUFFIXES) if p.is_file()]
-    return result
 
 
 def availability(

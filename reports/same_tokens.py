@@ -48,16 +48,10 @@ class SameTokens:
     """One study's judgement of the two criteria of ``PAIR`` on the disagreement set against the own update."""
 
     study_id: str
-    point: (
-        stats.DriftPoint
-    )  # pooled balanced accuracies with their seed-cluster intervals, the paired difference
+    point: stats.DriftPoint  # pooled balanced accuracies with their seed-cluster intervals, paired difference
     seeds: np.ndarray  # every judged seed, ascending
-    balanced: dict[
-        str, np.ndarray
-    ]  # criterion -> balanced accuracy per seed (NaN where undefined), as ``seeds``
-    constant_balanced: (
-        float | None
-    )  # the constant predictor's balanced accuracy (None: the set holds one class)
+    balanced: dict[str, np.ndarray]  # criterion -> balanced accuracy per seed (NaN: undefined), as ``seeds``
+    constant_balanced: float | None  # the constant predictor's balanced accuracy (None: the set is one class)
     constant_class: str  # "rises" (drop every token) or "falls" (keep every token)
     paired_note: str  # why the paired tests are weak or 1.0, "" otherwise
     where: str  # the share of response tokens outside the trust region the study was measured at

@@ -615,8 +615,6 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
             "cells whose study was not judged are left out and named in the subtitle. Figure 10 draws each "
             f"criterion's balanced accuracy. {interval_caption('seeds')}"
         ),
-        study=None,
-        selection_rule="the drift grid stored last (token_level_grid)",
     )
     result.panels = [Panel(title=t) for t in FIG9_PANELS] + [Panel(title=DIFFERENCE_PANEL)]
     result.selection_rule, cells = grid(ctx)
@@ -804,7 +802,6 @@ def fig10_criteria_vs_drift(ctx: ReportContext) -> ArtefactResult:
             "outside token or without a balanced accuracy are left out and named in the subtitle. "
             + interval_caption("pooled")
         ),
-        study=None,
     )
     panel = Panel(
         title="balanced accuracy on the disagreement set, against the own update (pooled over seeds)"

@@ -123,21 +123,13 @@ def hyperparameter_tables(runs: Sequence[queries.RunInfo]) -> tuple[TextTable, T
     """(every training hyperparameter per setting, only those that differ between settings where they apply,
     method parameters per method) from the runs' configs."""
     keys = [k for k in queries.panel_keys(runs) if k.model is not None]
-    columns = []
-    for k in keys:
-        members = queries.runs_in_panel(runs, k)
-        flat = [
-            {key: v for key, v in flatten(r.config).items() if not key.startswith("method.")} for r in members
-        ]
-        columns.append((k, members, flat))
-    row_keys = sorted({key for _, _, flats in columns for f in flats for key in f})
-    header = ["hyperparameter"] + [k.one_line for k, _, _ in columns]
-    rows = [
-        [key] + [_merge_values([f.get(key) for f in flats]) for _, _, flats in columns]
-        + [_merge_values([value_source(key, r.config) for _, members, flats in columns
-                          for r, f in zip(members, flats) if key in f])]
-        for key in row_keys
+    columns = [
+        [(r, {key: v for key, v in flatten(r.config).items() if not key.startswith("method.")})
+         for r in queries.runs_in_panel(runs, k)]
+        for k in keys
     ]
+    row_keys = sorted({key for column in columns for _, f in column for key in f})
+    header = ["hyperparameter"] + [k.one_line for k in keys]
     n_cpu = sum(r.is_cpu for r in runs)
     source = (
         f"From the composed configs of {len(runs)} run(s) ({n_cpu} on the CPU engine: small stand-in models, "
@@ -147,7 +139,7 @@ def hyperparameter_tables(runs: Sequence[queries.RunInfo]) -> tuple[TextTable, T
         title="Table 1: training hyperparameters per model-precision setting",
         note=f"{source} {SOURCE_NOTE}",
         header=[*header, "source"],
-        rows=rows,
+        rows=_rows(row_keys, columns),
     )
     differing = TextTable(
         title="Table 1: the hyperparameters that differ between settings",
@@ -161,20 +153,12 @@ def hyperparameter_tables(runs: Sequence[queries.RunInfo]) -> tuple[TextTable, T
         rows=_differing_rows(row_keys, columns),
     )
     methods = sorted({r.method for r in runs if r.method}, key=lambda m: (method_rank(m), m))
-    per_method = {
-        m: [
-            {**flatten(r.config.get("method", {})), "anchor": method_anchor(r.config.get("method", {}))}
-            for r in runs
-            if r.method == m and isinstance(r.config, dict)
-        ]
-        for m in methods
-    }
-    m_keys = sorted({k for flats in per_method.values() for f in flats for k in f} - {"name", "label"})
-    m_rows = [[k] + [_merge_values([f.get(k) for f in per_method[m]]) for m in methods]
-              + [_merge_values([value_source(f"method.{k}", r.config) for r in runs
-                                if r.method in per_method and isinstance(r.config, dict)
-                                and k in {**flatten(r.config.get("method", {})), "anchor": ""}])]
-              for k in m_keys]
+    flats = [
+        (r, {**flatten(section := r.config.get("method", {})), "anchor": method_anchor(section)})
+        for r in runs
+        if r.method and isinstance(r.config, dict)
+    ]
+    m_keys = sorted({k for _, f in flats for k in f} - {"name", "label"})
     method_table = TextTable(
         title="Table 1 (continued): method parameters",
         note=(
@@ -183,20 +167,31 @@ def hyperparameter_tables(runs: Sequence[queries.RunInfo]) -> tuple[TextTable, T
             "verl's recomputed old_log_prob), rollout = the rollout's μ of the sampled token."
         ),
         header=["parameter"] + [method_label(m) for m in methods] + ["source"],
-        rows=m_rows,
+        rows=_rows(m_keys, [[(r, f) for r, f in flats if r.method == m] for m in methods], "method."),
     )
     return train, differing, method_table
 
 
-def _differing_rows(
-    row_keys: Sequence[str], columns: Sequence[tuple[queries.PanelKey, list[queries.RunInfo], list[dict[str, str]]]]
-) -> list[list[str]]:
+#: a column of a table: each of its runs with its flattened config (``flatten``)
+Column = list[tuple[queries.RunInfo, dict[str, str]]]
+
+
+def _rows(keys: Sequence[str], columns: Sequence[Column], prefix: str = "") -> list[list[str]]:
+    """Per key: its values in each column, then their source (``value_source`` of prefix + key)."""
+    return [
+        [key] + [_merge_values([f.get(key) for _, f in column]) for column in columns]
+        + [_merge_values([value_source(prefix + key, r.config) for c in columns for r, f in c if key in f])]
+        for key in keys
+    ]
+
+
+def _differing_rows(row_keys: Sequence[str], columns: Sequence[Column]) -> list[list[str]]:
     """Rows of the keys whose applicable values differ between settings; "" where a key does not apply."""
     rows = []
     for key in row_keys:
         cells: list[str | None] = []
-        for _, members, flats in columns:
-            values = [f.get(key) for r, f in zip(members, flats) if key in f and applies(r.config, key)]
+        for column in columns:
+            values = [f.get(key) for r, f in column if key in f and applies(r.config, key)]
             cells.append(_merge_values(values) if values else None)
         shown = [c for c in cells if c is not None]
         if len(columns) > 1 and (len(set(shown)) > 1 or (shown and len(shown) < len(cells))):
