@@ -185,7 +185,7 @@ def render_index(
     summary: PageSummary,
 ) -> Path:
     """Write out/index.html: the summary, then every figure (PNG inline, PDF linked) and table, each section
-    collapsible (OPEN_SECTIONS open when they have data, the others closed)."""
+    collapsible (OPEN_SECTIONS open when they have data)."""
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nav = " ".join(f"<a href='#{_esc(r.name)}'>{_esc(r.name)}</a>" for r in results)
     if any(is_variational(r.name) for r in results):

@@ -105,8 +105,7 @@ def _paired_dots(
     ax, values: dict[str, np.ndarray], centre: dict[str, tuple[float, float, float]], notes: dict[str, str]
 ) -> list:
     """Each seed's value of both criteria joined by a grey line, and beside them a summary with its interval
-    (percent: ``centre`` is value, low, high; ``notes`` the summary's label); returns the summary labels (to keep
-    inside the axes once the layout is final: keep_inside)."""
+    (percent: ``centre`` is value, low, high; ``notes`` the summary's label); returns the summary labels."""
     texts = []
     for a, b in zip(values[RATIO], values[HEADLINE]):
         ax.plot([0, 1], [a, b], color=GREY, alpha=0.35, linewidth=0.7)
@@ -142,8 +141,7 @@ def _tick_labels(crits) -> list[str]:
 
 def _sorted_bars(ax, diff_pp: np.ndarray, good: str, text: str):
     """Per-seed differences predictive − ratio (percentage points), sorted; coloured by which criterion each seed
-    favours (``good``: "negative" when a lower value favours the predictive criterion, else "positive"); returns
-    the text above the bars (to clear of them once the layout is final: _place_texts)."""
+    favours (``good`` "negative": a lower value favours the predictive criterion); returns the text above."""
     better = diff_pp < 0 if good == "negative" else diff_pp > 0
     worse = diff_pp > 0 if good == "negative" else diff_pp < 0
     colours = [

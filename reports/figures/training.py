@@ -212,8 +212,7 @@ def _per_setting_figure(
     default_sweep: str = MAIN_SWEEP,
     state_detectable: bool = False,
 ) -> ArtefactResult:
-    """One panel per model-precision setting (× one row per metric), one line per method: the mean over its seeds
-    with a t-interval band, each seed smoothed with the row's EMA unless raw; the runs at the δ of
+    """One panel per model-precision setting (× one row per metric), one line per method; the runs at the δ of
     `default_sweep`, from that sweep unless the user chose others. `state_detectable`: each panel of a
     validation row also states the paired difference its seeds can detect (Figure 1)."""
     sel = queries.select_runs(ctx.runs, sweep_delta(default_sweep), ctx.sweeps, default_sweep)

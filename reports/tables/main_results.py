@@ -1,8 +1,6 @@
 """Table 2: final, best and mean (AUC) validation accuracy per setting and method over seeds, each predictive mask's
 paired difference against its DPPO reference and the difference its seeds can detect, and collapses; and the page's
-headline drawn from the same cells.
-
-The numbers are what analysis.training.stats returns for each setting's runs; this module only lays them out.
+headline drawn from the same cells. The numbers are analysis.training.stats'; this module only lays them out.
 """
 
 from __future__ import annotations
