@@ -97,8 +97,7 @@ class Panel:
 @dataclass
 class ArtefactResult:
     """What an artefact drew or rendered: data (for tests), files written, provenance (for the page). Its name is
-    the declared artefact's: calling the artefact fills it in and writes ``drawn`` under it (a figure's Figure, a
-    table's TextTables) when the context draws."""
+    the declared artefact's, filled in by calling the artefact."""
 
     title: str
     caption: str

@@ -290,9 +290,8 @@ VR_FAMILY = "variational"
 
 @dataclass(frozen=True)
 class VrKey:
-    """What a variational-family run is compared by: method (runs.method), data setting and estimator (a final
-    recipe's ``method.data`` / ``method.estimator``; None for the baselines and the prior), and the regime of the
-    traces it was trained on when an ablation varies it (``reports.vr_scores``; None otherwise)."""
+    """What a variational-family run is compared by: method, a final recipe's data setting and estimator
+    (None for the baselines and the prior), its traces' regime when an ablation varies it (vr_scores)."""
 
     method: str | None
     data: str | None = None
