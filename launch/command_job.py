@@ -75,32 +75,16 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
     atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
-def _outcome(record: Mapping[str, Any], exc: BaseException | None, flag: InterruptFlag) -> str:
-    if flag.raised or isinstance(exc, (SystemExit, KeyboardInterrupt, JobInterrupted)):
-        return "interrupted"
-    if exc is not None or record["returncode"] is None:
-        return "error"
-    return "completed" if record["returncode"] == 0 else "failed"
-
-
 @dataclass
 class CommandJob(submitit.helpers.Checkpointable):
-    """A submitit callable that runs ``command`` once (single-task jobs: local runs, job arrays).
+    """A submitit callable that runs ``command`` (an argv, never interpreted by a shell) once, in one task.
 
-    command: the argv to run; it is handed to the OS as a list, so no value is ever interpreted by a shell.
-    run_dir: working directory of the command; ``exit_status.json`` is written there too (atomically).
-    env: added to the command's environment (and, for :class:`~launch.ray_job.RayJob`, exported
-    before ``ray start``).
-    log_file: where the command's stdout/stderr go (appended); None = the submitit task log.
-    check: raise :class:`CommandFailedError` when the command exits non-zero (after writing its status).
-    stop_timeout_s: grace between SIGTERM and SIGKILL when the job is interrupted.
-
-    Returns the exit status record ``{"job_id", "restart", "command", "returncode", "outcome", "started",
-    "finished", "error"}`` with outcome ``completed`` / ``failed`` (non-zero exit) / ``error`` (could not
-    run) / ``interrupted`` (SIGTERM or requeue: then the job raises :class:`JobInterrupted` and submitit
-    records no result). :meth:`checkpoint` (called by submitit on preemption/time-out) requeues the same
-    callable; resuming is the command's business.
-    """
+    ``run_dir``: its working directory, where ``exit_status.json`` is written too; ``env``: added to its
+    environment (a RayJob exports it before ``ray start``); ``log_file``: its stdout/stderr, appended (None:
+    the task log); ``check``: raise :class:`CommandFailedError` on a non-zero exit, after writing the status;
+    ``stop_timeout_s``: the grace between SIGTERM and SIGKILL. Returns the exit status record, outcome
+    ``completed``, ``failed``, ``error`` (could not run) or ``interrupted`` (SIGTERM or requeue: the job
+    raises :class:`JobInterrupted` and submitit records no result)."""
 
     command: Sequence[str]
     run_dir: str | None = None
@@ -121,54 +105,48 @@ class CommandJob(submitit.helpers.Checkpointable):
             raise ValueError(
                 f"CommandJob runs one task, got {job_env.num_tasks}: use RayJob for multi-node runs"
             )
-        record = self._new_record(str(job_env.job_id), restart_count())
-        with interruptible() as interrupted:
-            exc: BaseException | None = None
-            try:
-                record["returncode"] = self._run_command(extra_env={})
-            except BaseException as err:  # SystemExit from submitit's time-out handler included
-                exc = err
-                raise
-            finally:
-                self._finish(record, exc, interrupted, None)
+        with interruptible() as interrupted, \
+                self._recorded(str(job_env.job_id), restart_count(), interrupted) as record:
+            record["returncode"] = self._run_command(extra_env={})
         return self._checked(record)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Requeue the same callable; the command resumes from its own checkpoints in ``run_dir``."""
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
 
-    # ------------------------------------------------------------------------------------------ parts
-
-    def _new_record(self, job_id: str, restart: int) -> dict[str, Any]:
-        return {
-            "job_id": job_id,
-            "restart": restart,
-            "command": list(self.command),
-            "returncode": None,
-            "outcome": None,
-            "started": time.time(),
-            "finished": None,
-            "error": None,
-        }
-
-    def _finish(
-        self, record: dict[str, Any], exc: BaseException | None, flag: InterruptFlag, rendezvous: Path | None
-    ) -> None:
-        record["finished"] = time.time()
-        record["outcome"] = _outcome(record, exc, flag)
-        if exc is not None:
-            record["error"] = f"{type(exc).__name__}: {exc}"
-        if rendezvous is not None:
-            write_json(rendezvous / EXIT_STATUS_FILE, record)
-        if self.run_dir is not None:
-            write_json(Path(self.run_dir) / EXIT_STATUS_FILE, record)
+    @contextmanager
+    def _recorded(self, job_id: str, restart: int, flag: InterruptFlag,
+                  rendezvous: Path | None = None) -> Iterator[dict[str, Any]]:
+        """The exit status record of the block, written to ``run_dir`` (and ``rendezvous``) however the block
+        ends."""
+        record: dict[str, Any] = {"job_id": job_id, "restart": restart, "command": list(self.command),
+                                  "returncode": None, "outcome": None, "started": time.time(),
+                                  "finished": None, "error": None}
+        exc: BaseException | None = None
+        try:
+            yield record
+        except BaseException as err:  # SystemExit from submitit's time-out handler included
+            exc = err
+            raise
+        finally:
+            record["finished"] = time.time()
+            if flag.raised or isinstance(exc, (SystemExit, KeyboardInterrupt, JobInterrupted)):
+                record["outcome"] = "interrupted"
+            elif exc is not None or record["returncode"] is None:
+                record["outcome"] = "error"
+            else:
+                record["outcome"] = "completed" if record["returncode"] == 0 else "failed"
+            if exc is not None:
+                record["error"] = f"{type(exc).__name__}: {exc}"
+            for folder in (rendezvous, self.run_dir):
+                if folder is not None:
+                    write_json(Path(folder) / EXIT_STATUS_FILE, record)
 
     def _run_command(self, extra_env: Mapping[str, str]) -> int:
         """Run the command to completion (in the warm worker that ``PREDMASK_WORKER`` names, if any: a run the
-        worker lost runs again as its own process, resuming from its checkpoints); on any interruption, end its
-        whole process group."""
+        worker lost runs again as its own process); on any interruption, end its whole process group."""
         env = {**os.environ, **self.env, **extra_env}
-        worker = env.pop(WORKER_ENV, None)  # a local sweep's warm worker (launch.warm_worker); not the command's
+        worker = env.pop(WORKER_ENV, None)  # the warm worker's socket, not the command's
         cwd = None
         if self.run_dir is not None:
             Path(self.run_dir).mkdir(parents=True, exist_ok=True)
