@@ -143,8 +143,7 @@ def _print_paper(paper: PaperResult, db: Path, only: Sequence[str] | None = None
 
 
 def next_lines(results: Sequence[ArtefactResult]) -> list[str]:
-    """One ``next:`` line per command that would fill the artefacts still without data, naming them, in the order
-    the artefacts come; nothing when every artefact has data."""
+    """One ``next:`` line per command that would fill the artefacts still without data, naming them."""
     empty: dict[str, list[str]] = {}
     for r in results:
         if not r.has_data:

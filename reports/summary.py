@@ -117,8 +117,7 @@ def _training_label(runs: Sequence[queries.RunInfo]) -> str:
 
 
 def page_summary(ctx: ReportContext, results: Sequence[ArtefactResult]) -> PageSummary:
-    """The summary of the page from the context and the artefacts drawn (Table 2 is computed, data only, when it
-    was not among them)."""
+    """The page's summary (Table 2 computed, data only, when it was not among the artefacts drawn)."""
     table2 = next((r for r in results if r.name == "table2_main_results"), None)
     if table2 is None:
         table2 = main_results.table2_main_results(replace(ctx, draw=False))

@@ -211,8 +211,7 @@ def hint_use(con: Any, traces_runs: Sequence[queries.RunInfo], regime_of: dict[s
 
 
 def vr_scores(ctx: ReportContext) -> VrScores:
-    """The family's runs (default sweep variational_reasoning; --sweep to choose) with an avg@16 evaluation, and the
-    hint use of their traces runs."""
+    """The family's runs (--sweep, else variational_reasoning) with an avg@16, and their traces' hint use."""
     sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
     finals = queries.final_values(ctx.con, [r.run_id for r in sel.runs], "val-core/")
     used = [r for r in sel.runs if _acc_sources(finals.get(r.run_id, {}))]
@@ -262,8 +261,7 @@ def mdd_note(runs: Sequence[queries.RunInfo], seeds: int) -> str:
 
 
 def scale_note(runs: Sequence[queries.RunInfo], splits: Sequence[str] = EVAL_SPLITS) -> str:
-    """Where the runs ran, in words: CPU stand-in scale and π_θ0 stated (or the cluster's models), and the
-    evaluation splits with their size."""
+    """Where the runs ran, in words (CPU stand-in scale and π_θ0, or the cluster's models), and the splits."""
     if not runs:
         return "no runs yet"
     scales = ", ".join(sorted({r.describe_scale() for r in runs}))

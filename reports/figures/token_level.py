@@ -292,8 +292,7 @@ def _paired_text(same: same_tokens.SameTokens) -> str:
 
 
 def _constant_line(ax, value: float | None) -> None:
-    """The constant predictor's balanced accuracy (None: none): a dotted line, named under the axis rather than
-    written over the seeds' lines or the bars."""
+    """The constant predictor's balanced accuracy: a dotted line, named under the axis, not over the data."""
     if value is not None:
         ax.axhline(100 * value, color="black", linestyle=":", linewidth=1)
         ax.set_xlabel(f"dotted line: constant predictor ({100 * value:.0f}%)", fontsize=7)

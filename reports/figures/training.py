@@ -99,8 +99,7 @@ def _line_label(
 
 
 def _anchors(runs: Sequence[queries.RunInfo]) -> dict[str | None, str]:
-    """method -> the anchor its runs' ratio uses ("π_old", "μ"; several joined by "/"), from each run's recorded
-    method section (predmask.methods.method_anchor); runs without one are left out."""
+    """method -> the anchor its runs' ratio uses ("π_old", "μ"; several joined by "/")."""
     found: dict[str | None, set[str]] = {}
     for run in runs:
         section = run.config.get("method") if isinstance(run.config, dict) else None
@@ -120,8 +119,7 @@ def _clip(values: np.ndarray, value_range: tuple[float | None, float | None]) ->
 
 
 def seed_final(seeds: Mapping[Hashable, curves.Series]) -> float | None:
-    """The mean over seeds of each seed's unsmoothed final value: the number Table 2 prints as "final" (the same
-    statistics: analysis.training.stats.run_summary and t_interval)."""
+    """The mean over seeds of each seed's unsmoothed final value: the number Table 2 prints as "final"."""
     finals = [s.final for steps, values in seeds.values() if (s := training_stats.run_summary(steps, values))]
     return training_stats.t_interval(finals).mean
 

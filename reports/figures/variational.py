@@ -56,8 +56,7 @@ def _split_title(split: str) -> str:
 
 
 def title_lines(result: ArtefactResult, scores: VrScores, *lines: str) -> list[str]:
-    """A figure's title lines: its title (with the hint-use gate's failures, VrScores.gated_title), the scale and
-    splits, the selection, then ``lines``."""
+    """A figure's title lines: its (gated) title, the scale and splits, the selection, then ``lines``."""
     note = scale_note(result.runs, scores.splits)
     return [result.title, f"{note}; selection: {result.selection_rule}", *lines]
 
@@ -379,8 +378,7 @@ def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
 def _rows_by_regime(
     rows: pl.DataFrame, runs: Sequence[queries.RunInfo], scores: VrScores
 ) -> dict[str | None, pl.DataFrame]:
-    """The vr_traces rows split by the regime of their weights run (VrScores.regime_of_run; one None entry when no
-    ablation varies one), the regimes in regime_rank order (numbers by value)."""
+    """The vr_traces rows by the regime of their weights run (one None entry when no ablation varies one)."""
     if not rows.height:
         return {}
     regime = {r.run_id: scores.regime_of_run(r) for r in runs}
