@@ -34,7 +34,6 @@ from sweeps.compose import RunSpec, SweepError
 
 
 def run_dir(spec: RunSpec, root: Path | None = None) -> Path:
-    """The run directory of a run of a sweep (``predmask.rundir.run_path``)."""
     return run_path(spec.sweep, spec.run_id, root)
 
 
@@ -44,9 +43,8 @@ DAMAGED = "damaged"
 
 @dataclass(frozen=True)
 class RunState:
-    """What the run directory says: status is one of new, running, completed, failed, dead (status.json says
-    running but no process holds the run's writer lock: its trainer was killed), damaged (status.json is not what
-    ``write_status`` writes: ``error`` is the one line ``damaged: status.json, <what>``)."""
+    """What the run directory says: status new, running, completed, failed, dead (running without a writer:
+    its trainer was killed) or damaged (``error``: ``damaged: status.json, <what>``)."""
 
     status: str
     step: int = 0
@@ -55,7 +53,6 @@ class RunState:
 
 
 def damaged_line(file: str, what: str) -> str:
-    """The one line of a damaged run-directory file, with the file's name: ``damaged: <file>, <what>``."""
     return f"damaged: {file}, {what}"
 
 
@@ -69,7 +66,7 @@ def _count(data: dict[str, Any], key: str) -> int:
 
 def read_state(path: Path) -> RunState:
     """The run's state from its status.json and writer lock; a status.json that cannot be read is ``damaged`` (never
-    running: ``write_status`` replaces the file atomically, so a damaged one stays damaged until rewritten)."""
+    running: ``write_status`` replaces the file atomically, so it stays damaged until rewritten)."""
     try:
         data = read_status(path)
         step, total = _count(data, "step"), _count(data, "total_steps")
@@ -95,8 +92,8 @@ def finished_elsewhere(specs: list[RunSpec], root: Path, others: list[Path]) -> 
 
 
 def check_inside_root(root: Path, paths: list[Path]) -> None:
-    """Every path the sweep writes or deletes stays under the runs root once symlinks are followed; the first that
-    leads out of it is one SweepError line (nothing is written or deleted then)."""
+    """Every path the sweep writes or deletes stays under the runs root once symlinks are followed (else one
+    SweepError line)."""
     real_root = root.resolve()
     for path in paths:
         real = path.resolve()
@@ -110,7 +107,7 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\
 
 
 def log_size(path: Path) -> int:
-    """The size of a run's ``job.log`` now (0 when there is none): where the next attempt's lines begin."""
+    """The size of a run's ``job.log`` now: where the next attempt's lines begin."""
     try:
         return (path / JOB_LOG_FILE).stat().st_size
     except OSError:
@@ -146,13 +143,10 @@ def exit_text(returncode: int) -> str:
 
 
 def failure_cause(path: Path) -> str | None:
-    """Why the latest attempt of a run failed, read from its directory (None when nothing there says):
-
-    the trainer's ``error: ...`` line in ``job.log``, else ``status.json``'s error, else the last exception line of a
-    traceback in ``job.log`` (only the lines written since the sweep submitted it: ``job.json`` ``log_offset``), each
-    followed by how the command ended (``exit_status.json``: ``exit status N`` or ``killed by signal 9 (SIGKILL)``),
-    or that alone when the trainer left no line (a SIGKILL leaves none), with the step it reached.
-    """
+    """Why the latest attempt of a run failed (None when nothing says): the trainer's ``error: ...`` line in
+    the attempt's part of ``job.log``, else ``status.json``'s error, else the last exception line of a
+    traceback, each followed by how the command ended; or that alone, with the step it reached (a SIGKILL
+    leaves no line)."""
     record = read_job_record(path)
     since = float(record.get("submitted") or 0)
     lines = [ln.strip() for ln in _log_lines(path, int(record.get("log_offset") or 0))]
@@ -181,12 +175,6 @@ def failure_cause(path: Path) -> str | None:
 def write_planned_config(path: Path, spec: RunSpec) -> None:
     """The resolved config the sweep composed, written before submission (the CPU trainer writes config.yaml)."""
     write_config(path, spec.config, PLANNED_CONFIG_FILE)
-
-
-def write_run_config(path: Path, spec: RunSpec) -> None:
-    """``config.yaml``, the run directory's resolved config, for a trainer that writes none itself (VeRL): the
-    config the sweep composed."""
-    write_config(path, spec.config)
 
 
 @contextmanager

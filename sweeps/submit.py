@@ -1,10 +1,8 @@
-"""The sweep's loop: submit its runs through the launch layer (local processes or Slurm), follow them, join the
-live ones of an earlier invocation, resume the others, and hand each finished run on (to be ingested).
+"""The sweep's loop: submit its runs through the launch layer (local processes or Slurm), follow them, join
+the live ones of an earlier invocation, resume the others, and hand each finished run on (to be ingested).
 
-Why submitit directly and not hydra-submitit-launcher: the launcher submits one job array and blocks on it, and
-has no multi-node Ray start-up; here each run is its own job (4 nodes x 8 GPUs with Ray inside on a cluster),
-runs already completed are skipped, live ones are joined, and finished ones are ingested as they end.
-"""
+Not hydra-submitit-launcher: it submits one job array, blocks on it and has no multi-node Ray start-up; here
+each run is its own job, and finished runs are ingested as they end."""
 
 from __future__ import annotations
 
@@ -29,9 +27,16 @@ from launch.ray_job import RayJob
 from launch.ray_slurm import ray_options
 from launch.warm_worker import WORKER_ENV, local_worker
 from predmask.progress import eta_from_durations, progress, read_phase
-from predmask.rundir import JOB_LOG_FILE, PHASE_FILE, read_job_record, run_writer_alive, write_job_record
+from predmask.rundir import (
+    JOB_LOG_FILE,
+    PHASE_FILE,
+    read_job_record,
+    run_writer_alive,
+    write_config,
+    write_job_record,
+)
+from predmask.verl.overrides import hydra_value, verl_command  # plain config translation: imports no verl
 from sweeps.compose import RunSpec, SweepError
-from sweeps.jobs import trainer_argv
 from sweeps.run_dirs import (
     DAMAGED,
     RunState,
@@ -41,7 +46,6 @@ from sweeps.run_dirs import (
     read_state,
     run_dir,
     write_planned_config,
-    write_run_config,
 )
 
 
@@ -95,31 +99,30 @@ VR_STAGE_MODULE = "predmask.rl.vr_runner"
 
 
 def job_command(spec: RunSpec, path: Path) -> list[str]:
-    """The exact argv a run executes, with the job's interpreter (the cluster config's ``python``): the CPU
-    trainer, or the VeRL launcher with every override spelled out; a variational stage run: its stage program
-    (``python -m predmask.rl.vr_runner RUN_DIR`` on the CPU, ``predmask.verl.vr_cluster.stage_command`` on VeRL)."""
+    """The exact argv a run executes with the job's interpreter: the CPU trainer, the VeRL launcher, or a
+    variational stage run's program."""
     python = job_python(spec.config["cluster"])
     if spec.stage is not None:
         if trainer_of(spec) == "verl":
             from predmask.verl.vr_cluster import stage_command  # verl-free: commands only
 
             return stage_command(spec.config, path.resolve(), python)
-        return [python or sys.executable, "-m", VR_STAGE_MODULE, str(path.resolve())]
+        return [python, "-m", VR_STAGE_MODULE, str(path.resolve())]
     if trainer_of(spec) == "verl":
-        from predmask.verl.overrides import verl_command  # no verl import: plain config translation
-
         return verl_command(spec.config, path.resolve(), python=python)
-    return trainer_argv(spec, path, python=python)
+    # the CPU trainer (it holds the run's writer lock for its whole life): the sweep's overrides and the run
+    # directory, quoted for Hydra's override grammar (a path may hold spaces, quotes, ``$``, ``=``, ``,`` or
+    # brackets)
+    return [python, "-m", "predmask.rl.train", *spec.overrides, f"run_dir={hydra_value(str(path.resolve()))}"]
 
 
 def make_executor(spec: RunSpec, folder: Path) -> submitit.Executor:
-    """submitit executor for the run's job, named after the run."""
     return cluster_executor(folder, job_cluster(spec), name=job_name(spec))
 
 
 def make_job(spec: RunSpec, path: Path, worker: str | None = None) -> Any:
     """The picklable callable a run's job executes; ``worker``: the socket of the sweep's warm worker (local CPU
-    runs, ``launch.warm_worker``), which runs the command in a forked child instead of a new interpreter."""
+    runs), which runs the command in a forked child instead of a new interpreter."""
     log = str(path / JOB_LOG_FILE)
     if trainer_of(spec) == "verl":
         return RayJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
@@ -132,19 +135,17 @@ def make_job(spec: RunSpec, path: Path, worker: str | None = None) -> Any:
 
 
 def thread_env(spec: RunSpec) -> dict[str, str]:
-    """The thread settings of a CPU run's job (the cluster config's ``threads``)."""
     threads = str(spec.config["cluster"].get("threads", 1))
     return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PREDMASK_THREADS": threads}
 
 
 def submitit_folder(spec: RunSpec, root: Path) -> Path:
-    """The sweep's submitit folder (job scripts, pickles, task logs)."""
     return root / spec.sweep / ".submitit"
 
 
 def sbatch_text(spec: RunSpec, root: Path) -> str | None:
-    """The sbatch script submitit submits for this run (None for local runs), rendered without Slurm (no srun
-    needed); nothing is submitted. A comment line after the shebang holds the trainer command, on one line."""
+    """The sbatch script submitit submits for this run (None for local runs), rendered without Slurm, with the
+    trainer command in a comment after the shebang."""
     if backend_of(spec) == "local":
         return None
     text = sbatch_script(submitit_folder(spec, root), job_cluster(spec), name=job_name(spec))
@@ -153,25 +154,20 @@ def sbatch_text(spec: RunSpec, root: Path) -> str | None:
     return text.replace("\n", "\n" + header + "\n", 1)
 
 
-def _rejoin(path: Path) -> submitit.Job[Any] | None:
-    """A Slurm job of this run submitted earlier and still queued or running, to join instead of resubmitting."""
-    record = read_job_record(path)
-    if record.get("backend") != "slurm" or not record.get("job_id"):
-        return None
-    return rejoin_slurm_job(str(record["folder"]), str(record["job_id"]))
-
-
 def _start(spec: RunSpec, root: Path, worker: str | None) -> submitit.Job[Any]:
     """The run's job: the live one of an earlier invocation (Slurm), else a new submission."""
     path = run_dir(spec, root)
     if backend_of(spec) == "local" and run_writer_alive(path):
         raise RuntimeError(f"run {spec.run_id} is live in another process ({path}); "
                            "wait for it or stop it before rerunning the sweep")
-    job = _rejoin(path) if backend_of(spec) == "slurm" else None
+    record = read_job_record(path) if backend_of(spec) == "slurm" else {}
+    job = None  # a Slurm job of this run submitted earlier and still live is joined, not resubmitted
+    if record.get("backend") == "slurm" and record.get("job_id"):
+        job = rejoin_slurm_job(str(record["folder"]), str(record["job_id"]))
     if job is None:
         write_planned_config(path, spec)
         if trainer_of(spec) == "verl" or spec.stage is not None:  # trainers that write no config.yaml themselves
-            write_run_config(path, spec)
+            write_config(path, spec.config)
         folder = submitit_folder(spec, root)
         submitted, log_offset = time.time(), log_size(path)  # before the job can write: its lines and records follow
         job = make_executor(spec, folder).submit(make_job(spec, path, worker))
@@ -189,12 +185,9 @@ def run_sweep(
     on_finished: Callable[[RunSpec, Path], None],
     console: Console,
 ) -> Outcome:
-    """Submit every run not yet completed (at most ``max_parallel`` at once), follow them until they end.
-
-    ``on_finished`` is called for each run that ends (completed or failed), e.g. to ingest it. Ctrl-C cancels
-    the local runs this invocation started (Slurm jobs go on, and a rerun joins them); run directories keep
-    every checkpoint, so a rerun resumes them.
-    """
+    """Submit every run not yet completed (at most ``max_parallel`` at once), follow them until they end, and
+    call ``on_finished`` for each that ends. Ctrl-C cancels the local runs this invocation started (Slurm jobs
+    go on, and a rerun joins them)."""
     outcome = Outcome()
     pending: dict[str, RunSpec] = {}
     for spec in specs:
@@ -265,10 +258,9 @@ def run_progress_text(path: Path, state: RunState) -> str:
 
 
 def validate_runs(specs: list[RunSpec], root: Path) -> None:
-    """Every run passes its trainer's own checks before anything is written: the CPU engine's
-    (``predmask.rl.engine.prepare_config``: the schema sections, top_k within the vocabulary, the method's
-    parameters, ...) or the VeRL translation's, and its command composes. The first bad run raises one SweepError
-    line naming its cell and the trainer's message (the bad value and what is allowed)."""
+    """Every run passes its trainer's own checks (the CPU engine's, the stage runner's or the VeRL
+    translation's) before anything is written; the first bad run is one SweepError line naming its cell and
+    the trainer's message."""
     from predmask.rl.engine import prepare_config
     from predmask.schemas.variational_schema import VRConfig
 
@@ -285,8 +277,7 @@ def validate_runs(specs: list[RunSpec], root: Path) -> None:
 
 
 def dry_run_records(specs: list[RunSpec], root: Path) -> list[dict[str, Any]]:
-    """One record per run: its id, axes (seed included), the exact trainer argv and the sbatch script (None for
-    local)."""
+    """One record per run: its id, axes, the exact trainer argv and the sbatch script (None for local)."""
     records = []
     for spec in specs:
         path = run_dir(spec, root)
@@ -302,9 +293,9 @@ def dry_run_records(specs: list[RunSpec], root: Path) -> list[dict[str, Any]]:
 
 
 def write_dry_run(payload: dict[str, Any], directory: Path, root: Path) -> Path:
-    """Write a dry run under ``<sweep dir>/dry-run/`` (replaced as a whole): each run's ``.cmd`` and ``.sbatch``,
-    and ``plan.json`` (the ``--format json`` output: ``{"summary": ..., "runs": [...]}``). A sweep dir or dry-run
-    folder that leads out of the runs ``root`` (a symlink) is refused before anything is deleted or written."""
+    """Write a dry run under ``<sweep dir>/dry-run/`` (replaced as a whole): each run's ``.cmd`` and
+    ``.sbatch``, and ``plan.json``; a folder that leads out of the runs ``root`` is refused before anything is
+    deleted or written."""
     out = directory / "dry-run"
     check_inside_root(root, [directory, out])
     out.mkdir(parents=True, exist_ok=True)
@@ -327,9 +318,8 @@ def run_waves(
     console: Console,
     resume: str,
 ) -> Outcome:
-    """Run a sweep whose runs read each other's outputs (a variational sweep's stage chain) in waves: each wave
-    through :func:`run_sweep`, a run only once every run it reads has completed. A run whose input failed (or was
-    itself blocked) does not start; its message names the failed run and ``resume``, the command that resumes."""
+    """Run a sweep whose runs read each other's outputs in waves, each through :func:`run_sweep`; a run whose
+    input failed (or was itself blocked) does not start, and its message names that run and ``resume``."""
     from sweeps.vr_chain import waves
 
     outcome = Outcome()
