@@ -1,11 +1,8 @@
 """Compose and expand a named sweep into fully resolved run configs with stable run ids (Hydra's own sweeper).
 
-A sweep is a grid of cells (Hydra's BasicSweeper: the cartesian product of the sweep's axes and the command
-line's) times a list of seeds per cell. The seeds come from, first to last: the command line (``seeds=5`` for
-seeds 0..4, ``seeds=[0,3,7]``, or a ``seed=`` value or axis; not both), the sweep's own ``seed`` or ``seeds`` axis,
-the cluster config's ``seeds`` count. Each seed is a distinct run (the run config's top-level ``seed``); how many
-seeds a sweep runs is not part of any run, so a cell's seed-0 run keeps its id whatever the count.
-"""
+A sweep is a grid of cells (Hydra's BasicSweeper) times a list of seeds per cell, from the command line, else
+the sweep's own seed axis, else the cluster config's ``seeds``; the count is part of no run, so a cell's
+seed-0 run keeps its id whatever the count."""
 
 from __future__ import annotations
 
@@ -64,19 +61,17 @@ class RunSpec:
 
     @property
     def precision(self) -> str:
-        """The run's precision setting; a run whose config names none (a variational stage) trains in ``fp32``."""
         precision = self.config.get("precision")
         return str(precision["name"]) if isinstance(precision, dict) else NO_PRECISION
 
     @property
     def delta(self) -> float | None:
-        """The trust-region threshold; None for a run without one (a variational stage)."""
         delta = self.config.get("delta")
         return None if delta is None else float(delta)
 
     @property
     def stage(self) -> str | None:
-        """The variational stage the run is (``prior`` ... ``final``); None for a train-primary run."""
+        """The variational stage the run is; None for a train-primary run."""
         stage = self.config.get("stage")
         return None if stage is None else str(stage)
 
@@ -91,7 +86,6 @@ class RunSpec:
 
     @property
     def cell(self) -> str:
-        """The run's place in the grid, for messages (``cell_text``)."""
         return cell_text(self.config)
 
     @property
@@ -121,17 +115,23 @@ def parse_overrides(overrides: list[str]) -> list[Any]:
         raise SweepError(f"bad override: {str(err).splitlines()[0]}") from None
 
 
+def check_values(key: str, values: Sequence[str], allowed: Sequence[str]) -> None:
+    """Every value of ``key`` is one of ``allowed`` (else one SweepError line naming the valid ones)."""
+    for value in values:
+        if value not in allowed:
+            raise SweepError(f"unknown {key} {value!r}; valid: {', '.join(allowed)}")
+
+
+def override_values(ov: Any) -> list[str]:
+    """The values a parsed override names (a comma list sweeps them)."""
+    return list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
+
+
 def check_group_values(parsed: list[Any]) -> None:
-    """Every value given to a config group of GROUPS is one of its options (one-line SweepError naming the valid ones)."""
+    """Every value given to a config group of GROUPS is one of its options."""
     for ov in parsed:
-        key = ov.get_key_element().lstrip("+~")
-        if key not in GROUPS:
-            continue
-        values = list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
-        allowed = group_options(key)
-        for value in values:
-            if value not in allowed:
-                raise SweepError(f"unknown {key} {value!r}; valid: {', '.join(allowed)}")
+        if override_key(ov) in GROUPS:
+            check_values(override_key(ov), override_values(ov), group_options(override_key(ov)))
 
 
 def override_key(ov: Any) -> str:
@@ -148,11 +148,8 @@ def _is_int(value: object) -> bool:
 
 
 def seed_list(value: object, key: str = "seeds", written: str | None = None) -> list[int]:
-    """The seeds that ``key`` = ``value`` names: a count ``n`` is seeds 0..n-1, a list names them.
-
-    ``key`` is ``seeds`` (count or list) or ``seed`` (a list of the values of a ``seed=`` override); ``written``
-    is the value as the user wrote it, for the error line.
-    """
+    """The seeds that ``key`` (``seeds``: a count or a list; ``seed``: a list of values) = ``value`` names, a
+    count ``n`` being seeds 0..n-1; ``written``: the value as the user wrote it, for the error line."""
     shown = written if written is not None else str(value)
     if key == "seeds" and _is_int(value):
         if value < 1:  # type: ignore[operator]
@@ -201,16 +198,14 @@ def cluster_seeds(cfg: DictConfig) -> list[int]:
 
 
 def config_at_seed(cfg: DictConfig, seed: int) -> dict[str, Any]:
-    """The resolved config of a cell at ``seed``: the top-level ``seed`` set as a ``seed=`` override sets it
-    (interpolations such as ``run_dir`` resolve with it)."""
+    """The resolved config of a cell at ``seed`` (interpolations such as ``run_dir`` resolve with it)."""
     out = cfg.copy()
     out.seed = seed
     return to_container(out)
 
 
 def describe_grid(specs: Sequence[RunSpec]) -> str:
-    """How many runs, cells and seeds per cell of a grid, e.g. ``48 runs (16 cells x 3 seeds)`` (any family:
-    ``sweeps.families.describe``)."""
+    """How many runs, cells and seeds per cell of a grid, e.g. ``48 runs (16 cells x 3 seeds)``."""
     per_cell = Counter(spec.cell_id for spec in specs)
     if not per_cell:
         return "0 runs"
@@ -257,7 +252,7 @@ def cell_text(cfg: dict[str, Any]) -> str:
 
 def compose_run(primary: str, overrides: list[str]) -> tuple[DictConfig, list[str]]:
     """``primary`` composed with ``overrides``, and the overrides that compose it: on a CPU trainer a cluster model
-    maps to its CPU stand-in (labelled by ``model.stands_in_for``); a config that does not compose is one line."""
+    maps to its CPU stand-in; a config that does not compose is one line."""
     try:
         cfg = compose(primary, overrides)
         if cfg.cluster.get("trainer", "cpu") == "cpu" and cfg.model.get("backend") != "cpu":
@@ -275,11 +270,9 @@ def sweep_axes(sweep: str) -> list[str]:
 
 def cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None,
               *, sweep_file: bool = True) -> list[tuple[int, RunSpec]]:
-    """The runs of one cell of the grid, one per seed (``seeds`` None: the cell's cluster default).
-
-    ``sweep_file`` False composes the train primary without the sweep's own file (a run of another family's
-    sweep, e.g. the variational family's grpo final); the run still lives in ``sweep``'s directory.
-    """
+    """The runs of one cell of the grid, one per seed (``seeds`` None: the cell's cluster default);
+    ``sweep_file`` False leaves the sweep's own file out (the variational family's grpo final), the run still
+    in ``sweep``."""
     ovs = [*([f"+sweep={sweep}"] if sweep_file else []), *batch]
     cfg, standin = compose_run(PRIMARY, ovs)
     runs = []
@@ -295,13 +288,8 @@ def cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None,
 
 
 def expand_grid(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]:
-    """Expand the train-family ``sweep`` with command-line ``overrides`` (Hydra multirun syntax) into resolved runs
-    (any family: ``sweeps.families.expand``).
-
-    The sweep's axes come first and command-line overrides of the same key replace them; the cells are Hydra's
-    BasicSweeper expansion (cartesian product of the sweep overrides), each run at every seed of the seed axis
-    (module docstring). Runs come seed by seed: every cell at the first seed, then at the next.
-    """
+    """Expand the train-family ``sweep`` with command-line ``overrides`` (which replace the sweep's own axes
+    of the same key) into resolved runs, seed by seed: every cell at the first seed, then at the next."""
     if sweep not in sweep_names():
         raise SweepError(f"unknown sweep {sweep!r}; valid: {', '.join(sweep_names())}")
     if sweep_family(sweep) != TRAIN_FAMILY:

@@ -1,25 +1,18 @@
-"""Expand a variational-reasoning sweep (a sweep file with ``family: variational``) into its chain of stage runs.
+"""Expand a variational-reasoning sweep (a sweep file with ``family: variational``) into its chain of stage
+runs.
 
-Per seed: one ``posterior`` (q_phi), its ``traces``, their ``weights``, and the finals (``sft``, ``rft``, ``vr_acc``,
-``vr_gml``, ``vr_likelihood``, each vr_* at both ``method.data`` settings, and ``grpo``); one ``prior`` (pi_theta0 =
-the engine's cached base model, at seed 0) serves every seed, and runs whenever a final does (its evaluation is the
-baseline); a stage run is planned only when some final reads it. Each stage run composes ``conf/variational.yaml`` and keeps only
-the top-level sections that determine it (``STAGE_SECTIONS``), with ``inputs`` = the run ids of the sibling runs it
-reads; its run id is the stable id of that config, so a changed final setting keeps every upstream run and a changed
-posterior setting changes the ids of everything downstream of it. The grpo final is an ordinary train-primary run
-(``python -m predmask.rl.train method=grpo``) on the same first ``data.questions`` problems: ``trainer.steps`` =
-``data.questions / sft.questions_per_step x final.epochs`` batches of ``sft.questions_per_step`` prompts.
+Per seed: a ``posterior`` (q_phi), its ``traces``, their ``weights`` and the finals (``sft``, ``rft``, the
+vr_* recipes at both ``method.data`` settings, and ``grpo``); one ``prior`` (pi_theta0, at seed 0) serves
+every seed and runs whenever a final does (its evaluation is the baseline); a stage run is planned only when
+some final reads it. Each stage run keeps only the sections that determine it (``STAGE_SECTIONS``), with
+``inputs`` = the run ids it reads, and its id is the stable id of that config: a changed final setting keeps
+every upstream run, a changed posterior setting changes everything downstream. The grpo final is an ordinary
+train run on the same first ``data.questions`` problems. Axes and which overrides reach which runs:
+``python -m sweeps --help``.
 
-Axes, as for other sweeps: ``method=`` (the recipes above), ``method.data=`` (best_mixed, all_weighted; vr_* only), the
-seeds (``seeds=N``, ``seeds=[...]``, ``seed=``), and any other key of conf/variational.yaml (``data.questions=256``; a
-comma list sweeps it). ``model=``, ``task.*``, ``base.*`` and ``cluster=`` apply to every run, grpo included;
-``trainer.*``, ``rollout.*``, ``precision=``, ``delta=``, ``top_k=`` only to the grpo run (keys of conf/train.yaml).
-
-On a cluster (``cluster.trainer: verl``) the chain has the cluster's stage graph (``predmask.vr_stages``,
-``cluster=True``): the rft final reads an ``rft_samples`` run (pi_theta0's samples, reading the prior), and every
-evaluated model gets an ``eval`` run after it (the prior's at seed 0, one per final of the variational recipes; an
-eval run's ``method`` is the evaluated run's, so tables group it with that recipe); the grpo run validates itself.
-"""
+On a cluster (``cluster.trainer: verl``) the chain is the cluster's stage graph (``predmask.vr_stages``): the
+rft final reads an ``rft_samples`` run, and every evaluated model gets an ``eval`` run after it (its
+``method`` is the evaluated run's, so tables group it with that recipe)."""
 
 from __future__ import annotations
 
@@ -40,10 +33,12 @@ from sweeps.compose import (
     SweepError,
     cell_runs,
     check_group_values,
+    check_values,
     cluster_seeds,
     compose_run,
     config_at_seed,
     override_key,
+    override_values,
     parse_overrides,
     seed_axis,
     sweep_axes,
@@ -94,23 +89,13 @@ def method_names() -> list[str]:
     return [*group_options(METHOD_GROUP), GRPO]
 
 
-def _is_vr(method: str) -> bool:
-    return method.startswith("vr_")
-
-
 def _root(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0].split(".", 1)[0].split("@", 1)[0]
 
 
-def _compose(overrides: list[str]) -> dict[str, Any]:
-    cfg, standin = compose_run(PRIMARY, overrides)  # a cluster model on the CPU trainer -> its CPU stand-in
-    return {"cfg": cfg, "overrides": standin}
-
-
 def stage_config(full: dict[str, Any], stage: str, inputs: dict[str, str]) -> dict[str, Any]:
-    """The config of one stage run: the sections that determine ``stage`` out of the resolved ``full`` config,
-    with ``stage`` and ``inputs`` set (a stage run's ``method`` names the stage, an eval run's the evaluated run's:
-    the prior's when ``inputs`` names the prior, else ``full``'s recipe; the prior and its eval run at seed 0)."""
+    """The config of one stage run: the sections of the resolved ``full`` config that determine ``stage``,
+    with ``stage`` and ``inputs`` set; its ``method`` names the stage (an eval run's: the evaluated run's)."""
     recipe = str(full["method"]["name"])
     keys = (*COMMON_SECTIONS, *STAGE_SECTIONS[stage], *(RECIPE_SECTIONS.get(recipe, ()) if stage == "final" else ()))
     out = {k: full[k] for k in keys if k in full}
@@ -127,8 +112,8 @@ def stage_config(full: dict[str, Any], stage: str, inputs: dict[str, str]) -> di
 
 
 def grpo_schedule(full: dict[str, Any]) -> tuple[int, int]:
-    """(trainer.steps, trainer.train_batch_size) of the grpo final: the same first data.questions problems, in
-    batches of sft.questions_per_step, final.epochs times."""
+    """(trainer.steps, trainer.train_batch_size) of the grpo final: data.questions problems in batches of
+    sft.questions_per_step, final.epochs times."""
     questions, per_step = int(full["data"]["questions"]), int(full["sft"]["questions_per_step"])
     epochs = int(full["final"]["epochs"])
     if per_step < 1 or questions % per_step:
@@ -159,14 +144,14 @@ def on_cluster(cfg: Any) -> bool:
     return cfg.cluster.get("trainer", "cpu") == "verl"
 
 
-def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str], seed: int) -> list[RunSpec]:
-    """Every run of one cell at one seed: the stage runs (prior, posterior, traces, weights; on a cluster
-    rft_samples), one final per recipe in ``composed`` (recipe key -> its composed config and overrides) and, on a
-    cluster, the eval runs of the prior and of the variational finals."""
-    first = next(iter(composed.values()))
-    cluster = on_cluster(first["cfg"])
-    full = config_at_seed(first["cfg"], seed)
-    ovs = [*first["overrides"], f"seed={seed}"]
+def _chain(sweep: str, composed: dict[str, tuple[DictConfig, list[str]]], train_ovs: list[str],
+           seed: int) -> list[RunSpec]:
+    """Every run of one cell at one seed: the stage runs, one final per recipe in ``composed`` (recipe key ->
+    its composed config and overrides) and, on a cluster, the eval runs."""
+    first_cfg, first_ovs = next(iter(composed.values()))
+    cluster = on_cluster(first_cfg)
+    full = config_at_seed(first_cfg, seed)
+    ovs = [*first_ovs, f"seed={seed}"]
     stages: dict[str, RunSpec] = {}
     for stage in (s for s in (CLUSTER_STAGES if cluster else STAGES) if s not in ("final", "eval")):
         inputs = {need: stages[need].run_id for need in stage_inputs(stage, cluster=cluster)}  # earlier stages only
@@ -174,7 +159,7 @@ def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str]
     finals: list[RunSpec] = []
     evals: list[RunSpec] = []
     needed: set[str] = set()
-    for key, item in composed.items():
+    for key, (item_cfg, item_ovs) in composed.items():
         method = key.split(":", 1)[0]
         if method == GRPO:
             steps, batch = grpo_schedule(full)
@@ -184,19 +169,19 @@ def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str]
                          f"trainer.steps={steps}", f"trainer.train_batch_size={batch}"]
             finals += [spec for _, spec in cell_runs(sweep, batch_ovs, [seed], sweep_file=False)]
             continue
-        cfg = config_at_seed(item["cfg"], seed)
+        cfg = config_at_seed(item_cfg, seed)
         wanted = stage_inputs("final", method, cluster=cluster)
         needed.update(wanted)
-        final = _spec(sweep, [*item["overrides"], f"seed={seed}", "stage=final"],
+        final = _spec(sweep, [*item_ovs, f"seed={seed}", "stage=final"],
                       stage_config(cfg, "final", {k: stages[k].run_id for k in wanted}))
         finals.append(final)
         if cluster:  # the SFT job cannot sample: its model's evaluation is a run of its own
-            evals.append(_spec(sweep, [*item["overrides"], f"seed={seed}", "stage=eval"],
+            evals.append(_spec(sweep, [*item_ovs, f"seed={seed}", "stage=eval"],
                                stage_config(cfg, "eval", {"final": final.run_id})))
     if any(spec.stage == "final" for spec in finals):
         needed.add("prior")  # pi_theta0's own evaluation: the baseline every final is compared with
         if cluster:
-            evals.insert(0, _spec(sweep, [*first["overrides"], "seed=0", "stage=eval"],
+            evals.insert(0, _spec(sweep, [*first_ovs, "seed=0", "stage=eval"],
                                   stage_config(full, "eval", {"prior": stages["prior"].run_id})))
     needed = with_upstream(needed, cluster=cluster)  # the stage runs some final reads, and what they read in turn
     return [*(spec for stage, spec in stages.items() if stage in needed), *finals, *evals]
@@ -204,9 +189,9 @@ def _chain(sweep: str, composed: dict[str, dict[str, Any]], train_ovs: list[str]
 
 def cluster_skipped(overrides: Sequence[str]) -> list[str]:
     """The recipes of the method axis that the cell's trainer cannot run (VeRL: those outside
-    ``predmask.verl.vr_cluster.CLUSTER_RECIPES``; none since the rft final runs there); a sweep's own method axis
-    leaves them out, a ``method=`` naming one is refused by the trainer's check."""
-    cfg = _compose(list(overrides))["cfg"]
+    ``CLUSTER_RECIPES``); a sweep's own method axis leaves them out, a ``method=`` naming one is refused by
+    the trainer's check."""
+    cfg, _ = compose_run(PRIMARY, list(overrides))
     if not on_cluster(cfg):
         return []
     from predmask.verl.vr_cluster import CLUSTER_RECIPES  # verl-free: commands only
@@ -215,48 +200,39 @@ def cluster_skipped(overrides: Sequence[str]) -> list[str]:
 
 
 def _axis_values(parsed: list[Any], key: str) -> list[str] | None:
-    """The values the last ``key=`` override names (a comma list sweeps them), None when there is none."""
+    """The values the last ``key=`` override names, None when there is none."""
     given = [ov for ov in parsed if override_key(ov) == key]
-    if not given:
-        return None
-    ov = given[-1]
-    return list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
-
-
-def _check_axis(key: str, values: list[str], allowed: Sequence[str]) -> None:
-    for value in values:
-        if value not in allowed:
-            raise SweepError(f"unknown {key} {value!r}; valid: {', '.join(allowed)}")
+    return override_values(given[-1]) if given else None
 
 
 def expand_variational(sweep: str, overrides: Sequence[str] | None = None) -> list[RunSpec]:
-    """Expand the variational sweep ``sweep`` with command-line ``overrides`` into its runs (module docstring),
-    in wave order: the runs that read nothing first, then each stage after the ones it reads."""
+    """Expand the variational sweep ``sweep`` with command-line ``overrides`` into its runs, in wave order."""
     parsed_user = parse_overrides(list(overrides or []))
     parsed_sweep = parse_overrides(sweep_axes(sweep))
     seeds = seed_axis(parsed_sweep, parsed_user)
     parsed = [ov for ov in parsed_sweep + parsed_user if override_key(ov) not in SEED_KEYS]
     user_methods = _axis_values(parsed_user, "method")
     methods = _axis_values(parsed, "method") or method_names()
-    _check_axis("method", methods, method_names())
+    check_values("method", methods, method_names())
     data = _axis_values(parsed, "method.data") or list(DATA_SETTINGS)
-    _check_axis("method.data", data, DATA_SETTINGS)
+    check_values("method.data", data, DATA_SETTINGS)
     rest = [ov for ov in parsed if override_key(ov) not in ("method", "method.data")]
     check_group_values([ov for ov in rest if override_key(ov) in GROUPS_CHECKED])
     (batches,) = BasicSweeper.split_arguments(rest, None) if rest else ([[]],)
-    recipes = [(m, d) for m in methods for d in (data if _is_vr(m) else [None])]
+    recipes = [(m, d) for m in methods for d in (data if m.startswith("vr_") else [None])]
     runs: list[RunSpec] = []
     for batch in batches:
         train_ovs = [o for o in batch if _root(o) in (*TRAIN_ONLY_ROOTS, *SHARED_ROOTS)]
         vr_ovs = [o for o in batch if _root(o) not in TRAIN_ONLY_ROOTS]
-        composed: dict[str, dict[str, Any]] = {}
+        composed: dict[str, tuple[DictConfig, list[str]]] = {}  # a cluster model on the CPU -> its stand-in
         skipped = [] if user_methods else cluster_skipped(vr_ovs)
         cell_recipes = [r for r in recipes if r[0] not in skipped]
         for method, setting in cell_recipes:
             recipe = "sft" if method == GRPO else method  # grpo reads the family's data/sft/final settings
             extra = [f"method.data={setting}"] if setting else []
-            composed[f"{method}:{setting}"] = _compose([*vr_ovs, f"{METHOD_GROUP}@method={recipe}", *extra])
-        cell_seeds = seeds if seeds is not None else cluster_seeds(next(iter(composed.values()))["cfg"])
+            recipe_ovs = [*vr_ovs, f"{METHOD_GROUP}@method={recipe}", *extra]
+            composed[f"{method}:{setting}"] = compose_run(PRIMARY, recipe_ovs)
+        cell_seeds = seeds if seeds is not None else cluster_seeds(next(iter(composed.values()))[0])
         for seed in cell_seeds:
             runs += _chain(sweep, composed, train_ovs, seed)
     unique: dict[str, RunSpec] = {}  # the prior is one run for every seed (and every cell that shares it)
