@@ -25,10 +25,9 @@ UNVERIFIED_ENGINES: dict[str, str] = {
                 "\"What was verified where\"): start with one such run",
 }
 
-#: per project cluster file, the keys whose shipped value stands in for a site's own: each is marked
-#: ``# placeholder`` in conf/cluster/<name>.yaml (a test holds the two together). A run's value is still a
-#: placeholder while it equals the file's and the command line does not set the key (setting it to the same value
-#: confirms it). ``modules`` and ``activate`` are marked too; the environment warning speaks for them.
+#: per cluster file, the keys marked ``# placeholder`` in conf/cluster/<name>.yaml (``modules`` and
+#: ``activate`` are marked too: the environment warning speaks for them); a run's value is still a placeholder
+#: while it equals the file's and the command line does not set the key
 PLACEHOLDERS: dict[str, tuple[str, ...]] = {"h20_4x8": ("partition", "cpus_per_task", "mem_gb", "ray.temp_root")}
 
 #: the cluster keys that put the jobs' environment in place (launch.executor.setup_lines renders them)
@@ -40,9 +39,8 @@ SHARED_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "ceph
                                 "fuse.glusterfs", "wekafs", "panfs", "fuse.juicefs", "cifs", "smb3", "afs",
                                 "orangefs"})
 
-#: minutes one verl training step is assumed to take on the cluster's job (rollout, the actor update and the
-#: amortised validation): an assumption, not a measurement. No step of the paper's runs has been timed on GPUs;
-#: replace it with the median step time of a run's first steps once there is one
+#: minutes one verl training step (rollout, actor update, amortised validation) is assumed to take: an
+#: assumption, not a measurement, until a run's first steps are timed on GPUs
 ASSUMED_STEP_MINUTES = 5.0
 
 MOUNTS = Path("/proc/self/mounts")
@@ -78,10 +76,6 @@ def _nested(mapping: dict[str, Any], dotted: str) -> Any:
     return mapping
 
 
-def _yaml_value(value: Any) -> str:
-    return "null" if value is None else str(value)
-
-
 def _unverified(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
     """One warning per unverified engine that some VeRL run of the sweep trains with, naming its runs."""
     out = []
@@ -114,7 +108,8 @@ def _placeholders(specs: Sequence[RunSpec], cluster: dict[str, Any]) -> list[dic
         return []
     shipped = group_entry("cluster", name)
     given = {o.split("=", 1)[0].lstrip("+~") for spec in specs for o in spec.overrides}
-    held = [f"cluster.{key}={_yaml_value(_nested(cluster, key))}" for key in keys
+    held = [f"cluster.{key}={'null' if _nested(cluster, key) is None else _nested(cluster, key)}"
+            for key in keys
             if f"cluster.{key}" not in given and _nested(cluster, key) == _nested(shipped, key)]
     if not held:
         return []
@@ -124,8 +119,8 @@ def _placeholders(specs: Sequence[RunSpec], cluster: dict[str, Any]) -> list[dic
 
 
 def _shared_dirs(cluster: dict[str, Any], root: Path, mounts: Path) -> list[dict[str, Any]]:
-    """The run and checkpoint directories lie on a filesystem of this host only. A cluster whose ``python`` is null
-    runs this host's own interpreter (its nodes are this host, as the emulated one's) and is not asked."""
+    """The run directories lie on a filesystem of this host only; a cluster whose ``python`` is null runs this
+    host's own interpreter (its nodes are this host, as the emulated one's) and is not asked."""
     if cluster.get("python") is None:
         return []
     fstype = filesystem_type(root, mounts)
@@ -138,10 +133,8 @@ def _shared_dirs(cluster: dict[str, Any], root: Path, mounts: Path) -> list[dict
 
 
 def plan_warnings(specs: Sequence[RunSpec], root: Path | None = None, mounts: Path = MOUNTS) -> list[dict[str, Any]]:
-    """Every risk a Slurm sweep's plan takes, as ``{cause, text, runs}``: runs on an unverified engine
-    (UNVERIFIED_ENGINES), no environment on the nodes, placeholder values (PLACEHOLDERS), and run and checkpoint
-    directories (under ``root``, default ``runs_root()``) on a filesystem the nodes may not share. A local sweep
-    takes none of them."""
+    """Every risk a Slurm sweep's plan takes, as ``{cause, text, runs}`` (run directories under ``root``,
+    default ``runs_root()``); a local sweep takes none."""
     slurm = [spec for spec in specs if backend_of(spec) == "slurm"]
     if not slurm:
         return []
@@ -205,8 +198,7 @@ def _prepared(files: list[str]) -> list[InputPath]:
 
 
 def _vr_data_paths(spec: RunSpec) -> list[InputPath]:
-    """A variational stage run on VeRL: the prepared Bespoke-Stratos files and an eval run's AIME files
-    (``predmask.verl.vr_cluster``, the owner of their names and directories)."""
+    """A variational stage run on VeRL: the prepared Bespoke-Stratos files and an eval run's AIME files."""
     from predmask.verl.vr_cluster import (  # verl-free: commands only
         VR_DATA_FILES,
         eval_files,
@@ -218,24 +210,6 @@ def _vr_data_paths(spec: RunSpec) -> list[InputPath]:
                       f"--out {shlex.quote(directory)}")
     paths = [InputPath("data", f"{directory}/{name}", prepare) for name in VR_DATA_FILES.values()]
     return paths + (_prepared(eval_files(spec.config)) if spec.stage == "eval" else [])
-
-
-def skips_old_log_prob_forward(spec: RunSpec) -> bool:
-    """Whether a run skips verl's old-log-prob actor forward: a VeRL training run whose method is anchored on the
-    rollout (:func:`predmask.verl.trainer_hook.skips_old_log_prob`, the rule the trainer hook applies)."""
-    if trainer_of(spec) != "verl" or spec.stage is not None:
-        return False
-    from predmask.methods import method_anchor
-    from predmask.verl.trainer_hook import skips_old_log_prob  # verl-free
-
-    return skips_old_log_prob(method_anchor(spec.config["method"]))
-
-
-def _assumed_share() -> float:
-    """The assumed share of the actor's compute that the skipped forward saves (its one owner, verl-free)."""
-    from predmask.verl.trainer_hook import ASSUMED_OLD_LOG_PROB_SHARE
-
-    return ASSUMED_OLD_LOG_PROB_SHARE
 
 
 def _unique_paths(specs: Sequence[RunSpec]) -> list[tuple[InputPath, int]]:
@@ -267,26 +241,15 @@ def max_parallel(specs: Sequence[RunSpec], given: int | None = None) -> int:
     return value
 
 
-def _planned_steps(spec: RunSpec) -> int | None:
-    """The training steps a VeRL run plans (its model's ``batch.total_steps``); None for any other run."""
-    if trainer_of(spec) != "verl" or spec.stage is not None:
-        return None
-    return int(spec.config["model"]["batch"]["total_steps"])
-
-
 def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str, root: Path | None = None) -> dict[str, Any]:
-    """The plan of a sweep of one cluster as plain data (the ``summary`` of ``--dry-run --format json``).
+    """The plan of a sweep of one cluster as plain data (the ``summary`` of ``--dry-run --format json``, its
+    fields in ``python -m sweeps --help``). ``worst_case_hours_with_skip`` takes the assumed share of the
+    actor's compute off each skipping job's hours: an upper bound on the saving, as if the actor were all of a
+    job's GPU time."""
+    from predmask.methods import method_anchor
+    from predmask.verl.trainer_hook import ASSUMED_OLD_LOG_PROB_SHARE as share  # verl-free
+    from predmask.verl.trainer_hook import skips_old_log_prob
 
-    ``resource`` is ``GPU`` when the jobs ask for GPUs, else ``CPU core``; ``per_node``/``per_job`` count it;
-    ``at_once`` = min(parallel, jobs) x per_job; ``worst_case_hours`` = jobs x per_job x timeout_min / 60 (every
-    job running to its wall-time limit once); ``worst_case_hours_with_requeues`` = that x (1 + max_num_timeout),
-    the bound when every attempt times out and is requeued. ``old_log_prob_skipped`` counts the runs that skip
-    verl's old-log-prob forward and ``worst_case_hours_with_skip`` takes the assumed share of the actor's compute
-    (``predmask.verl.trainer_hook.ASSUMED_OLD_LOG_PROB_SHARE``) off each such job's hours: an upper bound on the
-    saving, as if the actor were all of a job's GPU time (rollout time is not saved). ``expected_hours`` (VeRL
-    training runs only, else None) is an estimate: per job, planned steps x ASSUMED_STEP_MINUTES (at most the
-    requeue bound), times per_job. ``warnings`` are :func:`plan_warnings` (run directories under ``root``).
-    """
     if not specs:
         raise SweepError("the sweep has no runs")
     first = specs[0]
@@ -302,11 +265,13 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str, root: Pat
         resource, per_node = "CPU core", cores * shape.tasks_per_node
     jobs, per_job = len(specs), shape.nodes * per_node
     hours = jobs * per_job * shape.timeout_min / 60
-    skipped = sum(skips_old_log_prob_forward(spec) for spec in specs)
-    steps = [_planned_steps(spec) for spec in specs]
+    trained = [spec for spec in specs if trainer_of(spec) == "verl" and spec.stage is None]  # VeRL training
+    skipped = sum(skips_old_log_prob(method_anchor(spec.config["method"])) for spec in trained)
+    steps = [int(spec.config["model"]["batch"]["total_steps"]) for spec in trained]
     bound_h = shape.timeout_min * (1 + shape.max_num_timeout) / 60
-    expected = (sum(min(n * ASSUMED_STEP_MINUTES / 60, bound_h) for n in steps if n is not None) * per_job
-                if all(n is not None for n in steps) else None)
+    estimated = len(trained) == len(specs)
+    expected = (sum(min(n * ASSUMED_STEP_MINUTES / 60, bound_h) for n in steps) * per_job
+                if estimated else None)
     return {
         "warnings": plan_warnings(specs, root),
         "sweep": first.sweep,
@@ -325,12 +290,12 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str, root: Pat
         "worst_case_hours": hours,
         "max_num_timeout": shape.max_num_timeout,
         "worst_case_hours_with_requeues": hours * (1 + shape.max_num_timeout),
-        "planned_steps": sum(n for n in steps if n is not None) if expected is not None else None,
+        "planned_steps": sum(steps) if estimated else None,
         "assumed_step_minutes": ASSUMED_STEP_MINUTES,
         "expected_hours": expected,
         "old_log_prob_skipped": skipped,
-        "assumed_old_log_prob_share": _assumed_share(),
-        "worst_case_hours_with_skip": hours - skipped * per_job * shape.timeout_min / 60 * _assumed_share(),
+        "assumed_old_log_prob_share": share,
+        "worst_case_hours_with_skip": hours - skipped * per_job * shape.timeout_min / 60 * share,
         "partition": shape.partition,
         "check_paths": bool(cluster.get("check_paths", True)),
         "paths": [{**asdict(item), "exists": item.exists, "runs": runs} for item, runs in _unique_paths(specs)],
