@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import submitit
+from omegaconf import DictConfig, OmegaConf
 from submitit.slurm.slurm import (  # the script renderer, without Slurm detection
     _convert_mem,
     _make_sbatch_string,
@@ -24,13 +25,8 @@ BACKENDS = ("local", "slurm")
 
 def plain_config(cfg: Mapping[str, Any] | Any) -> dict[str, Any]:
     """A plain dict from a mapping or an OmegaConf DictConfig (resolved)."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
     if not isinstance(cfg, Mapping):
         raise TypeError(f"cluster config must be a mapping, got {type(cfg).__name__}")
     return dict(cfg)
@@ -87,12 +83,9 @@ def job_python(cluster_cfg: Mapping[str, Any]) -> str:
 
 
 def setup_lines(cluster_cfg: Mapping[str, Any], env: Mapping[str, str] | None = None) -> list[str]:
-    """The sbatch setup lines of a cluster config, in this order, every value shell-quoted:
-
-    ``module load M`` for each of ``modules``; ``source DIR/bin/activate`` for a virtual environment
-    ``activate: DIR`` or ``conda activate NAME`` (after conda's shell hook) for ``conda: NAME`` (not both);
-    the ``setup`` lines verbatim (trusted site config); ``export NAME=value`` for each entry of its ``env`` and
-    of ``env``."""
+    """The sbatch setup lines of a cluster config, every value shell-quoted: ``module load`` per module, the
+    ``activate`` virtual environment or ``conda`` environment (not both), the ``setup`` lines verbatim
+    (trusted site config), and an ``export`` per entry of its ``env`` and of ``env``."""
     cfg = plain_config(cluster_cfg)
     modules = cfg.get("modules") or []
     if isinstance(modules, str) or not isinstance(modules, Sequence):
@@ -115,9 +108,7 @@ def setup_lines(cluster_cfg: Mapping[str, Any], env: Mapping[str, str] | None = 
 def sbatch_parameters(
     cluster_cfg: Mapping[str, Any], *, name: str | None = None, env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """The keyword arguments of submitit's sbatch script for a Slurm cluster config (submitit's own names:
-    ``job_name``, ``time``, ``nodes``, ``ntasks_per_node``, ``gpus_per_node``, ``cpus_per_task``, ``mem``,
-    ``partition``, ``signal_delay_s``, ``setup``, ``additional_parameters``)."""
+    """The keyword arguments (submitit's names) of submitit's sbatch script for a Slurm cluster config."""
     cfg = plain_config(cluster_cfg)
     shape = job_shape(cfg)
     params: dict[str, Any] = {
@@ -167,15 +158,10 @@ def make_executor(
     name: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> submitit.Executor:
-    """The submitit executor of a cluster config (``conf/cluster/<name>.yaml``).
-
-    ``backend: local`` gives :class:`LocalExecutor` (one process per task on this machine);
-    ``backend: slurm`` gives its Slurm executor with the sbatch parameters of :func:`sbatch_parameters`
-    (``nodes``, ``tasks_per_node``, ``gpus_per_node``, ``cpus_per_task``, ``mem_gb``, ``partition``,
-    ``timeout_min``, ``signal_delay_s``, ``slurm_additional_parameters``, the setup lines of
-    :func:`setup_lines`), ``max_num_timeout`` (requeues after a timeout) and the job interpreter of
-    :func:`job_python`. ``name`` is the Slurm job name; ``env`` adds exports (quoted) to the sbatch script.
-    """
+    """The submitit executor of a cluster config (``conf/cluster/<name>.yaml``): :class:`LocalExecutor` (one
+    process per task on this machine) or submitit's Slurm executor with :func:`sbatch_parameters`,
+    ``max_num_timeout`` requeues and :func:`job_python`; ``name``: the Slurm job name; ``env``: exports added
+    to the sbatch script."""
     cfg = plain_config(cluster_cfg)
     shape = job_shape(cfg)
     if shape.backend == "local":

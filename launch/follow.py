@@ -1,10 +1,7 @@
 """Follow submitted jobs until each has ended, with its result, its error, or dead: a Slurm job that left
 the queue without writing a result (cancelled, killed, node failure) is reported, never waited on forever.
-
-The one submit-and-follow loop of the project: the sweep driver and the token-level study both run their
-jobs through :func:`follow`. Completion is read from submitit's result files and Slurm's own job state
-(``squeue``/``scontrol``), so it works on clusters without accounting (no ``sacct``).
-"""
+Completion is read from submitit's result files and Slurm's own job state (``squeue``/``scontrol``), so it
+works on clusters without accounting (no ``sacct``)."""
 
 from __future__ import annotations
 
@@ -80,18 +77,10 @@ def _ended(key: K, job: submitit.Job[Any]) -> Ended[K]:
         return Ended(key, job, error=one_line(err))
 
 
-class _NoSacctNoise(logging.Filter):
+def _no_sacct_noise(record: logging.LogRecord) -> bool:
     """Drop submitit's repeated "Bypassing sacct error" warnings (clusters without accounting, e.g. the
     emulated one): completion is read from the result files and Slurm's own job state, not from sacct."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Bypassing sacct error" not in record.getMessage()
-
-
-def _quiet_sacct() -> None:
-    log = logging.getLogger("submitit")
-    if not any(isinstance(f, _NoSacctNoise) for f in log.filters):
-        log.addFilter(_NoSacctNoise())
+    return "Bypassing sacct error" not in record.getMessage()
 
 
 def follow(
@@ -105,15 +94,15 @@ def follow(
 ) -> list[Ended[K]]:
     """Follow ``(key, job)`` pairs until every job has ended; returns them in the order they ended.
 
-    ``jobs`` is consumed lazily: a generator that submits as it is pulled is pulled only while fewer than
-    ``max_parallel`` jobs are followed (None: all at once). Every round calls ``on_poll`` with the jobs still
-    followed (for progress), then ``on_end`` for each job that has ended. On Ctrl-C the followed jobs are
-    cancelled (Slurm jobs only when ``cancel_slurm_on_interrupt``: left running, a later call may
-    :func:`rejoin_slurm_job` them) and the KeyboardInterrupt goes on.
-    """
+    ``jobs`` is pulled lazily, only while fewer than ``max_parallel`` jobs are followed (None: all at once).
+    Every round calls ``on_poll`` with the jobs still followed, then ``on_end`` for each job that has ended.
+    On Ctrl-C the followed jobs are cancelled (Slurm jobs only when ``cancel_slurm_on_interrupt``: left
+    running, a later call may :func:`rejoin_slurm_job` them) and the KeyboardInterrupt goes on."""
     if max_parallel is not None and max_parallel < 1:
         raise ValueError(f"max_parallel must be >= 1 or None, got {max_parallel}")
-    _quiet_sacct()
+    log = logging.getLogger("submitit")
+    if _no_sacct_noise not in log.filters:
+        log.addFilter(_no_sacct_noise)
     source: Iterator[tuple[K, submitit.Job[Any]]] = iter(jobs)
     active: dict[K, submitit.Job[Any]] = {}
     ended: list[Ended[K]] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -43,18 +44,14 @@ def terminate_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
 
 def kill_group(pgid: int, sig: int) -> None:
     """Send ``sig`` to a process group; nothing when it is gone or not ours."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def kill_pid(pid: int, sig: int) -> None:
     """Send ``sig`` to a process; nothing when it is gone or not ours."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def pids_using_dir(path: str) -> list[int]:

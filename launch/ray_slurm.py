@@ -1,10 +1,8 @@
 """Ray inside a Slurm allocation: the ``ray:`` options of a cluster config, what a task knows about its job,
 one ``ray start --block`` node of ours (start, wait, stop), and the wait for the whole cluster.
 
-Several emulated nodes may share one host (``scripts/slurm-emulated.sh``): each Ray node therefore gets its
-own temp dir (Ray's unix sockets live there), its own worker-port range and free ports for the head's
-servers; node names that DNS does not know are resolved through ``scontrol show node``
-(:func:`launch.slurm.node_address`).
+Several emulated nodes may share one host: each Ray node therefore gets its own temp dir (Ray's unix sockets
+live there), its own worker-port range and free ports for the head's servers.
 """
 
 from __future__ import annotations
@@ -197,11 +195,10 @@ class RayNode:
             proc = subprocess.Popen(
                 args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
-        node = cls(proc=proc, temp_dir=ctx.temp_dir, log_path=log_path, stop_timeout_s=opts.stop_timeout_s)
-        return node
+        return cls(proc=proc, temp_dir=ctx.temp_dir, log_path=log_path, stop_timeout_s=opts.stop_timeout_s)
 
     def wait_listening(self, ip: str, port: int, timeout_s: float) -> None:
-        """Return once this (head) node accepts connections on ``ip:port``; raise if it exits or times out."""
+        """Return once this head node accepts connections on ``ip:port``; raise if it exits or times out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -261,11 +258,8 @@ ray.shutdown()
 def wait_for_cluster(
     address: str, want_nodes: int, want_gpus: float, timeout_s: float, log_dir: Path | None = None
 ) -> dict[str, Any]:
-    """Wait until the Ray cluster at ``address`` has ``want_nodes`` alive nodes and ``want_gpus`` GPUs.
-
-    Connects from a short-lived subprocess (so the caller never becomes a Ray driver). Returns
-    ``{"nodes": n, "gpus": g, "ok": True}``; raises :class:`RayClusterError` naming both counts otherwise.
-    """
+    """Wait until the Ray cluster at ``address`` has ``want_nodes`` alive nodes and ``want_gpus`` GPUs, asking
+    from a short-lived subprocess (the caller never becomes a Ray driver); else :class:`RayClusterError`."""
     env = {**os.environ, **RAY_DEFAULT_ENV}
     env.pop("RAY_ADDRESS", None)
     args = [sys.executable, "-c", _PROBE, address, str(want_nodes), str(want_gpus), str(timeout_s)]

@@ -6,6 +6,7 @@ controller directly, so they work with or without accounting.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -20,25 +21,18 @@ class NodeAddressError(RuntimeError):
     """A Slurm node name that neither DNS nor ``scontrol show node`` resolves to an address."""
 
 
-def slurm_job_state(job_id: str) -> str:
-    """Slurm state of a job (``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...) without accounting.
+def _ask(*argv: str, timeout: int = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
 
-    Asks ``squeue``, then ``scontrol show job`` (which remembers ended jobs for MinJobAge seconds);
-    ``UNKNOWN`` when Slurm no longer knows the job.
-    """
-    out = subprocess.run(
-        ["squeue", "-h", "-j", str(job_id), "-o", "%T"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+
+def slurm_job_state(job_id: str) -> str:
+    """Slurm state of a job without accounting: ``squeue``'s, else ``scontrol show job``'s (which remembers
+    ended jobs for MinJobAge seconds), else ``UNKNOWN``."""
+    out = _ask("squeue", "-h", "-j", str(job_id), "-o", "%T")
     states = out.stdout.split()
     if out.returncode == 0 and states:
         return states[0]
-    out = subprocess.run(
-        ["scontrol", "show", "job", str(job_id)], capture_output=True, text=True, timeout=60, check=False
-    )
+    out = _ask("scontrol", "show", "job", str(job_id))
     match = re.search(r"\bJobState=(\S+)", out.stdout)
     return match.group(1) if match else "UNKNOWN"
 
@@ -46,22 +40,16 @@ def slurm_job_state(job_id: str) -> str:
 def node_address(node_name: str) -> str:
     """IPv4 address of a Slurm node: DNS/hosts first, else the NodeAddr that ``scontrol show node`` reports
     (emulated clusters name their nodes node1..node4 while they all live on one host)."""
-    try:
+    with contextlib.suppress(OSError):
         return socket.gethostbyname(node_name)
-    except OSError:
-        pass
     try:
-        out = subprocess.run(
-            ["scontrol", "show", "node", node_name], capture_output=True, text=True, timeout=30, check=False
-        ).stdout
+        out = _ask("scontrol", "show", "node", node_name, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     match = re.search(r"\bNodeAddr=(\S+)", out)
     if match:
-        try:
+        with contextlib.suppress(OSError):
             return socket.gethostbyname(match.group(1))
-        except OSError:
-            pass
     raise NodeAddressError(
         f"cannot resolve node {node_name!r}: not in DNS/hosts and no usable NodeAddr from scontrol"
     )

@@ -1,20 +1,16 @@
-"""A warm worker for local runs: one process imports the CPU engine once and forks a child per run, so the runs of a
-local sweep skip the seconds of imports that each ``python -m predmask.rl.train`` pays.
+"""A warm worker for local runs: one process imports the CPU engine once and forks a child per run, so the
+runs of a local sweep skip the seconds of imports that each ``python -m predmask.rl.train`` pays.
 
-``local_worker(root, preload)`` starts ``python -m launch.warm_worker SOCKET ROOT MODULE...`` (a session of its own, its
-socket in a private temporary folder) for the length of a sweep; :class:`~launch.command_job.CommandJob` hands a
-command ``<this python> -m MODULE ARGS`` to it when its environment names the socket (``PREDMASK_WORKER``). Per run
-the worker forks a watcher, which forks the run's child and reports its pid and then its exit status (negative: the
-signal that ended it, as ``subprocess`` reports it). The child runs exactly what ``python -m MODULE ARGS`` runs
-(``runpy``, ``sys.argv``, ``sys.path[0]``) in a session of its own, in the job's working directory, with the job's
-environment and its stdin, stdout and stderr (the file descriptors themselves, passed over the socket): a killed
-child is a killed trainer, which resumes as any run does. The worker never runs torch work itself (a fork after
-parallel work is unsafe); each child sets its own threads. ROOT (the runs root) is in every child's command line,
-so ``launch.procs.pids_using_dir(ROOT)`` finds them. The worker exits when its stdin closes (the sweep ended or
-died); a command the worker cannot take (no worker, another interpreter) runs as its own process, and a run whose
-watcher died without its exit status (its worker was killed) is stopped and marked ``lost``: the job runs it again
-as its own process, which resumes from the run's checkpoints.
-"""
+:func:`local_worker` starts ``python -m launch.warm_worker SOCKET ROOT MODULE...`` (its own session, the
+socket in a private temporary folder) for the length of a sweep; a CommandJob whose environment names the
+socket (``PREDMASK_WORKER``) hands it a command ``<this python> -m MODULE ARGS``. Per run the worker forks a
+watcher, which forks the run's child and reports its pid, then its exit status. The child runs what
+``python -m MODULE ARGS`` runs, in a session of its own, with the job's directory, environment and file
+descriptors (passed over the socket): a killed child is a killed trainer, which resumes as any run does. The
+worker itself never runs torch work (a fork after parallel work is unsafe). ROOT is in every child's command
+line, so ``launch.procs.pids_using_dir(ROOT)`` finds them. The worker exits when its stdin closes; a run whose
+watcher died without its exit status is stopped and marked ``lost``, and the job runs it again as its own
+process."""
 
 from __future__ import annotations
 
