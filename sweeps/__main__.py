@@ -121,16 +121,9 @@ Qwen3-architecture models, a synthetic task, emulated bf16/FP8 precision.
 """
 
 
-def _db_path(arg: str | None) -> Path:
-    from analysis.store import default_db_path
-
-    return Path(arg) if arg else default_db_path()
-
-
 def _ingest(db: Path, path: Path) -> str | None:
-    """Ingest one finished run (the sweep process is the database's only writer; ingest builds the run's row from
-    its directory, job id and status included); returns why the store refused the run directory, else None.
-    Raises StoreError when the database cannot be written now."""
+    """Ingest one finished run (the sweep process is the database's only writer); returns why the store
+    refused the run directory, else None."""
     from analysis.store import connect, ingest_run_dir
 
     with connect(db) as con:
@@ -139,8 +132,8 @@ def _ingest(db: Path, path: Path) -> str | None:
 
 
 def storage_cause(err: BaseException) -> str:
-    """One line for a storage error: a StoreError's own line, else the error's type and first line (a DuckDB
-    ``TransactionException`` or ``IOException`` on a full disk, an OSError's strerror and file)."""
+    """One line for a storage error: a StoreError's own line, an OSError's strerror and file, else the error's
+    type and first line (a DuckDB error on a full disk)."""
     from analysis.store import StoreError
 
     if isinstance(err, StoreError):
@@ -153,9 +146,8 @@ def storage_cause(err: BaseException) -> str:
 
 class Ingester:
     """Ingests each finished run as it ends; a run whose ingest fails on storage (the database held by another
-    process for longer than the store waits, a full disk, a read-only file, a DuckDB transaction error) is deferred,
-    not fatal: the sweep goes on and :meth:`catch_up` tries it again. A run directory the store cannot read (a
-    damaged file) is reported, not deferred, and the sweep goes on."""
+    process, a full disk, a read-only file) is deferred and :meth:`catch_up` tries it again; a run directory
+    the store cannot read (a damaged file) is reported, not deferred."""
 
     def __init__(self, db: Path, catch_up_hint: str) -> None:
         self.db, self.hint = db, catch_up_hint
@@ -239,9 +231,8 @@ def cmd_dry_run(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> i
 
 
 def elsewhere_line(args: argparse.Namespace, specs: list[RunSpec], root: Path) -> str | None:
-    """A warning when runs this sweep would start over under a runs root it found (not one named by --runs-root or
-    $PREDMASK_RUNS) have finished under another root of the project (``predmask.rundir.other_roots``): where, and
-    the command that uses them."""
+    """A warning when runs this sweep would start over under a runs root it found (not named by --runs-root or
+    $PREDMASK_RUNS) have finished under another root of the project: where, and the command that uses them."""
     found = None if args.runs_root or os.environ.get(RUNS_ENV) else finished_elsewhere(specs, root, other_roots())
     if found is None:
         return None
@@ -252,7 +243,7 @@ def elsewhere_line(args: argparse.Namespace, specs: list[RunSpec], root: Path) -
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from analysis.store import check_db_path
+    from analysis.store import check_db_path, default_db_path
     from sweeps.plan import check_paths, max_parallel, plan_warnings, refuse_warnings, warning_lines
     from sweeps.submit import backend_of, run_sweep, run_waves, validate_runs
 
@@ -283,7 +274,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     for line in warning_lines(warnings):
         console.print(line)
     check_paths(specs)
-    db = _db_path(args.db)
+    db = Path(args.db) if args.db else default_db_path()
     check_db_path(db)  # before the first run starts, not when it ends
     backend = backend_of(specs[0])
     parallel = max_parallel(specs, args.max_parallel)
@@ -327,7 +318,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def _target_text(sweep: str) -> str:
-    """`` (target <= N min on 2 cores)`` for a sweep file that sets ``target_minutes``, else nothing."""
+    """`` (target <= N min on 2 cores)`` for a sweep file that sets ``target_minutes``."""
     from predmask.config import group_entry
 
     target = group_entry("sweep", sweep).get("target_minutes")
@@ -376,8 +367,8 @@ STATUS_COLUMNS = ("sweep", "run_id", "method", "model", "precision", "delta", "s
 
 
 def table_lines(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A plain text table: the title, the header, a rule, one line per row, each cell padded to its column's widest
-    and split by ``│``; cells are printed as they are (no markup), and 10,000 rows take milliseconds."""
+    """A plain text table (no markup, so 10,000 rows take milliseconds): the title, the header, a rule, a line
+    per row."""
     widths = [max(map(len, column)) for column in zip(header, *rows, strict=True)]
 
     def line(cells: Sequence[str]) -> str:
@@ -436,8 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _hang_up(signum: int, frame: object) -> None:
-    """The terminal closed (SIGHUP): stop as on Ctrl-C. The local jobs' controllers run in sessions of their own
-    (``launch.local_controller``) and never see the terminal's signals: the sweep cancels them."""
+    """The terminal closed (SIGHUP): stop as on Ctrl-C (the local jobs' controllers, in sessions of their own,
+    never see the terminal's signals: the sweep cancels them)."""
     raise KeyboardInterrupt
 
 

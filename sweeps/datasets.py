@@ -8,8 +8,7 @@ format: ``data_source``, ``prompt`` (chat messages), ``ability``, ``reward_model
 :func:`predmask.verl.reward.reward_score`), so the validation metrics are ``val-core/aime24/acc/mean@16`` and
 ``val-core/aime25/acc/mean@16``. Nothing here imports verl.
 
-Sources: local files (``--train-file``, ``--aime24-file``, ``--aime25-file``: .parquet, .jsonl or .json) or, for
-any set without a local file, the Hugging Face hub (``datasets`` is imported only then; cluster use).
+Sources: local files (.parquet, .jsonl or .json) or, for any set without one, the Hugging Face hub.
 
 Training filter (the paper says "a filtered version of DAPO-Math-17k ... about 13k"; its exact filter is not
 published, so this is ours, with the count printed after every stage):
@@ -18,19 +17,15 @@ published, so this is ours, with the count printed after every stage):
 3. non-English problems are dropped (any CJK / kana / hangul / full-width character);
 4. the ground truth must be an integer (DAPO-Math's answers are integers by construction);
 5. optionally ``--max-problem-chars N`` drops long problems.
-Stages 1-4 should give about 14.1k problems on the public release (open-r1's deduplicated English subset of it has
-about that many; not checked here: no network); ``--max-problem-chars`` is the knob to bring it towards the
-paper's ~13k. Check the printed counts (and manifest.json) on the cluster.
+Stages 1-4 should give about 14.1k problems on the public release; ``--max-problem-chars`` brings it towards
+the paper's ~13k (check the printed counts and manifest.json on the cluster).
 
 Every problem (training and evaluation) is re-wrapped in one prompt template (:data:`PROMPT_TEMPLATE`) so that
 training and evaluation prompts agree; DAPO-formatted prompts are unwrapped first (:func:`unwrap_problem`).
 
-``--family variational`` prepares the variational family's data instead (:func:`prepare_variational`): a local copy
-of Bespoke-Stratos-17k (``--bespoke-file``: a .parquet/.jsonl/.json file or a directory of them, e.g. the hub's
-``data/`` shards; never downloaded here), each row's assistant turn split into its thought and solution by the
-dataset's markers, written as the SFT parquet files of ``predmask.verl.vr_cluster.VR_DATA_FILES`` with the prompt
-templates of conf/prompt/ (reasoning: pi_theta0 and the final model; hint: q_phi). A malformed row is reported in
-one line and left out; nothing is written unless every file can be.
+``--family variational`` prepares the variational family's SFT files from a local copy of Bespoke-Stratos-17k
+instead (:func:`prepare_variational`; never downloaded here): each row's assistant turn split into its thought
+and solution, with the prompt templates of conf/prompt/; a malformed row is reported in one line and left out.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,16 +136,12 @@ def extract_problem(row: Mapping[str, Any]) -> Problem:
     return Problem(text, "" if answer is None else canonical_answer(answer), "" if source_id is None else str(source_id))
 
 
-def _dedupe_key(problem: str) -> str:
-    return " ".join(problem.split()).casefold()
-
-
 def dedupe(problems: Iterable[Problem]) -> list[Problem]:
     """First occurrence of each problem (whitespace-collapsed, case-folded text)."""
     seen: set[str] = set()
     out = []
     for p in problems:
-        key = _dedupe_key(p.problem)
+        key = " ".join(p.problem.split()).casefold()
         if key not in seen:
             seen.add(key)
             out.append(p)
@@ -195,21 +186,12 @@ def to_rlhf_rows(problems: Sequence[Problem], *, data_source: str, split: str) -
 def _parquet_schema() -> Any:
     import pyarrow as pa
 
-    return pa.schema(
-        [
-            ("data_source", pa.string()),
-            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-            ("ability", pa.string()),
-            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-            (
-                "extra_info",
-                pa.struct(
-                    [("index", pa.int64()), ("split", pa.string()), ("raw_problem", pa.string()),
-                     ("source_id", pa.string())]
-                ),
-            ),
-        ]
-    )
+    chat = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    reward = pa.struct([("style", pa.string()), ("ground_truth", pa.string())])
+    extra = pa.struct([("index", pa.int64()), ("split", pa.string()), ("raw_problem", pa.string()),
+                       ("source_id", pa.string())])
+    return pa.schema([("data_source", pa.string()), ("prompt", chat), ("ability", pa.string()),
+                      ("reward_model", reward), ("extra_info", extra)])
 
 
 def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path, schema: Any = None) -> None:
@@ -251,15 +233,6 @@ def hub_rows(name: str, split: str) -> Iterator[dict[str, Any]]:
     yield from load_dataset(name, split=split)
 
 
-RowSource = Callable[[], Iterable[Mapping[str, Any]]]
-
-
-def _source(local: Path | None, hub: tuple[str, str]) -> tuple[RowSource, str]:
-    if local is not None:
-        return (lambda: read_rows(local)), str(local)
-    return (lambda: hub_rows(*hub)), f"hf://{hub[0]}[{hub[1]}]"
-
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -278,8 +251,10 @@ def prepare(
     locals_ = {"train": train_file, "aime24": aime24_file, "aime25": aime25_file}
     manifest: dict[str, Any] = {"template": PROMPT_TEMPLATE, "sets": {}}
     for key in ("train", "aime24", "aime25"):
-        load, origin = _source(locals_[key], hub[key])
-        problems = [extract_problem(row) for row in load()]
+        local = locals_[key]
+        origin = str(local) if local is not None else f"hf://{hub[key][0]}[{hub[key][1]}]"
+        rows = read_rows(local) if local is not None else hub_rows(*hub[key])
+        problems = [extract_problem(row) for row in rows]
         if key == "train":
             kept, report = filter_train(problems, max_problem_chars=max_problem_chars)
             stages = report.stages

@@ -27,7 +27,7 @@ def expand(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]:
 
 
 def describe(specs: Sequence[RunSpec]) -> str:
-    """How many runs a sweep has, in its family's terms (cells x seeds, or runs per stage)."""
+    """How many runs a sweep has, in its family's terms."""
     if any(spec.stage is not None for spec in specs):
         return describe_chain(specs)
     return describe_grid(specs)

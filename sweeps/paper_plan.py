@@ -36,8 +36,7 @@ class Estimate:
     basis: str
 
 
-#: the one table of step times (minutes on MEASURED_ON), keyed by the step's command (predmask.command_text owns the
-#: commands and their order); a rerun skips finished work, so these are the times from nothing done.
+#: the one table of step times from nothing done (minutes on MEASURED_ON), keyed by the step's command
 ESTIMATES: dict[str, Estimate] = {
     MAIN_COMPARISON: Estimate(27.1, True, "48 runs, the three base models' pretraining included"),
     TIGHT_THRESHOLD: Estimate(20.0, False, "36 runs at main_comparison's time per run, base models cached"),
@@ -54,7 +53,6 @@ STANDINS_ENV = "PREDMASK_PAPER_STANDINS"
 
 
 def resume_command() -> str:
-    """The command that reruns (and so resumes) the whole plan."""
     return sweep_command("paper")
 
 
@@ -103,8 +101,8 @@ def _wait(proc: subprocess.Popen[bytes]) -> int:
 
 
 def run_plan(dry_run: bool = False) -> int:
-    """Print the plan; unless ``dry_run``, run its steps one by one. Returns the exit status: 0, the first failing
-    step's (128 + signal when a signal ended it), or 130 on Ctrl-C."""
+    """Print the plan; unless ``dry_run``, run its steps one by one. Returns 0, the first failing step's exit
+    status (128 + signal when a signal ended it), or 130 on Ctrl-C."""
     print("\n".join(plan_lines()), flush=True)
     if dry_run:
         print(f"dry run: nothing ran; {resume_command()} runs these steps", flush=True)
