@@ -59,6 +59,16 @@ def target_line(row: dict[str, Any]) -> str:
     return f"{'PASS' if row['pass'] else 'FAIL'} {row['target']}: {row['value']:.3f} (limit {row['limit']})"
 
 
+def verdict(r: dict[str, Any], complete: bool, what: str) -> int:
+    """Print the target's line; 1 when the measured command failed or left work undone (one FAIL line) or the
+    target was missed."""
+    print(target_line(r["target"]))
+    if r["returncode"] or not complete:
+        print(f"FAIL {what} exited {r['returncode']} {r['stderr']}")
+        return 1
+    return 0 if r["target"]["pass"] else 1
+
+
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
 
@@ -369,11 +379,7 @@ def run_ingest(args: argparse.Namespace) -> int:
     print(f"metrics.jsonl: {r['lines']:,} lines x {r['metrics']} values, {r['file_bytes'] / 1e6:.0f} MB")
     print(f"ingest: {r['wall_s']:.1f} s wall, peak memory {r['peak_bytes'] / (1 << 20):.0f} MiB, "
           f"{r['rows_stored']:,} of {r['rows_expected']:,} rows stored")
-    print(target_line(r["target"]))
-    if r["returncode"] or r["rows_stored"] != r["rows_expected"]:
-        print(f"FAIL the ingest exited {r['returncode']} {r['stderr']}")
-        return 1
-    return 0 if r["target"]["pass"] else 1
+    return verdict(r, r["rows_stored"] == r["rows_expected"], "the ingest")
 
 
 def status_options(p: argparse.ArgumentParser) -> None:
@@ -388,11 +394,7 @@ def run_status(args: argparse.Namespace) -> int:
         r = status_bench.measure(root, args.runs)
     print(f"python -m sweeps status: {r['runs']:,} runs in {r['wall_s']:.1f} s wall ({r['ms_per_run']:.2f} ms a run), "
           f"{r['cpu_s']:.1f} s CPU, {r['rows']:,} rows shown; load average {r['load']:.1f} on {r['cores']} cores")
-    print(target_line(r["target"]))
-    if r["returncode"] or r["rows"] != r["runs"]:
-        print(f"FAIL status exited {r['returncode']} {r['stderr']}")
-        return 1
-    return 0 if r["target"]["pass"] else 1
+    return verdict(r, r["rows"] == r["runs"], "status")
 
 
 #: sub-command: (one line of help, the module that measures, its options, its run)

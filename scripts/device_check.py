@@ -1,23 +1,19 @@
-"""The device check: the whole loss of DPPO-TopK-KL and the predictive masks at Qwen3 scale on one GPU, through
-``scripts/benchmark.py loss`` (time ratio, peak memory against the logits, bf16 closed forms against float64);
-then what skipping verl's old-log-prob forward saves on a small model (:func:`old_log_prob_share`).
+"""The device check: the whole loss of DPPO-TopK-KL and the predictive masks at Qwen3 scale on one GPU,
+through ``scripts/benchmark.py loss`` (time ratio, peak memory against the logits, bf16 closed forms against
+float64); then what skipping verl's old-log-prob forward saves on a small model (:func:`old_log_prob_share`).
 
     python scripts/device_check.py [--out DIR] [any option of scripts/benchmark.py loss, e.g. --device cpu --tokens 256 --vocab 4096]
     python scripts/device_check.py --cpu      # the CPU fallback: small sizes, a tiny model, under a minute or two
 
-The old-log-prob saving: a randomly initialised causal LM of Qwen3-0.6B's shape (:data:`SMALL_QWEN3`; on CPU a
-tiny one, :data:`TINY`), built from its config with transformers (nothing downloaded), over one batch of
-:data:`OLP_BATCH` sequences: the time of verl's old-log-prob forward (no gradient; log-probs of the batch's tokens
-and the entropy) against the update's forward + backward of the same tokens, plain and with gradient checkpointing;
-``share`` = forward / (forward + update) is the part of the actor's compute per step that a rollout-anchored method
-saves, printed beside the assumption the dry-run's estimate uses (``predmask.verl.trainer_hook.ASSUMED_OLD_LOG_PROB_SHARE``).
+The old-log-prob saving: a randomly initialised Qwen3-0.6B-shaped causal LM (on CPU a tiny one; nothing
+downloaded) over one batch: the time of verl's old-log-prob forward (no gradient) against the update's forward
++ backward of the same tokens, plain and with gradient checkpointing; ``share`` = forward / (forward + update)
+is what a rollout-anchored method saves of the actor's compute, printed beside the dry-run's assumption.
 
-Defaults: CUDA, bf16 logits, 8,192, 32,768 and 65,536 tokens, Qwen3's vocabulary of 151,936, K = 20; the output
-directory is ``--out``, else ``$OUT``, else ``results/device_check``. Needs torch only (no verl, vLLM, Ray or
-network), and transformers for the saving. Before measuring it checks that the largest size fits the GPU and says so
-in one line when it does not. Output: bench.txt / bench.json and old_log_prob.json in the output directory.
-Exit status: 0 all loss targets met, 1 a target failed, 2 the machine cannot run the check.
-"""
+Defaults: CUDA, bf16 logits, 8,192, 32,768 and 65,536 tokens, Qwen3's vocabulary, K = 20; output (bench.txt,
+bench.json, old_log_prob.json) in ``--out``, else ``$OUT``, else ``results/device_check``. Needs torch (and
+transformers for the saving) only. Exit status: 0 all loss targets met, 1 a target failed, 2 the machine
+cannot run the check (the largest size does not fit the GPU: one line)."""
 
 from __future__ import annotations
 
@@ -103,8 +99,8 @@ def _median_seconds(fn: Callable[[], None], device: torch.device, repeats: int) 
 
 
 def old_log_prob_share(device: str, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
-    """What skipping the old-log-prob forward saves: seconds of the forward and of the update, plain and with
-    gradient checkpointing, and ``share`` = forward / (forward + update) for each (see the module docstring)."""
+    """What skipping the old-log-prob forward saves (module docstring), plain and with gradient checkpointing.
+    """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     dev = torch.device(device)
@@ -146,7 +142,6 @@ def old_log_prob_share(device: str, repeats: int = 5, seed: int = 0) -> dict[str
 
 
 def saving_lines(r: dict[str, Any]) -> list[str]:
-    """The saving as printed lines."""
     lines = [(f"old-log-prob forward vs update on a {r['parameters'] / 1e6:,.1f}M-parameter Qwen3-shaped model, "
               f"{r['sequences']} x {r['tokens_each']} tokens, {r['dtype']} on {r['device']} "
               f"(median of {r['repeats']})")]

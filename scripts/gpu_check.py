@@ -1,23 +1,18 @@
 """One-GPU check of the VeRL top-K path: vLLM rollout (logprobs=20) -> support -> every method's loss -> mask stats.
 
-For a real cluster node: needs a CUDA GPU, vllm, and a small causal LM on local disk (``--model PATH``, e.g. a
-download of Qwen3-0.6B-Base; nothing is fetched from the hub); runs in well under 5 minutes. It exercises the same
-pieces the VeRL plugin uses on the cluster: ``predmask.verl.records.parse_vllm_logprobs`` on vLLM's real
-``CompletionOutput.logprobs``, the packed alignment (``predmask.verl.packing``) and the support gather
-(``predmask.verl.gather``) on a transformers forward of the same model, GRPO advantages
-(``predmask.rl.algo.grpo_advantages``), and ``predmask.policy_loss`` for every method. None of these imports verl: the
-script needs torch, transformers, vllm and predmask only. Printed per method: loss, clip fraction, fraction outside
-the trust region, D mean/max, direction disagreements, tail clamps; and the largest gap between the sampled token's
-log-prob from the support gather and from a direct log-softmax of the same logits (the alignment check).
+For a real cluster node: needs a CUDA GPU, vllm, and a small causal LM on local disk (``--model PATH``, e.g.
+Qwen3-0.6B-Base; nothing is fetched from the hub); well under 5 minutes. It exercises the pieces the VeRL
+plugin uses on the cluster (vLLM's real logprobs parsed into records, the packed alignment and support gather
+on a transformers forward of the same model, GRPO advantages, every method's loss) without importing verl, and
+prints per method the loss and mask metrics and the largest gap between the sampled token's log-prob from the
+support gather and from a direct log-softmax of the same logits (the alignment check).
 
     python scripts/gpu_check.py --model PATH [--k 20] [--prompts 8] [--samples 4] [--max-tokens 256]
 
-Exit status: 0 when every gradient is finite and both checks hold (``pi_sampled_gap`` at most
-``PI_SAMPLED_GAP_MAX``, the step-0 mean divergence between vLLM and training at most ``STEP0_DIVERGENCE_MEAN_MAX``),
-1 with one line naming what failed, 2 when the machine or the model path cannot run the check.
-The non-GPU parts (everything but :func:`rollout` and :func:`training_logits`) are tested on CPU with a tiny
-transformers model and mock vLLM outputs (tests/verl/test_verl_gpu_check.py).
-"""
+Exit status: 0 when every gradient is finite and both checks hold (``PI_SAMPLED_GAP_MAX``,
+``STEP0_DIVERGENCE_MEAN_MAX``), 1 with one line naming what failed, 2 when the machine or the model path
+cannot run the check. All but :func:`rollout` and :func:`training_logits` is tested on CPU
+(tests/verl/test_verl_gpu_check.py)."""
 
 from __future__ import annotations
 
@@ -70,16 +65,15 @@ PROMPTS: tuple[tuple[str, str], ...] = (
 #: read from (an off-by-one between the packed alignment's two index routes) gives gaps of order 1
 PI_SAMPLED_GAP_MAX = 1e-3
 #: largest mean top-K KL D(mu, pi) over response tokens allowed at step 0 (the DPPO-TopK-KL row): vLLM and the
-#: training forward hold the same weights, so D measures only the two engines' bf16 numerics, which should leave
-#: nearly every token far inside the trust region (the project's bf16 regime: at most 2% of tokens beyond
-#: delta = 0.15); a setup mismatch (another rollout temperature or logprobs mode, another tokenizer or revision of
-#: the model, a misaligned support) is expected to give mean D of order 0.1 or more. Not yet calibrated on a device.
+#: training forward hold the same weights, so D measures only the two engines' bf16 numerics, while a setup
+#: mismatch (another temperature, logprobs mode, tokenizer or model revision, a misaligned support) is
+#: expected to give mean D of order 0.1 or more. Not yet calibrated on a device.
 STEP0_DIVERGENCE_MEAN_MAX = 0.01
 #: the method whose row carries the step-0 divergence (top-K KL, the same D for every KL method on the top-K support)
 DIVERGENCE_ROW = "dppo_topk_kl"
 
 
-#: the columns :func:`print_rows` shows (metric names are shown without their ``actor/...`` prefix)
+#: the columns :func:`print_rows` shows (without their ``actor/...`` prefix)
 PRINTED: tuple[str, ...] = (
     "method", "loss", CLIPFRAC, MASK_OUTSIDE_FRAC, MASK_DIVERGENCE_MEAN, MASK_DIVERGENCE_MAX, MASK_DIRECTION_DISAGREE,
     MASK_MU_TAIL_CLAMPED, MASK_PI_TAIL_CLAMPED, PPO_KL, MASK_PI_SAMPLED_GAP, "grad_finite",
@@ -162,8 +156,8 @@ def build_batch(
 
 
 def method_rows(batch: CheckBatch, delta: float) -> list[dict[str, float | str]]:
-    """Every method's loss and metrics on the batch (predmask.policy_loss, anchored on the rollout), keyed by the
-    metric names of ``predmask.metrics`` plus ``method``, ``loss`` and ``grad_finite``."""
+    """Every method's loss and metrics on the batch (anchored on the rollout), keyed by metric name plus
+    ``method``, ``loss`` and ``grad_finite``."""
     rows: list[dict[str, float | str]] = []
     mask = batch.response_mask.bool()
     gap = (batch.support.sampled_logprob(batch.pi_logprobs) - batch.log_prob).abs()[mask]
@@ -187,7 +181,7 @@ def method_rows(batch: CheckBatch, delta: float) -> list[dict[str, float | str]]
 
 
 def print_rows(rows: Sequence[dict[str, float | str]], width: int | None = None) -> None:
-    """A rich table of :func:`method_rows` (``width``: console width, default the terminal's)."""
+    """A rich table of :func:`method_rows` (``width``: the console's, default the terminal's)."""
     from rich.console import Console
     from rich.table import Table
 
