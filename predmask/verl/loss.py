@@ -6,32 +6,17 @@ tensors only; the rollout's top-K support reaches the loss through :func:`rollou
 :class:`predmask.verl.topk_loss.TopKPolicyLoss` sets around verl's ``ppo_loss``. Imports no verl: verl's
 ``core_algos`` module is passed to :func:`register_all` by the plugin's hook.
 
-Where the method parameters come from (verl's keys keep verl's meaning; predmask's own travel under ``predmask.*``,
-:mod:`predmask.verl.settings`):
-
-==================  =========================================  ===============================================
-predmask parameter  key                                        note
-==================  =========================================  ===============================================
-delta               ``predmask.delta``                         the divergence methods' trust-region threshold
-ratio_cap           ``predmask.ratio_cap``                     c in ``-A sg(min(r, c)) keep log pi``
-anchor              ``predmask.anchor``                        ``old``: verl's ``old_log_prob`` (recomputed pi_old);
-                                                               ``rollout``: log mu_k from the top-K records
-support             ``predmask.support``                       the top-K methods' support (default: TopK ∪ {k})
-eps_low, eps_high   verl's ``actor.clip_ratio_low`` / ``_high``  grpo_clip_higher's PPO clip range, verl's meaning
-loss_agg_mode       verl's ``actor.loss_agg_mode``             passed by verl as an argument
-vocab_size          the logits' width, else ``model.hf_config.vocab_size``  for the uniform tail
-==================  =========================================  ===============================================
-
-The anchor defaults to the method's (``Method.default_anchor``: ``old`` for grpo_clip_higher, as verl's GRPO;
-``rollout`` for the divergence methods, as the paper). Inside a :func:`loss_statistics` block every call also
-hands its micro-batch's metrics, with the count ``actor/mask/adv_tokens`` that weights the clip fractions, to the
-block's sink (:mod:`predmask.verl.loss_stats` writes them).
+The method parameters come from predmask's own keys (:mod:`predmask.verl.settings`) and, for
+grpo_clip_higher's PPO clip range and the aggregation mode, from verl's own (docs/verl-plugin.md, "The
+losses"). Inside a :func:`loss_statistics` block every call also hands its micro-batch's metrics, with the
+count ``actor/mask/adv_tokens`` that weights the clip fractions, to the block's sink
+(:mod:`predmask.verl.loss_stats`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import ModuleType
@@ -44,6 +29,7 @@ from predmask.methods import METHODS, Method, MethodParams, get_method
 from predmask.methods import policy_loss as predmask_policy_loss
 from predmask.metrics import MASK_ADV_TOKENS, MASK_PI_SAMPLED_GAP
 from predmask.support import TopKSupport
+from predmask.verl.overrides import config_get
 from predmask.verl.settings import PluginSettings, current_settings
 
 #: metrics added on top of ``predmask.policy_loss``'s: the largest |pi_k from the support gather - verl's
@@ -72,48 +58,31 @@ class RolloutSupport:
 
 
 _CURRENT: ContextVar[RolloutSupport | None] = ContextVar("predmask_rollout_support", default=None)
-
-
-@contextmanager
-def rollout_support(batch: RolloutSupport | None) -> Iterator[RolloutSupport | None]:
-    """Make ``batch`` visible to the registered losses for the duration of the block."""
-    token = _CURRENT.set(batch)
-    try:
-        yield batch
-    finally:
-        _CURRENT.reset(token)
-
-
-def current_rollout_support() -> RolloutSupport | None:
-    """The support set by the innermost :func:`rollout_support` block, or None."""
-    return _CURRENT.get()
-
-
 StatsSink = Callable[[dict[str, float]], None]
 _STATS: ContextVar[StatsSink | None] = ContextVar("predmask_loss_statistics", default=None)
 
 
 @contextmanager
-def loss_statistics(sink: StatsSink | None) -> Iterator[None]:
-    """Every predmask loss called in the block passes its micro-batch's metrics to ``sink`` (None: nowhere)."""
-    token = _STATS.set(sink)
+def _bound(var: ContextVar[Any], value: Any) -> Iterator[Any]:
+    token = var.set(value)
     try:
-        yield
+        yield value
     finally:
-        _STATS.reset(token)
+        var.reset(token)
 
 
-def _config_value(config: Any, key: str, default: Any = None) -> Any:
-    getter = getattr(config, "get", None)
-    if callable(getter):
-        return getter(key, default)
-    return getattr(config, key, default)
+def rollout_support(batch: RolloutSupport | None) -> AbstractContextManager[RolloutSupport | None]:
+    """Make ``batch`` visible to the registered losses for the duration of the block."""
+    return _bound(_CURRENT, batch)
+
+
+def loss_statistics(sink: StatsSink | None) -> AbstractContextManager[StatsSink | None]:
+    """Every predmask loss called in the block passes its micro-batch's metrics to ``sink`` (None: nowhere)."""
+    return _bound(_STATS, sink)
 
 
 def _hf_vocab_size(config: Any) -> int | None:
-    model_config = _config_value(config, "model_config")
-    hf_config = _config_value(model_config, "hf_config") if model_config is not None else None
-    vocab = getattr(hf_config, "vocab_size", None)
+    vocab = getattr(config_get(config_get(config, "model_config"), "hf_config"), "vocab_size", None)
     return int(vocab) if isinstance(vocab, int) and not isinstance(vocab, bool) else None
 
 
@@ -126,7 +95,7 @@ def method_params(config: Any, loss_agg_mode: str, vocab_size: int | None = None
     s = current_settings() if settings is None else settings
 
     def number(key: str, default: float) -> float:
-        value = _config_value(config, key, None)
+        value = config_get(config, key)
         return float(default if value is None else value)
 
     return MethodParams(
@@ -142,7 +111,7 @@ def method_params(config: Any, loss_agg_mode: str, vocab_size: int | None = None
 
 
 def _global_batch_info(config: Any) -> dict[str, Any]:
-    info = _config_value(config, "global_batch_info", None) or {}
+    info = config_get(config, "global_batch_info") or {}
     if not isinstance(info, Mapping):
         raise TypeError(f"config.global_batch_info must be a mapping, got {type(info).__name__}")
     return {k: v for k, v in info.items() if k in _GLOBAL_BATCH_KEYS}
@@ -169,7 +138,7 @@ def make_policy_loss(name: str) -> PolicyLossFn:
                 f"policy loss {name!r} takes no rollout importance weights; "
                 "disable algorithm.rollout_correction (the ratio is already anchored on the rollout)"
             )
-        batch = current_rollout_support()
+        batch = _CURRENT.get()
         mask = response_mask.bool()
         params = method_params(config, loss_agg_mode, batch.vocab_size if batch is not None else None)
         if method.anchor(params) == "old":
@@ -210,7 +179,7 @@ def make_policy_loss(name: str) -> PolicyLossFn:
             global_batch_info=_global_batch_info(config),
             **support_kwargs,
         )
-        if method.needs_support and batch is not None and batch.support is not None and batch.pi_logprobs is not None:
+        if method.needs_support:  # checked above: the batch has the support and pi
             pi_k = batch.support.sampled_logprob(batch.pi_logprobs.detach()).to(log_prob.dtype)
             gap = (pi_k - log_prob.detach()).abs()[mask]
             metrics[MASK_PI_SAMPLED_GAP] = float(gap.max()) if gap.numel() else 0.0

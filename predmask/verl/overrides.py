@@ -1,19 +1,12 @@
 """Translate a composed predmask run config into verl 0.9.1 Hydra overrides (pure; imports no verl).
 
-``verl_overrides(run_cfg)`` returns the overrides for ``python -m predmask.verl.launch`` (verl's ``main_ppo``), built
-per verl section by one small function each; :func:`verl_command` is the full argv of one run. ``run_cfg`` is the
-composed conf/train.yaml (a mapping or a DictConfig) with a cluster model and a verl cluster, whose keys are the
-dataclasses of :mod:`predmask.schemas.cluster_schema`; further keys read: ``method``, ``delta``, ``top_k``, ``precision``
-(``predmask.precisions.CLUSTER_PRECISIONS``), ``seed``, ``trainer.logger``, ``trainer.val_n``, ``trainer.ppo_epochs``,
-``trainer.val_before_train`` and ``rollout.top_p`` (the CPU engine's own: one value for both engines), and optionally
-``data`` (``train_files`` and ``val_files``, or ``dir``; else ``cluster.data_dir``: the files of
-``python -m sweeps.datasets prepare``), ``run_dir``, ``run_id``, ``sweep`` (verl's project name), ``verl`` (raw verl
-overrides, applied after ``model.verl``).
-
-predmask's own parameters travel under predmask's own keys (:mod:`predmask.verl.settings`), so no verl key changes
-meaning: verl's ``clip_ratio_low`` / ``clip_ratio_high`` are grpo_clip_higher's PPO eps, as in verl, and
-``rollout.calculate_log_probs=true`` keeps verl's meaning (rollout log-probs). The launcher takes the ``predmask.*``
-keys off verl's argv and hands them to every process.
+``verl_overrides(run_cfg)`` returns the overrides for ``python -m predmask.verl.launch``, built per verl
+section by one small function each; :func:`verl_command` is the full argv of one run. ``run_cfg`` is the
+composed conf/train.yaml with a cluster model and a verl cluster (:mod:`predmask.schemas.cluster_schema`);
+optionally ``data`` (``train_files`` and ``val_files``, or ``dir``; else ``cluster.data_dir``: the files of
+``python -m sweeps.datasets prepare``), ``run_dir``, ``run_id``, ``sweep`` (verl's project name) and ``verl``
+(raw verl overrides, applied after ``model.verl``). No verl key changes meaning: predmask's own parameters
+travel under predmask's own keys (:mod:`predmask.verl.settings`).
 """
 
 from __future__ import annotations
@@ -23,6 +16,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from predmask.config import typed_view
 from predmask.methods import METHODS, TOPK_SUPPORTS, Method, MethodParams, get_method
@@ -91,12 +86,17 @@ def config_get(cfg: Any, key: str, default: Any = None) -> Any:
     return getter(key, default) if callable(getter) else getattr(cfg, key, default)
 
 
+def config_select(cfg: Any, dotted: str, default: Any = None) -> Any:
+    """The value at ``dotted`` of ``cfg`` (:func:`config_get` per key); else ``default``."""
+    for key in dotted.split("."):
+        cfg = config_get(cfg, key)
+        if cfg is None:
+            return default
+    return cfg
+
+
 def plain_value(value: Any) -> Any:
     """OmegaConf containers -> plain Python (lists/dicts), other values unchanged."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a core dependency
-        return value
     if isinstance(value, DictConfig | ListConfig):
         return OmegaConf.to_container(value, resolve=True)
     return value
@@ -108,9 +108,7 @@ VERL_RUN = "a VeRL run"
 
 def require(cfg: Any, dotted: str, needed_for: str = VERL_RUN) -> Any:
     """The value at ``dotted`` of a run config; one line when it is missing or empty."""
-    value = cfg
-    for part in dotted.split("."):
-        value = config_get(value, part)
+    value = config_select(cfg, dotted)
     if value is None or value == "":
         raise ValueError(f"run config is missing {dotted} (needed for {needed_for})")
     return value

@@ -1,15 +1,10 @@
 """The actor's policy loss as verl's engines call it: top-K logits processor first, then verl's loss in the support.
 
-:class:`TopKPolicyLoss` wraps verl's ``ppo_loss`` partial. With the micro-batch flag ``distillation_use_topk``
-(set by :mod:`predmask.verl.worker`) verl's FSDP and Megatron engines first call it with the temperature-scaled
-logits: it gathers the training log-probs on the rollout support (packed, shifted to the rows that predict each
-response token; TP-sharded vocab on Megatron) into ``model_output``; on verl's fused FSDP path, which builds no
-logits, the worker's hook calls :meth:`TopKPolicyLoss.hidden_support` with the final hidden states and the lm_head
-weight instead (:func:`predmask.verl.worker.install_hidden_gather`). Then, as the loss, it rebuilds the
-response-aligned support and the rollout anchor and calls verl's ``ppo_loss`` inside
-:func:`predmask.verl.loss.rollout_support`, so verl's entropy/KL/aggregation/metrics stay verl's. With a
-:class:`~predmask.verl.loss_stats.LossStatsWriter` (``stats_writer``, set by the worker) every micro-batch's metrics are
-also written as they are, before verl's mean over micro-batches and ranks. Imports verl; loaded by the worker hook.
+With the micro-batch flag ``distillation_use_topk`` (set by :mod:`predmask.verl.worker`) verl's engines first
+call the loss with the temperature-scaled logits, and it gathers the training log-probs on the rollout support
+into ``model_output`` (on the fused FSDP path, from the hidden states: :meth:`TopKPolicyLoss.hidden_support`);
+then, as the loss, it calls verl's ``ppo_loss`` inside :func:`predmask.verl.loss.rollout_support`, so verl's
+entropy, KL, aggregation and metrics stay verl's. Imports verl; loaded by the worker hook.
 """
 
 from __future__ import annotations
@@ -24,6 +19,7 @@ from verl.utils.ulysses import get_ulysses_sequence_parallel_rank, get_ulysses_s
 from verl.workers.utils.padding import no_padding_2_padding
 
 from predmask.methods import METHODS, Method
+from predmask.support import TopKSupport
 from predmask.verl.gather import (
     chunked_support_logprobs,
     hidden_support_logprobs,
@@ -31,8 +27,9 @@ from predmask.verl.gather import (
 )
 from predmask.verl.loss import RolloutSupport, loss_statistics, rollout_support
 from predmask.verl.loss_stats import LossStatsWriter
+from predmask.verl.overrides import config_select
 from predmask.verl.packing import pack_response_tensor, sequence_lengths, support_from_records
-from predmask.verl.records import TOPK_KEY, TopKRecord
+from predmask.verl.records import TOPK_KEY
 
 #: model_output keys written by the logits processor: one per support slot, plus the exact tail
 PI_KEY_PREFIX = "predmask_pi_lp_"
@@ -41,21 +38,16 @@ PI_TAIL_KEY = "predmask_pi_tail_sq"
 FUSED_STRATEGIES = ("fsdp", "fsdp2")
 
 
-def _records_of(data: Any) -> list[TopKRecord | None]:
+def _rollout_support(data: Any) -> tuple[TopKSupport, Tensor]:
+    """The micro-batch's response-aligned rollout support and anchor, from its top-K records."""
     records = tu.get(data, TOPK_KEY, None)
     if records is None:
         raise ValueError(f"the micro-batch carries no {TOPK_KEY!r}")
-    return list(records)
+    return support_from_records(list(records), _padded(data["responses"]), _padded(data["response_mask"]))
 
 
 def _padded(t: Tensor, fill: float | bool = 0) -> Tensor:
     return t.to_padded_tensor(fill) if t.is_nested else t
-
-
-def _policy_loss_mode(config: Any) -> str:
-    policy_loss = getattr(config, "policy_loss", None)
-    getter = getattr(policy_loss, "get", None)
-    return str(getter("loss_mode", "vanilla")) if callable(getter) else "vanilla"
 
 
 def _fp8_padding(config: Any) -> bool:
@@ -78,7 +70,7 @@ class TopKPolicyLoss:
         self.config = config if config is not None else keywords.get("config")
         if keywords.get("distillation_config") is not None:
             raise ValueError("predmask's top-K plumbing does not combine with verl's distillation loss")
-        name = _policy_loss_mode(self.config)
+        name = str(config_select(self.config, "policy_loss.loss_mode", "vanilla"))
         self.method: Method | None = METHODS.get(name)
         self.vocab_size: int | None = None
         self.stats_writer: LossStatsWriter | None = None
@@ -105,10 +97,7 @@ class TopKPolicyLoss:
     # -- logits processor -----------------------------------------------------------------------------------
     def _packed_support(self, data: Any) -> tuple[Tensor, Tensor]:
         """Support ids and validity [total_tokens, K+1] in verl's packed order (rows predicting each response token)."""
-        records = _records_of(data)
-        responses = _padded(data["responses"])
-        response_mask = _padded(data["response_mask"])
-        support, _ = support_from_records(records, responses, response_mask)
+        support, _ = _rollout_support(data)
         attention_mask = data.get("attention_mask", None)
         prompt_lens, response_lens = sequence_lengths(data["prompts"], data["responses"], attention_mask)
         ids = pack_response_tensor(support.ids, prompt_lens, response_lens, fill=0)
@@ -210,10 +199,7 @@ class TopKPolicyLoss:
     # -- loss -----------------------------------------------------------------------------------------------
     def rollout_batch(self, model_output: Mapping[str, Any], data: Any) -> RolloutSupport:
         """Response-aligned rollout support, anchor and training support log-probs for this micro-batch."""
-        records = _records_of(data)
-        responses = _padded(data["responses"])
-        response_mask = _padded(data["response_mask"])
-        support, anchor = support_from_records(records, responses, response_mask)
+        support, anchor = _rollout_support(data)
         if not self.needs_logits:
             return RolloutSupport(anchor_logprobs=anchor, vocab_size=self.vocab_size)
         width = support.ids.shape[-1]

@@ -1,24 +1,12 @@
 """The trainer hook: verl's old-log-prob actor forward is skipped for the methods whose loss never reads it.
 
-verl 0.9.1's ``RayPPOTrainer`` recomputes pi_old with a forward pass of the actor over the whole batch
-(``_compute_old_log_prob``) before every update. A predmask method anchored on the rollout (``anchor=rollout``: the
-DPPO and predictive divergence methods by default) takes its ratio's anchor from the top-K records (log mu_k) and
-reads ``old_log_probs`` nowhere but on padding, which the loss masks; GRPO clip-higher (``anchor=old``) reads it.
-:func:`install_trainer` wraps ``_compute_old_log_prob``: when :func:`old_log_prob_readers` names no reader, it
-returns without calling the actor, with what verl's code after it expects:
-
-- ``old_log_probs`` = verl's ``rollout_log_probs`` (mu of the sampled token, from ``rollout.calculate_log_probs``):
-  the anchor the loss uses anyway (verl's batch must hold the field; the loss reads it only on masked padding);
-- ``entropys`` = NaN: verl's ``actor/entropy`` reads NaN (not measured) instead of a number no forward produced;
-  ``actor.calculate_entropy=true`` makes the update's own forward report ``actor/entropy_loss``;
-- the forward's MFU (``perf/mfu/actor_infer``) = 0.0 and its time ``timing_s/old_log_prob`` is the few
-  milliseconds of the copy.
-
-verl's ``training/rollout_probs_diff_*`` metrics then compare mu with itself (0; correlation 1): they measure the
-rollout-training mismatch only when the forward runs (GRPO, or ``predmask.anchor=old``).
-
-Unlike verl's bypass mode (``algorithm.rollout_correction.bypass_mode``), nothing rewrites ``loss_mode``: the
-method's own loss runs. Imports no verl: the trainer module is passed in by :mod:`predmask.verl.plugin`.
+A method anchored on the rollout (``anchor=rollout``) takes its ratio's anchor from the top-K records (log
+mu_k) and reads ``old_log_probs`` nowhere but on padding, which the loss masks. :func:`install_trainer` wraps
+verl's ``RayPPOTrainer._compute_old_log_prob``: when :func:`old_log_prob_readers` names no reader, it returns,
+without the forward, ``old_log_probs`` = verl's ``rollout_log_probs`` and ``entropys`` = NaN
+(``actor/entropy`` reads "not measured" rather than a number no forward produced), with MFU 0
+(docs/verl-plugin.md, hook 5). Unlike verl's bypass mode, nothing rewrites ``loss_mode``. Imports no verl: the
+trainer module is passed in by the plugin.
 """
 
 from __future__ import annotations
@@ -30,6 +18,7 @@ from typing import Any
 import torch
 
 from predmask.methods import METHODS, MethodParams
+from predmask.verl.overrides import config_select
 from predmask.verl.settings import PluginSettings, current_settings
 
 #: ASSUMPTION (not measured here): verl's old-log-prob forward is about a third of the actor's compute per step (one
@@ -48,22 +37,12 @@ def skips_old_log_prob(anchor: str) -> bool:
     return anchor == "rollout"
 
 
-def _select(config: Any, dotted: str, default: Any = None) -> Any:
-    node = config
-    for key in dotted.split("."):
-        getter = getattr(node, "get", None)
-        node = getter(key, None) if callable(getter) else getattr(node, key, None)
-        if node is None:
-            return default
-    return node
-
-
 def old_log_prob_readers(config: Any, settings: PluginSettings | None = None) -> list[str]:
     """What reads verl's old-log-prob forward in this run (verl's trainer config), one reason each; empty: the
     forward can be skipped. ``settings`` default to this process's (:func:`current_settings`)."""
     s = current_settings() if settings is None else settings
     actor = "actor_rollout_ref.actor"
-    loss_mode = str(_select(config, f"{actor}.policy_loss.loss_mode", "vanilla"))
+    loss_mode = str(config_select(config, f"{actor}.policy_loss.loss_mode", "vanilla"))
     readers: list[str] = []
     if loss_mode not in METHODS:
         readers.append(f"the policy loss {loss_mode!r} is verl's own (it reads old_log_probs)")
@@ -71,12 +50,12 @@ def old_log_prob_readers(config: Any, settings: PluginSettings | None = None) ->
         anchor = METHODS[loss_mode].anchor(MethodParams(anchor=s.anchor))
         if not skips_old_log_prob(anchor):
             readers.append(f"the policy loss {loss_mode!r} is anchored on pi_old (anchor={anchor})")
-    if _select(config, "algorithm.use_kl_in_reward", False):
+    if config_select(config, "algorithm.use_kl_in_reward", False):
         readers.append("algorithm.use_kl_in_reward=true (the KL penalty reads old_log_probs)")
-    if _select(config, f"{actor}.calculate_sum_pi_squared", False):
+    if config_select(config, f"{actor}.calculate_sum_pi_squared", False):
         readers.append(f"{actor}.calculate_sum_pi_squared=true (the forward computes sum pi^2)")
     for section in _ROUTER_REPLAY_SECTIONS:
-        if str(_select(config, f"{actor}.{section}.router_replay.mode", "disabled")) == "R2":
+        if str(config_select(config, f"{actor}.{section}.router_replay.mode", "disabled")) == "R2":
             readers.append(f"{actor}.{section}.router_replay.mode=R2 (the forward records the routing)")
     return readers
 
