@@ -1,28 +1,21 @@
 """The variational-reasoning family on a cluster: one stage run -> its job's argv (pure; imports no verl).
 
-:func:`stage_command` is what the sweep calls for ``trainer=verl`` (``python -m sweeps variational_reasoning
-cluster=h20_4x8 --dry-run`` prints it), for the stages of ``predmask.vr_stages``:
-
-- ``prior`` / ``posterior`` / ``final``: verl 0.9.1's Ray SFT trainer (``verl.trainer.sft_trainer_ray``,
-  config ``sft_trainer_engine``) through ``python -m predmask.verl.vr_sft`` (which adds per-sample weights and
-  the constant normaliser, and builds the final stage's weighted data), run on the Ray head of the job over all
-  ``cluster.nodes x cluster.gpus_per_node`` GPUs;
-- ``traces`` / ``weights`` / ``rft_samples`` / ``eval``: ``python -m predmask.verl.vr_sample`` with vLLM on the
-  head node's GPUs (``rft_samples``: pi_theta0's responses for the rft final; ``eval``: avg@n and pass@k of the
-  prior or of a final on the RL family's evaluation files, ``predmask.verl.overrides.DATA_FILES``).
-
-``config`` is the composed stage config of conf/variational.yaml with a cluster model and a verl cluster (its
-``cluster.variational`` settings: ``predmask.schemas.cluster_schema.VariationalClusterConfig``): ``stage``, ``method``,
-``seed``, ``inputs`` (upstream stage -> run id, a sibling of ``run_dir``), ``model.path``, ``sweep``?, ``run_id``?.
-Bad input raises ValueError with one line naming the value and what is allowed.
+:func:`stage_command` is what the sweep calls for ``trainer=verl``, for the stages of ``predmask.vr_stages``:
+the SFT stages (``prior`` / ``posterior`` / ``final``) through ``python -m predmask.verl.vr_sft`` on the Ray
+head of the job over all its GPUs, the vLLM stages (``traces`` / ``weights`` / ``rft_samples`` / ``eval``)
+through ``python -m predmask.verl.vr_sample`` on the head node's GPUs (docs/cluster.md). ``config`` is the
+composed stage config of conf/variational.yaml with a cluster model and a verl cluster
+(``cluster.variational``: ``predmask.schemas.cluster_schema.VariationalClusterConfig``): ``stage``,
+``method``, ``seed``, ``inputs`` (upstream stage -> run id, a sibling of ``run_dir``), ``model.path``,
+``sweep``?, ``run_id``?. Bad input raises ValueError with one line naming the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Mapping
-from pathlib import PurePosixPath
+from collections.abc import Mapping, Sequence
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from predmask.config import group_entry, typed_view
@@ -33,6 +26,7 @@ from predmask.verl.overrides import (
     DATA_FILES,
     HYDRA_SUBDIR,
     config_get,
+    config_select,
     hydra_value,
     plain_value,
     require,
@@ -114,11 +108,6 @@ def merged_settings(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(cluster_settings(config).variational)
 
 
-def checkpoint_dir(run_dir: Any) -> str:
-    """Where verl's SFT trainer writes a stage's checkpoints (HF export: ``global_step_<n>/huggingface``)."""
-    return f"{str(run_dir).rstrip('/')}/checkpoints"
-
-
 def stage_output(stage: str, run_dir: Any) -> str:
     """The path a stage's dependents read from its run directory."""
     if stage not in STAGE_OUTPUTS:
@@ -128,10 +117,9 @@ def stage_output(stage: str, run_dir: Any) -> str:
 
 def _method(config: Any) -> tuple[str, str | None, str | None]:
     method = config_get(config, "method")
-    name = method if isinstance(method, str) else config_get(method, "name")
-    estimator = None if isinstance(method, str) else config_get(method, "estimator")
-    data = None if isinstance(method, str) else config_get(method, "data")
-    return str(name), estimator, data
+    if isinstance(method, str):
+        return method, None, None
+    return str(config_get(method, "name")), config_get(method, "estimator"), config_get(method, "data")
 
 
 def _upstream(config: Any, run_dir: str, stage: str) -> dict[str, str]:
@@ -173,7 +161,7 @@ def _sft_overrides(config: Any, run_dir: str, cluster: VerlClusterConfig, stage:
         "engine.ulysses_sequence_parallel_size": sp, "engine.seed": seed,
         "optim.lr": s.lr, "optim.lr_warmup_steps_ratio": v.warmup_ratio, "optim.lr_scheduler_type": "cosine",
         "optim.clip_grad": 1.0, "checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
-        "trainer.default_local_dir": checkpoint_dir(run_dir),
+        "trainer.default_local_dir": stage_output(stage, run_dir),
         **tracker_names(config, f"{stage}-{PurePosixPath(run_dir).name}"),
         "trainer.total_epochs": s.epochs, "trainer.logger": ["console", "file"], "trainer.seed": seed,
         "trainer.save_freq": v.save_every, "trainer.test_freq": -1, "trainer.resume_mode": "auto",
@@ -234,23 +222,20 @@ def _sample_command(config: Any, run_dir: str, python: str, cluster: VerlCluster
               "--gpu-memory-utilization", repr(e.gpu_memory_utilization), "--max-model-len", str(e.max_model_len),
               "--max-num-batched-tokens", str(bound), "--questions", f"{v.data_dir}/{VR_DATA_FILES['questions']}"]
     if stage == "traces":
-        t = v.traces
-        return [python, "-m", SAMPLE_MODULE, "traces", *common, "--posterior", upstream["posterior"],
-                "--k", str(t.k), "--temperature", repr(t.temperature), "--top-p", repr(t.top_p),
-                "--max-tokens", str(t.max_tokens)]
-    if stage == "rft_samples":
-        r = v.rft
-        return [python, "-m", SAMPLE_MODULE, "rft", *common, "--prior", upstream["prior"], "--samples", str(r.samples),
-                "--temperature", repr(r.temperature), "--top-p", repr(r.top_p), "--max-tokens", str(r.max_tokens)]
-    if stage == "eval":
-        ev, (source,) = v.eval, upstream.values()
-        return [python, "-m", SAMPLE_MODULE, "eval", *common, "--model", source, *(a for f in eval_files(config)
-                for a in ("--eval-file", f)), "--n", str(ev.n), "--temperature", repr(ev.temperature),
-                "--top-p", repr(ev.top_p), "--max-tokens", str(ev.max_tokens)]
-    w = v.weights
-    return [python, "-m", SAMPLE_MODULE, "weights", *common, "--prior", upstream["prior"], "--traces", upstream["traces"],
-            "--m", str(w.m), "--temperature", repr(w.temperature), "--top-p", repr(w.top_p),
-            "--max-tokens", str(w.max_tokens)]
+        mode, sampling = "traces", v.traces
+        extra = ["--posterior", upstream["posterior"], "--k", str(sampling.k)]
+    elif stage == "rft_samples":
+        mode, sampling = "rft", v.rft
+        extra = ["--prior", upstream["prior"], "--samples", str(sampling.samples)]
+    elif stage == "eval":
+        mode, sampling, (source,) = "eval", v.eval, upstream.values()
+        files = [a for f in eval_files(config) for a in ("--eval-file", f)]
+        extra = ["--model", source, *files, "--n", str(sampling.n)]
+    else:
+        mode, sampling = "weights", v.weights
+        extra = ["--prior", upstream["prior"], "--traces", upstream["traces"], "--m", str(sampling.m)]
+    return [python, "-m", SAMPLE_MODULE, mode, *common, *extra, "--temperature", repr(sampling.temperature),
+            "--top-p", repr(sampling.top_p), "--max-tokens", str(sampling.max_tokens)]
 
 
 #: CPU-engine settings of the variational family (key, the value the cluster path runs): the cluster's data files and
@@ -260,8 +245,7 @@ CPU_ONLY_SETTINGS: tuple[tuple[str, Any], ...] = (("hint.use", True), ("posterio
 
 def _refuse_cpu_only(config: Any) -> None:
     for key, runs in CPU_ONLY_SETTINGS:
-        section, name = key.split(".")
-        value = config_get(config_get(config, section), name)
+        value = config_select(config, key)
         if value is not None and value != runs:
             raise ValueError(f"{key}={value!r} runs on the CPU engine only; the cluster path runs {key}={runs!r} "
                              "(its hint prompts and q_phi's data come from sweeps.datasets and conf/prompt/)")
@@ -279,6 +263,40 @@ def stage_command(config: Any, run_dir: Any, python: str | None = None) -> list[
     if stage in SFT_STAGES:
         return _sft_command(config, run_dir, python, cluster, stage)
     return _sample_command(config, run_dir, python, cluster, stage)
+
+
+# -- the files of the stage programs (vr_sft and vr_sample) --------------------------------------------------
+
+class MissingInput(FileNotFoundError):
+    """An upstream output is not there (exit 2, one line)."""
+
+
+def read_parquet(path: str | Path, stage: str, how: str) -> list[dict[str, Any]]:
+    """The rows of a stage's input file; :class:`MissingInput` naming the stage, the path and ``how``."""
+    import pyarrow.parquet as pq
+
+    if not Path(path).is_file():
+        raise MissingInput(f"stage {stage}: missing {path}; {how}")
+    return pq.read_table(path).to_pylist()
+
+
+def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path, columns: Sequence[str] | None = None
+                  ) -> None:
+    """``rows`` (only ``columns``, in that order, when given) as a parquet file, written atomically."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from predmask.io import atomic_write
+
+    table = pa.Table.from_pylist([dict(r) if columns is None else {c: r[c] for c in columns} for r in rows])
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def chat_messages(system: str, user: str, assistant: str | None = None) -> list[dict[str, str]]:
+    """A chat: the system turn (if not empty), the user turn, the assistant's (if given)."""
+    out = [{"role": "system", "content": system}] if system else []
+    out.append({"role": "user", "content": user})
+    return [*out, {"role": "assistant", "content": assistant}] if assistant is not None else out
 
 
 # -- the response format of the cluster data (one owner: sweeps.datasets and vr_sample both use these) ---------------

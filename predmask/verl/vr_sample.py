@@ -1,34 +1,17 @@
 """``python -m predmask.verl.vr_sample``: the variational family's vLLM stages (traces, weights, rft samples, eval) on a cluster.
 
-The job-side program of :func:`predmask.verl.vr_cluster.stage_command` for ``traces`` and ``weights``; it runs on
-the head node of the stage's job, ``--replicas`` vLLM engines of ``--tensor-parallel`` GPUs each (one subprocess per
-engine, ``CUDA_VISIBLE_DEVICES`` set per replica, the questions split between them), and imports vLLM only there.
+The job-side program of :func:`predmask.verl.vr_cluster.stage_command` for the vLLM stages (docs/cluster.md);
+it runs on the head node of the stage's job, ``--replicas`` vLLM engines of ``--tensor-parallel`` GPUs each
+(one subprocess per engine, ``CUDA_VISIBLE_DEVICES`` set per replica, the questions split between them), and
+imports vLLM only there. Log-likelihoods are sums of vLLM's ``prompt_logprobs`` (raw model log-probs) from one
+scoring pass; correctness is :func:`predmask.verl.vr_cluster.answers_match`; every weight formula is
+:mod:`predmask.vr_weights`'s. A question without a ``\\boxed{}`` reference answer (e.g. a code problem) has no
+checkable answer: its acc is 0 and its acc weights are all 0; gml and likelihood are unaffected. ``eval``
+writes one ``metrics.jsonl`` line at step 0 under the names the CPU engine's evaluation logs
+(:func:`eval_metrics`).
 
-- ``traces``: K responses per question from q_φ (the posterior stage's HF export) on the hint prompt; each is cut
-  after the end-of-thought marker into the trace z and q_φ's own answer; log q_φ(z|x,y′) is the sum of the
-  model's log-probs of z's tokens after the hint prompt (vLLM ``prompt_logprobs``, raw model log-probs). Writes
-  ``traces.parquet`` (the CPU family's columns; ``hint`` is the hint text here).
-- ``weights``: for every trace, under π_θ0 (the prior stage's HF export) and the reasoning prompt x: log π_θ0(z|x)
-  and the answer log-likelihood log π_θ0(y′|x,z) (y′ = the reference solution section + <eos>) from one scoring
-  pass, and M answers sampled from π_θ0(·|x,z) with their correctness (last ``\\boxed{}`` against the reference:
-  :func:`predmask.verl.vr_cluster.answers_match`). Every formula is :mod:`predmask.vr_weights`'s:
-  ``trace_log_ratio``, ``log_correct_estimate`` (acc, gml, likelihood), ``trace_log_weights``,
-  ``normalise_weights`` over the K traces of a question. Writes ``weights.parquet`` (the ``vr_traces`` columns).
-  A question without a ``\\boxed{}`` reference answer (e.g. a code problem) has no checkable answer: its acc is 0
-  and its acc weights are all 0 (the question drops out of the acc final); gml and likelihood are unaffected.
-- ``rft`` (the ``rft_samples`` stage): ``--samples`` responses per question from π_θ0 on the reasoning prompt, each
-  with its correctness (``answers_match``). Writes ``rft_samples.parquet`` (RFT_COLUMNS); the rft final
-  (``predmask.verl.vr_sft``) trains on the correct ones, each weighted 1/samples as on the CPU engine.
-- ``eval``: ``--n`` samples per problem of every ``--eval-file`` (the RL family's AIME files: the problem is
-  ``extra_info.raw_problem`` as the user turn after the training data's system prompt, the reference
-  ``reward_model.ground_truth``, the split the rows' ``data_source``) from ``--model`` (the prior's or a final's
-  checkpoints); correct = ``answers_match``. Writes one ``metrics.jsonl`` line at step 0 with the names the CPU
-  engine's evaluation logs: avg@n, pass@1..n (:func:`predmask.evaluation.pass_at_k_curve`) and the mean response
-  length per split (:func:`eval_metrics`), which ingest reads into the ``metrics`` table as for any run.
-
-A missing input (questions file, model export, traces file) -> exit 2 with one line naming the stage, the path and
-how to produce it; nothing written. Outputs are written atomically (``predmask.io``) under the run directory's lock
-(``predmask.rundir``).
+A missing input (questions file, model export, traces file) -> exit 2 with one line naming the stage, the path
+and how to produce it; nothing written. Outputs are written atomically under the run directory's lock.
 """
 
 from __future__ import annotations
@@ -40,6 +23,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,9 +33,17 @@ import torch
 from predmask import metrics as M
 from predmask.command_text import command
 from predmask.evaluation import pass_at_k_curve
-from predmask.io import atomic_write, atomic_write_text
+from predmask.io import atomic_write_text
 from predmask.rundir import RunDirBusyError, hold_run_lock, metrics_line
-from predmask.verl.vr_cluster import STAGE_OUTPUTS, answers_match, cut_trace
+from predmask.verl.vr_cluster import (
+    STAGE_OUTPUTS,
+    MissingInput,
+    answers_match,
+    chat_messages,
+    cut_trace,
+    read_parquet,
+    write_parquet,
+)
 from predmask.vr_weights import (
     ESTIMATORS,
     check_counts,
@@ -67,16 +59,9 @@ WEIGHT_COLUMNS: tuple[str, ...] = ("question", "trace", "trace_tokens", "answer_
                                    "log_ratio", "answer_logp", "acc", "posterior_correct", "weight_acc", "weight_gml",
                                    "weight_likelihood")
 RFT_COLUMNS: tuple[str, ...] = ("question", "trace", "response", "correct")
-#: mode -> its output in the run directory (the stage's, ``predmask.verl.vr_cluster.STAGE_OUTPUTS``)
-OUTPUTS = {"traces": STAGE_OUTPUTS["traces"], "weights": STAGE_OUTPUTS["weights"],
-           "rft": STAGE_OUTPUTS["rft_samples"], "eval": STAGE_OUTPUTS["eval"]}
-#: mode -> the stage name its one-line errors use
+#: mode -> its stage (names the one-line errors; its output: ``predmask.verl.vr_cluster.STAGE_OUTPUTS``)
 STAGE_OF = {"traces": "traces", "weights": "weights", "rft": "rft_samples", "eval": "eval"}
 _STEP = re.compile(r"^global_step_(\d+)$")
-
-
-class MissingInput(Exception):
-    """An upstream output is not there (exit 2, one line)."""
 
 
 # -- pure helpers (no vLLM) -----------------------------------------------------------------------------------------
@@ -173,9 +158,7 @@ def eval_problems(rows: Sequence[Mapping[str, Any]], path: Path) -> list[dict[st
 
 def system_prompt(questions: Sequence[Mapping[str, Any]]) -> str:
     """The training data's system prompt (the most common one of the questions file) for the evaluation prompts."""
-    counts: dict[str, int] = {}
-    for q in questions:
-        counts[str(q.get("system") or "")] = counts.get(str(q.get("system") or ""), 0) + 1
+    counts = Counter(str(q.get("system") or "") for q in questions)
     return max(counts, key=lambda k: counts[k]) if counts else ""
 
 
@@ -186,26 +169,6 @@ def engine_args(model: Path, args: argparse.Namespace) -> dict[str, Any]:
     return {"model": str(model), "tensor_parallel_size": args.tensor_parallel, "seed": args.seed + args.shard,
             "gpu_memory_utilization": args.gpu_memory_utilization, "max_model_len": args.max_model_len,
             "max_num_batched_tokens": args.max_num_batched_tokens, "enable_chunked_prefill": True}
-
-
-def _read_parquet(path: Path, stage: str, how: str) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    if not path.is_file():
-        raise MissingInput(f"stage {stage}: missing {path}; {how}")
-    return pq.read_table(path).to_pylist()
-
-
-def _write_parquet(rows: Sequence[Mapping[str, Any]], path: Path, columns: Sequence[str] | None = None) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pylist([dict(r) if columns is None else {c: r[c] for c in columns} for r in rows])
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-
-
-def _chat(system: str, user: str) -> list[dict[str, str]]:
-    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
 
 
 # -- the vLLM side ----------------------------------------------------------------------------------------------------
@@ -220,9 +183,12 @@ class _Engine:
         self.llm = vllm.LLM(**engine_args(model, args))
         self.tok = self.llm.get_tokenizer()
 
+    def prompt_text(self, system: str, user: str) -> str:
+        messages = chat_messages(system, user)
+        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
     def prompt_ids(self, system: str, user: str) -> list[int]:
-        text = self.tok.apply_chat_template(_chat(system, user), tokenize=False, add_generation_prompt=True)
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+        return self.ids(self.prompt_text(system, user))
 
     def ids(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
@@ -244,13 +210,13 @@ class _Engine:
         return [o.prompt_logprobs for o in outs]
 
 
-def _traces_shard(args: argparse.Namespace, questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    engine = _Engine(resolve_model(Path(args.posterior), "traces", "posterior"), args)
+def _traces_shard(engine: _Engine, args: argparse.Namespace,
+                  questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     hint_ids = [engine.prompt_ids(q["system"], q["hint_prompt"]) for q in questions]
     samples = engine.sample(hint_ids, args.k, args)
     rows, sequences = [], []
     for q, prompt, texts in zip(questions, hint_ids, samples, strict=True):
-        x = engine.tok.apply_chat_template(_chat(q["system"], q["prompt"]), tokenize=False, add_generation_prompt=True)
+        x = engine.prompt_text(q["system"], q["prompt"])
         for k, text in enumerate(texts):
             cut = cut_trace(text)
             z, answer = cut if cut is not None else (text, "")
@@ -264,9 +230,8 @@ def _traces_shard(args: argparse.Namespace, questions: list[dict[str, Any]]) -> 
     return rows
 
 
-def _weights_shard(args: argparse.Namespace, questions: list[dict[str, Any]],
+def _weights_shard(engine: _Engine, args: argparse.Namespace, questions: list[dict[str, Any]],
                    traces: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    engine = _Engine(resolve_model(Path(args.prior), "weights", "prior"), args)
     by_q = {int(q["question"]): q for q in questions}
     eos = engine.tok.eos_token_id
     rows, sequences, contexts = [], [], []
@@ -291,8 +256,8 @@ def _weights_shard(args: argparse.Namespace, questions: list[dict[str, Any]],
     return rows
 
 
-def _rft_shard(args: argparse.Namespace, questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    engine = _Engine(resolve_model(Path(args.prior), "rft_samples", "prior"), args)
+def _rft_shard(engine: _Engine, args: argparse.Namespace,
+               questions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     prompts = [engine.prompt_ids(q["system"], q["prompt"]) for q in questions]
     rows = []
     for q, texts in zip(questions, engine.sample(prompts, args.samples, args), strict=True):
@@ -302,8 +267,8 @@ def _rft_shard(args: argparse.Namespace, questions: list[dict[str, Any]]) -> lis
     return rows
 
 
-def _eval_shard(args: argparse.Namespace, problems: list[dict[str, Any]], system: str) -> list[dict[str, Any]]:
-    engine = _Engine(resolve_model(Path(args.model), "eval", "evaluated"), args)
+def _eval_shard(engine: _Engine, args: argparse.Namespace, problems: list[dict[str, Any]],
+                system: str) -> list[dict[str, Any]]:
     prompts = [engine.prompt_ids(system, p["problem"]) for p in problems]
     rows = []
     for p, made in zip(problems, engine.sample_lengths(prompts, args.n, args), strict=True):
@@ -354,7 +319,7 @@ def _run_replicas(args: argparse.Namespace, argv: Sequence[str], parts: Path) ->
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m predmask.verl.vr_sample", description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=tuple(OUTPUTS))
+    p.add_argument("mode", choices=tuple(STAGE_OF))
     p.add_argument("--run-dir", type=Path, required=True)
     p.add_argument("--questions", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
@@ -406,42 +371,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         _check(args)
         how = "prepare it: " + command("sweeps.datasets prepare --family variational --bespoke-file F --out DIR")
         stage = STAGE_OF[args.mode]
-        questions = _read_parquet(args.questions, stage, how)
-        traces = (_read_parquet(args.traces, "weights", "run the traces stage first")
+        questions = read_parquet(args.questions, stage, how)
+        traces = (read_parquet(args.traces, "weights", "run the traces stage first")
                   if args.mode == "weights" else [])
         problems = [p for f in args.eval_file for p in eval_problems(
-            _read_parquet(f, stage, "prepare it: " + command("sweeps.datasets prepare --out DIR")), f)]
+            read_parquet(f, stage, "prepare it: " + command("sweeps.datasets prepare --out DIR")), f)]
         model, upstream = {"traces": (args.posterior, "posterior"), "eval": (args.model, "evaluated")}.get(
             args.mode, (args.prior, "prior"))
-        resolve_model(Path(model), stage, upstream)
+        model = resolve_model(Path(model), stage, upstream)
     except (ValueError, MissingInput) as exc:
         print(f"predmask.verl.vr_sample: {exc}", file=sys.stderr)
         return 2
     if args.part_out is not None:  # one replica: its share of the questions, raw rows as JSON
+        engine = _Engine(model, args)
         mine = _shard(questions, args.shard, args.replicas)
         if args.mode == "traces":
-            rows = _traces_shard(args, mine)
+            rows = _traces_shard(engine, args, mine)
         elif args.mode == "weights":
-            rows = _weights_shard(args, questions, _shard(traces, args.shard, args.replicas))
+            rows = _weights_shard(engine, args, questions, _shard(traces, args.shard, args.replicas))
         elif args.mode == "rft":
-            rows = _rft_shard(args, mine)
+            rows = _rft_shard(engine, args, mine)
         else:
-            rows = _eval_shard(args, _shard(problems, args.shard, args.replicas), system_prompt(questions))
+            problems = _shard(problems, args.shard, args.replicas)
+            rows = _eval_shard(engine, args, problems, system_prompt(questions))
         args.part_out.parent.mkdir(parents=True, exist_ok=True)
         args.part_out.write_text(json.dumps(rows))
         return 0
     try:
         with hold_run_lock(args.run_dir):
             rows = _run_replicas(args, argv, args.run_dir / ".vr_sample_parts")
-            out = args.run_dir / OUTPUTS[args.mode]
-            if args.mode == "traces":
-                _write_parquet(rows, out, TRACE_COLUMNS)
-            elif args.mode == "weights":
-                _write_parquet(weight_rows(rows), out, WEIGHT_COLUMNS)
-            elif args.mode == "rft":
-                _write_parquet(rows, out, RFT_COLUMNS)
-            else:  # one metrics line at step 0 (a rerun replaces it)
+            out = args.run_dir / STAGE_OUTPUTS[STAGE_OF[args.mode]]
+            if args.mode == "eval":  # one metrics line at step 0 (a rerun replaces it)
                 atomic_write_text(out, metrics_line(0, eval_lines(rows)))
+            else:
+                columns = {"traces": TRACE_COLUMNS, "weights": WEIGHT_COLUMNS, "rft": RFT_COLUMNS}[args.mode]
+                write_parquet(weight_rows(rows) if args.mode == "weights" else rows, out, columns)
     except RunDirBusyError as exc:
         print(f"predmask.verl.vr_sample: {exc}", file=sys.stderr)
         return 2

@@ -1,29 +1,22 @@
 """``python -m predmask.verl.vr_sft``: verl 0.9.1's Ray SFT trainer with per-sample weights and a constant normaliser.
 
-The job-side program of the variational family's SFT stages (prior, posterior, final) on a cluster; its argv is
-:func:`predmask.verl.vr_cluster.stage_command`'s. It takes the ``predmask.*`` keys off the argv, then runs verl's
-own Hydra app ``verl.trainer.sft_trainer_ray.main`` (config ``sft_trainer_engine``) with the rest, after two
-changes that verl's SFT trainer does not offer:
+The job-side program of the variational family's SFT stages (prior, posterior, final) on a cluster; its argv
+is :func:`predmask.verl.vr_cluster.stage_command`'s. It takes the ``predmask.*`` keys off the argv, then runs
+verl's own Hydra app ``verl.trainer.sft_trainer_ray.main`` with the rest, after two changes that verl's SFT
+trainer does not offer (docs/cluster.md): the loss becomes :func:`nested_weighted_sft_loss` (it replaces
+``verl.workers.utils.losses.sft_loss``, which the trainer looks up when it builds its engine; the Ray workers
+unpickle it from this module), and ``data.custom_cls`` names :class:`WeightedSFTDataset`.
 
-- the loss: verl's ``sft_loss`` is the token mean over the global batch (−Σ log p / batch_num_tokens × dp_size);
-  here it is :func:`predmask.vr_weights.weighted_sft_loss` on the same tokens, each token's term times its sample's
-  weight, divided by the constant ``predmask.normaliser`` in place of batch_num_tokens (× dp_size, as verl: FSDP
-  averages gradients over data-parallel ranks). It replaces ``verl.workers.utils.losses.sft_loss``, which the
-  trainer looks up when it builds its engine; the Ray workers unpickle it from this module;
-- the data: ``data.custom_cls`` names :class:`WeightedSFTDataset` (verl's ``MultiTurnSFTDataset`` plus a
-  ``loss_weight`` tensor per sample from the parquet's ``weight`` column, default 1).
-
-For a ``vr_*`` final (``predmask.recipe``) it first builds ``predmask.train_file`` from the weights, traces and the
-original data (:func:`final_rows`), for the ``rft`` final from pi_theta0's samples (:func:`rft_rows`); a missing
-input -> exit 2, one line, nothing written. The data parts
-(:func:`split_predmask_args`, :func:`final_rows`, :func:`build_final_data`) import no verl; the loss and the dataset
-import it when called.
+For an ``rft`` or ``vr_*`` final (``predmask.recipe``) it first builds ``predmask.train_file``
+(:func:`build_final_data`); a missing input -> exit 2, one line, nothing written. The data parts import no
+verl; the loss and the dataset import it when called.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -31,9 +24,10 @@ from typing import Any
 
 import torch
 
+from predmask.verl.settings import PREFIX
+from predmask.verl.vr_cluster import chat_messages, read_parquet, write_parquet
 from predmask.vr_weights import best_trace, weighted_sft_loss
 
-PREFIX = "predmask."
 #: the predmask keys this launcher reads (written by predmask.verl.vr_cluster)
 KEYS: tuple[str, ...] = ("stage", "run_dir", "normaliser", "recipe", "estimator", "data", "weights_file",
                          "traces_file", "questions_file", "original_file", "train_file", "samples_file")
@@ -71,12 +65,7 @@ def nested_weighted_sft_loss(config: Any, model_output: Mapping[str, Any], data:
     mask = torch.roll(data["loss_mask"].values(), shifts=-1, dims=0).bool()
     weight = torch.roll(data["loss_weight"].values(), shifts=-1, dims=0)
     loss = weighted_sft_loss(log_prob[:, None], mask[:, None], weight.to(log_prob.dtype), normaliser)
-    return loss * data["dp_size"], {}
-
-
-def _messages(system: str, user: str, assistant: str) -> list[dict[str, str]]:
-    out = [{"role": "system", "content": system}] if system else []
-    return [*out, {"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    return loss * data["dp_size"], {}  # as verl's sft_loss: FSDP averages gradients over data-parallel ranks
 
 
 def final_rows(questions: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, Any]],
@@ -86,8 +75,6 @@ def final_rows(questions: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[
     ``all_weighted``: every trace with its normalised weight ``weight_<estimator>`` (weight-0 traces dropped: no
     gradient); ``best_mixed``: the highest-weight trace of each question (weight 1; none for a question whose
     weights are all zero) plus every original sample (weight 1)."""
-    import pyarrow as pa  # noqa: F401  (the callers read/write parquet; keeps the dependency explicit)
-
     column = f"weight_{estimator}"
     by_q = {int(q["question"]): q for q in questions}
     text = {(int(t["question"]), int(t["trace"])): str(t["trace_text"]) for t in traces}
@@ -98,7 +85,7 @@ def final_rows(questions: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[
         z = text.get((qid, trace))
         if z is None:
             raise ValueError(f"weights row question={qid} trace={trace} has no trace in the traces file")
-        return {"messages": _messages(str(q["system"]), str(q["prompt"]), z + str(q["answer_text"])),
+        return {"messages": chat_messages(str(q["system"]), str(q["prompt"]), z + str(q["answer_text"])),
                 WEIGHT_COLUMN: float(w), "question": qid, "trace": trace}
 
     if data == "all_weighted":
@@ -115,7 +102,7 @@ def final_rows(questions: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[
             rows.append(sample(int(weights[index]["question"]), int(weights[index]["trace"]), 1.0))
     for qid in sorted(by_q):
         q = by_q[qid]
-        rows.append({"messages": _messages(str(q["system"]), str(q["prompt"]), str(q["response"])),
+        rows.append({"messages": chat_messages(str(q["system"]), str(q["prompt"]), str(q["response"])),
                      WEIGHT_COLUMN: 1.0, "question": qid, "trace": -1})
     return rows
 
@@ -124,51 +111,36 @@ def rft_rows(questions: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[s
     """The rft final's SFT rows: every correct sample of pi_theta0 (reasoning prompt -> its response), each weighted
     1 / (samples of its question), as the CPU engine weights them (``predmask.rl.vr_runner``)."""
     by_q = {int(q["question"]): q for q in questions}
-    drawn: dict[int, int] = {}
-    for r in samples:
-        drawn[int(r["question"])] = drawn.get(int(r["question"]), 0) + 1
+    drawn = Counter(int(r["question"]) for r in samples)
     rows = []
     for r in samples:
         if bool(r["correct"]):
             q = by_q[int(r["question"])]
-            rows.append({"messages": _messages(str(q["system"]), str(q["prompt"]), str(r["response"])),
+            rows.append({"messages": chat_messages(str(q["system"]), str(q["prompt"]), str(r["response"])),
                          WEIGHT_COLUMN: 1.0 / drawn[int(r["question"])], "question": int(r["question"]),
                          "trace": int(r["trace"])})
     return rows
 
 
-def _read(path: str, stage: str, how: str) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"stage {stage}: missing {path}; {how}")
-    return pq.read_table(path).to_pylist()
-
-
 def build_final_data(keys: Mapping[str, Any]) -> Path:
     """Write ``predmask.train_file`` for an rft or vr_* final (atomically); FileNotFoundError names a missing input."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from predmask.command_text import command
-    from predmask.io import atomic_write
 
     how = "prepare it: " + command("sweeps.datasets prepare --family variational --bespoke-file F --out DIR")
     if keys["recipe"] == "rft":
-        samples = _read(str(keys["samples_file"]), "final", "run the rft_samples stage first")
-        rows = rft_rows(_read(str(keys["questions_file"]), "final", how), samples)
+        samples = read_parquet(str(keys["samples_file"]), "final", "run the rft_samples stage first")
+        rows = rft_rows(read_parquet(str(keys["questions_file"]), "final", how), samples)
         if not rows:
             raise ValueError("stage final: no sample of pi_theta0 is correct: nothing for rft to train on")
     else:
-        weights = _read(str(keys["weights_file"]), "final", "run the weights stage first")
-        traces = _read(str(keys["traces_file"]), "final", "run the traces stage first")
-        questions = _read(str(keys["questions_file"]), "final", how)
+        weights = read_parquet(str(keys["weights_file"]), "final", "run the weights stage first")
+        traces = read_parquet(str(keys["traces_file"]), "final", "run the traces stage first")
+        questions = read_parquet(str(keys["questions_file"]), "final", how)
         rows = final_rows(questions, traces, weights, estimator=str(keys["estimator"]), data=str(keys["data"]))
         if not rows:
             raise ValueError(f"stage final: no trace has a positive weight_{keys['estimator']}: nothing to train on")
     out = Path(str(keys["train_file"]))
-    table = pa.Table.from_pylist(rows)
-    atomic_write(out, lambda tmp: pq.write_table(table, tmp))
+    write_parquet(rows, out)
     return out
 
 
