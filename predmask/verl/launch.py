@@ -1,33 +1,19 @@
 """``python -m predmask.verl.launch <verl hydra overrides>``: verl's PPO trainer with the plugin in every process.
 
-Runs verl's own Hydra app (``verl.trainer.main_ppo``) in this process -- this module is not a Hydra app, so there is
-no Hydra-inside-Hydra. Before that it makes every process import :mod:`predmask.verl.plugin` (which installs the
-hooks):
-
-- this process (the Ray driver): the hooks are installed explicitly, and ``VERL_USE_EXTERNAL_MODULES`` gets
-  ``predmask.verl.plugin`` appended (``import verl`` imports it);
-- every Ray worker (TaskRunner, actor/rollout workers, vLLM servers, agent-loop workers, on every node): the same
-  variable goes into Ray's job ``runtime_env`` through the override
-  ``+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=predmask.verl.plugin`` (added unless given).
-
-The Ray workers do not inherit this process's environment on a cluster started with ``ray start``, so the
-launcher also forwards ``VERL_FILE_LOGGER_PATH`` / ``VERL_FILE_LOGGER_ROOT`` when they are set here (replacing an
-override of the same variable: the job sets them per attempt; verl's FileLogger runs in the TaskRunner actor).
-
-predmask's own keys (``predmask.delta=...``, ``predmask.top_k=...``; :mod:`predmask.verl.settings`) are taken off
-verl's argv: verl never sees them. Their values, with this launch's session (it names the attempt's loss-statistics
-files), go as JSON into ``PREDMASK_VERL_SETTINGS`` of this process and, through the same ``runtime_env``, of every
-Ray worker.
+Runs verl's own Hydra app (``verl.trainer.main_ppo``) in this process, after it prepared the environment
+(docs/verl-plugin.md, "What the launcher does"): the hooks installed here, ``VERL_USE_EXTERNAL_MODULES``
+naming the plugin here and, through the job's Ray ``runtime_env``, in every Ray worker (a cluster started with
+``ray start`` does not pass this process's environment on), the ``predmask.*`` keys taken off verl's argv into
+``PREDMASK_VERL_SETTINGS`` (with this launch's session, which names the attempt's loss-statistics files), the
+file logger's variables forwarded, ``trainer.use_v1=false``.
 
 verl's trackers (``trainer.logger``; verl's default list when the command line has none) write into the run
 directory, as the CPU engine's do (:mod:`predmask.rl.trackers`): with ``tensorboard`` every worker gets
 ``TENSORBOARD_DIR=<run_dir>/tensorboard``, with ``wandb`` ``WANDB_DIR=<run_dir>``, ``WANDB_RUN_ID`` from
-``<run_dir>/wandb_id`` (made by the first attempt, under the run lock) and ``WANDB_RESUME=allow``, so every attempt
-of a run continues one W&B run (verl alone starts a new one per attempt). ``TENSORBOARD_DIR`` / ``WANDB_DIR`` set
-here win, as in verl; ``WANDB_MODE`` and ``WANDB_ENTITY`` set here are forwarded.
-
-It also adds ``trainer.use_v1=false`` unless given (the plugin rides verl's DataProto trainer) and refuses
-``trainer.use_v1=true``. Any Hydra flag (``--cfg job``, ``--help``) passes through to verl.
+``<run_dir>/wandb_id`` (made by the first attempt, under the run lock) and ``WANDB_RESUME=allow``, so every
+attempt of a run continues one W&B run. ``TENSORBOARD_DIR`` / ``WANDB_DIR`` set here win, as in verl;
+``WANDB_MODE`` and ``WANDB_ENTITY`` set here are forwarded. Any Hydra flag (``--cfg job``, ``--help``) passes
+through to verl.
 """
 
 from __future__ import annotations
@@ -42,7 +28,7 @@ from pathlib import Path
 from predmask.rl.trackers import TENSORBOARD_ENV, WANDB_DIR_ENV, tensorboard_dir, wandb_dir, wandb_run_id
 from predmask.rundir import RunDirBusyError, hold_run_lock, keep_previous_attempt
 from predmask.verl.overrides import HYDRA_SUBDIR, PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
-from predmask.verl.settings import SETTINGS_ENV, PluginSettings, split_argv
+from predmask.verl.settings import SETTINGS_ENV, PluginSettings, parse_value, split_argv
 
 _KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
 #: variables of this process's environment handed to every Ray worker (verl reads them in the trainer actor)
@@ -118,9 +104,7 @@ def requested_loggers(argv: Sequence[str]) -> list[str]:
 
         default = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "ppo_trainer.yaml")
         return [str(name) for name in default.trainer.logger]
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_override(f"trainer.logger={value}").value()
+    parsed = parse_value(value)
     return [str(name) for name in parsed] if isinstance(parsed, list) else [str(parsed)]
 
 
@@ -140,11 +124,6 @@ def tracker_argv(argv: Sequence[str], run_dir: Path, environ: Mapping[str, str],
     for var, value in env.items():
         out = _with_worker_env(out, var, value)
     return out, env
-
-
-def _logger_path(overrides: Sequence[str], environ: Mapping[str, str]) -> str | None:
-    keys = _override_keys(overrides)
-    return keys.get(f"{RUNTIME_ENV.lstrip('+')}.VERL_FILE_LOGGER_PATH") or environ.get("VERL_FILE_LOGGER_PATH")
 
 
 def run_dir_of(overrides: Sequence[str]) -> Path | None:
@@ -178,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _launch(verl_argv: list[str], env: Mapping[str, str]) -> None:
-    logger_path = _logger_path(verl_argv, os.environ)
+    logger_path = (_override_keys(verl_argv).get(f"{RUNTIME_ENV.lstrip('+')}.VERL_FILE_LOGGER_PATH")
+                   or os.environ.get("VERL_FILE_LOGGER_PATH"))
     if logger_path:
         keep_previous_attempt(Path(logger_path.strip("'\"")))
     os.environ.update(env)

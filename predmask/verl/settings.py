@@ -1,24 +1,11 @@
 """predmask's own parameters of a verl run: the ``predmask.*`` keys of the command line and how they reach every process.
 
-verl's keys keep verl's meaning; what only predmask reads travels under its own keys (:data:`SETTINGS_KEYS`):
-
-==================  ======================================================  =========================================
-key                 meaning                                                 default (when the key is absent)
-==================  ======================================================  =========================================
-``predmask.delta``      trust-region threshold on D (divergence methods)    ``MethodParams.delta``
-``predmask.ratio_cap``  c in ``-A sg(min(r, c)) keep log pi_k``             ``MethodParams.ratio_cap``
-``predmask.anchor``     the ratio's anchor, ``old`` (verl's recomputed      the method's (``Method.default_anchor``)
-                        old_log_prob) or ``rollout`` (log mu_k)
-``predmask.support``    the top-K methods' support, ``topk_plus_sampled``    ``topk_plus_sampled``
-                        or ``topk`` (``predmask.methods.TOPK_SUPPORTS``)
-``predmask.top_k``      K of the rollout's top-K (the vLLM hook asks for K  0: no top-K records
-                        log-probs per token)
-``predmask.stats_dir``  directory of the per-rank loss statistics           none: no statistics written
-==================  ======================================================  =========================================
-
-``python -m predmask.verl.launch`` removes the ``predmask.*`` overrides from verl's argv (:func:`split_argv`) and
-puts them, as JSON, into the environment variable :data:`SETTINGS_ENV` of its own process and of every Ray worker
-(the job's ``runtime_env``); every plugin piece reads them with :func:`current_settings`. Imports no verl.
+verl's keys keep verl's meaning; what only predmask reads travels under its own keys (:data:`SETTINGS_KEYS`;
+their meanings and defaults: docs/verl-plugin.md, "The losses"; a key not given is None, ``top_k`` 0: no top-K
+records; ``predmask.support`` is the top-K methods' support, one of ``predmask.methods.TOPK_SUPPORTS``, the
+first by default). ``python -m predmask.verl.launch`` takes them off verl's argv (:func:`split_argv`) and puts
+them, as JSON, into :data:`SETTINGS_ENV` of its own process and of every Ray worker (the job's
+``runtime_env``); every plugin piece reads them with :func:`current_settings`. Imports no verl.
 """
 
 from __future__ import annotations
@@ -88,7 +75,7 @@ class PluginSettings:
 SETTINGS_KEYS: tuple[str, ...] = ("delta", "ratio_cap", "anchor", "support", "top_k", "stats_dir")
 
 
-def _value(text: str) -> Any:
+def parse_value(text: str) -> Any:
     """A Hydra override value as the Python value Hydra's grammar gives (quoted strings unquoted)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -105,7 +92,7 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
         if match is None:
             rest.append(item)
             continue
-        values[match.group(2).strip()] = _value(match.group(3).strip())
+        values[match.group(2).strip()] = parse_value(match.group(3).strip())
     PluginSettings.from_mapping(values)  # one line on a bad key or value, before anything starts
     return rest, values
 
