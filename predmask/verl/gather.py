@@ -1,10 +1,8 @@
 """The training log-probs on the rollout support from [N, V] logits, in row chunks (pure torch; imports no verl).
 
-:func:`chunked_support_logprobs` is ``predmask.gather_support_logprobs`` over the full vocabulary in chunks of
-rows (bounding the [rows, V] float32 temporaries; FSDP). :func:`vocab_parallel_support_logprobs` computes the
-same quantity from vocab-sharded logits (Megatron tensor parallelism) with ``torch.distributed`` all-reduces
-over the tensor-parallel group. :func:`hidden_support_logprobs` computes it from the hidden states and the
-(vocab-sharded) lm_head weight, for verl's fused-kernel path, which builds no logits.
+Three sources: full-vocabulary logits (FSDP), vocab-sharded logits (Megatron tensor parallelism, with
+``torch.distributed`` all-reduces) and, for verl's fused-kernel path, which builds no logits, the hidden
+states and the lm_head weight.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The plugin's loss statistics: every micro-batch's policy-loss metrics, as one JSON line, beside verl's own metrics.
 
-verl reduces every policy-loss metric by a mean over micro-batches and ranks, so its counts and maxima depend on the
-parallel layout. :class:`LossStatsWriter` keeps the values of each micro-batch alone (each mean with its weight, in
-the terms of ``predmask.metrics``) in ``<stats_dir>/<session>.rank<R>.jsonl``; ingest merges them per step with
-``predmask.metrics.merge_micro_batches`` (the record's fields: ``predmask.metrics.STATS_FIELDS``). The actor worker
-(:mod:`predmask.verl.worker`) says which step and mini-batch is running; one rank per model-parallel group writes
-(verl's ``is_mp_src_rank_with_outputs``), so replicated losses (sequence or tensor parallel) count once.
-Imports no verl.
+verl reduces every policy-loss metric by a mean over micro-batches and ranks, so its counts and maxima depend
+on the parallel layout; ingest merges these lines per step instead (``predmask.metrics.merge_micro_batches``;
+the fields: ``predmask.metrics.STATS_FIELDS``). Imports no verl.
 """
 
 from __future__ import annotations

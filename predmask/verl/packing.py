@@ -1,9 +1,7 @@
 """Layouts of the rollout support (pure; imports no verl): records -> response-aligned [B, L, K+1] -> packed rows.
 
-verl hands the actor padded responses [B, L] and packs each sample as prompt + response into one no-padding
-token stream, where the logits at row ``t`` predict token ``t + 1``. :func:`support_from_records` builds the
-response-aligned support ``TopK(mu) ∪ {sampled}`` from the rollout's records; :func:`packed_response_index` and
-:func:`pack_response_tensor` place it on the packed rows that predict each response token.
+verl packs each sample as prompt + response into one no-padding token stream, where the logits at row ``t``
+predict token ``t + 1``: the response-aligned support is placed on the rows that predict each response token.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """vLLM's per-token top-K log-probs as one :class:`TopKRecord` per generated sequence (pure; imports no verl).
 
-vLLM's ``CompletionOutput.logprobs`` is a list, per generated token, of ``{token_id: Logprob(logprob, rank,
-decoded_token)}`` holding the K most likely tokens plus the sampled one (rank > K when outside the top-K).
-:func:`parse_vllm_logprobs` turns it into a :class:`TopKRecord` (numpy arrays), the object the rollout hook puts
-into ``TokenOutput.extra_fields[TOPK_KEY]`` and verl's agent loop carries to the actor in ``non_tensor_batch``.
-It reads each entry's two fields in C-level loops and sorts the whole sequence at once in numpy; vLLM's
-``FlatLogprobs`` (the same data as flat lists: ``start_indices``, ``end_indices``, ``token_ids``, ``logprobs``,
-``ranks``; the sampled token first, then ranks 1..K, the sampled one repeated when it is in the top-K; what the
-rollout hook asks vLLM for) is read from its lists directly, reshaped to [T, K + 1] when it has that layout. :func:`parse_vllm_logprobs_per_entry` is the per-entry reading of the same structure, kept
-as the reference the parser is checked and benchmarked against (``python scripts/benchmark.py parse``).
+:func:`parse_vllm_logprobs` reads vLLM's ``CompletionOutput.logprobs`` (per token a ``{token_id: Logprob}`` of
+the K most likely tokens plus the sampled one, or vLLM's ``FlatLogprobs``: the same entries in flat lists,
+what the rollout hook asks for) in numpy, the whole sequence at once; :func:`parse_vllm_logprobs_per_entry`
+reads it entry by entry, the reference it is checked and benchmarked against (``python scripts/benchmark.py
+parse``).
 """
 
 from __future__ import annotations
@@ -69,13 +65,9 @@ def _positions(position_logprobs: Any, token_ids: Sequence[int], k: int) -> int:
 
 def parse_vllm_logprobs_per_entry(position_logprobs: Sequence[Mapping[int, Any]], token_ids: Sequence[int],
                                   k: int) -> TopKRecord:
-    """Parse vLLM's per-position log-probs (``CompletionOutput.logprobs``) into a :class:`TopKRecord`, entry by
-    entry (the reference of :func:`parse_vllm_logprobs`).
-
-    ``position_logprobs[t]`` maps token id -> ``Logprob(logprob, rank, decoded_token)`` for generated token t: the
-    ``k`` most likely tokens plus the sampled one (rank > k when outside the top-k). Entries are ordered by
-    (rank, -logprob, id); the first ``k`` form the top-K. The sampled token's log-prob is looked up by id.
-    """
+    """Parse vLLM's per-position log-probs into a :class:`TopKRecord`, entry by entry (the reference of
+    :func:`parse_vllm_logprobs`): per position the entries ordered by (rank, -logprob, id), the first ``k``
+    the top-K (rank > k: outside it); the sampled token's log-prob looked up by id."""
     n = _positions(position_logprobs, token_ids, k)
     ids = np.zeros((n, k), dtype=np.int32)
     lps = np.full((n, k), -np.inf, dtype=np.float32)
@@ -175,12 +167,9 @@ def _vllm_flat_record(flat: Any, tokens: np.ndarray, k: int) -> TopKRecord | Non
 
 def parse_vllm_logprobs(position_logprobs: Sequence[Mapping[int, Any]] | Any, token_ids: Sequence[int],
                         k: int) -> TopKRecord:
-    """Parse vLLM's per-position log-probs (``CompletionOutput.logprobs``: a list of ``{id: Logprob}`` or vLLM's
-    ``FlatLogprobs``) into a :class:`TopKRecord`; the same record as :func:`parse_vllm_logprobs_per_entry`.
-
-    Per position: the ``k`` entries first by (rank, -logprob, id) form the top-K (an id listed twice counts once);
-    the sampled token's log-prob is looked up by id.
-    """
+    """Parse vLLM's per-position log-probs (a list of ``{id: Logprob}`` or vLLM's ``FlatLogprobs``) into the
+    same :class:`TopKRecord` as :func:`parse_vllm_logprobs_per_entry` (an id listed twice at a position counts
+    once)."""
     n = _positions(position_logprobs, token_ids, k)
     tokens = np.asarray(token_ids, dtype=np.int64).reshape(n)
     flat = all(hasattr(position_logprobs, f) for f in _FLAT_FIELDS)

@@ -1,28 +1,22 @@
 """The rollout hook: verl's ``vLLMHttpServer.generate`` also returns vLLM's top-K log-probs (one record per sample).
 
-verl 0.9.1 turns the agent loop's ``logprobs`` into ``SamplingParams(logprobs=0)`` and returns only the sampled
-token's log-prob; no hook exposes vLLM's ``RequestOutput``. When predmask's ``top_k`` setting is K >= 1
-(``predmask.top_k``, :mod:`predmask.verl.settings`) and the request asks for log-probs (verl's
-``rollout.calculate_log_probs=true``), the wrapper registers the request, wraps the server's engine client ``generate`` (an instance attribute)
-to raise ``logprobs`` to K for that request, ask for vLLM's flat log-prob lists (``flat_logprobs``; verl still
-reads them position by position) and keep the final output, parses it
-(:func:`predmask.verl.records.parse_vllm_logprobs`) and puts the record into ``TokenOutput.extra_fields``
-(key :data:`~predmask.verl.records.TOPK_KEY`); verl's agent loop and ``DataProto.to_tensordict`` carry it to the
-actor unchanged. The record is parsed in a worker thread (``asyncio.to_thread``), off the server's event loop, by
-the vectorised parser. Installed by :mod:`predmask.verl.plugin` when
-``verl.workers.rollout.vllm_rollout.vllm_async_server`` is imported (the module is passed in; nothing of verl is
-imported here).
+verl 0.9.1 asks vLLM for ``logprobs=0`` and exposes no ``RequestOutput``. When ``predmask.top_k`` is K >= 1
+and the request asks for log-probs, the wrapper wraps the server's engine client ``generate`` (an instance
+attribute) to raise ``logprobs`` to K for that request (with vLLM's cheaper flat log-prob lists) and keep the
+final output, parses it off the server's event loop (``asyncio.to_thread``) and puts the record into
+``TokenOutput.extra_fields`` (key :data:`~predmask.verl.records.TOPK_KEY`); verl carries it to the actor
+unchanged.
 
-Validation asks for no top-K: verl's agent loop knows a validation batch (``meta_info["validate"]``) and hands each
-sample's ``trajectory["validate"]`` to ``AgentLoopWorker._run_agent_loop``; :func:`install_agent_loop` wraps that
-method to add the marker :data:`VALIDATE_KEY` to a validation sample's sampling parameters, and the server's
-wrapper removes it before verl builds vLLM's ``SamplingParams`` and leaves such a request as verl sends it.
+Validation asks for no top-K: :func:`install_agent_loop` marks a validation sample's sampling parameters with
+:data:`VALIDATE_KEY`, which the server's wrapper removes before verl builds vLLM's ``SamplingParams``. Imports
+no verl: the modules are passed in by :mod:`predmask.verl.plugin`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -33,12 +27,10 @@ from predmask.verl.settings import current_settings
 VALIDATE_KEY = "predmask_validate"
 
 
+@dataclass
 class _Pending:
-    __slots__ = ("final", "k")
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-        self.final: Any = None
+    k: int
+    final: Any = None
 
 
 def _wrap_engine(server: Any) -> None:

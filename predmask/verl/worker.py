@@ -1,18 +1,12 @@
 """The actor worker hook: verl's ``ActorRolloutRefWorker`` builds its actor with a top-K-aware TrainingWorker.
 
-``ActorRolloutRefWorker.actor_worker_cls`` is a class attribute verl 0.9.1 provides for swapping the actor's
-TrainingWorker. The subclass wraps the loss in :class:`predmask.verl.topk_loss.TopKPolicyLoss` (``set_loss_fn``)
-and, when the batch carries top-K records and the method needs the support, sets the micro-batch flag
-``distillation_use_topk`` (``train_batch``) so that the engines call the loss as logits processor first. With
-verl's fused kernels on (FSDP), whose forward builds no logits, it hooks the engine once
-(:func:`install_hidden_gather`) so that the support comes from the decoder's final hidden states instead.
-
-With ``predmask.stats_dir`` set (:mod:`predmask.verl.settings`) it also gives the loss a
-:class:`~predmask.verl.loss_stats.LossStatsWriter` on the first rank of each model-parallel group and tells it the step
-and the mini-batch: ``train_mini_batch`` is one training step (verl's ``update_actor``), counted from the step of
-the checkpoint it resumed from (``load_checkpoint``'s ``global_step_<N>`` path; 0 for a fresh run), and
-``train_batch`` one mini-batch. Imports verl; installed by :mod:`predmask.verl.plugin` when
-``verl.workers.engine_workers`` is imported.
+The subclass wraps the loss in :class:`predmask.verl.topk_loss.TopKPolicyLoss` and sets the micro-batch flag
+``distillation_use_topk`` when the batch carries top-K records and the method needs the support, so that the
+engines call the loss as logits processor first (with fused kernels on FSDP: :func:`install_hidden_gather`).
+With ``predmask.stats_dir`` set it gives the loss a :class:`~predmask.verl.loss_stats.LossStatsWriter` on the
+first rank of each model-parallel group (replicated losses count once) and tells it the step
+(``train_mini_batch``, counted from the resumed checkpoint's step) and the mini-batch (``train_batch``).
+Imports verl.
 """
 
 from __future__ import annotations
@@ -112,10 +106,8 @@ def _decoder_hook(lm: Any) -> Callable[..., None]:
 
 
 def install_hidden_gather(engine: Any) -> None:
-    """verl's fused FSDP forward builds no logits and calls no logits processor: hook the engine so that its
-    ``forward_step`` on a top-K micro-batch gathers the support from the decoder's hidden states
-    (:meth:`TopKPolicyLoss.hidden_support`) and ``prepare_model_outputs`` puts the result in ``model_output``
-    exactly where the logits path puts it (idempotent; the logits path is untouched)."""
+    """verl's fused FSDP forward builds no logits: hook the engine so that a top-K micro-batch's support comes
+    from the decoder's hidden states, put in ``model_output`` where the logits path puts it (idempotent)."""
     if getattr(engine, "predmask_hidden_gather", False):
         return
     lm = next((m for m in engine.module.modules() if hasattr(m, "get_output_embeddings") and hasattr(m, "get_decoder")),
