@@ -2,10 +2,15 @@
 time ratio, peak memory, and the closed forms at the benchmark's precision against float64; and the measuring
 helpers every benchmark shares (``stopwatch``, the PASS/FAIL ``target`` row).
 
-Run by ``python scripts/benchmark.py loss`` (and ``scripts/device_check.sh`` at Qwen3 scale). Every method
-runs the path a trainer runs; timings interleave the methods in one process (median of the repeats); peak
-memory is given in units of the logits' own size. Each size ends with PASS/FAIL against ``TIME_RATIO_MAX`` and
-``PEAK_EXTRA_MAX``.
+Run by ``python scripts/benchmark.py loss`` (and ``scripts/device_check.sh`` at Qwen3 scale). Every method runs the path
+a trainer runs: gather the training log-probs on the support from the logits
+(log-sum-exp), the masked loss, and the backward pass to the logits. Timings interleave the methods in one process
+(median of the repeats). Peak memory is the most memory allocated above the inputs during one step, in units of the
+logits' own size (numel x element size): on CUDA ``torch.cuda.max_memory_allocated`` in this process, on CPU the
+peak RSS of a fresh subprocess per method. The closed forms (D and its predicted change Ddot, both tails) are
+computed from the benchmark's logits as the trainer computes them and again with the same logits and rollout
+log-probs in float64; their largest absolute and relative differences and the tokens whose mask decision differs
+are printed. Each size ends with PASS/FAIL against the targets (``TIME_RATIO_MAX``, ``PEAK_EXTRA_MAX``).
 """
 
 from __future__ import annotations

@@ -2,9 +2,16 @@
 precision on a model's base policy, and the engine's speed against its previous path (measurements, not tests; run
 by ``python scripts/benchmark.py engine``).
 
-The previous path (``use_previous_path``) is the engine before its speed-ups: torch's own bf16 products
-instead of the matrix-product rule of ``predmask.precisions``, every sample's prompt prefilled apart, the
-exact tail computed for every method.
+``bench_model`` builds the engine from ``conf/train.yaml`` (the cached base model; built on first use), times GRPO
+steps (rollout + mini-batch updates + weight sync) and one validation, and projects the wall time of a
+``trainer.steps`` run. ``measure_mismatch`` measures on the base policy, per precision, the mean / max top-K KL,
+verl's sampled KL, the fraction of tokens with D > delta, and the rollout's probability mass outside the top-K (the
+tail the estimators model). ``compare_rollouts`` and ``compare_runs`` time, in one process, the engine's path
+against the previous one (``use_previous_path``: torch's own bf16 products instead of the matrix-product rule of
+``predmask.precisions``, every sample's prompt prefilled apart, the exact tail computed for every method): rollouts
+of a training batch and of a validation split per precision (median CPU seconds, old and new interleaved), and a
+short run (GRPO steps and one validation) per setting; ``project_sweep`` projects a whole sweep (the main comparison)
+from those runs, with and without the shared step-0 validation and the warm worker of local runs.
 """
 
 from __future__ import annotations
