@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from predmask.config import group_entry
-from predmask.io import atomic_write, atomic_write_text
+from predmask.io import atomic_write_text
 from predmask.verl.overrides import DATA_FILES  # the file names the verl command reads (no verl import)
 from predmask.verl.vr_cluster import (  # the variational family's file names and response format (no verl import)
     SOLUTION_MARKERS,
@@ -49,8 +49,10 @@ from predmask.verl.vr_cluster import (  # the variational family's file names an
     VR_DATA_FILES,
     answer_text,
     boxed_answer,
+    chat_messages,
     split_response,
     trace_text,
+    write_parquet,
 )
 
 #: the one prompt of every problem; the answer contract matches verl's DAPO math scoring (last "Answer:" line)
@@ -194,15 +196,6 @@ def _parquet_schema() -> Any:
                       ("reward_model", reward), ("extra_info", extra)])
 
 
-def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path, schema: Any = None) -> None:
-    """Write rows atomically, with ``schema`` (the RLHF files': _parquet_schema) or else the one pyarrow infers."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.Table.from_pylist(list(rows), schema=schema)
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
-
-
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """Rows of a local .parquet, .jsonl or .json (a list of objects, or {"data": [...]}) file."""
     if not path.is_file():
@@ -265,7 +258,7 @@ def prepare(
             raise ValueError(f"{key}: no usable rows in {origin}")
         split = "train" if key == "train" else "test"
         path = out / DATA_FILES[key]
-        write_parquet(to_rlhf_rows(kept, data_source=DATA_SOURCES[key], split=split), path, _parquet_schema())
+        write_parquet(to_rlhf_rows(kept, data_source=DATA_SOURCES[key], split=split), path, schema=_parquet_schema())
         manifest["sets"][key] = {
             "file": DATA_FILES[key], "source": origin, "data_source": DATA_SOURCES[key], "rows": len(kept),
             "stages": [[stage, count] for stage, count in stages], "sha256": _sha256(path),
@@ -340,11 +333,6 @@ def parse_bespoke_row(row: Mapping[str, Any], reasoning: Mapping[str, Any], hint
     }
 
 
-def _chat(system: str, user: str, assistant: str) -> list[dict[str, str]]:
-    head = [{"role": "system", "content": system}] if system else []
-    return [*head, {"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
-
-
 def prepare_variational(out: Path, *, bespoke_file: Path, reasoning_prompt: str = "reasoning",
                         hint_prompt: str = "hint") -> dict[str, Any]:
     """Write the variational family's files under ``out`` (module docstring); returns the manifest, whose
@@ -362,9 +350,9 @@ def prepare_variational(out: Path, *, bespoke_file: Path, reasoning_prompt: str 
         kept.append({"question": len(kept), "source_id": f"row-{index}", **record})
     if not kept:
         raise ValueError(f"no usable rows in {bespoke_file} ({len(malformed)} malformed)")
-    sft = [{"messages": _chat(q["system"], q["prompt"], q["response"]), "weight": 1.0, "question": q["question"]}
+    sft = [{"messages": chat_messages(q["system"], q["prompt"], q["response"]), "weight": 1.0, "question": q["question"]}
            for q in kept]
-    posterior = [{"messages": _chat(q["system"], q["hint_prompt"], q["response"]), "weight": 1.0,
+    posterior = [{"messages": chat_messages(q["system"], q["hint_prompt"], q["response"]), "weight": 1.0,
                   "question": q["question"]} for q in kept]
     tables = {"sft": sft, "posterior": posterior, "questions": kept}
     import pyarrow as pa

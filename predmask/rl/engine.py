@@ -229,14 +229,19 @@ def base_validation_key(engine: Engine, seed: int) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def validation_metrics(split: str, batch: RolloutBatch, n: int) -> dict[str, float]:
-    """The validation metrics of ``n`` scored samples per problem of one split (rows ``i*n .. i*n+n-1`` = problem
-    ``i``): avg@n accuracy, pass@k for k = 1..n and the mean response length."""
-    correct = batch.rewards.view(-1, n) > 0.5
-    out = {M.val_acc(split, n): float(batch.rewards.mean())}
-    out.update({M.val_pass(split, int(k)): float(v) for k, v in pass_at_k_curve(correct).items()})
-    out[M.val_response_length(split)] = float(batch.response_lengths.float().mean())
+def split_metrics(split: str, correct: torch.Tensor, lengths: torch.Tensor) -> dict[str, float]:
+    """One split's evaluation from ``correct`` [problems, n] (bool or 1/0) and the responses' token ``lengths``:
+    avg@n accuracy, pass@k for k = 1..n and the mean response length (means in ``lengths``' dtype)."""
+    n = int(correct.shape[1])
+    out = {M.val_acc(split, n): float(correct.to(lengths.dtype).mean())}
+    out.update({M.val_pass(split, k): v for k, v in pass_at_k_curve(correct).items()})
+    out[M.val_response_length(split)] = float(lengths.mean())
     return out
+
+
+def validation_metrics(split: str, batch: RolloutBatch, n: int) -> dict[str, float]:
+    """:func:`split_metrics` of ``n`` scored samples per problem (rows ``i*n .. i*n+n-1`` = problem ``i``)."""
+    return split_metrics(split, batch.rewards.view(-1, n), batch.response_lengths.float())
 
 
 def batch_metrics(batch: RolloutBatch, advantages: torch.Tensor, max_response_length: int) -> dict[str, float]:

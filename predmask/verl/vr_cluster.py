@@ -280,15 +280,17 @@ def read_parquet(path: str | Path, stage: str, how: str) -> list[dict[str, Any]]
     return pq.read_table(path).to_pylist()
 
 
-def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path, columns: Sequence[str] | None = None
-                  ) -> None:
-    """``rows`` (only ``columns``, in that order, when given) as a parquet file, written atomically."""
+def write_parquet(rows: Sequence[Mapping[str, Any]], path: Path, columns: Sequence[str] | None = None,
+                  schema: Any = None) -> None:
+    """``rows`` (only ``columns``, in that order, when given) as a parquet file, written atomically, with
+    ``schema`` or else the one pyarrow infers."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from predmask.io import atomic_write
 
-    table = pa.Table.from_pylist([dict(r) if columns is None else {c: r[c] for c in columns} for r in rows])
+    table = pa.Table.from_pylist([dict(r) if columns is None else {c: r[c] for c in columns} for r in rows],
+                                 schema=schema)
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 

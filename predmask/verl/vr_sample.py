@@ -30,10 +30,9 @@ from typing import Any
 
 import torch
 
-from predmask import metrics as M
 from predmask.command_text import command
-from predmask.evaluation import pass_at_k_curve
 from predmask.io import atomic_write_text
+from predmask.rl.engine import split_metrics
 from predmask.rundir import RunDirBusyError, hold_run_lock, metrics_line
 from predmask.verl.vr_cluster import (
     STAGE_OUTPUTS,
@@ -130,16 +129,11 @@ def weight_rows(raw: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def eval_metrics(split: str, correct: Sequence[Sequence[bool]], lengths: Sequence[Sequence[int]]) -> dict[str, float]:
     """One split's evaluation from ``correct`` [problems, n] and the responses' token ``lengths`` [problems, n]:
-    avg@n, pass@k for k = 1..n (:func:`predmask.evaluation.pass_at_k_curve`, the one estimator) and the mean
-    response length, under the metric names of ``predmask.metrics`` (those the CPU engine's evaluation logs)."""
+    :func:`predmask.rl.engine.split_metrics`, the CPU engine's evaluation."""
     hits = torch.tensor([[bool(c) for c in row] for row in correct], dtype=torch.bool)
     if hits.ndim != 2 or hits.numel() == 0:
         raise ValueError(f"split {split}: no evaluated problems")
-    n = int(hits.shape[1])
-    out = {M.val_acc(split, n): float(hits.to(torch.float64).mean())}
-    out.update({M.val_pass(split, k): v for k, v in pass_at_k_curve(hits).items()})
-    out[M.val_response_length(split)] = float(torch.tensor(lengths, dtype=torch.float64).mean())
-    return out
+    return split_metrics(split, hits, torch.tensor(lengths, dtype=torch.float64))
 
 
 def eval_problems(rows: Sequence[Mapping[str, Any]], path: Path) -> list[dict[str, Any]]:

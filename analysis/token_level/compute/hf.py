@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from predmask.precisions import Precision
 from predmask.rl.emulated_precision import make_rollout_model
-from predmask.rl.rollout import RolloutBatch, concat_batches
+from predmask.rl.rollout import RolloutBatch, concat_batches, pad_rows
 from predmask.rl.task import Problem, reward
 
 
@@ -30,17 +30,6 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} requested but CUDA is not available; allowed here: cpu, auto")
     return dev
-
-
-def _left_pad(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r) :] = True
-    return ids.to(device), mask.to(device)
 
 
 @torch.no_grad()
@@ -233,12 +222,12 @@ class HFBackend:
         model = self._rollout_copy()
         parts = []
         for start in range(0, len(rows), self.rollout_chunk):
-            ids, mask = _left_pad(rows[start : start + self.rollout_chunk], self.pad_id, self.device)
+            ids, mask = pad_rows(rows[start : start + self.rollout_chunk], self.pad_id, left=True)
             parts.append(
                 generate_transformers(
                     model,
-                    ids,
-                    mask,
+                    ids.to(self.device),
+                    mask.to(self.device),
                     max_new_tokens=self.max_new_tokens,
                     eos_id=self.eos_id,
                     pad_id=self.pad_id,
