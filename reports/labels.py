@@ -49,12 +49,6 @@ def setting_label(paper_model: str, precision: str | None) -> str:
     return f"{model_label(paper_model)} · {precision_label(precision)}"
 
 
-def stands_in_for(model: str | None) -> str | None:
-    """The paper model a CPU model of conf/model stands in for (None for any other model)."""
-    entry = _entry("model", model or "")
-    return entry.get("stands_in_for") if entry.get("backend") == "cpu" else None
-
-
 @cache
 def cpu_standin(paper_model: str) -> str | None:
     """The CPU model that trains in place of a paper model on the CPU engine (None for a model conf/ lacks)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -13,16 +12,8 @@ import polars as pl
 
 from analysis.results import curves
 from analysis.store import STUDY_RESULT_KEYS, run_sweeps, table_exists
+from predmask.verl.overrides import config_select
 from reports import labels
-
-
-def _json_dict(text: Any) -> dict[str, Any]:
-    """A stored JSON object (text, or already parsed); {} for anything else or unparsable text."""
-    try:
-        parsed = json.loads(text) if isinstance(text, str) else (text or {})
-    except (TypeError, json.JSONDecodeError):
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
 
 
 def count_rows(con: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -102,7 +93,7 @@ def load_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
         "SELECT run_id, sweep, method, delta, model, precision, seed, backend, status, config FROM runs ORDER BY run_id"
     ).fetchall()
     held = run_sweeps(con)
-    return [RunInfo(*r[:9], config=_json_dict(r[9]), sweeps=held.get(r[0], ())) for r in rows]
+    return [RunInfo(*r[:9], config=curves.json_object(r[9]), sweeps=held.get(r[0], ())) for r in rows]
 
 
 def same_delta(a: float | None, b: float) -> bool:
@@ -208,22 +199,14 @@ class StudyInfo:
     config: dict[str, Any]
     n_seeds: int
 
-    def _get(self, *path: str) -> Any:
-        cur: Any = self.config
-        for p in path:
-            if not isinstance(cur, dict):
-                return None
-            cur = cur.get(p)
-        return cur
-
     def describe(self) -> str:
         """'backend, scale, precision' in words, for labels that must never be confused with the paper's."""
-        model = self._get("model", "name") or self._get("model")
+        model = config_select(self.config, "model.name") or self.config.get("model")
         model = model if isinstance(model, str) else "unknown model"
-        stands = self._get("model", "stands_in_for") or labels.stands_in_for(model)
-        precision = self._get("precision", "name") or self._get("precision")
+        stands = curves.paper_model(model, self.config)
+        precision = config_select(self.config, "precision.name") or self.config.get("precision")
         precision = precision if isinstance(precision, str) else "unknown precision"
-        cluster = self._get("cluster", "name") or self._get("cluster") or self._get("backend")
+        cluster = config_select(self.config, "cluster.name") or self.config.get("cluster") or self.config.get("backend")
         cpu = stands is not None and model != stands
         backend = "CPU engine" if cpu or cluster in (None, "local") else f"cluster ({cluster})"
         scale = f"{model} (stand-in for {labels.model_label(stands)})" if cpu else labels.model_label(model)
@@ -240,7 +223,7 @@ def load_studies(con: duckdb.DuckDBPyConnection) -> list[StudyInfo]:
     rows = con.execute(
         f"SELECT study_id, config, {count} FROM token_level_studies t ORDER BY created_at DESC NULLS LAST, study_id"
     ).fetchall()
-    return [StudyInfo(sid, _json_dict(cfg), int(n)) for sid, cfg, n in rows]
+    return [StudyInfo(sid, curves.json_object(cfg), int(n)) for sid, cfg, n in rows]
 
 
 def pick_study(studies: Sequence[StudyInfo], study_id: str | None) -> StudyInfo | None:
@@ -261,10 +244,7 @@ def pick_study(studies: Sequence[StudyInfo], study_id: str | None) -> StudyInfo 
 
 def seed_rows(con: duckdb.DuckDBPyConnection, study_id: str) -> pl.DataFrame:
     """The token_level_seeds rows of one study, as stored (empty when the table does not exist)."""
-    if not table_exists(con, "token_level_seeds"):
-        return pl.DataFrame()
-    sql = "SELECT * EXCLUDE (study_id) FROM token_level_seeds WHERE study_id = ? ORDER BY seed"
-    return con.sql(sql, params=[study_id]).pl()
+    return curves.study_rows(con, "token_level_seeds", study_id, "seed").drop("study_id", strict=False)
 
 
 def study_table(con: duckdb.DuckDBPyConnection, table: str, study_id: str) -> pl.DataFrame:
@@ -272,9 +252,7 @@ def study_table(con: duckdb.DuckDBPyConnection, table: str, study_id: str) -> pl
     tokens), as stored, without ``study_id``; empty when the database has no such table yet."""
     if table not in STUDY_RESULT_KEYS:
         raise ValueError(f"unknown study-level table {table!r}; valid: {', '.join(STUDY_RESULT_KEYS)}")
-    if not table_exists(con, table):
-        return pl.DataFrame()
-    return con.sql(f"SELECT * EXCLUDE (study_id) FROM {table} WHERE study_id = ?", params=[study_id]).pl()
+    return curves.study_rows(con, table, study_id).drop("study_id", strict=False)
 
 
 #: the sweeps the training figures and Table 2 draw by default (conf/sweep/<name>.yaml)
@@ -373,4 +351,4 @@ def latest_weighting(con: duckdb.DuckDBPyConnection) -> WeightingAnalysis | None
     rows = con.sql(
         "SELECT * FROM accuracy_weighting WHERE analysis_id = ? ORDER BY method, source, accuracy", params=[aid]
     ).pl()
-    return WeightingAnalysis(str(aid), _json_dict(cfg), rows)
+    return WeightingAnalysis(str(aid), curves.json_object(cfg), rows)

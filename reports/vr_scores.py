@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from statistics import mean
 from typing import Any
 
+from analysis.results import curves
 from analysis.training import stats as training_stats
 from predmask import metrics
 from predmask.command_text import sweep_command
@@ -223,9 +224,7 @@ def vr_scores(ctx: ReportContext) -> VrScores:
         grouped.setdefault(replace(queries.vr_key(r), regime=out.regime_of_run(r)), []).append(r)
     for key in sorted(grouped, key=_key_rank):
         members = sorted(grouped[key], key=lambda r: (r.seed is None, r.seed or 0, r.run_id))
-        seeds = [r.seed for r in members]
-        by_seed = None not in seeds and len(set(seeds)) == len(seeds)  # else: keyed by run (nothing merged)
-        out.by_key[key] = {(r.seed if by_seed else r.run_id): finals[r.run_id] for r in members}
+        out.by_key[key] = curves.by_seed(members, finals)
     return out
 
 

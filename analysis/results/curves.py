@@ -1,4 +1,5 @@
-"""A run's curves as the database holds them: metric series, the AIME validation scores and their mean, by seed.
+"""What the database holds, as the reports and ``analysis.results`` read it: stored JSON objects, a study's rows,
+and a run's curves (metric series, the AIME validation scores and their mean, by seed).
 
 The one place that says which logged metrics make a run's validation accuracy (``val-core/<aime24 or 25>/acc/
 mean@N``, N = 16 preferred) and how runs of one method are keyed for pairing (by seed, or by run id where seeds do
@@ -7,13 +8,15 @@ not identify them). The reports' figures and tables and ``analysis.results`` rea
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from functools import cache
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import duckdb
 import numpy as np
+import polars as pl
 
 from analysis.store import table_exists
 from analysis.training import stats as training_stats
@@ -26,6 +29,7 @@ AIME_RE = {
     "aime25": re.compile(r"aime[_-]?(?:20)?25", re.IGNORECASE),
 }
 PREFERRED_AT_N = 16  # the paper's avg@16
+T = TypeVar("T")
 
 
 class RunKey(Protocol):
@@ -37,6 +41,24 @@ class RunKey(Protocol):
     def method(self) -> str | None: ...
     @property
     def seed(self) -> int | None: ...
+
+
+def json_object(text: Any) -> dict[str, Any]:
+    """A stored JSON object (text, or already parsed); {} for anything else or unparsable text."""
+    try:
+        parsed = json.loads(text) if isinstance(text, str) else (text or {})
+    except (TypeError, json.JSONDecodeError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def study_rows(con: duckdb.DuckDBPyConnection, table: str, study_id: str, order: str = "") -> pl.DataFrame:
+    """One study's rows of a table keyed by ``study_id`` (ordered by the ``order`` columns), as stored; empty when
+    the database has no such table yet."""
+    if not table_exists(con, table):
+        return pl.DataFrame()
+    sql = f"SELECT * FROM {table} WHERE study_id = ?" + (f" ORDER BY {order}" if order else "")
+    return con.sql(sql, params=[study_id]).pl()
 
 
 def paper_model(model: str | None, run_config: Mapping[str, Any] | None = None) -> str | None:
@@ -137,16 +159,19 @@ def by_method_and_seed(
     series: Mapping[str, Series],
     rank: Callable[[str | None], Any] = lambda _method: 0,
 ) -> dict[str | None, dict[Hashable, Series]]:
-    """method -> {seed: series} for the runs that have a series (by run_id), methods ordered by ``rank`` then name.
-    A run is keyed by its seed; where a method has a run without a seed or two runs of one seed (runs of several
-    sweeps), its runs are keyed by run id, so nothing is merged and nothing pairs by accident."""
+    """method -> {seed: series} for the runs that have a series (by run_id), methods ordered by ``rank`` then name;
+    a method's runs keyed as ``by_seed`` keys them (by run id where seeds do not identify them: runs of several
+    sweeps), so nothing pairs by accident."""
     by_method: dict[str | None, list[RunKey]] = {}
     for run in sorted(runs, key=lambda r: (rank(r.method), r.method or "", r.seed or 0, r.run_id)):
         if run.run_id in series:
             by_method.setdefault(run.method, []).append(run)
-    out: dict[str | None, dict[Hashable, Series]] = {}
-    for method, members in by_method.items():
-        seeds = [r.seed for r in members]
-        by_seed = None not in seeds and len(set(seeds)) == len(seeds)
-        out[method] = {(r.seed if by_seed else r.run_id): series[r.run_id] for r in members}
-    return out
+    return {method: by_seed(members, series) for method, members in by_method.items()}
+
+
+def by_seed(runs: Sequence[RunKey], values: Mapping[str, T]) -> dict[Hashable, T]:
+    """seed -> the run's value (by run_id), in the runs' order; keyed by run id instead where a run has no seed or
+    two runs share one, so nothing is merged."""
+    seeds = [r.seed for r in runs]
+    seeded = None not in seeds and len(set(seeds)) == len(seeds)
+    return {(r.seed if seeded else r.run_id): values[r.run_id] for r in runs}

@@ -9,7 +9,6 @@ what exists.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -137,11 +136,7 @@ def _run_frame(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     held = run_sweeps(con)
     out = []
     for run_id, sweep, method, model, precision, delta, seed, backend, status, cfg, run_dir, updated in rows:
-        try:
-            parsed = json.loads(cfg) if cfg else {}
-        except (TypeError, json.JSONDecodeError):
-            parsed = {}
-        parsed = parsed if isinstance(parsed, dict) else {}
+        parsed = curves.json_object(cfg)
         paper = curves.paper_model(model, parsed) or model
         out.append((run_id, sweep, list(held.get(run_id, ())), method, _run_setting(parsed, paper, precision), model, paper, precision, delta,
                     seed, backend, status, _anchor(parsed), _model_label(model) if model else None, run_dir, updated))
@@ -415,9 +410,7 @@ class Results:
         order = "seed" if level == "seed" else "seed, sequence, position"
         with self._connect() as con:
             study_id = _study(con, study)
-            frame = con.sql(
-                f"SELECT * FROM {table} WHERE study_id = ? ORDER BY {order}", params=[study_id]
-            ).pl()
+            frame = curves.study_rows(con, table, study_id, order)
         return self._out(frame)
 
     def token_level_summary(self, study: str | None = None) -> Any:
@@ -428,9 +421,7 @@ class Results:
         paper reports it."""
         with self._connect() as con:
             study_id = _study(con, study)
-            seeds = con.sql(
-                "SELECT * FROM token_level_seeds WHERE study_id = ? ORDER BY seed", params=[study_id]
-            ).pl()
+            seeds = curves.study_rows(con, "token_level_seeds", study_id, "seed")
         summary = token_stats.study_summary(seeds)
         rows = [_count_row("seeds", None, summary.n_seeds, "seeds")]
         rows.append(_mean_row("outside per seed", None, summary.outside, "outside_per_seed", count=True))
@@ -453,11 +444,7 @@ class Results:
         schema = {"study_id": pl.String, **STUDY_TABLES[table]}
         with self._connect() as con:
             study_id = _study(con, study)
-            stored = (
-                con.sql(f"SELECT * FROM {table} WHERE study_id = ?", params=[study_id]).pl()
-                if table_exists(con, table)
-                else pl.DataFrame()
-            )
+            stored = curves.study_rows(con, table, study_id)
         if stored.height == 0:
             return self._out(pl.DataFrame(schema=schema))
         keys = [c for c in schema if c in ("token_set", "truth", "criterion", "ddot", "seed")]
