@@ -31,14 +31,14 @@ from predmask.rl.emulated_precision import make_rollout_model
 from predmask.rl.engine import Engine
 from predmask.rl.rollout import RolloutBatch
 from predmask.rl.task import Problem, iter_train_prompts
+from predmask.rl.train import due
 
 
 def validations_per_run(trainer: Any) -> int:
     """The validations of a run of ``trainer`` (its config section), as ``predmask.rl.train`` schedules them: step
     0's (``val_before_train``), every ``val_every`` steps, and the last step's."""
-    every = int(trainer.val_every)
-    return int(trainer.val_before_train) + sum(1 for s in range(1, int(trainer.steps) + 1)
-                                               if (every and s % every == 0) or s == int(trainer.steps))
+    steps = int(trainer.steps)
+    return int(trainer.val_before_train) + sum(due(s, int(trainer.val_every), steps) for s in range(1, steps + 1))
 
 
 def bench_model(model: str, overrides: list[str], steps: int, warmup: int = 2) -> dict[str, float]:

@@ -248,26 +248,38 @@ def _record_failure(run_dir: Path, total: int, exc: BaseException) -> None:
         log.exception("failed at step %d", step)
 
 
-def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | None,
-           progress: bool) -> dict[str, Any]:
-    t = engine.trainer_cfg
-    seed = int(c["seed"])
-    metrics_path = run_dir / METRICS_FILE
+def due(step: int, every: int, last: int) -> bool:
+    """Whether a step-interval event (validation, checkpoint; ``every`` 0: only at the end) falls on ``step``."""
+    return bool(every and step % every == 0) or step == last
+
+
+def _resume(engine: Engine, run_dir: Path, ckpt: Checkpoint | None) -> tuple[int, int]:
+    """Load ``ckpt`` into the engine (none: a fresh start) and cut ``metrics.jsonl`` to its step: (the step, the
+    data position) to continue from."""
     start_step, data_pos = 0, 0
     if ckpt is not None:
         load_training_state(ckpt.blob, engine.model, engine.optimizer)
         engine.sync_rollout()
         start_step, data_pos = ckpt.step, int(ckpt.blob["data_position"])
-        cut = truncate_metrics(metrics_path, start_step)
+        cut = truncate_metrics(run_dir / METRICS_FILE, start_step)
         log.info("resumed from %s (step %d); dropped %d metrics lines past it", ckpt.path.name, start_step,
                  cut.dropped)
     else:
-        cut = truncate_metrics(metrics_path, -1)
+        cut = truncate_metrics(run_dir / METRICS_FILE, -1)
         if cut.dropped:
             log.info("no checkpoint: restarting from step 0, dropped %d metrics lines", cut.dropped)
     if cut.quarantined:
         log.warning("%d unparseable line(s) of %s moved to %s; every valid line before the checkpoint is kept",
                     cut.quarantined, METRICS_FILE, CORRUPT_METRICS_FILE)
+    return start_step, data_pos
+
+
+def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | None,
+           progress: bool) -> dict[str, Any]:
+    t = engine.trainer_cfg
+    seed = int(c["seed"])
+    metrics_path = run_dir / METRICS_FILE
+    start_step, data_pos = _resume(engine, run_dir, ckpt)
     if start_step >= t.steps:
         log.info("already at step %d of %d: nothing to do", start_step, t.steps)
         return {"step": start_step, "resumed": ckpt is not None}
@@ -302,7 +314,7 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | 
                 data_pos += t.train_batch_size
                 gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
                 data = engine.train_step(problems, gen)
-                if (t.val_every and step % t.val_every == 0) or step == t.steps:
+                if due(step, t.val_every, t.steps):
                     tv = time.perf_counter()
                     last_val = engine.validate(seed * 7_919 + step)
                     data.update(last_val)
@@ -313,7 +325,7 @@ def _train(engine: Engine, c: dict[str, Any], run_dir: Path, ckpt: Checkpoint | 
                 record(data, step=step)
                 loud = step % max(1, t.log_every) == 0 or any(k.startswith(M.VAL_CORE_PREFIX) for k in data)
                 log.info(_step_summary(step, data), extra={"console": console and loud and not progress})
-                if (t.save_every and step % t.save_every == 0) or step == t.steps:
+                if due(step, t.save_every, t.steps):
                     blob = {"data_position": data_pos, **training_state(engine.model, engine.optimizer)}
                     save_checkpoint(run_dir, step, blob, t.keep_checkpoints)
                 write_status(run_dir, "running", step, t.steps)

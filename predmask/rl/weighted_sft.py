@@ -25,6 +25,7 @@ from predmask.progress import progress as show_progress
 from predmask.rl.algo import response_logits
 from predmask.rl.base import load_training_state, sft_batch, training_state
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.rl.train import due
 from predmask.rundir import METRICS_FILE, MetricsWriter, truncate_metrics, write_status
 from predmask.schemas.variational_schema import SFTConfig
 
@@ -123,7 +124,7 @@ def train_sft(model: nn.Module, rows: Sequence[Row], *, run_dir: Path, sft: SFTC
             data[M.TIMING_STEP] = time.perf_counter() - t0
             writer.log(data, step)
             log.info("step %d loss=%.4f lr=%.3g", step, data[M.TRAIN_LOSS], lr, extra={"console": False})
-            if (sft.save_every and step % sft.save_every == 0) or step == total:
+            if due(step, sft.save_every, total):
                 save_checkpoint(run_dir, step, {**training_state(model, opt), "plan": plan}, keep=2)
             write_status(run_dir, "running", step, total)
             bar.advance(status=f"loss {data[M.TRAIN_LOSS]:.3f}")
