@@ -155,6 +155,30 @@ def min_untied(level: float = CONFIDENCE) -> int:
 
 
 @dataclass(frozen=True)
+class PairedEstimate:
+    """A per-seed difference of two rates (a − b) over the seeds where both are defined: its mean with the
+    Student-t interval, the seeds where a is lower / tied / higher, and the sign-test and Wilcoxon p-values."""
+
+    mean: float | None
+    lo: float | None
+    hi: float | None
+    n_seeds: int
+    n_lower: int
+    n_tied: int
+    n_higher: int
+    sign_p: float | None
+    wilcoxon_p: float | None
+
+    def pp(self) -> str:
+        """ "+12.3 pp [+4.1, +20.5]" (percentage points); no interval: "+12.3 pp"; no seed: "—"."""
+        if self.mean is None:
+            return "—"
+        if self.lo is None or self.hi is None:
+            return f"{100 * self.mean:+.1f} pp"
+        return f"{100 * self.mean:+.1f} pp [{100 * self.lo:+.1f}, {100 * self.hi:+.1f}]"
+
+
+@dataclass(frozen=True)
 class PairedComparison:
     """Two per-seed rates compared seed by seed: ``diffs = a - b`` on the seeds where both are finite."""
 
@@ -173,6 +197,14 @@ class PairedComparison:
     @property
     def n(self) -> int:
         return int(self.diffs.size)
+
+    @property
+    def estimate(self) -> PairedEstimate:
+        """What a stored row and a printed table keep of the comparison."""
+        iv = self.interval
+        return PairedEstimate(
+            iv.mean, iv.lo, iv.hi, self.n, self.n_lower, self.n_tied, self.n_higher, self.sign_p, self.wilcoxon_p
+        )
 
 
 def _tests(d: np.ndarray, level: float) -> tuple[float | None, float | None, str]:

@@ -13,7 +13,7 @@ each criterion but the ratio's is compared with the ratio criterion seed by seed
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import numpy as np
 import polars as pl
@@ -262,11 +262,7 @@ def _interval_row(
 def _paired_row(prefix: str, cmp: PairedComparison | None) -> dict[str, object]:
     if cmp is None:
         return dict.fromkeys(_paired_columns(prefix))
-    iv = cmp.interval
-    values = (iv.mean, iv.lo, iv.hi, cmp.n, cmp.n_lower, cmp.n_tied, cmp.n_higher, cmp.sign_p, cmp.wilcoxon_p)
-    row: dict[str, object] = dict(zip(_paired_columns(prefix), values))
-    row[f"{prefix}_note"] = cmp.note
-    return row
+    return dict(zip(_paired_columns(prefix), (*astuple(cmp.estimate), cmp.note)))
 
 
 def _judgement_row(j: Judgement) -> dict[str, object]:

@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from analysis import token_columns
-from analysis.paired import WILSON_NOTE, ClusterInterval, PairedComparison
+from analysis.paired import WILSON_NOTE, ClusterInterval
 from analysis.token_columns import DD_ALL, HEADLINE, OWN_UPDATE, PREDICTIVE, PREDICTIVE_TAILS, RATIO, TAILS
 from analysis.token_level.summary.criteria import OUTSIDE, Judgement
 from analysis.token_level.summary.study_stats import (
@@ -30,7 +30,6 @@ from analysis.token_level.summary.study_stats import (
     PAPER_LABEL,
     Estimate,
     MeanSE,
-    PairedEstimate,
     PairSummary,
     first_order,
     mean_se,
@@ -112,13 +111,6 @@ def _ci(ci: ClusterInterval) -> str:
     return text if ci.has_interval or ci.estimate is None else f"{text} ({ci.note})"
 
 
-def _paired(cmp: PairedComparison) -> PairedEstimate:
-    iv = cmp.interval
-    return PairedEstimate(
-        iv.mean, iv.lo, iv.hi, cmp.n, cmp.n_lower, cmp.n_tied, cmp.n_higher, cmp.sign_p, cmp.wilcoxon_p
-    )
-
-
 def _p(p: float | None) -> str:
     return "—" if p is None else f"{p:.3g}"
 
@@ -189,7 +181,7 @@ def _paired_table(judged: StudyJudgement, where: str) -> Table:
             for rate, cmp in (("balanced", j.vs_ratio_balanced), ("accuracy", j.vs_ratio_accuracy)):
                 if cmp is None:
                     continue
-                d = _paired(cmp)
+                d = cmp.estimate
                 t.add_row(
                     label,
                     rate,

@@ -23,7 +23,7 @@ import numpy as np
 import polars as pl
 
 from analysis import token_columns
-from analysis.paired import wilson_interval  # its one owner; re-exported for this module's callers
+from analysis.paired import PairedEstimate, wilson_interval  # their one owner; re-exported here
 from analysis.token_columns import CRITERIA, HEADLINE, OWN_UPDATE, PREDICTIVE, RATIO
 from analysis.training.stats import finite_values
 
@@ -334,30 +334,6 @@ class Estimate:
         if self.lo is None or self.hi is None:
             return f"{100 * self.value:.1f}%"
         return f"{100 * self.value:.1f}% [{100 * self.lo:.1f}, {100 * self.hi:.1f}]"
-
-
-@dataclass(frozen=True)
-class PairedEstimate:
-    """A per-seed difference of two rates (a − b) over the seeds where both are defined: its mean with the
-    Student-t interval, the seeds where a is lower / tied / higher, and the sign-test and Wilcoxon p-values."""
-
-    mean: float | None
-    lo: float | None
-    hi: float | None
-    n_seeds: int
-    n_lower: int
-    n_tied: int
-    n_higher: int
-    sign_p: float | None
-    wilcoxon_p: float | None
-
-    def pp(self) -> str:
-        """ "+12.3 pp [+4.1, +20.5]" (percentage points); no interval: "+12.3 pp"; no seed: "—"."""
-        if self.mean is None:
-            return "—"
-        if self.lo is None or self.hi is None:
-            return f"{100 * self.mean:+.1f} pp"
-        return f"{100 * self.mean:+.1f} pp [{100 * self.lo:+.1f}, {100 * self.hi:+.1f}]"
 
 
 def _criteria_row(criteria: pl.DataFrame | None, criterion: str) -> dict[str, Any] | None:
