@@ -1,29 +1,15 @@
 """Per-token ground truths of the token-level study: what each token's own update does to its D (docs/math.md §5.1).
 
-For a scored rollout batch at the studied parameters θ = π_pre and a set of tokens (the outside tokens), with D_t
-the top-K divergence at token t's position and ℓ_t = log π_θ(y_t | context_t), ``ground_truths`` returns per token:
-
-- ``ddot_net``: the own-update first-order change ``⟨∇_θ D_t, P ∇_θ(A_t ℓ_t)⟩`` with P the identity, and with
-  ``adam_preconditioner`` also ``ddot_net_adam``, P = diag(1 / (sqrt(v̂) + ε)) from the optimiser's current state.
-  > 0: keeping the token's update raises D_t, to first order, through the network.
-- ``dd_cf_<mode>``: the same-token counterfactual ``D_t(step(G)) − D_t(step(G − c_t ∇ℓ_t))``. G is the gradient of
-  the study's unmasked reference step (every response token kept, the study's loss and aggregation); c_t = ∂loss/∂ℓ_t
-  (``loss_weights``), so ``c_t ∇ℓ_t`` is exactly the token's share of G. Both steps clip their own gradient as
-  torch's ``clip_grad_norm_`` does. Modes (``CF_MODES``): ``adam_carried`` (AdamW from the optimiser's state: the
-  step the study takes), ``adam_reset`` (AdamW from a fresh state), ``sgd`` (θ − lr·κ·G', no weight decay).
-- ``context_id``: an id of the token's (context, sampled token) pair, from the token ids alone; ``d``: D_t at θ.
-
-Defaults, and why:
-
-- P = identity for ``ddot_net``: the direction of a plain gradient step, the network-aware counterpart of the
-  criteria's logit-space Ḋ (which is the case J_t P J_tᵀ = I); it exists at staleness 0, where Adam has no state.
-- ``cf_modes=("adam_carried",)``: the counterfactual of the step the study actually takes. A fresh Adam's first
-  step is about lr·sign(G) per coordinate: a different, sign-like step.
-- ``dtype=torch.float64`` for the counterfactual forwards: removing one token's share moves D_t by so little
-  that float32 rounding of the parameters is a visible part of the difference, and so are the float32
-  casts inside Hugging Face models, which ``_FullPrecision`` turns into float64. Gradients and optimiser
-  updates stay in the model's dtype (the float64 parameters are θ minus a float32 update): as accurate, and
-  cheaper.
+For a scored rollout batch at the studied parameters θ = π_pre and a set of tokens (the outside tokens),
+``ground_truths`` returns per token ``ddot_net`` (P the identity), with ``adam_preconditioner`` also
+``ddot_net_adam``, the same-token counterfactual ``dd_cf_<mode>`` per mode of ``CF_MODES``, ``context_id`` (from
+the token ids alone) and ``d`` (D_t at θ); docs/math.md §5.1 defines them and gives the defaults' reasons. The
+counterfactual's G is the gradient of the study's unmasked reference step and c_t = ∂loss/∂ℓ_t (``loss_weights``),
+so ``c_t ∇ℓ_t`` is exactly the token's share of G; both steps clip their own gradient as torch's
+``clip_grad_norm_`` does. Modes: ``adam_carried`` (AdamW from the optimiser's state: the step the study takes),
+``adam_reset`` (AdamW from a fresh state), ``sgd`` (θ − lr·κ·G', no weight decay). The counterfactual forwards run
+in float64 (``_FullPrecision`` lifts the models' float32 casts); gradients and optimiser updates stay in the
+model's dtype (the float64 parameters are θ minus a model-dtype update): as accurate, and cheaper.
 
 How. One forward/backward of the whole batch gives G and the logits of the studied tokens (or, with
 ``gradient``, the caller's G and a forward of only the rows holding them); from those logits, ∂D_t/∂z and
@@ -429,9 +415,7 @@ def _distinct(
 ) -> tuple[Tensor, Tensor]:
     """Tokens whose ground truths are the same computation: the same context and sampled token, the same support
     (ids, μ, validity, sampled slot) and the same loss weight c_t. Returns the first token of each distinct kind
-    (indices into ``seq``/``pos``, ascending) and, per token, the position of its kind in that list. Every GRPO
-    group shares its prompt, so its first response tokens repeat: on the study's default batch 972 outside tokens
-    are 237 distinct computations."""
+    (indices into ``seq``/``pos``, ascending) and, per token, the position of its kind in that list."""
     index = rows.logit_index[seq, pos]
     width = int(index.max()) + 2
     ctx = torch.where(

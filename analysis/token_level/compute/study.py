@@ -338,6 +338,23 @@ def _restore(model: nn.Module, optimizer: torch.optim.Optimizer, snap: Snapshot)
     optimizer.load_state_dict(_to_cpu(snap[1]))  # a fresh copy: the optimiser steps its state in place
 
 
+@dataclass(frozen=True)
+class _Seed:
+    """What every studied step of one seed reads: the model and optimiser with their snapshot at ``pi_pre``, the
+    batch, its support and token advantages, and the settings."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: RolloutBatch
+    support: TopKSupport
+    adv_tok: Tensor
+    s: StudySettings
+    snap: Snapshot
+
+    def restore(self) -> None:
+        _restore(self.model, self.optimizer, self.snap)
+
+
 def token_quantities(
     batch: RolloutBatch, support: TopKSupport, lp: TrainLogprobs, adv_tok: Tensor, s: StudySettings
 ) -> dict[str, Tensor]:
@@ -402,25 +419,18 @@ class SplitMismatch(RuntimeError):
     """
 
 
-def _steps_direct(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: RolloutBatch,
-    support: TopKSupport,
-    adv_tok: Tensor,
-    s: StudySettings,
-    snap: Snapshot,
-) -> tuple[dict[str, Tensor], dict[str, Tensor], None]:
+def _steps_direct(seed: _Seed) -> tuple[dict[str, Tensor], dict[str, Tensor], None]:
     """Each mask's step taken on its own (restore, forward, backward, step); D_post on every response token."""
+    model, batch, support, s = seed.model, seed.batch, seed.support, seed.s
     lp_pre: TrainLogprobs | None = None
     d_post: dict[str, Tensor] = {}
     for name, (method, overrides) in s.masks().items():
-        _restore(model, optimizer, snap)
-        lp = masked_update(model, optimizer, batch, support, adv_tok, method, s, overrides)
+        seed.restore()
+        lp = masked_update(model, seed.optimizer, batch, support, seed.adv_tok, method, s, overrides)
         lp_pre = lp if lp_pre is None else lp_pre
         d_post[name] = _d_post_on(model, batch, support, batch.response_mask, s)
     assert lp_pre is not None
-    return token_quantities(batch, support, lp_pre, adv_tok, s), d_post, None
+    return token_quantities(batch, support, lp_pre, seed.adv_tok, s), d_post, None
 
 
 def _gradients(params: Mapping[str, nn.Parameter]) -> dict[str, Tensor | None]:
@@ -428,24 +438,17 @@ def _gradients(params: Mapping[str, nn.Parameter]) -> dict[str, Tensor | None]:
     return {n: None if p.grad is None else p.grad.detach().clone() for n, p in params.items()}
 
 
-def _steps_split(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: RolloutBatch,
-    support: TopKSupport,
-    adv_tok: Tensor,
-    s: StudySettings,
-    snap: Snapshot,
-) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor | None] | None]:
+def _steps_split(seed: _Seed) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor | None] | None]:
     """The same steps, sharing work: the loss is linear in the keep mask, so each mask's gradient is the gradient
     on the tokens every mask keeps (one whole-batch backward) plus the gradient on that mask's other kept tokens
     (a backward over the few rows holding them). D_post is evaluated on the rows holding outside tokens only.
     Also returns the unmasked reference step's unclipped gradient by parameter name (None without that step), which
     the ground truths reuse.
     """
+    model, batch, support, adv_tok, s = seed.model, seed.batch, seed.support, seed.adv_tok, seed.s
     masks = s.masks()
     info = _batch_info(batch)
-    optimizer.zero_grad(set_to_none=True)
+    seed.optimizer.zero_grad(set_to_none=True)
 
     def common_tokens(rows: slice, lp: TrainLogprobs) -> Tensor:
         mb, sup = batch.select(rows), support.select(rows)
@@ -464,7 +467,7 @@ def _steps_split(
     d_post: dict[str, Tensor] = {}
     g_ref: dict[str, Tensor | None] | None = None
     for name, (method, overrides) in masks.items():
-        _restore(model, optimizer, snap)
+        seed.restore()
         for p, g in zip(params.values(), g_common.values()):
             p.grad = None if g is None else g.clone()
         extra = _keep_of(name, q, mask) & ~common
@@ -488,21 +491,19 @@ def _steps_split(
                 )
         if name == REFERENCE_MASK:
             g_ref = _gradients(params)
-        _clip_and_step(model, optimizer, s)
+        _clip_and_step(model, seed.optimizer, s)
         d_post[name] = _d_post_on(model, batch, support, q["outside"], s)
     return q, d_post, g_ref
 
 
-def _check_masks(
-    batch: RolloutBatch, support: TopKSupport, adv_tok: Tensor, q: Mapping[str, Tensor], s: StudySettings
-) -> None:
+def _check_masks(seed: _Seed, q: Mapping[str, Tensor]) -> None:
     """Each method's own loss, on the same log-probs, drops exactly the tokens recorded here as not kept."""
     lp = TrainLogprobs(q["pi"], q["pi_tail_sq"], q["log_prob"])
-    mask = batch.response_mask
-    nonzero = int((mask & (adv_tok != 0)).sum())
-    for name, (method, overrides) in s.masks().items():
+    mask = seed.batch.response_mask
+    nonzero = int((mask & (seed.adv_tok != 0)).sum())
+    for name, (method, overrides) in seed.s.masks().items():
         _, metrics = rollout_policy_loss(
-            method, batch, support, lp, adv_tok, mask, s.method_params, **overrides
+            method, seed.batch, seed.support, lp, seed.adv_tok, mask, seed.s.method_params, **overrides
         )
         theirs = round(metrics[CLIPFRAC] * nonzero)
         mine = int((mask & ~_keep_of(name, q, mask)).sum())
@@ -513,32 +514,26 @@ def _check_masks(
 
 
 def _ground_truth_columns(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    batch: RolloutBatch,
-    support: TopKSupport,
-    adv_tok: Tensor,
-    q: Mapping[str, Tensor],
-    s: StudySettings,
-    g_ref: Mapping[str, Tensor | None] | None,
+    seed: _Seed, q: Mapping[str, Tensor], g_ref: Mapping[str, Tensor | None] | None
 ) -> dict[str, Tensor]:
     """The outside tokens' own-update ground truths (docs/math.md §5.1) at ``pi_pre`` with the stale optimiser
     state: ``ddot_net``, ``ddot_net_adam`` (after a stale update), ``dd_cf`` (mode ``s.cf_mode``), ``context_id``.
     The counterfactual's base step is the unmasked reference step (every response token kept), so both criteria
     are judged against one truth per token."""
+    batch, support, adv_tok, s = seed.batch, seed.support, seed.adv_tok, seed.s
     method, overrides = reference_step()
     lp = TrainLogprobs(q["pi"], q["pi_tail_sq"], q["log_prob"])
     weights = loss_weights(
         method, batch, support, lp, adv_tok, s.method_params, global_batch_info=_batch_info(batch), **overrides
     )
     gt = ground_truths(
-        model,
+        seed.model,
         batch,
         support,
         adv_tok,
         weights,
         q["outside"],
-        optimizer,
+        seed.optimizer,
         grad_clip=s.grad_clip,
         temperature=s.temperature,
         cf_modes=(s.cf_mode,),
@@ -567,16 +562,16 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
     optimizer = make_optimizer(model, s)
     stale_updates(model, optimizer, batch, adv, s)
     t_stale = time.perf_counter()
-    snap = _snapshot(model, optimizer)
+    seed = _Seed(model, optimizer, batch, support, adv_tok, s, _snapshot(model, optimizer))
     steps = _steps_split if s.update_path_resolved == "split" else _steps_direct
     try:
-        q, d_post, g_ref = steps(model, optimizer, batch, support, adv_tok, s, snap)
+        q, d_post, g_ref = steps(seed)
     except SplitMismatch as err:  # every step again on the whole batch: decisions and loss share a forward
         log.warning("%s; taking this seed's steps on the direct path", err)
-        q, d_post, g_ref = _steps_direct(model, optimizer, batch, support, adv_tok, s, snap)
-    _restore(model, optimizer, snap)
+        q, d_post, g_ref = _steps_direct(seed)
+    seed.restore()
     if s.check_masks:
-        _check_masks(batch, support, adv_tok, q, s)
+        _check_masks(seed, q)
     outside = q["outside"]
     seq_idx, pos_idx = outside.nonzero(as_tuple=True)
     cols: dict[str, Any] = {"sequence": seq_idx.int(), "position": pos_idx.long()}
@@ -588,7 +583,7 @@ def study_batch(model: nn.Module, batch: RolloutBatch, s: StudySettings) -> Seed
         cols[token_columns.dd_column(name)] = (d - q["d_pre"])[outside].double()
     t_steps = time.perf_counter()
     if s.ground_truth and not s.precision.train_fp8:
-        cols.update(_ground_truth_columns(model, optimizer, batch, support, adv_tok, q, s, g_ref))
+        cols.update(_ground_truth_columns(seed, q, g_ref))
     frame = pl.DataFrame({k: v.cpu().numpy() for k, v in cols.items()})
     mask = batch.response_mask
     t_end = time.perf_counter()
