@@ -18,10 +18,9 @@ cannot run the check (the largest size does not fit the GPU: one line)."""
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,21 +82,6 @@ def fits(args: Sequence[str]) -> str | None:
     return None
 
 
-def _median_seconds(fn: Callable[[], None], device: torch.device, repeats: int) -> float:
-    """The median wall time of ``fn`` after one warm-up call (synchronised on CUDA)."""
-    def once() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - start
-
-    once()
-    return statistics.median(once() for _ in range(repeats))
-
-
 def old_log_prob_share(device: str, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
     """What skipping the old-log-prob forward saves (module docstring), plain and with gradient checkpointing.
     """
@@ -135,8 +119,8 @@ def old_log_prob_share(device: str, repeats: int = 5, seed: int = 0) -> dict[str
     for mode in ("plain", "checkpointing"):
         if mode == "checkpointing":
             model.gradient_checkpointing_enable()
-        fwd = _median_seconds(forward, dev, repeats)
-        upd = _median_seconds(update, dev, repeats)
+        fwd = bench.median_times({"forward": forward}, repeats, dev, warmup=1)["forward"]
+        upd = bench.median_times({"update": update}, repeats, dev, warmup=1)["update"]
         out[mode] = {"forward_s": fwd, "update_s": upd, "share": fwd / (fwd + upd)}
     return out
 
