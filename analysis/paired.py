@@ -4,9 +4,8 @@ Pure numpy/scipy. A study's tokens are not independent: every token of one seed 
 policy and its one update, so an interval that treats pooled tokens as independent draws is too narrow. The unit
 of replication is the seed; everything here resamples or pairs seeds.
 
-docs/math.md §5.1 defines the seed-cluster bootstrap and the paired comparison; the degenerate cases are stated at
-``cluster_bootstrap`` and ``paired_comparison``. The Wilson score interval of k/n treats the n trials as independent:
-on tokens pooled over seeds it is printed only beside a cluster interval, labelled as assuming independence.
+docs/math.md §5.1 defines the seed-cluster bootstrap, the paired comparison and where a Wilson interval (which
+treats pooled tokens as independent) may be printed; the degenerate cases are stated at each function.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Each direction criterion judged against each per-token ground truth on the same tokens (docs/math.md §5.1).
 
-A criterion decides, per outside token, to keep or drop its update; its decision is **right** when it drops the
-token exactly where ``truth > 0`` (keeping it would increase the token's divergence). docs/math.md §5.1 defines the
-token sets (``TOKEN_SETS``), the ground truths (``TRUTHS``, judged when their column is present), accuracy,
-balanced accuracy, the constant predictor (the majority class of the set's pooled tokens, "rises" on a tie) and
-the sign agreement. Every criterion is judged on the same tokens: one token set, one ground truth, the tokens of
-the set where that truth is finite (the others are counted in ``n_missing``). Pooled statistics have seed-cluster
-bootstrap intervals over every seed of the token frame (a seed with no token in the set counts with zero counts);
-each criterion but the ratio's is compared with the ratio criterion seed by seed (``analysis.paired``).
+docs/math.md §5.1 defines when a decision is right, the token sets (``TOKEN_SETS``), the ground truths
+(``TRUTHS``, judged when their column is present), the rates, the constant predictor and the sign agreement.
+A token whose truth is not finite is left out of that truth's judgement and counted in ``n_missing``. Pooled
+statistics have seed-cluster bootstrap intervals over every seed of the token frame (a seed with no token in the
+set counts with zero counts); each criterion but the ratio's is compared with the ratio criterion seed by seed
+(``analysis.paired``).
 """
 
 from __future__ import annotations
