@@ -1,12 +1,10 @@
 """Per-token ground truths of the token-level study: what each token's own update does to its D (docs/math.md §5.1).
 
 For a scored rollout batch at the studied parameters θ = π_pre and a set of tokens (the outside tokens),
-``ground_truths`` returns per token ``ddot_net`` (P the identity), with ``adam_preconditioner`` also
-``ddot_net_adam``, the same-token counterfactual ``dd_cf_<mode>`` per mode of ``CF_MODES``, ``context_id`` (from
-the token ids alone) and ``d`` (D_t at θ); docs/math.md §5.1 defines them and gives the defaults' reasons. The
-counterfactual's G is the gradient of the study's unmasked reference step and c_t = ∂loss/∂ℓ_t (``loss_weights``),
-so ``c_t ∇ℓ_t`` is exactly the token's share of G; both steps clip their own gradient as torch's
-``clip_grad_norm_`` does. Modes: ``adam_carried`` (AdamW from the optimiser's state: the step the study takes),
+``ground_truths`` returns each token's ground truths; docs/math.md §5.1 defines them and gives the defaults'
+reasons. The counterfactual's G is the gradient of the study's unmasked reference step and
+c_t = ∂loss/∂ℓ_t (``loss_weights``), so ``c_t ∇ℓ_t`` is exactly the token's share of G; both steps clip their
+own gradient as torch's ``clip_grad_norm_`` does. Modes: ``adam_carried`` (AdamW from the optimiser's state: the step the study takes),
 ``adam_reset`` (AdamW from a fresh state), ``sgd`` (θ − lr·κ·G', no weight decay). The counterfactual forwards run
 in float64 (``_FullPrecision`` lifts the models' float32 casts); gradients and optimiser updates stay in the
 model's dtype (the float64 parameters are θ minus a model-dtype update): as accurate, and cheaper.
