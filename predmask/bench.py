@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import Tensor
@@ -215,15 +216,8 @@ def peak_extra_bytes(name: str, x: dict[str, Tensor], vocab: int, topk: int) -> 
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
     p = ctx.Process(target=_peak_child, args=(name, logits.shape[0], vocab, topk, dtype, q))
-    previous = os.environ.get("MALLOC_MMAP_THRESHOLD_")
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = _MMAP_THRESHOLD  # read by glibc when the child starts
-    try:
+    with mock.patch.dict(os.environ, MALLOC_MMAP_THRESHOLD_=_MMAP_THRESHOLD):  # read by glibc when the child starts
         p.start()
-    finally:
-        if previous is None:
-            del os.environ["MALLOC_MMAP_THRESHOLD_"]
-        else:
-            os.environ["MALLOC_MMAP_THRESHOLD_"] = previous
     value = q.get(timeout=600)
     p.join()
     return int(value)
