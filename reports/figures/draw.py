@@ -30,20 +30,22 @@ def new_figure(n_rows: int, n_cols: int, panel_w: float = 3.2, panel_h: float = 
     return fig, [ax for row in axes for ax in row]
 
 
-def grid_figure(
+def titled_grid(
     n_rows: int,
     n_cols: int,
+    title: Iterable[str],
+    n_labels: int,
+    legend_cols: int,
     *,
     ax_w: float = 2.7,
     ax_h: float = 1.75,
-    left: float = 0.75,
-    right: float = 0.2,
-    top: float = 0.9,
-    bottom: float = 0.8,
-    wgap: float = 0.6,
-    hgap: float = 0.95,
+    bottom: float = 0.55,
 ) -> tuple[Figure, list]:
-    """A grid of axes laid out by fixed margins in inches (no tight_layout pass: a third less drawing)."""
+    """A grid of axes laid out by fixed margins in inches (no tight_layout pass: a third less drawing), with room
+    above for the wrapped title and below for a legend of n_labels entries."""
+    left, right, wgap, hgap = 0.75, 0.2, 0.6, 0.95
+    top = 0.2 * len(wrap_lines(title, 0.95 + n_cols * ax_w + (n_cols - 1) * 0.6)) + 0.55
+    bottom += LEGEND_ROW_IN * legend_rows(n_labels, legend_cols)
     width = left + n_cols * ax_w + (n_cols - 1) * wgap + right
     height = top + n_rows * ax_h + (n_rows - 1) * hgap + bottom
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(width, height), squeeze=False)
@@ -58,51 +60,24 @@ def grid_figure(
     return fig, [ax for row in axes for ax in row]
 
 
-def titled_grid(
-    n_rows: int,
-    n_cols: int,
-    title: Iterable[str],
-    n_labels: int,
-    legend_cols: int,
-    *,
-    ax_w: float = 2.7,
-    ax_h: float = 1.75,
-    bottom: float = 0.55,
-) -> tuple[Figure, list]:
-    """A grid_figure with room above for the wrapped title and below for a legend of n_labels entries."""
-    n_title = len(wrap_lines(title, 0.95 + n_cols * ax_w + (n_cols - 1) * 0.6))
-    return grid_figure(
-        n_rows,
-        n_cols,
-        ax_w=ax_w,
-        ax_h=ax_h,
-        top=0.2 * n_title + 0.55,
-        bottom=bottom + LEGEND_ROW_IN * legend_rows(n_labels, legend_cols),
-    )
-
-
 def wrap_lines(lines: Iterable[str], width_in: float) -> list[str]:
     """Lines wrapped to a figure width in inches (9 pt text: about 13 characters per inch)."""
     width_chars = max(40, int(width_in * 13))
     return [w for line in lines for w in textwrap.wrap(line, width_chars)]
 
 
-def empty_panel(ax, message: str) -> None:
-    """A labelled empty panel: visible, not silently dropped."""
-    ax.text(
-        0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color=GREY, fontsize=8, wrap=True
-    )
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.grid(False)
-
-
 def panel_axes(ax, panel: Panel, title: str | None = None, empty: bool | None = None, **title_kw) -> bool:
     """Title the axes (the panel's title unless given); a panel without series (or ``empty``) shows its note
-    instead: False."""
+    instead, visible, not silently dropped: False."""
     ax.set_title(panel.title if title is None else title, **title_kw)
     if not panel.series if empty is None else empty:
-        empty_panel(ax, panel.note or "no data")
+        message = panel.note or "no data"
+        ax.text(
+            0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color=GREY, fontsize=8, wrap=True
+        )
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.grid(False)
         return False
     return True
 
@@ -149,6 +124,13 @@ def legend_below(fig: Figure, handles_labels: Mapping[str, object], ncol: int = 
 def suptitle(fig: Figure, *lines: str) -> None:
     """A centred figure title, each line wrapped to the figure's width (the layout must make room for it)."""
     fig.suptitle("\n".join(wrap_lines(lines, fig.get_figwidth())), fontsize=9)
+
+
+def finish(fig: Figure, title: Iterable[str], handles_labels: Mapping[str, object], ncol: int) -> Figure:
+    """The figure with its title lines (suptitle) and its legend below (legend_below; none without handles)."""
+    suptitle(fig, *title)
+    legend_below(fig, handles_labels, ncol)
+    return fig
 
 
 def _overflow(ax, texts: Iterable) -> tuple[float, float, float, float]:

@@ -19,7 +19,7 @@ from predmask.rl.task import EVAL_SPLITS
 from reports import queries
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series
 from reports.cells import detectable, detectable_note, interval_caption
-from reports.figures.draw import figure, legend_below, panel_axes, suptitle, titled_grid
+from reports.figures.draw import figure, finish, panel_axes, titled_grid
 from reports.labels import method_label, setting_label, split_size_text, sweep_delta
 from reports.queries import MAIN_SWEEP, TIGHT_SWEEP
 from reports.style import method_marker, method_rank, method_style
@@ -251,19 +251,18 @@ def _per_setting_figure(
             result.panels.append(panel)
     result.runs = [r for r in sel.runs if r.run_id in used]
     result.has_data = bool(used)
+    # the subtitle: the selection with the validation size, how the lines are made, then (Figure 1) what the
+    # seeds can detect: what the numbers mean, then one line per panel
+    head = [result.title, sel.rule, note]
     if size := split_size_text(r.config for r in result.runs):
         result.caption += f" Validation: {size}."
-    if any(p.text for p in result.panels):
+        head[1] += f"; validation: {size}"
+    if detectable := [p.text for p in result.panels if p.text]:
         result.caption += f" {detectable_note()}."
+        head += [f"{detectable_note()}.", *detectable]
     if ctx.draw:
-        result.drawn = render_per_setting(ctx, result, rows, n_settings=len(keys), finals=finals)
+        result.drawn = render_per_setting(result, head, [row.ylabel for row in rows], len(keys), finals)
     return result
-
-
-def _detectable_lines(result: ArtefactResult) -> list[str]:
-    """The subtitle's lines on what the seeds can detect: what the numbers mean, then one line per panel."""
-    lines = [p.text for p in result.panels if p.text]
-    return [f"{detectable_note()}.", *lines] if lines else []
 
 
 def marker_slots(n_points: int, n_lines: int, index: int, per_line: int = MARKERS_PER_LINE) -> list[int]:
@@ -278,22 +277,20 @@ def marker_slots(n_points: int, n_lines: int, index: int, per_line: int = MARKER
 
 
 def render_per_setting(
-    ctx: ReportContext,
     result: ArtefactResult,
-    rows: Sequence[MetricRow],
+    title: Sequence[str],
+    ylabels: Sequence[str],
     n_settings: int,
     finals: Sequence[Mapping[str, float]] = (),
 ) -> Figure:
-    """The figure of a per-setting result (open; the caller saves it): per panel, each line with its band, its
-    staggered markers and a hollow diamond at its end for its unsmoothed final (`finals`, aligned with the
-    panels). Artists carry gids for tests: "line:<label>", "band:<label>", "final:<label>"."""
+    """The figure of a per-setting result (open; the caller saves it), titled by `title`, a row of panels per
+    y label: per panel, each line with its band, its staggered markers and a hollow diamond at its end for its
+    unsmoothed final (`finals`, aligned with the panels). Artists carry gids for tests: "line:<label>",
+    "band:<label>", "final:<label>"."""
     n_cols = min(MAX_COLS, max(n_settings, 1))
     setting_rows = math.ceil(n_settings / n_cols)
     labels = result.series_labels()
-    size = split_size_text(r.config for r in result.runs)
-    rule = f"{result.selection_rule}; validation: {size}" if size else result.selection_rule
-    title = [result.title, rule, _method_note(ctx, rows), *_detectable_lines(result)]
-    fig, axes = titled_grid(setting_rows * len(rows), n_cols, title, len(labels), LEGEND_COLS)
+    fig, axes = titled_grid(setting_rows * len(ylabels), n_cols, title, len(labels), LEGEND_COLS)
     handles: dict[str, object] = {}
     used: set[int] = set()
     for i, panel in enumerate(result.panels):
@@ -339,13 +336,11 @@ def render_per_setting(
             ax.set_xlabel("training step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
         if s_idx % n_cols == 0:
-            ax.set_ylabel(rows[r_idx].ylabel)
+            ax.set_ylabel(ylabels[r_idx])
     for k, ax in enumerate(axes):
         if k not in used:
             ax.set_visible(False)
-    suptitle(fig, *title)
-    legend_below(fig, handles, ncol=LEGEND_COLS)
-    return fig
+    return finish(fig, title, handles, LEGEND_COLS)
 
 
 VAL_ROW = MetricRow(
