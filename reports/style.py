@@ -45,17 +45,14 @@ METHOD_STYLE: dict[str, tuple[str, str]] = {
 METHOD_ORDER: tuple[str, ...] = tuple(METHOD_STYLE)
 
 # data setting of a final recipe -> (marker, filled, line style): all K weighted traces solid and filled, the best
-# trace mixed with the original data hollow and dashed; no data setting (baselines): a square.
+# trace mixed with the original data hollow and dashed; no data setting (baselines): a square; an unknown one: a
+# triangle (VR_UNKNOWN_DATA).
 VR_DATA_STYLE: dict[str | None, tuple[str, bool, str]] = {
     "all_weighted": ("o", True, "-"),
     "best_mixed": ("D", False, "--"),
     None: ("s", True, "-"),
 }
-
-
-def vr_data_style(data: str | None) -> tuple[str, bool, str]:
-    """(marker, filled, line style) of a data setting (an unknown one: a triangle)."""
-    return VR_DATA_STYLE.get(data, ("^", True, ":"))
+VR_UNKNOWN_DATA = ("^", True, ":")
 _FALLBACK = (
     OKABE_ITO["orange"],
     OKABE_ITO["sky_blue"],
@@ -108,9 +105,7 @@ def method_marker(method: str | None, index: int = 0) -> str:
 
 def method_style(method: str | None, index: int = 0) -> tuple[str, str]:
     """(colour, line style) of a method; unknown methods get a fallback colour by index."""
-    if method in METHOD_STYLE:
-        return METHOD_STYLE[method]
-    return (_FALLBACK[index % len(_FALLBACK)], "-")
+    return METHOD_STYLE.get(method or "", (_FALLBACK[index % len(_FALLBACK)], "-"))
 
 
 def method_rank(method: str | None) -> int:

@@ -6,7 +6,7 @@ their size, and carries the hint-use gate in its title.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import polars as pl
@@ -20,9 +20,9 @@ from predmask.rl.task import EVAL_SPLITS
 from reports import queries
 from reports.artefact import ArtefactResult, Panel, ReportContext, Series
 from reports.cells import interval_caption
-from reports.figures.draw import figure, legend_below, panel_axes, suptitle, titled_grid
+from reports.figures.draw import figure, finish, panel_axes, titled_grid
 from reports.labels import WEIGHTING_ORDER, weighting_method_label
-from reports.style import GREY, method_style, vr_data_style
+from reports.style import GREY, VR_DATA_STYLE, VR_UNKNOWN_DATA, method_style
 from reports.vr_scores import (
     AT_N,
     SWEEP_COMMAND,
@@ -55,6 +55,28 @@ def _split_title(split: str) -> str:
     return f"{split} (stand-in split)" if split in EVAL_SPLITS else split
 
 
+def _key_series(key: queries.VrKey, seed_keys: Sequence[Hashable], x, y, **kw) -> Series:
+    """A comparison key's series, its label naming the seeds it is over."""
+    label = f"{key.label} ({_seeds_text(seed_keys)})"
+    return Series(label, np.array(x, dtype=float), np.array(y), method=key.method, seed_keys=tuple(seed_keys), **kw)
+
+
+def _split_panels(
+    result: ArtefactResult,
+    scores: VrScores,
+    what: str,
+    series: Callable[[int, queries.VrKey, str], Series | None],
+) -> None:
+    """A panel per evaluation split, in it ``series(i, key, split)`` of each comparison key that has one; an empty
+    panel says it has no ``what`` yet."""
+    for split in scores.splits:
+        found = [series(i, key, split) for i, key in enumerate(scores.by_key)]
+        panel = Panel(title=_split_title(split), series=[s for s in found if s is not None])
+        if not panel.series:
+            panel.note = f"no {what} on {split} yet\n({SWEEP_COMMAND})"
+        result.panels.append(panel)
+
+
 def title_lines(result: ArtefactResult, scores: VrScores, *lines: str) -> list[str]:
     """A figure's title lines: its (gated) title, the scale and splits, the selection, then ``lines``."""
     note = scale_note(result.runs, scores.splits)
@@ -69,7 +91,7 @@ def _gate_caption(scores: VrScores) -> str:
 def _style(key: queries.VrKey, index: int) -> tuple[str, str, str, bool]:
     """(colour, line style, marker, filled) of a comparison key: the method's colour, the data setting's mark."""
     colour, ls = method_style(key.method, index)
-    marker, filled, data_ls = vr_data_style(key.data)
+    marker, filled, data_ls = VR_DATA_STYLE.get(key.data, VR_UNKNOWN_DATA)
     return colour, (data_ls if key.data else ls), marker, filled
 
 
@@ -103,28 +125,16 @@ def vr_accuracy(ctx: ReportContext) -> ArtefactResult:
         ),
         has_data=bool(scores.runs),
     )
-    for split in scores.splits:
-        panel = Panel(title=_split_title(split))
-        for i, key in enumerate(scores.by_key):
-            vals = scores.values(key, acc_name(split))
-            if not vals:
-                continue
-            iv = training_stats.t_interval(vals.values())
-            half = iv.half_width
-            panel.series.append(
-                Series(
-                    f"{key.label} ({_seeds_text(list(vals))})",
-                    np.array([float(i)]),
-                    np.array([iv.mean]),
-                    method=key.method,
-                    yerr=None if half is None else np.array([half]),
-                    seeds=np.array(list(vals.values())),
-                    seed_keys=tuple(vals),
-                )
-            )
-        if not panel.series:
-            panel.note = f"no avg@16 on {split} yet\n({SWEEP_COMMAND})"
-        result.panels.append(panel)
+
+    def bar(i: int, key: queries.VrKey, split: str) -> Series | None:
+        vals = scores.values(key, acc_name(split))
+        if not vals:
+            return None
+        iv = training_stats.t_interval(vals.values())
+        yerr = None if iv.half_width is None else np.array([iv.half_width])
+        return _key_series(key, list(vals), [float(i)], [iv.mean], yerr=yerr, seeds=np.array(list(vals.values())))
+
+    _split_panels(result, scores, "avg@16", bar)
     if ctx.draw:
         result.drawn = _draw_accuracy(ctx, result, scores)
     return result
@@ -153,9 +163,7 @@ def _draw_accuracy(ctx: ReportContext, result: ArtefactResult, scores: VrScores)
         ax.set_ylabel(f"avg@{AT_N}")
         ax.set_ylim(0, 1)
     numbered = {f"{i + 1}: {label}": h for i, (label, h) in enumerate(handles.items())}
-    suptitle(fig, *title)
-    legend_below(fig, numbered, ncol=LEGEND_COLS)
-    return fig
+    return finish(fig, title, numbered, LEGEND_COLS)
 
 
 # ------------------------------------------------------------------------------------------ vr_pass_at_k
@@ -173,29 +181,18 @@ def vr_pass_at_k(ctx: ReportContext) -> ArtefactResult:
             f"{_gate_caption(scores)}"
         ),
     )
-    for split in scores.splits:
-        panel = Panel(title=_split_title(split))
-        for key, per_seed in scores.by_key.items():
-            names = [metrics.val_pass(split, k) for k in PASS_KS]
-            seeds = [s for s, m in per_seed.items() if all(n in m for n in names)]
-            if not seeds:
-                continue
-            values = np.array([[per_seed[s][n] for n in names] for s in seeds])
-            mean, lo, hi = training_stats.t_band(values)
-            panel.series.append(
-                Series(
-                    f"{key.label} ({_seeds_text(seeds)})",
-                    np.array(PASS_KS, dtype=float),
-                    mean,
-                    method=key.method,
-                    band=None if len(seeds) < 2 else (lo, hi),
-                    seeds=values,
-                    seed_keys=tuple(seeds),
-                )
-            )
-        if not panel.series:
-            panel.note = f"no pass@1..{AT_N} on {split} yet\n({SWEEP_COMMAND})"
-        result.panels.append(panel)
+
+    def curve(_: int, key: queries.VrKey, split: str) -> Series | None:
+        per_seed = scores.by_key[key]
+        names = [metrics.val_pass(split, k) for k in PASS_KS]
+        seeds = [s for s, m in per_seed.items() if all(n in m for n in names)]
+        if not seeds:
+            return None
+        values = np.array([[per_seed[s][n] for n in names] for s in seeds])
+        mean, lo, hi = training_stats.t_band(values)
+        return _key_series(key, seeds, PASS_KS, mean, band=None if len(seeds) < 2 else (lo, hi), seeds=values)
+
+    _split_panels(result, scores, f"pass@1..{AT_N}", curve)
     result.has_data = any(p.series for p in result.panels)
     if ctx.draw:
         result.drawn = _draw_pass(ctx, result, scores)
@@ -218,9 +215,7 @@ def _draw_pass(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -> 
         ax.set_xlabel("k")
         ax.set_ylabel("pass@k")
         ax.set_xticks([1, 2, 4, 8, 16])
-    suptitle(fig, *title)
-    legend_below(fig, handles, ncol=LEGEND_COLS)
-    return fig
+    return finish(fig, title, handles, LEGEND_COLS)
 
 
 # -------------------------------------------------------------------------------- vr_accuracy_weighting
@@ -301,9 +296,7 @@ def _draw_weighting(
         ax.set_xlabel("accuracy p")
         if i % n_methods == 0:
             ax.set_ylabel("weight on ∇log p")
-    suptitle(fig, *title)
-    legend_below(fig, handles, ncol=LEGEND_COLS)
-    return fig
+    return finish(fig, title, handles, LEGEND_COLS)
 
 
 # -------------------------------------------------------------------------------------- vr_length_bias
@@ -317,12 +310,11 @@ LENGTH_PANELS: tuple[tuple[str, str, str, str, str], ...] = (
 )
 
 
-def weights_runs(ctx: ReportContext, scores: VrScores) -> list[queries.RunInfo]:
-    """The weights-stage runs of the selected sweeps (default variational_reasoning) that the compared finals read
-    (``inputs.weights``): a weights run left behind by a changed upstream setting (a rerun prior) is not drawn twice
-    beside its successor. All of them when no compared final names one."""
-    sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
-    stage = [r for r in sel.runs if r.config.get("stage") == "weights"]
+def weights_runs(selected: Sequence[queries.RunInfo], scores: VrScores) -> list[queries.RunInfo]:
+    """The weights-stage runs of the selected sweeps' runs (default variational_reasoning) that the compared finals
+    read (``inputs.weights``): a weights run left behind by a changed upstream setting (a rerun prior) is not drawn
+    twice beside its successor. All of them when no compared final names one."""
+    stage = [r for r in selected if r.config.get("stage") == "weights"]
     read = {str(inputs.get("weights")) for r in scores.runs if isinstance(inputs := r.config.get("inputs"), dict)}
     return [r for r in stage if r.run_id in read] or stage
 
@@ -331,7 +323,7 @@ def weights_runs(ctx: ReportContext, scores: VrScores) -> list[queries.RunInfo]:
 def vr_length_bias(ctx: ReportContext) -> ArtefactResult:
     sel = queries.select_runs(queries.variational_runs(ctx.runs), None, ctx.sweeps, queries.VR_SWEEP)
     scores = vr_scores(ctx)
-    runs = weights_runs(ctx, scores)
+    runs = weights_runs(sel.runs, scores)
     rows = queries.vr_trace_rows(ctx.con, [r.run_id for r in runs])
     result = ArtefactResult(
         title=scores.gated_title(
@@ -404,7 +396,4 @@ def _draw_length(ctx: ReportContext, result: ArtefactResult, scores: VrScores) -
             handles.setdefault(s.label, Line2D([], [], marker="o", linestyle="", color=colour, markersize=5))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-    suptitle(fig, *title)
-    if legend:
-        legend_below(fig, handles, ncol=LEGEND_COLS)
-    return fig
+    return finish(fig, title, handles if legend else {}, LEGEND_COLS)
