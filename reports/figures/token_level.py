@@ -44,16 +44,8 @@ from reports.style import CRITERION_STYLE, GREY, OKABE_ITO
 NO_STUDY = f"no token-level study in the database\n({STUDY_COMMAND})"
 
 
-def _study_title(ctx: ReportContext) -> str:
-    return f"this database: {ctx.study.describe()}; {_selection(ctx)}" if ctx.study else "no study"
-
-
-def _selection(ctx: ReportContext) -> str:
-    """ "study S: 4 seeds, 400 response tokens": the study and the units its numbers are over."""
-    if not ctx.study:
-        return "no token-level study"
-    tokens = stats.share_outside(queries.seed_rows(ctx.con, ctx.study.study_id)).n
-    return f"study {ctx.study.study_id}: {ctx.study.n_seeds} seeds, {tokens:,} response tokens"
+def _study_title(result: ArtefactResult) -> str:
+    return f"this database: {result.study.describe()}; {result.selection_rule}" if result.study else "no study"
 
 
 def _mean_label(m: stats.MeanSE) -> str:
@@ -77,22 +69,6 @@ SAME_TOKENS_CAPTION = (
     "the disagreement set the two criteria decide oppositely on every token, so their balanced accuracies sum to "
     "100%."
 )
-
-
-def _where(ctx: ReportContext) -> str:
-    """The share outside the chosen study was measured at ("" without a study)."""
-    return "measured " + same_tokens.measured(ctx.con, ctx.study.study_id) if ctx.study else ""
-
-
-def _same(ctx: ReportContext) -> same_tokens.SameTokens | None:
-    return same_tokens.same_tokens(ctx.con, ctx.study.study_id) if ctx.study else None
-
-
-def _not_judged_note(ctx: ReportContext) -> str:
-    """Why the same-token panels are empty, wrapped to a panel's width."""
-    if ctx.study is None:
-        return NO_STUDY
-    return "\n".join(textwrap.wrap(same_tokens.not_judged(f"study {ctx.study.study_id}"), 48))
 
 
 def _estimate_label(e: stats.Estimate, extra: str = "") -> str:
@@ -161,40 +137,50 @@ def _sorted_bars(ax, diff_pp: np.ndarray, good: str, text: str):
 
 def _pair_row(ax, bx, values, centre, notes, ylabel: str, diff_pp: np.ndarray, good: str, text: str) -> list:
     """A row of Figure 3: each seed's pair with the summaries (left), the sorted differences (right); the
-    placements of their texts (_place_texts)."""
+    placements of their texts (_finish)."""
     labels = _paired_dots(ax, values, centre, notes)
     ax.set_ylabel(ylabel)
     return [(ax, labels, None), (bx, [], _sorted_bars(bx, diff_pp, good, text))]
 
 
-def _place_texts(ax, inside=(), top=None) -> None:
-    """After the layout: labels in data coordinates kept inside the axes, and a text at the top wrapped to the
-    axes' width and lifted clear of the bars and the other labels (no text over data, none past the axis)."""
-    keep_inside(ax, inside)
-    if top is not None:
-        fit_width(ax, top)
-        clear_of(ax, top, [*ax.patches, *inside])
-
-
-def _study_result(ctx: ReportContext, where: str, title: str, caption: str, intervals: str) -> ArtefactResult:
-    """A figure of the chosen study, its caption ending with where it was measured and its intervals."""
-    return ArtefactResult(
-        command=STUDY_COMMAND,
-        title=title,
-        caption=caption + (f" This study was {where}." if where else "") + " " + intervals,
-        study=ctx.study,
-        selection_rule=_selection(ctx),
+def _study_result(
+    ctx: ReportContext, title: str, caption: str, intervals: str, panels: list[Panel], same_panels: list[Panel]
+) -> tuple[ArtefactResult, str, same_tokens.SameTokens | None]:
+    """A figure of the chosen study with its panels, its caption ending with where the study was measured and its
+    intervals; that place ("" without a study) and the study's same-token judgement (the same-token panels say
+    why there is none)."""
+    result = ArtefactResult(
+        command=STUDY_COMMAND, title=title, caption=caption, study=ctx.study, panels=panels,
+        selection_rule="no token-level study",
     )
+    if ctx.study is None:
+        result.caption += " " + intervals
+        for p in same_panels:
+            p.note = NO_STUDY
+        return result, "", None
+    study = ctx.study.study_id
+    where = "measured " + same_tokens.measured(ctx.con, study)
+    result.caption += f" This study was {where}. {intervals}"
+    tokens = stats.share_outside(queries.seed_rows(ctx.con, study)).n  # the units its numbers are over
+    result.selection_rule = f"study {study}: {ctx.study.n_seeds} seeds, {tokens:,} response tokens"
+    same = same_tokens.same_tokens(ctx.con, study)
+    if same is None:
+        note = "\n".join(textwrap.wrap(same_tokens.not_judged(f"study {study}"), 48))  # a panel's width
+        for p in same_panels:
+            p.note = note
+    return result, where, same
 
 
 @figure(
     "Figure 3: unsafe-keep rate per seed, ratio vs predictive, beside both criteria on the same tokens", "study"
 )
 def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
-    where = _where(ctx)
-    result = _study_result(
+    left = Panel(title=f"{PAPER_DEFINITION}:\nunsafe-keep rate per seed")
+    right = Panel(title=f"{PAPER_DEFINITION}:\npredictive − ratio per seed")
+    same_left = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy per seed")
+    same_right = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy, predictive − ratio per seed")
+    result, where, same = _study_result(
         ctx,
-        where,
         "Figure 3: unsafe-keep rate on the disagreement set, and both criteria judged on the same tokens",
         (
             f"Top, the {PAPER_DEFINITION}: per seed, among disagreement tokens (outside the trust region, where "
@@ -210,12 +196,9 @@ def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
             "and Wilcoxon signed-rank tests."
         ),
         interval_caption("se", "pooled", "seeds"),
+        [left, right, same_left, same_right],
+        [same_left, same_right],
     )
-    left = Panel(title=f"{PAPER_DEFINITION}:\nunsafe-keep rate per seed")
-    right = Panel(title=f"{PAPER_DEFINITION}:\npredictive − ratio per seed")
-    same_left = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy per seed")
-    same_right = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy, predictive − ratio per seed")
-    result.panels = [left, right, same_left, same_right]
     headline = ctx.summary.headline if ctx.summary is not None else None
     if ctx.study is None:
         left.note = right.note = NO_STUDY
@@ -229,25 +212,18 @@ def fig3_unsafe_keep(ctx: ReportContext) -> ArtefactResult:
         ]
         right.series = [_sorted_difference(pair.seeds, pair.pred - pair.ratio)]
         result.has_data = True
-    same = _same(ctx)
-    if same is None:
-        same_left.note = same_right.note = _not_judged_note(ctx)
-    else:
+    if same is not None:
         both = same.paired
         seeds = same.seeds[both]
         per_seed = {c: same.balanced[c][both] for c in same_tokens.PAIR}
         same_left.series = [Series(c, seeds, per_seed[c], method=c) for c in same_tokens.PAIR]
-        same_left.series.append(_pooled_series(same))
-        if same.constant_balanced is not None:
-            same_left.series.append(
-                Series("constant predictor", np.array([0.0, 1.0]), np.full(2, same.constant_balanced))
-            )
+        same_left.series += _pooled_series(same, np.array([0.0, 1.0]))
         same_right.series = [_sorted_difference(seeds, per_seed["predictive"] - per_seed["ratio"])]
         if not both.any():
             same_left.note = same_right.note = "no seed has both balanced accuracies"
         result.has_data = True
     if ctx.draw:
-        result.drawn = _draw_fig3(ctx, result, same, where)
+        result.drawn = _draw_fig3(result, same, where)
     return result
 
 
@@ -256,14 +232,24 @@ def _sorted_difference(seeds: np.ndarray, diff: np.ndarray) -> Series:
     return Series("difference", seeds[order], diff[order])
 
 
-def _pooled_series(same: same_tokens.SameTokens) -> Series:
-    """Both criteria's pooled balanced accuracy with its seed-cluster interval (NaN where there is none)."""
-    point = same.point
-    est = [point.balanced_ratio, point.balanced_predictive]
-    y = np.array([np.nan if e is None or e.value is None else e.value for e in est], dtype=float)
-    lo = np.array([np.nan if e is None or e.lo is None else e.lo for e in est], dtype=float)
-    hi = np.array([np.nan if e is None or e.hi is None else e.hi for e in est], dtype=float)
-    return Series("pooled", np.array(same_tokens.PAIR, dtype=object), y, yerr=np.stack([y - lo, hi - y]))
+def _pooled_series(same: same_tokens.SameTokens, constant_x: np.ndarray) -> list[Series]:
+    """Both criteria's pooled balanced accuracy with its seed-cluster interval (NaN where there is none), then the
+    constant predictor's at ``constant_x`` where there is one."""
+    est = _estimates(same)
+    values = [(est[c].value, est[c].lo, est[c].hi) for c in same_tokens.PAIR]
+    pooled = _with_interval("pooled", np.array(same_tokens.PAIR, dtype=object), values)
+    if same.constant_balanced is None:
+        return [pooled]
+    return [pooled, Series("constant predictor", constant_x, np.full(2, same.constant_balanced))]
+
+
+def _with_interval(
+    label: str, x: np.ndarray, values: list[tuple[Any, Any, Any]], method: str | None = None
+) -> Series:
+    """(value, low, high) at each x as a series with its interval (NaN where a bound is missing)."""
+    v = np.array([[np.nan if b is None else b for b in t] for t in values], dtype=float).reshape(-1, 3)
+    y, lo, hi = v[:, 0], v[:, 1], v[:, 2]
+    return Series(label, x, y, yerr=np.stack([y - lo, hi - y]), method=method)
 
 
 def _estimates(same: same_tokens.SameTokens) -> dict[str, stats.Estimate]:
@@ -298,7 +284,7 @@ def _constant_line(ax, value: float | None) -> None:
         ax.set_xlabel(f"dotted line: constant predictor ({100 * value:.0f}%)", fontsize=7)
 
 
-Placement = tuple[Any, list, Any]  # (axes, labels in data coordinates, text at the top or None): _place_texts
+Placement = tuple[Any, list, Any]  # (axes, labels in data coordinates, text at the top or None): _finish
 
 
 def _draw_same_per_seed(
@@ -328,13 +314,12 @@ def _draw_same_per_seed(
     return placements
 
 
-def _draw_fig3(
-    ctx: ReportContext, result: ArtefactResult, same: same_tokens.SameTokens | None, where: str
-) -> Figure:
+def _draw_fig3(result: ArtefactResult, same: same_tokens.SameTokens | None, where: str) -> Figure:
     fig, (ax, bx, cx, dx) = new_figure(2, 2, panel_w=4.2, panel_h=3.3)
     left, right = result.panels[:2]
     placements: list[Placement] = []
-    _title_panels((ax, left), (bx, right))
+    for axis, panel in ((ax, left), (bx, right)):
+        panel_axes(axis, panel, fontsize=8)
     if left.series:
         pair: stats.Paired = result.stats
         means = {RATIO: pair.ratio_mean, HEADLINE: pair.pred_mean}
@@ -348,11 +333,20 @@ def _draw_fig3(
             {c: _mean_label(m) for c, m in means.items()}, "unsafe-keep rate (%)", 100 * right.series[0].y,
             "negative", f"predictive lower on {pair.n_lower} of {pair.n_paired} paired seeds",
         )
-    placements += _draw_same_per_seed(cx, dx, result, same)
-    suptitle(fig, result.title, _study_title(ctx), where)
+    return _finish(fig, result, where, placements + _draw_same_per_seed(cx, dx, result, same))
+
+
+def _finish(fig: Figure, result: ArtefactResult, where: str, placements: list[Placement]) -> Figure:
+    """A study figure's title and layout; then, the layout final, labels in data coordinates kept inside their
+    axes, and a text at the top wrapped to the axes' width and lifted clear of the bars and the other labels (no
+    text over data, none past the axis)."""
+    suptitle(fig, result.title, _study_title(result), where)
     fig.tight_layout()
-    for axis, inside, top in placements:
-        _place_texts(axis, inside, top)
+    for ax, inside, top in placements:
+        keep_inside(ax, inside)
+        if top is not None:
+            fit_width(ax, top)
+            clear_of(ax, top, [*ax.patches, *inside])
     return fig
 
 
@@ -360,10 +354,10 @@ def _draw_fig3(
     "Figure 4: pooled corrective fraction per criterion, beside both criteria on the same tokens", "study"
 )
 def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
-    where = _where(ctx)
-    result = _study_result(
+    panel = Panel(title=f"{PAPER_DEFINITION}:\ncorrective fraction (pooled)")
+    same_panel = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy (pooled)")
+    result, where, same = _study_result(
         ctx,
-        where,
         "Figure 4: corrective fraction of kept disagreement tokens, pooled over seeds, and both criteria judged on "
         "the same tokens",
         (
@@ -378,10 +372,9 @@ def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
             "the constant predictor."
         ),
         interval_caption("wilson", "pooled"),
+        [panel, same_panel],
+        [same_panel],
     )
-    panel = Panel(title=f"{PAPER_DEFINITION}:\ncorrective fraction (pooled)")
-    same_panel = Panel(title=f"{SAME_TOKENS}:\nbalanced accuracy (pooled)")
-    result.panels = [panel, same_panel]
     if ctx.summary is None:
         panel.note = NO_STUDY
     else:
@@ -390,45 +383,25 @@ def fig4_corrective(ctx: ReportContext) -> ArtefactResult:
         if not crits:
             panel.note = "no kept disagreement tokens in this study"
         else:
-            frac = np.array([pooled[c].fraction for c in crits])
-            lo_hi = np.array([pooled[c].interval for c in crits])
-            panel.series = [
-                Series(
-                    "corrective fraction",
-                    np.array(crits, dtype=object),
-                    frac,
-                    yerr=np.stack([frac - lo_hi[:, 0], lo_hi[:, 1] - frac]),
-                )
-            ]
+            values = [(pooled[c].fraction, *pooled[c].interval) for c in crits]
+            panel.series = [_with_interval("corrective fraction", np.array(crits, dtype=object), values)]
             result.has_data = True
-    same = _same(ctx)
-    if same is None:
-        same_panel.note = _not_judged_note(ctx)
-    else:
-        same_panel.series = [_pooled_series(same)]
-        if same.constant_balanced is not None:
-            same_panel.series.append(
-                Series(
-                    "constant predictor",
-                    np.array(same_tokens.PAIR, dtype=object),
-                    np.full(2, same.constant_balanced),
-                )
-            )
+    if same is not None:
+        same_panel.series = _pooled_series(same, np.array(same_tokens.PAIR, dtype=object))
         result.has_data = True
     if ctx.draw:
-        result.drawn = _draw_fig4(ctx, result, same, where)
+        result.drawn = _draw_fig4(result, same, where)
     return result
 
 
-def _draw_fig4(
-    ctx: ReportContext, result: ArtefactResult, same: same_tokens.SameTokens | None, where: str
-) -> Figure:
+def _draw_fig4(result: ArtefactResult, same: same_tokens.SameTokens | None, where: str) -> Figure:
     fig, (ax, bx) = new_figure(1, 2, panel_w=4.6, panel_h=3.4)
     panel, same_panel = result.panels
     ax_labels: list = []
     bx_labels: list = []
     bx_top = None
-    _title_panels((ax, panel), (bx, same_panel))
+    for axis, p in ((ax, panel), (bx, same_panel)):
+        panel_axes(axis, p, fontsize=8)
     if panel.series:
         s = panel.series[0]
         crits = list(s.x)
@@ -477,11 +450,7 @@ def _draw_fig4(
         bx.set_xticks(xs, _tick_labels(s.x))
         bx.set_ylim(0, 105)
         bx.set_ylabel("balanced accuracy (%)")
-    suptitle(fig, result.title, _study_title(ctx), where)
-    fig.tight_layout()
-    _place_texts(ax, ax_labels)
-    _place_texts(bx, bx_labels, bx_top)
-    return fig
+    return _finish(fig, result, where, [(ax, ax_labels, None), (bx, bx_labels, bx_top)])
 
 
 # ------------------------------------------------------------------------------------- fig9: drift grid
@@ -533,17 +502,22 @@ class GridCell:
         return f"{labels.precision_label(r['precision'])}, lr {r['lr']:g}, {r['staleness']} stale updates"
 
 
-def grid(ctx: ReportContext) -> tuple[str, list[GridCell]]:
-    """The selection rule and the cells of the drift grid stored last (no cell without a grid)."""
+def grid(ctx: ReportContext, result: ArtefactResult) -> list[GridCell]:
+    """The cells of the drift grid stored last, its selection rule the result's; without a grid, none and every
+    panel says so."""
     cells = grid_cells(ctx.con)
     if cells.height == 0:
-        return "the drift grid stored last (token_level_grid)", []
+        result.selection_rule = "the drift grid stored last (token_level_grid)"
+        for p in result.panels:
+            p.note = NO_GRID
+        return []
     out = []
     for row in cells.iter_rows(named=True):
         same = same_tokens.same_tokens(ctx.con, row["study_id"])
         point = same.point if same is not None else same_tokens.drift_point(ctx.con, row["study_id"])
         out.append(GridCell(row, point, same))
-    return f"drift grid {cells['grid_name'][0]} {cells['grid_id'][0]} (the one stored last)", out
+    result.selection_rule = f"drift grid {cells['grid_name'][0]} {cells['grid_id'][0]} (the one stored last)"
+    return out
 
 
 def _statistic(point: stats.DriftPoint, name: str) -> float:
@@ -561,10 +535,8 @@ def _interval_series(
 ) -> Series:
     """Cells' (value, low, high) against their share outside, ascending; NaN where a bound is missing."""
     x = np.array([c.share for c in cells], dtype=float)
-    v = np.array([[np.nan if b is None else b for b in t] for t in values], dtype=float).reshape(-1, 3)
     order = np.argsort(x, kind="stable")
-    y, lo, hi = v[order, 0], v[order, 1], v[order, 2]
-    return Series(label, x[order], y, yerr=np.stack([y - lo, hi - y]), method=method)
+    return _with_interval(label, x[order], [values[i] for i in order], method)
 
 
 def left_out(cells: list[GridCell], has_value: Any) -> str:
@@ -614,11 +586,8 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
         ),
     )
     result.panels = [Panel(title=t) for t in FIG9_PANELS] + [Panel(title=DIFFERENCE_PANEL)]
-    result.selection_rule, cells = grid(ctx)
-    if not cells:
-        for p in result.panels:
-            p.note = NO_GRID
-    else:
+    cells = grid(ctx, result)
+    if cells:
         result.stats = [(c.precision, c.point) for c in cells]
         precisions = list(dict.fromkeys(c.precision for c in cells))
         for panel, parts in zip(result.panels, FIG9_PANELS.values()):
@@ -658,7 +627,7 @@ def fig9_drift_sensitivity(ctx: ReportContext) -> ArtefactResult:
             diff.note = "no cell judged on the same tokens"
         result.has_data = any(s.x.size for s in result.panels[0].series[: len(precisions)])
     if ctx.draw:
-        result.drawn = _draw_fig9(ctx, result)
+        result.drawn = _draw_fig9(result)
     return result
 
 
@@ -675,16 +644,18 @@ def _bar_labels(ax, xs, ys, texts) -> list:
     return [ax.text(x, y, t, **kw) for x, y, t in zip(xs, ys, texts)]
 
 
-def _title_panels(*pairs) -> None:
-    """Each (axes, panel) titled at 8 pt; a panel without series shows its note."""
-    for axis, panel in pairs:
-        panel_axes(axis, panel, fontsize=8)
-
-
-def _precision_marker(precisions: list[str], prec: str) -> str:
+def _drift_line(ax, s: Series, precisions: list[str], colour: str, dashed: bool = False, **kw) -> Line2D:
+    """A cell series in percent, marked by its precision (``precisions``: in the order met), with its intervals
+    when it has them."""
+    prec = s.label.split(":")[0]
     if prec not in precisions:
         precisions.append(prec)
-    return PRECISION_MARKERS[precisions.index(prec) % len(PRECISION_MARKERS)]
+    marker = PRECISION_MARKERS[precisions.index(prec) % len(PRECISION_MARKERS)]
+    style = {"markersize": 4, "linewidth": 0.9, "alpha": 0.85, **kw}
+    (line,) = ax.plot(100 * s.x, 100 * s.y, marker=marker, linestyle="--" if dashed else "-", color=colour, **style)
+    if s.yerr is not None:
+        _draw_intervals(ax, 100 * s.x, 100 * (s.y - s.yerr[0]), 100 * (s.y + s.yerr[1]), colour)
+    return line
 
 
 def _draw_difference(ax, panel: Panel, precisions: list[str]) -> None:
@@ -694,20 +665,19 @@ def _draw_difference(ax, panel: Panel, precisions: list[str]) -> None:
     for s in panel.series:
         if not s.x.size:
             continue
-        marker = _precision_marker(precisions, s.label)
-        ax.plot(100 * s.x, 100 * s.y, marker=marker, color="black", markersize=4, linewidth=0.9, alpha=0.85)
+        _drift_line(ax, s, precisions, "black")
         lo, hi = 100 * (s.y - s.yerr[0]), 100 * (s.y + s.yerr[1])
-        _draw_intervals(ax, 100 * s.x, lo, hi, "black")
         tops.append(float(np.nanmax(np.abs(np.concatenate([lo, hi, 100 * s.y])))))
     top = min(105.0, 1.15 * max(tops))  # a difference of two balanced accuracies lies within ±100 points
     ax.set_ylim(-top, top)
     ax.set_ylabel("predictive − ratio (percentage points)", fontsize=7)
 
 
-def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> Figure:
+def _draw_fig9(result: ArtefactResult) -> Figure:
     fig, axes = new_figure(2, 2, panel_w=4.6, panel_h=3.3)
     lo, hi = stats.paper_share_outside()
     precisions: list[str] = []
+    handles: dict[str, object] = {}
     for ax, panel in zip(axes, result.panels):
         if not panel_axes(ax, panel, empty=not any(s.x.size for s in panel.series), fontsize=8):
             continue
@@ -728,29 +698,11 @@ def _draw_fig9(ctx: ReportContext, result: ArtefactResult) -> Figure:
                 mid = 100 * np.sqrt(lo * hi)
                 ax.plot([mid], [100 * s.y[0]], marker="*", color=colour, markersize=11, linestyle="")
                 continue
-            marker = _precision_marker(precisions, s.label.split(":")[0])
-            style = "--" if crit == RATIO and s.label.endswith("ratio") else "-"
-            ax.plot(
-                100 * s.x,
-                100 * s.y,
-                marker=marker,
-                linestyle=style,
-                color=colour,
-                markersize=4,
-                linewidth=0.9,
-                alpha=0.85,
-                label=s.label,
-            )
+            handles.setdefault(s.label, _drift_line(ax, s, precisions, colour, crit == RATIO, label=s.label))
         ax.set_ylabel("%")
         ys = np.concatenate([100 * x.y for x in panel.series])
         top = float(np.nanmax(ys)) if np.isfinite(ys).any() else 100.0
         ax.set_ylim(0, 100 if top > 30 else 1.25 * top)
-    handles: dict[str, object] = {}
-    for ax in axes:
-        for line in ax.get_lines():
-            lab = line.get_label()
-            if not lab.startswith("_") and lab not in handles:
-                handles[lab] = line
     handles[
         f"{stats.PAPER_LABEL}: reported value (★), over the band of x it implies (assumed response length)"
     ] = Line2D([0], [0], marker="*", color="black", linestyle="", markersize=9)
@@ -804,10 +756,8 @@ def fig10_criteria_vs_drift(ctx: ReportContext) -> ArtefactResult:
         title="balanced accuracy on the disagreement set, against the own update (pooled over seeds)"
     )
     result.panels = [panel]
-    result.selection_rule, cells = grid(ctx)
-    if not cells:
-        panel.note = NO_GRID
-    else:
+    cells = grid(ctx, result)
+    if cells:
         shown = [c for c in cells if c.same is not None and c.share > 0 and _has_balanced(c)]
         result.stats = [(c.name, c.point) for c in shown]
         for prec in dict.fromkeys(c.precision for c in cells):
@@ -827,11 +777,11 @@ def fig10_criteria_vs_drift(ctx: ReportContext) -> ArtefactResult:
         if not shown:
             panel.note = "no cell judged on the same tokens"
     if ctx.draw:
-        result.drawn = _draw_fig10(ctx, result)
+        result.drawn = _draw_fig10(result)
     return result
 
 
-def _draw_fig10(ctx: ReportContext, result: ArtefactResult) -> Figure:
+def _draw_fig10(result: ArtefactResult) -> Figure:
     fig, (ax,) = new_figure(1, 1, panel_w=9.2, panel_h=4.2)
     panel = result.panels[0]
     lo, hi = stats.paper_share_outside()
@@ -860,17 +810,7 @@ def _draw_fig10(ctx: ReportContext, result: ArtefactResult) -> Figure:
                 continue
             crit = s.method or HEADLINE
             colour = CRITERION_STYLE[crit][1]
-            marker = _precision_marker(precisions, s.label.split(":")[0])
-            (line,) = ax.plot(
-                100 * s.x,
-                100 * s.y,
-                marker=marker,
-                linestyle="--" if crit == RATIO else "-",
-                color=colour,
-                markersize=5,
-                linewidth=1,
-            )
-            _draw_intervals(ax, 100 * s.x, 100 * (s.y - s.yerr[0]), 100 * (s.y + s.yerr[1]), colour)
+            line = _drift_line(ax, s, precisions, colour, crit == RATIO, markersize=5, linewidth=1, alpha=None)
             handles[f"{s.label.split(':')[0]}: {CRITERION_STYLE[crit][0]}"] = line
             xs.extend(100 * s.x)
         ax.set_xscale("log")
