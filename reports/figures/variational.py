@@ -249,14 +249,11 @@ def vr_accuracy_weighting(ctx: ReportContext) -> ArtefactResult:
             if rows is not None and methods:
                 part = rows.filter((rows["method"] == method) & (rows["source"] == source)).sort("accuracy")
                 part = part.filter(part["accuracy"].is_not_null())
-                measured = part.filter(part["measured_weight"].is_not_null())
-                predicted = part.filter(part["predicted_weight"].is_not_null())
-                if measured.height:
-                    panel.series.append(Series("measured", measured["accuracy"].to_numpy(),
-                                               measured["measured_weight"].to_numpy(), method=method))
-                if predicted.height:
-                    panel.series.append(Series("predicted (closed form)", predicted["accuracy"].to_numpy(),
-                                               predicted["predicted_weight"].to_numpy(), method=method))
+                for label, column in (("measured", "measured_weight"), ("predicted (closed form)", "predicted_weight")):
+                    have = part.filter(part[column].is_not_null())
+                    if have.height:
+                        x, y = have["accuracy"].to_numpy(), have[column].to_numpy()
+                        panel.series.append(Series(label, x, y, method=method))
             if not panel.series:
                 panel.note = f"no {source} rows\n({WEIGHTING_COMMAND})"
             result.panels.append(panel)
