@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from predmask.io import atomic_write, write_synced
-from predmask.rundir import CHECKPOINT_DIR, DamagedFileError
+from predmask.rundir import CHECKPOINT_DIR, DamagedFileError, first_line
 
 #: the suffix an unreadable checkpoint is renamed with (``step_000008.pt`` -> ``step_000008.pt.damaged``)
 DAMAGED_SUFFIX = ".damaged"
@@ -74,10 +74,6 @@ def save_checkpoint(run_dir: Path, step: int, blob: Mapping[str, Any], keep: int
     return path
 
 
-def _first_line(exc: BaseException) -> str:
-    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-
-
 def _refusal_detail(exc: pickle.UnpicklingError) -> str:
     """The line of torch's weights-only error that names what was refused (e.g. ``unsupported GLOBAL posix.system``)."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
@@ -96,7 +92,7 @@ def load_data(path: Path) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if not any(mark in str(exc) for mark in _NAMES_AN_OBJECT):  # bytes it cannot parse: damaged, not hostile
-            raise DamagedFileError(path, f"unreadable ({_first_line(exc)})") from None
+            raise DamagedFileError(path, f"unreadable ({first_line(exc)})") from None
         raise CheckpointRefusedError(
             f"refused: {path} holds Python objects beyond tensors and plain containers ({_refusal_detail(exc)}); "
             "files are loaded as data only, so it was not loaded and nothing in it ran; delete it, or move it "
@@ -105,9 +101,9 @@ def load_data(path: Path) -> Any:
     except OSError as exc:
         if exc.errno in _ACCESS_ERRNOS:
             raise
-        raise DamagedFileError(path, f"unreadable ({_first_line(exc)})") from None
+        raise DamagedFileError(path, f"unreadable ({first_line(exc)})") from None
     except (RuntimeError, EOFError, KeyError, ValueError, IndexError, AttributeError, TypeError) as exc:
-        raise DamagedFileError(path, f"unreadable ({_first_line(exc)})") from None
+        raise DamagedFileError(path, f"unreadable ({first_line(exc)})") from None
 
 
 def _quarantine(path: Path) -> Path:

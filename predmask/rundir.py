@@ -221,8 +221,13 @@ class DamagedFileError(ValueError):
         self.what = what
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]
+def first_line(exc: BaseException, *, typed: bool = False) -> str:
+    """An error in one line: the first non-blank line of its message, stripped, else its type's name;
+    ``typed``: ``<type>: <line>`` (the type alone when the message is blank)."""
+    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+    if typed:
+        return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    return line or type(exc).__name__
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -232,7 +237,7 @@ def read_config(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise DamagedFileError(path, f"not YAML ({_first_line(exc)})") from None
+        raise DamagedFileError(path, f"not YAML ({first_line(exc)})") from None
     if not text.strip():
         raise DamagedFileError(path, "empty; allowed: a config mapping")
     if not text.endswith("\n"):
@@ -241,7 +246,7 @@ def read_config(path: Path) -> dict[str, Any]:
     try:
         loaded = yaml.load(text, Loader=YAML_LOADER)
     except yaml.YAMLError as exc:
-        raise DamagedFileError(path, f"not YAML ({_first_line(exc)})") from None
+        raise DamagedFileError(path, f"not YAML ({first_line(exc)})") from None
     if not isinstance(loaded, dict):
         raise DamagedFileError(path, f"a YAML {type(loaded).__name__}, not a config mapping")
     if "${" not in text:
@@ -283,7 +288,7 @@ def read_status(run_dir: Path) -> dict[str, Any]:
     try:
         status = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise StatusError(path, f"not JSON ({_first_line(exc)})") from None
+        raise StatusError(path, f"not JSON ({first_line(exc)})") from None
     if not isinstance(status, dict):
         raise StatusError(path, f"a JSON {type(status).__name__}, not an object")
     return status
@@ -545,11 +550,13 @@ def _holder(text: str) -> str:
 
 
 @contextmanager
-def hold_lock(path: Path, stamp: str, busy: Callable[[str], Exception]) -> Iterator[None]:
+def hold_lock(path: Path, stamp: str,
+              busy: Callable[[str], Exception | AbstractContextManager[Any]]) -> Iterator[None]:
     """Hold an exclusive flock on the file ``path`` for the with-block, ``stamp`` (who holds it) written in it
-    while held: the one lock of the project. When another process holds it, raises ``busy(what that holder
-    wrote)``. Never through a link (the file is truncated, and a link could name a file elsewhere):
-    LinkedLockError. The lock goes with the process: a SIGKILLed holder leaves it free."""
+    while held: the one lock of the project. When another process holds it, ``busy(what that holder wrote)``:
+    an exception is raised, a context manager (a progress phase) is entered while this waits for the lock.
+    Never through a link (the file is truncated, and a link could name a file elsewhere): LinkedLockError. The
+    lock goes with the process: a SIGKILLed holder leaves it free."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -562,7 +569,11 @@ def hold_lock(path: Path, stamp: str, busy: Callable[[str], Exception]) -> Itera
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise busy(os.pread(fd, 200, 0).decode(errors="replace").strip()) from None
+            answer = busy(os.pread(fd, 200, 0).decode(errors="replace").strip())
+            if isinstance(answer, BaseException):
+                raise answer from None
+            with answer:
+                fcntl.flock(fd, fcntl.LOCK_EX)
         os.ftruncate(fd, 0)
         os.pwrite(fd, stamp.encode(), 0)
         try:
@@ -579,7 +590,12 @@ def hold_run_lock(run_dir: Path) -> AbstractContextManager[None]:
     def busy(holder: str) -> RunDirBusyError:
         return RunDirBusyError(f"run_dir {run_dir} is being written by another trainer ({_holder(holder)})")
 
-    return hold_lock(run_dir / RUN_LOCK_FILE, f"pid {os.getpid()} {socket.gethostname()}\n", busy)
+    return hold_lock(run_dir / RUN_LOCK_FILE, holder_stamp(), busy)
+
+
+def holder_stamp() -> str:
+    """``pid N HOST``: what a lock's holder writes in it (``_holder`` reads it back)."""
+    return f"pid {os.getpid()} {socket.gethostname()}\n"
 
 
 def run_writer_alive(run_dir: Path) -> bool:

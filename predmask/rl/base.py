@@ -11,7 +11,6 @@ right — the gap RL closes, as on real base models.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import math
@@ -42,6 +41,7 @@ from predmask.rl.task import (
     noisy_steps,
 )
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.rundir import hold_lock, holder_stamp
 from predmask.schemas.task_schema import TaskConfig
 from predmask.schemas.train_schema import BaseConfig
 
@@ -201,22 +201,6 @@ def base_cache_path(model_cfg: Mapping[str, Any], task: TaskConfig, cfg: BaseCon
     return Path(cache_dir) / f"base-{model_cfg.get('name', 'model')}-{key}.pt"
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path, waiting_for: str = "") -> Iterator[None]:
-    """Hold an exclusive flock on ``path``; a wait for another process's lock is the phase ``waiting_for``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            with waiting(waiting_for or f"waiting for {path.name}"):
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
 def _build(model_cfg: Mapping[str, Any], task: TaskConfig, cfg: BaseConfig,
            progress: bool) -> tuple[nn.Module, dict[str, Any]]:
     tok = ArithmeticTokenizer(task.max_number)
@@ -262,7 +246,8 @@ def load_base_model(
     del response_len
     path = base_cache_path(model_cfg, task, cfg, cache_dir)
     tok = ArithmeticTokenizer(task.max_number)
-    with _file_lock(path.with_suffix(".lock"), f"waiting for base model {model_cfg.get('name')} (another run builds it)"):
+    phase = f"waiting for base model {model_cfg.get('name')} (another run builds it)"
+    with hold_lock(path.with_suffix(".lock"), holder_stamp(), lambda _holder: waiting(phase)):
         if not path.exists():
             model, info = _build(model_cfg, task, cfg, progress)
             blob = {"state_dict": model.state_dict(), "info": info}

@@ -19,6 +19,7 @@ from predmask.rl.emulated_precision import make_rollout_model
 from predmask.rl.rollout import RolloutBatch, rollout_problems
 from predmask.rl.task import Problem, iter_train_prompts
 from predmask.rl.tokenizer import ArithmeticTokenizer
+from predmask.rundir import first_line
 from predmask.schemas.task_schema import TaskConfig
 
 
@@ -185,8 +186,7 @@ def check_checkpoint(cfg: Mapping[str, Any]) -> None:
     try:
         _checkpoint_policy(cfg, ArithmeticTokenizer(task_of(cfg).max_number).vocab_size)
     except Exception as err:  # noqa: BLE001 - any load failure is bad input, reported in one line
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StudyInputError(
             f"checkpoint {cfg['checkpoint']} cannot be loaded into model "
-            f"{cfg['model'].get('name')!r}: {first}"
+            f"{cfg['model'].get('name')!r}: {first_line(err)}"
         ) from None

@@ -21,6 +21,7 @@ from typing import Any
 import polars as pl
 
 from predmask.io import atomic_write, atomic_write_text
+from predmask.rundir import first_line
 
 
 @dataclass(frozen=True)
@@ -95,9 +96,7 @@ def run_worker(spec: WorkerSpec, on_seed: Callable[[int], None] | None = None) -
             result = run_seed(backend, spec.config, settings, seed)
         except Exception as exc:  # noqa: BLE001 - one bad seed must not cost the worker's other seeds
             traceback.print_exc()
-            failed[seed] = (
-                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            )
+            failed[seed] = first_line(exc, typed=True)
             continue
         row = {
             "n_tokens": int(result.n_tokens),
