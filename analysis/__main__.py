@@ -20,7 +20,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from analysis.store import IngestSummary, StoreError, connect, default_db_path, ingest_paths, paper_command
+from analysis.store import IngestSummary, StoreError, connect, ingest_paths, paper_command
+from analysis.store.connection import add_db_option, db_or_default
 from analysis.store.ingest import RunIngest
 from predmask.console import error, make_console
 
@@ -61,9 +62,7 @@ def _ingest_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "paths", nargs="+", help="run directories, folders holding run directories, files, or globs"
     )
-    p.add_argument(
-        "--db", type=Path, default=None, help=f"database file (default: $PREDMASK_DB or {default_db_path()})"
-    )
+    add_db_option(p, "database file", resolved=True)
     p.add_argument("-q", "--quiet", action="store_true", help="print only the totals line and warnings")
     return p
 
@@ -99,7 +98,7 @@ def print_summary(summary: IngestSummary, db: Path, console: Console, quiet: boo
 
 def cmd_ingest(argv: Sequence[str]) -> int:
     args = _ingest_parser().parse_args(list(argv))
-    db = args.db if args.db is not None else default_db_path()
+    db = db_or_default(args.db)
     try:
         con = connect(db)
     except StoreError as exc:

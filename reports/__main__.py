@@ -10,7 +10,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from analysis.store import StoreError, default_db_path
+from analysis.store import StoreError
+from analysis.store.connection import add_db_option, db_or_default
 from predmask.console import error, make_console
 from reports import artefact_registry
 from reports.artefact import ArtefactResult
@@ -32,10 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser) -> None:
-        db = default_db_path()
-        sp.add_argument(
-            "--db", type=Path, default=db, help=f"results database (default: $PREDMASK_DB or {db})"
-        )
+        add_db_option(sp, resolved=True)
         sp.add_argument(
             "--sweep",
             action="append",
@@ -169,6 +167,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.db = db_or_default(args.db)
     if args.command == "paper":
         return cmd_paper(args)
     return cmd_variational(args) if args.command == "variational" else cmd_list(args)

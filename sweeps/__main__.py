@@ -13,9 +13,11 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from analysis.store.connection import add_db_option, db_or_default
 from predmask.command_text import (
     ACCURACY_WEIGHTING,
     INGEST,
@@ -32,6 +34,7 @@ from predmask.rundir import (
     RUNS_DIRNAME,
     RUNS_ENV,
     DamagedFileError,
+    first_line,
     other_roots,
     read_config,
     runs_root,
@@ -49,6 +52,9 @@ from sweeps.run_dirs import (
     run_dir,
     sweep_lock,
 )
+
+if TYPE_CHECKING:
+    from sweeps.submit import Outcome
 
 EPILOG = """\
 examples:
@@ -137,11 +143,10 @@ def storage_cause(err: BaseException) -> str:
     from analysis.store import StoreError
 
     if isinstance(err, StoreError):
-        return (str(err).splitlines() or [type(err).__name__])[0]
+        return first_line(err)
     if isinstance(err, OSError) and err.strerror:
         return f"{err.strerror}: {err.filename}" if err.filename else err.strerror
-    first = (str(err).splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first}" if first else type(err).__name__
+    return first_line(err, typed=True)
 
 
 class Ingester:
@@ -242,8 +247,19 @@ def elsewhere_line(args: argparse.Namespace, specs: list[RunSpec], root: Path) -
             f"{_submit_command(args)}")
 
 
+def _note_skipped_methods(overrides: Sequence[str], cluster: str) -> None:
+    """A variational sweep's note of the methods its cluster's trainer does not compose (none given by hand)."""
+    from predmask.config import bare_key
+    from sweeps.vr_chain import cluster_skipped
+
+    skipped = cluster_skipped([o for o in overrides if bare_key(o) == "cluster"])
+    if skipped and not any(o.startswith("method=") for o in overrides):
+        print(f"note: {', '.join(skipped)} left out of the method axis: not composed for the "
+              f"{cluster} trainer (predmask.verl.vr_cluster)", file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from analysis.store import check_db_path, default_db_path
+    from analysis.store import check_db_path
     from sweeps.plan import check_paths, max_parallel, plan_warnings, refuse_warnings, warning_lines
     from sweeps.submit import backend_of, run_sweep, run_waves, validate_runs
 
@@ -253,12 +269,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if len(clusters) > 1:
         raise SweepError(f"one cluster per sweep invocation, got {', '.join(sorted(clusters))}")
     if sweep_family(args.sweep) == "variational":
-        from sweeps.vr_chain import cluster_skipped
-
-        skipped = cluster_skipped([o for o in args.overrides if o.split("=", 1)[0].lstrip("+~") == "cluster"])
-        if skipped and not any(o.startswith("method=") for o in args.overrides):
-            print(f"note: {', '.join(skipped)} left out of the method axis: not composed for the "
-                  f"{specs[0].config['cluster']['name']} trainer (predmask.verl.vr_cluster)", file=sys.stderr)
+        _note_skipped_methods(args.overrides, clusters.pop())
     validate_runs(specs, root)  # every run as its trainer checks it, before anything is written (dry run included)
     sweep_dir = sweep_path(args.sweep, root)
     check_inside_root(root, [sweep_dir, sweep_dir / ("dry-run" if args.dry_run else ".submitit"),
@@ -274,16 +285,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     for line in warning_lines(warnings):
         console.print(line)
     check_paths(specs)
-    db = Path(args.db) if args.db else default_db_path()
+    db = db_or_default(args.db)
     check_db_path(db)  # before the first run starts, not when it ends
     backend = backend_of(specs[0])
     parallel = max_parallel(specs, args.max_parallel)
     console.print(f"sweep [bold]{args.sweep}[/]: {describe(specs)} on {backend} "
-                  f"({specs[0].config['cluster']['name']}), runs in {sweep_path(args.sweep, root)}, database {db}")
-    hint = with_db(command(f"{INGEST} {shlex.quote(str(sweep_path(args.sweep, root)))}"), args.db and db)
+                  f"({specs[0].config['cluster']['name']}), runs in {sweep_dir}, database {db}")
+    hint = with_db(command(f"{INGEST} {shlex.quote(str(sweep_dir))}"), args.db and db)
     ingest = Ingester(db, hint)
     chained = any(spec.inputs for spec in specs)  # a variational sweep: each stage after the runs it reads
-    with sweep_lock(sweep_path(args.sweep, root)):
+    with sweep_lock(sweep_dir):
         if chained:
             outcome = run_waves(specs, root=root, max_parallel=parallel, console=console, on_finished=ingest,
                                 resume=_submit_command(args))
@@ -295,6 +306,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
             if spec.run_id in outcome.skipped:
                 ingest(spec, root / spec.sweep / spec.run_id)
         deferred = ingest.catch_up()
+    return _report(args, console, outcome, deferred, db, hint)
+
+
+def _report(args: argparse.Namespace, console: Console, outcome: Outcome, deferred: dict[str, str], db: Path,
+            hint: str) -> int:
+    """The sweep's end: its counts and wall time, each run not completed or not ingested, and what to run next."""
     elapsed = time.monotonic() - args.started  # the command's wall time: start-up, planning and checks included
     blocked = f", {len(outcome.blocked)} not started" if outcome.blocked else ""
     console.print(f"{len(outcome.completed)} completed, {len(outcome.skipped)} already done, "
@@ -418,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "each run's id, sbatch script and exact command, and write them under runs/<sweep>/dry-run/")
     ap.add_argument("--format", choices=("text", "json"), default="text",
                     help="dry-run output format (json: {\"summary\": ..., \"runs\": [...]}, see below)")
-    ap.add_argument("--db", help="results database (default: $PREDMASK_DB or results/predmask.duckdb)")
+    add_db_option(ap)
     ap.add_argument("--runs-root", help="root of run directories (default: $PREDMASK_RUNS or runs/)")
     ap.add_argument("--max-parallel", type=int, help="runs at once (default: the cluster config's max_parallel)")
     ap.add_argument("--strict", action="store_true", help="refuse to submit (exit 2) while the plan's WARNINGS block "

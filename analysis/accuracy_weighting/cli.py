@@ -33,6 +33,7 @@ class AnalysisInputError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from analysis.store.connection import add_db_option
     from predmask.command_text import python_command
 
     p = argparse.ArgumentParser(
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  bandit.group_sizes=[2,4] bandit.accuracies=[0.1,0.5]   the exact bandit's cases\n"
         ),
     )
-    p.add_argument("--db", type=Path, default=None, help="results database (default: $PREDMASK_DB or results/predmask.duckdb)")
+    add_db_option(p)
     p.add_argument("--bandit-only", action="store_true", help="measure only the exact bandit (no model, seconds)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (see below)")
     return p
@@ -141,16 +142,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int:
-    import torch
-
     from analysis.accuracy_weighting.measure import bandit_rows, model_rows
-    from analysis.store import StoreError, check_db_path, connect, default_db_path, upsert_accuracy_weighting
+    from analysis.store import StoreError, check_db_path, connect, upsert_accuracy_weighting
+    from analysis.store.connection import db_or_default
     from predmask.command_text import command, with_db
     from predmask.config import stable_id
     from predmask.progress import progress
+    from predmask.rl.base import single_thread
     from predmask.schemas.task_schema import TaskConfig
 
-    db = args.db if args.db is not None else default_db_path()
+    db = db_or_default(args.db)
     try:
         check_db_path(db)
     except StoreError as err:
@@ -163,26 +164,21 @@ def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int
     questions = 0 if args.bandit_only else cfg["questions"]
     console.print(f"accuracy-weighting analysis {analysis_id}: {cases} bandit case(s), {questions} question(s) × "
                   f"{cfg['samples']} samples of {cfg['model'].get('label', cfg['model']['name'])}", markup=False)
-    rows: list[dict[str, Any]] = []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with progress(f"accuracy weighting {analysis_id}", cases + questions, unit="cases", stream=sys.stdout) as bar:
-            rows += bandit_rows(bandit["accuracies"], bandit["group_sizes"], arms=bandit["arms"],
-                                correct=bandit["correct"], seed=bandit["seed"], eps=cfg["eps"],
-                                methods=cfg["methods"], on_case=lambda what: bar.advance(status=f"bandit {what}"))
-            no_correct = 0
-            if questions:
-                model, label = load_model(cfg)
-                measured = model_rows(model, TaskConfig.from_mapping(cfg["task"]), questions=questions,
-                                      samples=cfg["samples"], group_size=cfg["group_size"],
-                                      temperature=cfg["temperature"], seed=cfg["seed"], eps=cfg["eps"], label=label,
-                                      methods=cfg["methods"],
-                                      on_question=lambda q: bar.advance(status=f"question {q}"))
-                rows += measured.rows
-                no_correct = measured.no_correct
-    finally:
-        torch.set_num_threads(threads)
+    with single_thread(), progress(f"accuracy weighting {analysis_id}", cases + questions, unit="cases",
+                                   stream=sys.stdout) as bar:
+        rows = bandit_rows(bandit["accuracies"], bandit["group_sizes"], arms=bandit["arms"],
+                           correct=bandit["correct"], seed=bandit["seed"], eps=cfg["eps"],
+                           methods=cfg["methods"], on_case=lambda what: bar.advance(status=f"bandit {what}"))
+        no_correct = 0
+        if questions:
+            model, label = load_model(cfg)
+            task = TaskConfig.from_mapping(cfg["task"])
+            measured = model_rows(model, task, questions=questions, samples=cfg["samples"],
+                                  group_size=cfg["group_size"], temperature=cfg["temperature"], seed=cfg["seed"],
+                                  eps=cfg["eps"], label=label, methods=cfg["methods"],
+                                  on_question=lambda q: bar.advance(status=f"question {q}"))
+            rows += measured.rows
+            no_correct = measured.no_correct
     try:
         with connect(db) as con:
             written = upsert_accuracy_weighting(con, analysis_id, run_cfg, rows)
@@ -193,7 +189,7 @@ def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int
     if questions:
         console.print(f"{no_correct} of {questions} question(s) had no correct sample among {cfg['samples']}: their "
                       "measured weights are stored as NULL (no estimate of ∇ log p)", markup=False)
-        console.print(f"model: {label}; questions: {TaskConfig.from_mapping(cfg['task']).label or 'arithmetic task'} "
+        console.print(f"model: {label}; questions: {task.label or 'arithmetic task'} "
                       "(a CPU stand-in, not the paper's models or data)", markup=False)
     console.print(f"stored {written.rows} row(s) of analysis {analysis_id} in {db} "
                   f"({'changed' if written.changed else 'unchanged'}; analysis row {written.analysis})", markup=False)

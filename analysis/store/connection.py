@@ -3,6 +3,7 @@ its default path, and small query helpers."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import os
@@ -21,7 +22,7 @@ import duckdb
 from analysis.store.inputs import find_run_dirs
 from analysis.store.schema import SCHEMA_DDL
 from predmask.command_text import STUDY, command, sweep_command, with_db
-from predmask.rundir import project_root, runs_root
+from predmask.rundir import first_line, project_root, runs_root
 
 DB_ENV = "PREDMASK_DB"
 DEFAULT_DB_RELPATH = Path("results") / "predmask.duckdb"
@@ -84,6 +85,18 @@ def default_db_path() -> Path:
     return Path(env) if env else project_root() / DEFAULT_DB_RELPATH
 
 
+def db_or_default(db: str | os.PathLike[str] | None) -> Path:
+    """The database a command's ``--db`` names, else ``default_db_path()``."""
+    return default_db_path() if db is None else Path(db)
+
+
+def add_db_option(parser: argparse.ArgumentParser, what: str = "results database", *, resolved: bool = False) -> None:
+    """The ``--db`` option of every command that opens the results database (None: the default one, see
+    ``db_or_default``); its help names the default as written, or as ``resolved`` now."""
+    shown = default_db_path() if resolved else DEFAULT_DB_RELPATH
+    parser.add_argument("--db", type=Path, default=None, help=f"{what} (default: ${DB_ENV} or {shown})")
+
+
 def _what_file(head: bytes) -> str:
     """What a file that is not DuckDB looks like, from its first bytes."""
     if not head:
@@ -114,8 +127,7 @@ _READ_ONLY = ("read-only file system", "read only file system", "permission deni
 def storage_error(exc: BaseException, db: str | os.PathLike[str] | Path) -> StoreError:
     """A storage failure (an OSError, a DuckDB IO, transaction or rollback error) while writing ``db``, as one
     line naming the file and the remedy; the database keeps what its last committed transaction holds."""
-    text = (str(exc).splitlines() or [type(exc).__name__])[0] if not isinstance(exc, OSError) else (
-        exc.strerror or str(exc))
+    text = (exc.strerror or str(exc)) if isinstance(exc, OSError) else first_line(exc)
     low = str(exc).lower()
     code = exc.errno if isinstance(exc, OSError) else None
     if code in (errno.ENOSPC, errno.EDQUOT) or any(k in low for k in _DISK_FULL):
@@ -240,7 +252,7 @@ def connect(
     StoreError (one line) when a read-only database is missing, when a writer's path fails ``check_db_path``,
     or when the lock is still held after the wait (naming the holder's pid when DuckDB says it).
     """
-    db = Path(path) if path is not None else default_db_path()
+    db = db_or_default(path)
     bound = _wait_bound(read_only, wait_s)
     if read_only:
         if not db.exists():
@@ -257,7 +269,6 @@ def connect(
     try:
         con = _open(db, read_only, bound)
     except duckdb.Error as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if _is_lock_error(exc):
             raise StoreError(
                 f"results database {db} is in use by {_holder(exc)} (only one writer at a time, no reader "
@@ -265,7 +276,7 @@ def connect(
             ) from exc
         if not read_only:
             raise storage_error(exc, db) from exc
-        raise StoreError(f"cannot open results database {db}: {first}") from exc
+        raise StoreError(f"cannot open results database {db}: {first_line(exc)}") from exc
     if not read_only:
         try:
             ensure_schema(con)

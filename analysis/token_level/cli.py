@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 def add_run_options(p: argparse.ArgumentParser, dry_run: str) -> None:
     """The options of every command that runs the study's seeds (this one, the drift grid): where the workers run,
     the database, the seed files, the workers, inline, and ``--dry-run`` (``dry_run``: what it prints)."""
+    from analysis.store.connection import add_db_option
+
     p.add_argument(
         "--cluster",
         default=None,
@@ -91,12 +93,7 @@ def add_run_options(p: argparse.ArgumentParser, dry_run: str) -> None:
         help="conf/cluster entry that runs the workers: local (default; local processes), slurm_emulated or "
         "h20_4x8 (a Slurm job array)",
     )
-    p.add_argument(
-        "--db",
-        type=Path,
-        default=None,
-        help="results database (default: $PREDMASK_DB or results/predmask.duckdb)",
-    )
+    add_db_option(p)
     p.add_argument(
         "--out",
         type=Path,
@@ -117,12 +114,6 @@ def add_run_options(p: argparse.ArgumentParser, dry_run: str) -> None:
         help="run the seeds in this process, one after another (no submitit; for debugging)",
     )
     p.add_argument("--dry-run", action="store_true", help=dry_run)
-
-
-def db_path(arg: Path | None) -> Path:
-    from analysis.store import default_db_path
-
-    return arg if arg is not None else default_db_path()
 
 
 def out_root(arg: Path | None) -> Path:
@@ -281,10 +272,11 @@ def _run(
     args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: list[int], console: Console
 ) -> int:
     from analysis.store import StoreError, check_db_path, connect, paper_command
+    from analysis.store.connection import db_or_default
     from analysis.token_level.compute.fanout import SeedFiles
     from analysis.token_level.summary.report import load_study, print_report
 
-    db = db_path(args.db)
+    db = db_or_default(args.db)
     study_dir = out_root(args.out) / study_id
     try:
         check_db_path(db)  # before any seed runs: a bad path costs nothing

@@ -24,11 +24,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from analysis.token_columns import OWN_UPDATE
-from analysis.token_level.cli import ERR, add_run_options, db_path, ingest, out_root, run_studies, stored_in
+from analysis.token_level.cli import ERR, add_run_options, ingest, out_root, run_studies, stored_in
 from analysis.token_level.compute.study_config import StudyInputError, compose_study, study_id_of, validate
 from analysis.token_level.summary.study_stats import DriftPoint
-from predmask.config import ConfigError, compose, stable_id, to_container
+from predmask.config import ConfigError, bare_key, compose, stable_id, to_container
 from predmask.console import error, make_console
+from predmask.rundir import first_line
 
 if TYPE_CHECKING:
     import polars as pl
@@ -83,15 +84,11 @@ class Cell:
 # ------------------------------------------------------------------------------------------- the grid
 
 
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
 def _split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
     """(grid overrides, study overrides): a key naming a grid key (or below one) changes the grid."""
     grid, study = [], []
     for ov in overrides:
-        (grid if _key(ov).split(".", 1)[0] in GRID_KEYS else study).append(ov)
+        (grid if bare_key(ov).split(".", 1)[0] in GRID_KEYS else study).append(ov)
     return grid, study
 
 
@@ -100,7 +97,7 @@ def compose_grid(overrides: Sequence[str] = ()) -> dict[str, Any]:
     try:
         grid = to_container(compose(PRIMARY, list(overrides), schemas={SCHEMA: DriftGridConfig}))
     except (ConfigError, ValueError) as err:
-        raise StudyInputError(str(err).splitlines()[0]) from None
+        raise StudyInputError(first_line(err)) from None
     if grid["seeds"] < 1:
         raise StudyInputError(f"seeds must be >= 1, got {grid['seeds']}")
     if not grid["axes"]:
@@ -143,7 +140,7 @@ def expand(
 ) -> list[Cell]:
     """The grid's cells in axis order (the last axis varies fastest), each composed and validated."""
     axes = dict(grid["axes"])
-    for key in map(_key, study_overrides):
+    for key in map(bare_key, study_overrides):
         if key in axes:
             raise StudyInputError(f"{key} is a grid axis; change it with axes.{key}=[...]")
     fixed = _flatten("", dict(grid["fixed"]))
@@ -294,11 +291,12 @@ def _run(
     args: argparse.Namespace, grid: Mapping[str, Any], grid_id: str, cells: list[Cell], console: Console
 ) -> int:
     from analysis.store import StoreError, check_db_path, connect, paper_command
+    from analysis.store.connection import db_or_default
     from analysis.store.token_level_tables import upsert_grid
     from analysis.token_level.compute.fanout import SeedFiles
 
     t0 = time.perf_counter()
-    db, out = db_path(args.db), out_root(args.out)
+    db, out = db_or_default(args.db), out_root(args.out)
     seeds = list(range(grid["seeds"]))
     try:
         check_db_path(db)  # before any seed runs: a bad path costs nothing
