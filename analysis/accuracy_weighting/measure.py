@@ -11,6 +11,7 @@ over groups of G; vr ``predmask.vr_weights.weighted_sft_loss`` with the normalis
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -189,22 +190,25 @@ def bandit_rows(
     ``theory.predicted_weight(method, p, group_size=G)``; ``question`` numbers the cases."""
     rows: list[dict[str, Any]] = []
     label = f"softmax bandit ({arms} arms, {correct} correct)"
-    case_no = 0
-    for g in group_sizes:
-        for p in accuracies:
-            case = BanditCase(p=float(p), group_size=int(g), arms=arms, correct=correct, seed=seed)
-            measured = bandit_weights(case, methods, eps)
-            for method in methods:
-                rows.append({
-                    "source": "bandit", "method": method, "question": case_no, "accuracy": float(p),
-                    "measured_weight": measured[method][0],
-                    "predicted_weight": float(predicted_weight(method, p, group_size=int(g), eps=eps)),
-                    "n_samples": int(g), "group_size": int(g), "model": label,
-                })
-            case_no += 1
-            if on_case is not None:
-                on_case(f"G={g} p={p:g}")
+    for case_no, (g, p) in enumerate(itertools.product(group_sizes, accuracies)):
+        case = BanditCase(p=float(p), group_size=int(g), arms=arms, correct=correct, seed=seed)
+        measured = {m: w for m, (w, _residual) in bandit_weights(case, methods, eps).items()}
+        rows += _rows("bandit", case_no, float(p), measured, predicted_weight, eps,
+                      n_samples=int(g), group_size=int(g), model=label)
+        if on_case is not None:
+            on_case(f"G={g} p={p:g}")
     return rows
+
+
+def _rows(source: str, question: int, accuracy: float, measured: Mapping[str, float | None],
+          predict: Callable[..., Any], eps: float, *, n_samples: int, group_size: int,
+          model: str) -> list[dict[str, Any]]:
+    """The accuracy_weighting rows of one bandit case or question: one per method of ``measured``, predicted by
+    ``predict(method, accuracy, group_size=, eps=)``."""
+    return [{"source": source, "method": method, "question": question, "accuracy": accuracy,
+             "measured_weight": weight,
+             "predicted_weight": float(predict(method, accuracy, group_size=group_size, eps=eps)),
+             "n_samples": n_samples, "group_size": group_size, "model": model} for method, weight in measured.items()]
 
 
 @dataclass
@@ -291,14 +295,9 @@ def model_rows(
             measured = question_weights(model, part, group_size=group_size, temperature=temperature, eps=eps,
                                         methods=methods)
             no_correct += c == 0
-            for method in methods:
-                predicted = float(batch_weight(method, p_hat, group_size=group_size, eps=eps)) if c else \
-                    float(predicted_weight(method, 0.0, group_size=group_size, eps=eps))
-                rows.append({
-                    "source": "model", "method": method, "question": q, "accuracy": p_hat,
-                    "measured_weight": measured[method], "predicted_weight": predicted,
-                    "n_samples": samples, "group_size": group_size, "model": label,
-                })
+            predict = batch_weight if c else predicted_weight  # p̂ = 0: the closed form at 0
+            rows += _rows("model", q, p_hat, measured, predict, eps, n_samples=samples, group_size=group_size,
+                          model=label)
             if on_question is not None:
                 on_question(q)
     finally:
