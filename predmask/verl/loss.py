@@ -117,6 +117,36 @@ def _global_batch_info(config: Any) -> dict[str, Any]:
     return {k: v for k, v in info.items() if k in _GLOBAL_BATCH_KEYS}
 
 
+def _rollout_inputs(name: str, method: Method, params: MethodParams, batch: RolloutSupport | None,
+                    old_log_prob: Tensor, log_prob: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, Tensor | None]]:
+    """The ratio's anchor (pi_old, or log mu on response tokens) and the support arguments of
+    ``predmask.policy_loss``; one line naming the fix when the method's rollout records are missing."""
+    if method.anchor(params) == "old":
+        anchor = old_log_prob
+    elif batch is None:
+        raise ValueError(
+            f"policy loss {name!r} anchors on the rollout (predmask.anchor=rollout) and needs the rollout "
+            "top-K records: set predmask.top_k=K and start verl with `python -m predmask.verl.launch`"
+        )
+    else:
+        if tuple(batch.anchor_logprobs.shape) != tuple(log_prob.shape):
+            raise ValueError(
+                f"rollout anchor {tuple(batch.anchor_logprobs.shape)} does not match log_prob "
+                f"{tuple(log_prob.shape)}"
+            )
+        anchor = torch.where(mask, batch.anchor_logprobs.to(old_log_prob.dtype), old_log_prob)
+    if not method.needs_support:
+        return anchor, {}
+    if batch is None or batch.support is None or batch.pi_logprobs is None:
+        raise ValueError(
+            f"policy loss {name!r} needs the rollout top-K support: set predmask.top_k=K and start "
+            "verl with `python -m predmask.verl.launch`"
+        )
+    return anchor, {"mu_logprobs": batch.support.mu_logprobs, "pi_logprobs": batch.pi_logprobs,
+                    "valid": batch.support.valid, "sampled_index": batch.support.sampled_index,
+                    "pi_tail_sq": batch.pi_tail_sq}
+
+
 PolicyLossFn = Callable[..., tuple[Tensor, dict[str, Any]]]
 
 
@@ -141,34 +171,7 @@ def make_policy_loss(name: str) -> PolicyLossFn:
         batch = _CURRENT.get()
         mask = response_mask.bool()
         params = method_params(config, loss_agg_mode, batch.vocab_size if batch is not None else None)
-        if method.anchor(params) == "old":
-            anchor = old_log_prob
-        elif batch is None:
-            raise ValueError(
-                f"policy loss {name!r} anchors on the rollout (predmask.anchor=rollout) and needs the rollout "
-                "top-K records: set predmask.top_k=K and start verl with `python -m predmask.verl.launch`"
-            )
-        else:
-            if tuple(batch.anchor_logprobs.shape) != tuple(log_prob.shape):
-                raise ValueError(
-                    f"rollout anchor {tuple(batch.anchor_logprobs.shape)} does not match log_prob "
-                    f"{tuple(log_prob.shape)}"
-                )
-            anchor = torch.where(mask, batch.anchor_logprobs.to(old_log_prob.dtype), old_log_prob)
-        support_kwargs: dict[str, Tensor | None] = {}
-        if method.needs_support:
-            if batch is None or batch.support is None or batch.pi_logprobs is None:
-                raise ValueError(
-                    f"policy loss {name!r} needs the rollout top-K support: set predmask.top_k=K and start "
-                    "verl with `python -m predmask.verl.launch`"
-                )
-            support_kwargs = {
-                "mu_logprobs": batch.support.mu_logprobs,
-                "pi_logprobs": batch.pi_logprobs,
-                "valid": batch.support.valid,
-                "sampled_index": batch.support.sampled_index,
-                "pi_tail_sq": batch.pi_tail_sq,
-            }
+        anchor, support_kwargs = _rollout_inputs(name, method, params, batch, old_log_prob, log_prob, mask)
         loss, metrics = predmask_policy_loss(
             method,
             log_prob=log_prob,
@@ -179,7 +182,7 @@ def make_policy_loss(name: str) -> PolicyLossFn:
             global_batch_info=_global_batch_info(config),
             **support_kwargs,
         )
-        if method.needs_support:  # checked above: the batch has the support and pi
+        if method.needs_support:  # checked by _rollout_inputs: the batch has the support and pi
             pi_k = batch.support.sampled_logprob(batch.pi_logprobs.detach()).to(log_prob.dtype)
             gap = (pi_k - log_prob.detach()).abs()[mask]
             metrics[MASK_PI_SAMPLED_GAP] = float(gap.max()) if gap.numel() else 0.0
