@@ -7,6 +7,7 @@ predict token ``t + 1``: the response-aligned support is placed on the rows that
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 
 import numpy as np
 import torch
@@ -83,10 +84,7 @@ def support_from_records(
         topk_valid=padded["topk_valid"] & present.unsqueeze(-1),
     )
     device = responses.device
-    support = TopKSupport(
-        ids=support.ids.to(device), mu_logprobs=support.mu_logprobs.to(device),
-        valid=support.valid.to(device), sampled_index=support.sampled_index.to(device),
-    )
+    support = TopKSupport(*(getattr(support, f.name).to(device) for f in fields(support)))
     return support, padded["sampled_logprobs"].to(device)
 
 

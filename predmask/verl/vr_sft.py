@@ -68,6 +68,12 @@ def nested_weighted_sft_loss(config: Any, model_output: Mapping[str, Any], data:
     return loss * data["dp_size"], {}  # as verl's sft_loss: FSDP averages gradients over data-parallel ranks
 
 
+def _sft_row(q: Mapping[str, Any], response: str, weight: float, trace: int) -> dict[str, Any]:
+    """One SFT row: question ``q``'s reasoning prompt -> ``response``, with its weight."""
+    return {"messages": chat_messages(str(q["system"]), str(q["prompt"]), response), WEIGHT_COLUMN: float(weight),
+            "question": int(q["question"]), "trace": trace}
+
+
 def final_rows(questions: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[str, Any]],
                weights: Sequence[Mapping[str, Any]], *, estimator: str, data: str) -> list[dict[str, Any]]:
     """The final model's SFT rows: ``messages`` (reasoning prompt -> trace z then the reference answer y′) + ``weight``.
@@ -81,12 +87,10 @@ def final_rows(questions: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[
     rows: list[dict[str, Any]] = []
 
     def sample(qid: int, trace: int, w: float) -> dict[str, Any]:
-        q = by_q[qid]
         z = text.get((qid, trace))
         if z is None:
             raise ValueError(f"weights row question={qid} trace={trace} has no trace in the traces file")
-        return {"messages": chat_messages(str(q["system"]), str(q["prompt"]), z + str(q["answer_text"])),
-                WEIGHT_COLUMN: float(w), "question": qid, "trace": trace}
+        return _sft_row(by_q[qid], z + str(by_q[qid]["answer_text"]), w, trace)
 
     if data == "all_weighted":
         for w in weights:
@@ -100,10 +104,7 @@ def final_rows(questions: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[
     for index in best_trace(values, group).tolist():
         if values[index] > 0:
             rows.append(sample(int(weights[index]["question"]), int(weights[index]["trace"]), 1.0))
-    for qid in sorted(by_q):
-        q = by_q[qid]
-        rows.append({"messages": chat_messages(str(q["system"]), str(q["prompt"]), str(q["response"])),
-                     WEIGHT_COLUMN: 1.0, "question": qid, "trace": -1})
+    rows += [_sft_row(by_q[qid], str(by_q[qid]["response"]), 1.0, -1) for qid in sorted(by_q)]
     return rows
 
 
@@ -112,14 +113,8 @@ def rft_rows(questions: Sequence[Mapping[str, Any]], samples: Sequence[Mapping[s
     1 / (samples of its question), as the CPU engine weights them (``predmask.rl.vr_runner``)."""
     by_q = {int(q["question"]): q for q in questions}
     drawn = Counter(int(r["question"]) for r in samples)
-    rows = []
-    for r in samples:
-        if bool(r["correct"]):
-            q = by_q[int(r["question"])]
-            rows.append({"messages": chat_messages(str(q["system"]), str(q["prompt"]), str(r["response"])),
-                         WEIGHT_COLUMN: 1.0 / drawn[int(r["question"])], "question": int(r["question"]),
-                         "trace": int(r["trace"])})
-    return rows
+    return [_sft_row(by_q[int(r["question"])], str(r["response"]), 1.0 / drawn[int(r["question"])], int(r["trace"]))
+            for r in samples if bool(r["correct"])]
 
 
 def build_final_data(keys: Mapping[str, Any]) -> Path:
