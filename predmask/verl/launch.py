@@ -1,11 +1,7 @@
 """``python -m predmask.verl.launch <verl hydra overrides>``: verl's PPO trainer with the plugin in every process.
 
-Runs verl's own Hydra app (``verl.trainer.main_ppo``) in this process, after it prepared the environment
-(docs/verl-plugin.md, "What the launcher does"): the hooks installed here, ``VERL_USE_EXTERNAL_MODULES``
-naming the plugin here and, through the job's Ray ``runtime_env``, in every Ray worker (a cluster started with
-``ray start`` does not pass this process's environment on), the ``predmask.*`` keys taken off verl's argv into
-``PREDMASK_VERL_SETTINGS`` (with this launch's session, which names the attempt's loss-statistics files), the
-file logger's variables forwarded, ``trainer.use_v1=false``.
+Runs verl's own Hydra app (``verl.trainer.main_ppo``) in this process, after it prepared the environment as
+docs/verl-plugin.md, "What the launcher does", describes.
 
 verl's trackers (``trainer.logger``; verl's default list when the command line has none) write into the run
 directory, as the CPU engine's do (:mod:`predmask.rl.trackers`): with ``tensorboard`` every worker gets

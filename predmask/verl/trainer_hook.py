@@ -1,12 +1,8 @@
 """The trainer hook: verl's old-log-prob actor forward is skipped for the methods whose loss never reads it.
 
 A method anchored on the rollout (``anchor=rollout``) takes its ratio's anchor from the top-K records (log
-mu_k) and reads ``old_log_probs`` nowhere but on padding, which the loss masks. :func:`install_trainer` wraps
-verl's ``RayPPOTrainer._compute_old_log_prob``: when :func:`old_log_prob_readers` names no reader, it returns,
-without the forward, ``old_log_probs`` = verl's ``rollout_log_probs`` and ``entropys`` = NaN
-(``actor/entropy`` reads "not measured" rather than a number no forward produced), with MFU 0
-(docs/verl-plugin.md, hook 5). Unlike verl's bypass mode, nothing rewrites ``loss_mode``. Imports no verl: the
-trainer module is passed in by the plugin.
+mu_k) and reads ``old_log_probs`` nowhere but on padding, which the loss masks (docs/verl-plugin.md, hook 5).
+Imports no verl: the trainer module is passed in by the plugin.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """``python -m predmask.verl.vr_sample``: the variational family's vLLM stages (traces, weights, rft samples, eval) on a cluster.
 
-The job-side program of :func:`predmask.verl.vr_cluster.stage_command` for the vLLM stages (docs/cluster.md);
-it runs on the head node of the stage's job, ``--replicas`` vLLM engines of ``--tensor-parallel`` GPUs each
-(one subprocess per engine, ``CUDA_VISIBLE_DEVICES`` set per replica, the questions split between them), and
-imports vLLM only there. Log-likelihoods are sums of vLLM's ``prompt_logprobs`` (raw model log-probs) from one
-scoring pass; correctness is :func:`predmask.verl.vr_cluster.answers_match`; every weight formula is
-:mod:`predmask.vr_weights`'s. A question without a ``\\boxed{}`` reference answer (e.g. a code problem) has no
-checkable answer: its acc is 0 and its acc weights are all 0; gml and likelihood are unaffected. ``eval``
-writes one ``metrics.jsonl`` line at step 0 under the names the CPU engine's evaluation logs
+The job-side program of :func:`predmask.verl.vr_cluster.stage_command` for the vLLM stages, on the head node of
+the stage's job (docs/cluster.md, "Sampling"); it imports vLLM only in its ``--replicas`` engine subprocesses.
+Correctness is :func:`predmask.verl.vr_cluster.answers_match`; every weight formula is :mod:`predmask.vr_weights`'s.
+``eval`` writes one ``metrics.jsonl`` line at step 0 under the names the CPU engine's evaluation logs
 (:func:`eval_metrics`).
 
 A missing input (questions file, model export, traces file) -> exit 2 with one line naming the stage, the path
@@ -32,7 +28,6 @@ import torch
 
 from predmask.command_text import command
 from predmask.io import atomic_write_text
-from predmask.rl.engine import split_metrics
 from predmask.rundir import RunDirBusyError, hold_run_lock, metrics_line
 from predmask.verl.vr_cluster import (
     STAGE_OUTPUTS,
@@ -130,6 +125,8 @@ def weight_rows(raw: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def eval_metrics(split: str, correct: Sequence[Sequence[bool]], lengths: Sequence[Sequence[int]]) -> dict[str, float]:
     """One split's evaluation from ``correct`` [problems, n] and the responses' token ``lengths`` [problems, n]:
     :func:`predmask.rl.engine.split_metrics`, the CPU engine's evaluation."""
+    from predmask.rl.engine import split_metrics  # here: it imports transformers, which replicas never need
+
     hits = torch.tensor([[bool(c) for c in row] for row in correct], dtype=torch.bool)
     if hits.ndim != 2 or hits.numel() == 0:
         raise ValueError(f"split {split}: no evaluated problems")

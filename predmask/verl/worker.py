@@ -3,10 +3,9 @@
 The subclass wraps the loss in :class:`predmask.verl.topk_loss.TopKPolicyLoss` and sets the micro-batch flag
 ``distillation_use_topk`` when the batch carries top-K records and the method needs the support, so that the
 engines call the loss as logits processor first (with fused kernels on FSDP: :func:`install_hidden_gather`).
-With ``predmask.stats_dir`` set it gives the loss a :class:`~predmask.verl.loss_stats.LossStatsWriter` on the
-first rank of each model-parallel group (replicated losses count once) and tells it the step
-(``train_mini_batch``, counted from the resumed checkpoint's step) and the mini-batch (``train_batch``).
-Imports verl.
+With ``predmask.stats_dir`` set it gives the loss a :class:`~predmask.verl.loss_stats.LossStatsWriter`
+(docs/verl-plugin.md, "Metrics") and tells it the step (``train_mini_batch``) and the mini-batch
+(``train_batch``). Imports verl.
 """
 
 from __future__ import annotations
