@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+import duckdb
+
 from predmask.io import atomic_write_text
 from reports import queries
 from reports.artefact import ArtefactResult
@@ -178,14 +180,11 @@ def _section_html(r: ArtefactResult, steps: dict[str, tuple[int, int]]) -> str:
 
 
 def render_index(
-    results: Sequence[ArtefactResult],
-    out: Path,
-    db: Path,
-    con_steps: dict[str, tuple[int, int]],
-    summary: PageSummary,
+    results: Sequence[ArtefactResult], out: Path, db: Path, con: duckdb.DuckDBPyConnection, summary: PageSummary
 ) -> Path:
     """Write out/index.html: the summary, then every figure (PNG inline, PDF linked) and table, each section
-    collapsible (OPEN_SECTIONS open when they have data)."""
+    collapsible (OPEN_SECTIONS open when they have data), each with the runs it drew from and their steps."""
+    steps = queries.last_steps(con, sorted({r.run_id for res in results for r in res.runs}))
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     nav = " ".join(f"<a href='#{_esc(r.name)}'>{_esc(r.name)}</a>" for r in results)
     if any(is_variational(r.name) for r in results):
@@ -205,17 +204,11 @@ def render_index(
         f"<nav><a href='#summary'>summary</a> {nav}</nav>",
         _summary_html(summary),
     ]
-    parts += [_section_html(r, con_steps) for r in others]
+    parts += [_section_html(r, steps) for r in others]
     if family:
         parts.append(VR_HEADING)
-        parts += [_section_html(r, con_steps) for r in family]
+        parts += [_section_html(r, steps) for r in family]
     parts.append("</body></html>")
     index = out / "index.html"
     atomic_write_text(index, "\n".join(parts))
     return index
-
-
-def run_steps(con, results: Sequence[ArtefactResult]) -> dict[str, tuple[int, int]]:
-    """(steps logged, last step) of every run any artefact drew from."""
-    ids = sorted({r.run_id for res in results for r in res.runs})
-    return queries.last_steps(con, ids)

@@ -18,11 +18,6 @@ def _options(group: str) -> frozenset[str]:
 
 
 @cache
-def _entry(group: str, name: str) -> dict:
-    return config.group_entry(group, name) if name in _options(group) else {}
-
-
-@cache
 def _label(group: str, name: str | None, unknown: str) -> str:
     if not name:
         return unknown
@@ -52,8 +47,9 @@ def setting_label(paper_model: str, precision: str | None) -> str:
 @cache
 def cpu_standin(paper_model: str) -> str | None:
     """The CPU model that trains in place of a paper model on the CPU engine (None for a model conf/ lacks)."""
-    entry = _entry("model", paper_model)
-    return str(config.cpu_standin(entry)["name"]) if entry else None
+    if paper_model not in _options("model"):
+        return None
+    return str(config.cpu_standin(config.group_entry("model", paper_model))["name"])
 
 
 def sweep_axis(sweep: str, key: str) -> tuple[str, ...]:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from analysis.store import StoreError, connect, missing_db_hint
 from reports import artefact_registry, queries
 from reports.artefact import Artefact, ArtefactResult, ReportContext
-from reports.html import render_index, run_steps
+from reports.html import render_index
 from reports.summary import page_summary
 
 KEPT_SUFFIXES: tuple[str, ...] = (".png", ".pdf", ".md", ".tex")
@@ -28,9 +30,15 @@ class PaperResult:
     failures: dict[str, str] = field(default_factory=dict)
 
 
-def check_exists(db: Path) -> None:
+@contextmanager
+def _context(
+    db: Path, out: Path, sweeps: Sequence[str] | None, study_id: str | None, **options: Any
+) -> Iterator[ReportContext]:
+    """A report context on the database read-only (EmptyDatabase when the file does not exist)."""
     if not db.is_file():
         raise EmptyDatabase(f"results database {db} does not exist: {missing_db_hint(db)}")
+    with connect(db, read_only=True) as con:
+        yield ReportContext(con, out, tuple(sweeps) if sweeps else None, study_id, **options)
 
 
 def build_paper(
@@ -49,24 +57,15 @@ def build_paper(
     and keep the files the others already have in `out` (their data still read, so the page lists them all).
     Raises StoreError (one line) for a missing, locked or empty database and ValueError for an unknown study or
     artefact name."""
-    check_exists(db)
-    with connect(db, read_only=True) as con:
-        if queries.count_rows(con, "runs") == 0 and queries.count_rows(con, "token_level_seeds") == 0:
+    with _context(db, out, sweeps, study_id, raw=raw, formats=tuple(formats)) as ctx:
+        if queries.count_rows(ctx.con, "runs") == 0 and queries.count_rows(ctx.con, "token_level_seeds") == 0:
             raise EmptyDatabase(
                 f"results database {db} is empty (no runs, no token-level studies): {missing_db_hint(db)}"
             )
-        ctx = ReportContext(
-            con=con,
-            out=out,
-            sweeps=tuple(sweeps) if sweeps else None,
-            study_id=study_id,
-            raw=raw,
-            formats=tuple(formats),
-        )
         _ = ctx.study  # an unknown --study fails here, before anything is drawn
         chosen = artefact_registry.artefacts() if not only else [artefact_registry.get(n) for n in only]
         drawn = None if draw is None else {artefact_registry.get(n).name for n in draw}
-        data_only = ReportContext(con=con, out=out, sweeps=ctx.sweeps, study_id=study_id, raw=raw, draw=False)
+        data_only = replace(ctx, draw=False)
         paper = PaperResult()
         for art in chosen:
             try:
@@ -84,9 +83,8 @@ def build_paper(
                 )
         out.mkdir(parents=True, exist_ok=True)
         summary = page_summary(ctx, paper.results)
-        paper.index = render_index(paper.results, out, db, run_steps(con, paper.results), summary)
+        paper.index = render_index(paper.results, out, db, ctx.con, summary)
         return paper
-
 
 
 def availability(
@@ -97,11 +95,7 @@ def availability(
 ) -> list[tuple[Artefact, str, bool]]:
     """For `list`: each artefact (or the named ones), a short description of the data it would draw, and whether
     there is any."""
-    check_exists(db)
-    with connect(db, read_only=True) as con:
-        ctx = ReportContext(
-            con=con, out=Path("."), sweeps=tuple(sweeps) if sweeps else None, study_id=study_id, draw=False
-        )
+    with _context(db, Path("."), sweeps, study_id, draw=False) as ctx:
         rows = []
         for art in artefact_registry.artefacts() if names is None else [artefact_registry.get(n) for n in names]:
             res = art(ctx)

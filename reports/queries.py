@@ -12,7 +12,6 @@ import polars as pl
 
 from analysis.results import curves
 from analysis.store import STUDY_RESULT_KEYS, run_sweeps, table_exists
-from predmask.verl.overrides import config_select
 from reports import labels
 
 
@@ -96,10 +95,6 @@ def load_runs(con: duckdb.DuckDBPyConnection) -> list[RunInfo]:
     return [RunInfo(*r[:9], config=curves.json_object(r[9]), sweeps=held.get(r[0], ())) for r in rows]
 
 
-def same_delta(a: float | None, b: float) -> bool:
-    return a is not None and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-
-
 @dataclass(frozen=True)
 class RunSelection:
     """The runs a figure draws from and the rule that chose them (shown on the report page)."""
@@ -113,7 +108,10 @@ def select_runs(
 ) -> RunSelection:
     """Runs at threshold `delta` (None: any) from `sweeps` if given; else from `default_sweep` when it has
     matching runs; else from every sweep. A run is from each sweep that holds it (``RunInfo.sweeps``), once."""
-    cands = [r for r in runs if delta is None or same_delta(r.delta, delta)]
+    cands = [
+        r for r in runs
+        if delta is None or (r.delta is not None and math.isclose(r.delta, delta, rel_tol=1e-9, abs_tol=1e-12))
+    ]
     where = f"δ = {delta:g}" if delta is not None else "any δ"
     if sweeps:
         chosen = [r for r in cands if not set(sweeps).isdisjoint(r.sweeps)]
@@ -199,14 +197,22 @@ class StudyInfo:
     config: dict[str, Any]
     n_seeds: int
 
+    def _get(self, *path: str) -> Any:
+        cur: Any = self.config
+        for p in path:
+            if not isinstance(cur, dict):
+                return None
+            cur = cur.get(p)
+        return cur
+
     def describe(self) -> str:
         """'backend, scale, precision' in words, for labels that must never be confused with the paper's."""
-        model = config_select(self.config, "model.name") or self.config.get("model")
+        model = self._get("model", "name") or self._get("model")
         model = model if isinstance(model, str) else "unknown model"
         stands = curves.paper_model(model, self.config)
-        precision = config_select(self.config, "precision.name") or self.config.get("precision")
+        precision = self._get("precision", "name") or self._get("precision")
         precision = precision if isinstance(precision, str) else "unknown precision"
-        cluster = config_select(self.config, "cluster.name") or self.config.get("cluster") or self.config.get("backend")
+        cluster = self._get("cluster", "name") or self._get("cluster") or self._get("backend")
         cpu = stands is not None and model != stands
         backend = "CPU engine" if cpu or cluster in (None, "local") else f"cluster ({cluster})"
         scale = f"{model} (stand-in for {labels.model_label(stands)})" if cpu else labels.model_label(model)
@@ -301,18 +307,12 @@ def variational_runs(runs: Sequence[RunInfo]) -> list[RunInfo]:
 def final_values(
     con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], prefix: str
 ) -> dict[str, dict[str, float]]:
-    """run_id -> {metric name: its value at the last step that logged it} for the names starting with prefix."""
-    if not run_ids or not table_exists(con, "metrics"):
-        return {}
-    rows = con.execute(
-        "SELECT run_id, name, arg_max(value, step) FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) "
-        "AND starts_with(name, ?) GROUP BY run_id, name",
-        [list(run_ids), prefix],
-    ).fetchall()
+    """``analysis.results.curves.last_values`` without the names whose last value is missing or not finite."""
     out: dict[str, dict[str, float]] = {}
-    for run_id, name, value in rows:
-        if value is not None and math.isfinite(value):
-            out.setdefault(run_id, {})[name] = float(value)
+    for run_id, values in curves.last_values(con, run_ids, prefix).items():
+        for name, value in values.items():
+            if value is not None and math.isfinite(value):
+                out.setdefault(run_id, {})[name] = float(value)
     return out
 
 

@@ -38,11 +38,6 @@ class PageSummary:
     token_level: TextTable
 
 
-def _where(runs: Sequence[queries.RunInfo]) -> str:
-    backends = sorted({r.describe_backend() for r in runs})
-    return ", ".join(backends) if backends else "—"
-
-
 def _seeds(runs: Sequence[queries.RunInfo]) -> str:
     seeds = sorted({r.seed for r in runs if r.seed is not None})
     return f"{len(seeds)} ({', '.join(str(s) for s in seeds)})" if seeds else "—"
@@ -68,7 +63,7 @@ def sweeps_table(runs: Sequence[queries.RunInfo]) -> TextTable:
                 _seeds(members),
                 str(len({r.method for r in members if r.method})),
                 "; ".join(settings),
-                _where(members),
+                ", ".join(sorted({r.describe_backend() for r in members})),
                 "; ".join(sorted({r.describe_scale() for r in members})),
             ]
         )

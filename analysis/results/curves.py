@@ -102,21 +102,29 @@ def metric_series(
     return out
 
 
+def last_values(
+    con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], prefix: str
+) -> dict[str, dict[str, float | None]]:
+    """run_id -> {metric name: its value at the last step that logged it} for the names starting with prefix, in
+    name order (runs without any are absent)."""
+    if not run_ids or not table_exists(con, "metrics"):
+        return {}
+    rows = con.execute(
+        "SELECT run_id, name, arg_max(value, step) FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) "
+        "AND starts_with(name, ?) GROUP BY run_id, name ORDER BY run_id, name",
+        [list(run_ids), prefix],
+    ).fetchall()
+    out: dict[str, dict[str, float | None]] = {}
+    for run_id, name, value in rows:
+        out.setdefault(run_id, {})[name] = value
+    return out
+
+
 def metric_names_by_run(
     con: duckdb.DuckDBPyConnection, run_ids: Sequence[str], prefix: str
 ) -> dict[str, list[str]]:
     """run_id -> distinct metric names starting with prefix (runs without any are absent)."""
-    if not run_ids or not table_exists(con, "metrics"):
-        return {}
-    rows = con.execute(
-        "SELECT DISTINCT run_id, name FROM metrics WHERE run_id IN (SELECT unnest(?::VARCHAR[])) "
-        "AND starts_with(name, ?) ORDER BY run_id, name",
-        [list(run_ids), prefix],
-    ).fetchall()
-    out: dict[str, list[str]] = {}
-    for run_id, name in rows:
-        out.setdefault(run_id, []).append(name)
-    return out
+    return {run_id: list(values) for run_id, values in last_values(con, run_ids, prefix).items()}
 
 
 def aime_metric_names(names: Iterable[str]) -> dict[str, str]:
@@ -152,6 +160,12 @@ def validation_series(aime: Mapping[str, Series]) -> Series | None:
     if not {"aime24", "aime25"} <= set(aime):
         return None
     return training_stats.mean_on_common_steps(aime["aime24"], aime["aime25"])
+
+
+def validation_by_run(con: duckdb.DuckDBPyConnection, run_ids: Sequence[str]) -> dict[str, Series]:
+    """run_id -> validation accuracy (``validation_series``) for the runs with one on at least one step."""
+    aime = aime_series(con, run_ids)
+    return {rid: s for rid, a in aime.items() if (s := validation_series(a)) is not None and len(s[0])}
 
 
 def by_method_and_seed(

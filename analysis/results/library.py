@@ -365,10 +365,7 @@ class Results:
         Validation accuracy is the mean of the two AIME scores; runs without both are left out."""
         with self._connect() as con:
             selected = _select(_run_frame(con), sweep=sweep)
-            aime = curves.aime_series(con, selected.get_column("run_id").to_list())
-        val = {
-            rid: s for rid, a in aime.items() if (s := curves.validation_series(a)) is not None and len(s[0])
-        }
+            val = curves.validation_by_run(con, selected.get_column("run_id").to_list())
         rows: list[dict[str, Any]] = []
         groups = ("setting", "paper_model", "model", "precision", "delta")
         for key, members in selected.group_by(groups, maintain_order=True):

@@ -40,8 +40,7 @@ def main_results(
 ) -> tuple[SettingResults, list[queries.RunInfo]]:
     """Per setting (panel order), each method's results over its seeds from the runs' validation curves; and the
     runs they come from (those with a validation curve)."""
-    aime = curves.aime_series(ctx.con, [r.run_id for r in runs])
-    val = {rid: s for rid, a in aime.items() if (s := curves.validation_series(a)) is not None and len(s[0])}
+    val = curves.validation_by_run(ctx.con, [r.run_id for r in runs])
     out: SettingResults = []
     used: list[queries.RunInfo] = []
     for key in queries.panel_keys(runs):
