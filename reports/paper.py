@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.store import StoreError, connect, missing_db_hint
+from predmask.rundir import first_line
 from reports import artefact_registry, queries
 from reports.artefact import Artefact, ArtefactResult, ReportContext
 from reports.html import render_index
@@ -78,9 +79,7 @@ def build_paper(
             except Exception as exc:
                 if debug:
                     raise
-                paper.failures[art.name] = (
-                    f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                )
+                paper.failures[art.name] = first_line(exc, typed=True)
         out.mkdir(parents=True, exist_ok=True)
         summary = page_summary(ctx, paper.results)
         paper.index = render_index(paper.results, out, db, ctx.con, summary)
