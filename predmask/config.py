@@ -113,7 +113,7 @@ _UNKNOWN_KEY = re.compile(r"Could not override '([^']+)'")
 _BAD_VALUE = re.compile(r"Error merging override ([^=\s]+)=.*?Value '(.*)' of type '\w+' could not be converted to (\w+)")
 
 
-def _bare_key(override: str) -> str:
+def bare_key(override: str) -> str:
     """The dotted key of a Hydra override (``+a.b=1``, ``~a.b``, ``a.b=1,2`` -> ``a.b``)."""
     return override.lstrip("+~").split("=", 1)[0]
 
@@ -155,7 +155,7 @@ def _override_hint(
     if not unknown:
         return None
     key = unknown.group(1)
-    rest = [o for o in overrides if _bare_key(o) != key]
+    rest = [o for o in overrides if bare_key(o) != key]
     try:
         known = config_keys(compose(config_name, rest, schemas=schemas))
     except ConfigError:

@@ -7,7 +7,7 @@ seed-0 run keeps its id whatever the count."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,10 +127,10 @@ def override_values(ov: Any) -> list[str]:
     return list(ov.sweep_string_iterator()) if ov.is_sweep_override() else [ov.get_value_element_as_str()]
 
 
-def check_group_values(parsed: list[Any]) -> None:
-    """Every value given to a config group of GROUPS is one of its options."""
+def check_group_values(parsed: list[Any], groups: Sequence[str] = GROUPS) -> None:
+    """Every value given to a config group of ``groups`` is one of its options."""
     for ov in parsed:
-        if override_key(ov) in GROUPS:
+        if override_key(ov) in groups:
             check_values(override_key(ov), override_values(ov), group_options(override_key(ov)))
 
 
@@ -210,11 +210,11 @@ def describe_grid(specs: Sequence[RunSpec]) -> str:
     if not per_cell:
         return "0 runs"
     counts = sorted(set(per_cell.values()))
-    seeds = _plural(counts[0], "seed") if len(counts) == 1 else f"{counts[0]}-{counts[-1]} seeds"
-    return f"{_plural(len(specs), 'run')} ({_plural(len(per_cell), 'cell')} x {seeds})"
+    seeds = plural(counts[0], "seed") if len(counts) == 1 else f"{counts[0]}-{counts[-1]} seeds"
+    return f"{plural(len(specs), 'run')} ({plural(len(per_cell), 'cell')} x {seeds})"
 
 
-def _plural(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
 
@@ -263,11 +263,6 @@ def compose_run(primary: str, overrides: list[str]) -> tuple[DictConfig, list[st
     return cfg, overrides
 
 
-def sweep_axes(sweep: str) -> list[str]:
-    """The sweep's axes as Hydra override strings (``predmask.config.sweep_params``)."""
-    return [f"{k}={v}" for k, v in sweep_params(sweep).items()]
-
-
 def cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None,
               *, sweep_file: bool = True) -> list[tuple[int, RunSpec]]:
     """The runs of one cell of the grid, one per seed (``seeds`` None: the cell's cluster default);
@@ -294,17 +289,29 @@ def expand_grid(sweep: str, overrides: list[str] | None = None) -> list[RunSpec]
         raise SweepError(f"unknown sweep {sweep!r}; valid: {', '.join(sweep_names())}")
     if sweep_family(sweep) != TRAIN_FAMILY:
         raise SweepError(f"sweep {sweep!r} is of family {sweep_family(sweep)!r}: expand it with sweeps.families.expand")
-    overrides = list(overrides or [])
-    parsed_user = parse_overrides(overrides)
-    check_group_values(parsed_user)
-    parsed_sweep = parse_overrides(sweep_axes(sweep))
-    seeds = seed_axis(parsed_sweep, parsed_user)
-    parsed = [ov for ov in parsed_sweep + parsed_user if override_key(ov) not in SEED_KEYS]
-    check_group_values(parsed)
+    _, parsed, seeds = parse_axes(sweep, overrides, GROUPS)
     (batches,) = BasicSweeper.split_arguments(parsed, None)
     runs = [(seed, cell, spec) for cell, batch in enumerate(batches) for seed, spec in cell_runs(sweep, batch, seeds)]
     runs.sort(key=lambda run: run[:2])
-    unique: dict[str, RunSpec] = {}  # two cells may be one run (the same CPU run on two clusters)
-    for _, _, spec in runs:
+    return unique_runs(spec for _, _, spec in runs)  # two cells may be one run (the same CPU run on two clusters)
+
+
+def parse_axes(sweep: str, overrides: Sequence[str] | None,
+               checked: Sequence[str] = ()) -> tuple[list[Any], list[Any], list[int] | None]:
+    """The command line's ``overrides`` parsed; the sweep's own axes then theirs, without the seed axis (a key
+    given twice: the later replaces the earlier); and the seeds either gives (None: each cell's cluster default).
+    The values of the ``checked`` groups are checked: the command line's first, the sweep's after the seeds."""
+    user = parse_overrides(list(overrides or []))
+    check_group_values(user, checked)
+    own = parse_overrides([f"{k}={v}" for k, v in sweep_params(sweep).items()])
+    seeds = seed_axis(own, user)
+    check_group_values(own, checked)
+    return user, [ov for ov in own + user if override_key(ov) not in SEED_KEYS], seeds
+
+
+def unique_runs(specs: Iterable[RunSpec]) -> list[RunSpec]:
+    """Each run once, where it is first met."""
+    unique: dict[str, RunSpec] = {}
+    for spec in specs:
         unique.setdefault(spec.run_id, spec)
     return list(unique.values())

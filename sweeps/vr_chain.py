@@ -24,11 +24,10 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from omegaconf import DictConfig, OmegaConf
 
-from predmask.config import conf_dir, group_options, stable_id
+from predmask.config import bare_key, conf_dir, group_options, stable_id
 from predmask.schemas.variational_schema import DATA_MODES, VRMethodConfig
 from predmask.vr_stages import CLUSTER_STAGES, STAGES, stage_inputs, with_upstream
 from sweeps.compose import (
-    SEED_KEYS,
     RunSpec,
     SweepError,
     cell_runs,
@@ -39,9 +38,9 @@ from sweeps.compose import (
     config_at_seed,
     override_key,
     override_values,
-    parse_overrides,
-    seed_axis,
-    sweep_axes,
+    parse_axes,
+    plural,
+    unique_runs,
 )
 
 FAMILY = "variational"
@@ -90,7 +89,7 @@ def method_names() -> list[str]:
 
 
 def _root(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0].split(".", 1)[0].split("@", 1)[0]
+    return bare_key(override).split(".", 1)[0].split("@", 1)[0]
 
 
 def stage_config(full: dict[str, Any], stage: str, inputs: dict[str, str]) -> dict[str, Any]:
@@ -163,7 +162,7 @@ def _chain(sweep: str, composed: dict[str, tuple[DictConfig, list[str]]], train_
         method = key.split(":", 1)[0]
         if method == GRPO:
             steps, batch = grpo_schedule(full)
-            chosen = any(o.lstrip("+~").split("=", 1)[0] == "model" for o in train_ovs)
+            chosen = any(bare_key(o) == "model" for o in train_ovs)
             model = [] if chosen else [f"model={default_choice('model')}"]  # the same model as the stages
             batch_ovs = [f"method={GRPO}", *model, *train_ovs,
                          f"trainer.steps={steps}", f"trainer.train_batch_size={batch}"]
@@ -207,17 +206,14 @@ def _axis_values(parsed: list[Any], key: str) -> list[str] | None:
 
 def expand_variational(sweep: str, overrides: Sequence[str] | None = None) -> list[RunSpec]:
     """Expand the variational sweep ``sweep`` with command-line ``overrides`` into its runs, in wave order."""
-    parsed_user = parse_overrides(list(overrides or []))
-    parsed_sweep = parse_overrides(sweep_axes(sweep))
-    seeds = seed_axis(parsed_sweep, parsed_user)
-    parsed = [ov for ov in parsed_sweep + parsed_user if override_key(ov) not in SEED_KEYS]
+    parsed_user, parsed, seeds = parse_axes(sweep, overrides)
     user_methods = _axis_values(parsed_user, "method")
     methods = _axis_values(parsed, "method") or method_names()
     check_values("method", methods, method_names())
     data = _axis_values(parsed, "method.data") or list(DATA_SETTINGS)
     check_values("method.data", data, DATA_SETTINGS)
     rest = [ov for ov in parsed if override_key(ov) not in ("method", "method.data")]
-    check_group_values([ov for ov in rest if override_key(ov) in GROUPS_CHECKED])
+    check_group_values(rest, GROUPS_CHECKED)
     (batches,) = BasicSweeper.split_arguments(rest, None) if rest else ([[]],)
     recipes = [(m, d) for m in methods for d in (data if m.startswith("vr_") else [None])]
     runs: list[RunSpec] = []
@@ -235,10 +231,7 @@ def expand_variational(sweep: str, overrides: Sequence[str] | None = None) -> li
         cell_seeds = seeds if seeds is not None else cluster_seeds(next(iter(composed.values()))[0])
         for seed in cell_seeds:
             runs += _chain(sweep, composed, train_ovs, seed)
-    unique: dict[str, RunSpec] = {}  # the prior is one run for every seed (and every cell that shares it)
-    for spec in runs:
-        unique.setdefault(spec.run_id, spec)
-    specs = list(unique.values())
+    specs = unique_runs(runs)  # the prior is one run for every seed (and every cell that shares it)
     order = depth(specs)
     return sorted(specs, key=lambda spec: order[spec.run_id])  # stable: seed by seed within a wave
 
@@ -283,5 +276,5 @@ def describe_chain(specs: Sequence[RunSpec]) -> str:
              if stage != "final" and any(s.stage == stage for s in stages)]
     per_seed = len(finals) / len(seeds) if seeds else 0
     shown = f"{per_seed:g}" if per_seed == int(per_seed) else f"{len(finals)} in all"
-    return (f"{len(specs)} run{'s' if len(specs) != 1 else ''} ({', '.join(parts) or 'no stage runs'}; "
-            f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''} x {shown} final{'s' if shown != '1' else ''})")
+    return (f"{plural(len(specs), 'run')} ({', '.join(parts) or 'no stage runs'}; "
+            f"{plural(len(seeds), 'seed')} x {shown} final{'s' if shown != '1' else ''})")
