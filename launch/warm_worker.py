@@ -35,6 +35,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from launch.procs import kill_group
+
 #: the environment variable that holds a worker's socket path (set in a local run's job environment)
 WORKER_ENV = "PREDMASK_WORKER"
 _MAX_MESSAGE = 1 << 20
@@ -79,8 +81,7 @@ class WorkerRun:
 
 def _kill_session(sid: int, timeout_s: float = 30.0) -> None:
     """SIGKILL the session ``sid`` (a run's child leads its own), and wait until none of its processes runs."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(sid, signal.SIGKILL)
+    kill_group(sid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
     while _running_in_session(sid):
         if time.monotonic() > deadline:
