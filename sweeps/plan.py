@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from launch.executor import job_python, job_shape
+from launch.executor import JobShape, job_python, job_shape
 from predmask.command_text import command
 from sweeps.compose import RunSpec, SweepError
 from sweeps.families import describe
@@ -100,14 +100,14 @@ def _environment(cluster: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _placeholders(specs: Sequence[RunSpec], cluster: dict[str, Any]) -> list[dict[str, Any]]:
     """The PLACEHOLDERS keys of the cluster's file that still hold the file's value, unset on the command line."""
-    from predmask.config import group_entry
+    from predmask.config import bare_key, group_entry
 
     name = str(cluster.get("name"))
     keys = PLACEHOLDERS.get(name, ())
     if not keys:
         return []
     shipped = group_entry("cluster", name)
-    given = {o.split("=", 1)[0].lstrip("+~") for spec in specs for o in spec.overrides}
+    given = {bare_key(o) for spec in specs for o in spec.overrides}
     held = [f"cluster.{key}={'null' if _nested(cluster, key) is None else _nested(cluster, key)}"
             for key in keys
             if f"cluster.{key}" not in given and _nested(cluster, key) == _nested(shipped, key)]
@@ -241,6 +241,19 @@ def max_parallel(specs: Sequence[RunSpec], given: int | None = None) -> int:
     return value
 
 
+def _job_size(specs: Sequence[RunSpec]) -> tuple[JobShape, str, int]:
+    """The one job shape of the sweep's runs, the resource it is counted in (GPU, else CPU core) and how many of
+    it one node holds."""
+    shapes = {job_shape(job_cluster(spec)) for spec in specs}
+    if len(shapes) > 1:
+        raise SweepError(f"one job shape per sweep invocation, got {len(shapes)}")
+    (shape,) = shapes
+    if shape.gpus_per_node:
+        return shape, "GPU", shape.gpus_per_node
+    threads = int(specs[0].config["cluster"].get("threads", 1))
+    return shape, "CPU core", (shape.cpus_per_task or threads) * shape.tasks_per_node
+
+
 def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str, root: Path | None = None) -> dict[str, Any]:
     """The plan of a sweep of one cluster as plain data (the ``summary`` of ``--dry-run --format json``, its
     fields in ``python -m sweeps --help``). ``worst_case_hours_with_skip`` takes the assumed share of the
@@ -254,15 +267,7 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str, root: Pat
         raise SweepError("the sweep has no runs")
     first = specs[0]
     cluster = first.config["cluster"]
-    shapes = {job_shape(job_cluster(spec)) for spec in specs}
-    if len(shapes) > 1:
-        raise SweepError(f"one job shape per sweep invocation, got {len(shapes)}")
-    (shape,) = shapes
-    if shape.gpus_per_node:
-        resource, per_node = "GPU", shape.gpus_per_node
-    else:
-        cores = shape.cpus_per_task if shape.cpus_per_task is not None else int(cluster.get("threads", 1))
-        resource, per_node = "CPU core", cores * shape.tasks_per_node
+    shape, resource, per_node = _job_size(specs)
     jobs, per_job = len(specs), shape.nodes * per_node
     hours = jobs * per_job * shape.timeout_min / 60
     trained = [spec for spec in specs if trainer_of(spec) == "verl" and spec.stage is None]  # VeRL training
