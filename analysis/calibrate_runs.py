@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from predmask.config import ConfigError, compose, stable_id, to_container
+from predmask.config import ConfigError, bare_key, compose, stable_id, to_container
 from predmask.rundir import JOB_LOG_FILE, METRICS_FILE, read_metrics, read_status
 
 #: the ratio-direction method and the predictive mask whose runs the calibration compares
@@ -34,7 +34,7 @@ class PlannedRun:
 def plan_runs(settings: Sequence[str], seed: int, overrides: Sequence[str], out: Path) -> list[PlannedRun]:
     """Compose every run first (a bad override fails here, before anything is written)."""
     for ov in overrides:
-        if ov.split("=", 1)[0].lstrip("+~") in ("method", "setting", "seed", "run_dir"):
+        if bare_key(ov) in ("method", "setting", "seed", "run_dir"):
             raise ConfigError(f"override {ov!r}: the calibration sets method, setting, seed and run_dir itself")
     planned = []
     for setting in settings:

@@ -21,7 +21,8 @@ import numpy as np
 import polars as pl
 
 from analysis.results import curves
-from analysis.store import connect, default_db_path, run_sweeps, table_exists
+from analysis.store import connect, run_sweeps, table_exists
+from analysis.store.connection import db_or_default
 from analysis.token_level.summary import study_stats as token_stats
 from analysis.token_level.summary.study_tables import STUDY_TABLES
 from analysis.training import stats as training_stats
@@ -514,4 +515,4 @@ def _pooled_row(
 def open_results(db: str | os.PathLike[str] | None = None, *, backend: Backend = "pandas") -> Results:
     """Open the results database read-only: ``db``, else ``$PREDMASK_DB``, else results/predmask.duckdb (the
     commands' default). Raises StoreError (one line) when the file is missing or cannot be opened."""
-    return Results(Path(db) if db is not None else default_db_path(), backend)
+    return Results(db_or_default(db), backend)

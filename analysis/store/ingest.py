@@ -29,7 +29,7 @@ from analysis.store.metrics_files import FileCounts, iter_file_values
 from analysis.store.runs import EMPTY, RunRefusedError, record_sweep, run_row_from_dir, upsert_runs
 from analysis.store.vr_tables import ingest_vr_traces, is_weights_stage
 from predmask.progress import progress
-from predmask.rundir import DEAD, METRICS_FILE, attempt_files
+from predmask.rundir import DEAD, METRICS_FILE, attempt_files, first_line
 
 
 @dataclass
@@ -303,7 +303,7 @@ def _ingest_traces(con: duckdb.DuckDBPyConnection, result: RunIngest, run_dir: P
         result.warnings.append(f"run {result.run_id}: {exc}; no traces stored (rerun the weights stage, then ingest)")
     except (ValueError, OSError, duckdb.Error) as exc:
         result.skipped_lines += 1
-        result.warnings.append(f"run {result.run_id}: traces not stored: {str(exc).splitlines()[0]}")
+        result.warnings.append(f"run {result.run_id}: traces not stored: {first_line(exc)}")
 
 
 def ingest_run_dir(con: duckdb.DuckDBPyConnection, run_dir: str | os.PathLike[str]) -> RunIngest:

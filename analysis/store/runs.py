@@ -23,6 +23,7 @@ from predmask.rundir import (
     JOB_LOG_FILE,
     LOG_FILE,
     StatusError,
+    first_line,
     read_config,
     read_job_record,
     read_status,
@@ -208,7 +209,7 @@ def run_row_from_dir(run_dir: Path, notes: list[str] | None = None) -> dict[str,
         cfg = read_config(cfg_path)
     except Exception as exc:  # noqa: BLE001 - any unreadable config refuses the run, in one line
         raise RunRefusedError(
-            f"run {run_dir.name}: {cfg_path} is unreadable ({str(exc).splitlines()[0]}), run refused (not registered)"
+            f"run {run_dir.name}: {cfg_path} is unreadable ({first_line(exc)}), run refused (not registered)"
         ) from None
     method = cfg.get("method")
     delta = method.get("delta") if isinstance(method, Mapping) else None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from analysis.token_level.compute.step_settings import StepSettings, require
 from predmask.config import ConfigError, compose, group_options, stable_id, to_container
+from predmask.rundir import first_line
 
 if TYPE_CHECKING:  # the engine's modules import torch: loaded only when a config is turned into them
     from analysis.token_level.compute.study import StudySettings
@@ -123,7 +124,7 @@ def compose_study(overrides: Sequence[str] = (), cluster: str | None = None) -> 
     try:
         resolved = to_container(compose(PRIMARY, ovs, schemas={SCHEMA: StudyConfig}))
     except (ConfigError, ValueError) as err:
-        raise StudyInputError(str(err).splitlines()[0]) from None
+        raise StudyInputError(first_line(err)) from None
     if resolved.get("checkpoint"):  # one study whatever the spelling of the path
         resolved["checkpoint"] = str(Path(str(resolved["checkpoint"])).resolve())
     resolved["label"] = _label(resolved)
@@ -157,7 +158,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
         _check_batch(cfg)
         _check_model(cfg)
     except ValueError as err:
-        raise StudyInputError(str(err).splitlines()[0]) from None
+        raise StudyInputError(first_line(err)) from None
 
 
 def _check_batch(cfg: Mapping[str, Any]) -> None:
