@@ -300,13 +300,18 @@ def write_job_record(run_dir: Path, record: Mapping[str, Any]) -> None:
     atomic_write_text(run_dir / JOB_RECORD_FILE, json.dumps(dict(record), indent=2, sort_keys=True) + "\n")
 
 
-def read_job_record(run_dir: Path) -> dict[str, Any]:
-    """``job.json`` as a dict; ``{}`` when there is none or it is not a JSON object."""
+def read_json_object(file: Path) -> dict[str, Any]:
+    """A small JSON file as a dict; ``{}`` when it is missing, unreadable or not a JSON object."""
     try:
-        record = json.loads((run_dir / JOB_RECORD_FILE).read_text())
+        data = json.loads(file.read_text())
     except (OSError, ValueError):
         return {}
-    return record if isinstance(record, dict) else {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_job_record(run_dir: Path) -> dict[str, Any]:
+    """``job.json`` as a dict; ``{}`` when there is none or it is not a JSON object."""
+    return read_json_object(run_dir / JOB_RECORD_FILE)
 
 
 # ----------------------------------------------------------------------------------------------- metrics lines

@@ -28,6 +28,7 @@ from predmask.config import (
     to_container,
 )
 from predmask.methods import method_config
+from predmask.rundir import first_line
 
 #: config groups whose options are checked up front with a one-line error
 GROUPS: tuple[str, ...] = ("method", "model", "precision", "cluster", "setting", "task", "base", "sweep")
@@ -112,7 +113,7 @@ def parse_overrides(overrides: list[str]) -> list[Any]:
     try:
         return OverridesParser.create().parse_overrides(overrides)
     except HydraException as err:
-        raise SweepError(f"bad override: {str(err).splitlines()[0]}") from None
+        raise SweepError(f"bad override: {first_line(err)}") from None
 
 
 def check_values(key: str, values: Sequence[str], allowed: Sequence[str]) -> None:
@@ -277,7 +278,7 @@ def cell_runs(sweep: str, batch: Sequence[str], seeds: list[int] | None,
         try:  # the run records every parameter its loss reads
             resolved["method"] = method_config(resolved["method"])
         except ValueError as err:
-            raise SweepError(f"cell {cell_text(resolved)}: {str(err).splitlines()[0]}") from None
+            raise SweepError(f"cell {cell_text(resolved)}: {first_line(err)}") from None
         runs.append((seed, RunSpec(stable_id(resolved), sweep, (*standin, f"seed={seed}"), resolved)))
     return runs
 

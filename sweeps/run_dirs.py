@@ -3,7 +3,6 @@ run directory's files themselves: ``predmask.rundir``)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -25,6 +24,7 @@ from predmask.rundir import (
     StatusError,
     hold_lock,
     read_job_record,
+    read_json_object,
     read_status,
     run_path,
     run_status,
@@ -123,14 +123,6 @@ def _log_lines(path: Path, offset: int) -> list[str]:
     return data[offset if offset <= len(data) else 0:].decode(errors="replace").splitlines()
 
 
-def _read_json(file: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def exit_text(returncode: int) -> str:
     """A command's exit status in words: ``killed by signal 9 (SIGKILL)`` or ``exit status 2``."""
     if returncode < 0:
@@ -154,7 +146,7 @@ def failure_cause(path: Path) -> str | None:
         status = read_status(path)
     except (StatusError, OSError):
         status = {}
-    exit_record = _read_json(path / EXIT_STATUS_FILE)
+    exit_record = read_json_object(path / EXIT_STATUS_FILE)
     if float(exit_record.get("started") or 0) < since:
         exit_record = {}  # an earlier attempt's
     errors = [ln.removeprefix("error: ") for ln in lines if ln.startswith("error: ")]

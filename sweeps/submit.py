@@ -30,6 +30,7 @@ from predmask.progress import eta_from_durations, progress, read_phase
 from predmask.rundir import (
     JOB_LOG_FILE,
     PHASE_FILE,
+    first_line,
     read_job_record,
     run_writer_alive,
     write_config,
@@ -272,7 +273,7 @@ def validate_runs(specs: list[RunSpec], root: Path) -> None:
                 prepare_config(spec.config)
             job_command(spec, run_dir(spec, root))
         except ValueError as err:
-            message = str(err).splitlines()[0] if str(err) else type(err).__name__
+            message = first_line(err)
             raise SweepError(f"run {spec.run_id} ({spec.cell}): {message}; nothing submitted") from None
 
 
