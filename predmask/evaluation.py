@@ -1,4 +1,4 @@
-"""Unbiased pass@k from n samples per question with c correct, and its curve over k = 1..n (math.md §8)."""
+"""Unbiased pass@k and its curve over k = 1..n (math.md §8); a split's evaluation metrics built on them."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from predmask import metrics as M
 
 
 def check_int(what: str, value: object, low: int, high: int | None = None) -> int:
@@ -54,3 +56,13 @@ def pass_at_k_curve(correct: Tensor | Sequence[Sequence[bool]]) -> dict[int, flo
     hits = correct.to(torch.long).sum(-1)
     means = pass_at_k_table(n)[hits].mean(0)
     return {k: float(means[k - 1]) for k in range(1, n + 1)}
+
+
+def split_metrics(split: str, correct: Tensor, lengths: Tensor) -> dict[str, float]:
+    """One split's evaluation from ``correct`` [problems, n] (bool or 1/0) and the responses' token ``lengths``:
+    avg@n accuracy, pass@k for k = 1..n and the mean response length (means in ``lengths``' dtype)."""
+    n = int(correct.shape[1])
+    out = {M.val_acc(split, n): float(correct.to(lengths.dtype).mean())}
+    out.update({M.val_pass(split, k): v for k, v in pass_at_k_curve(correct).items()})
+    out[M.val_response_length(split)] = float(lengths.mean())
+    return out

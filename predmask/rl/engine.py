@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from predmask import metrics as M
 from predmask.config import cpu_standin, to_container
-from predmask.evaluation import pass_at_k_curve
+from predmask.evaluation import split_metrics
 from predmask.io import atomic_write_text
 from predmask.methods import get_method, method_config, method_params
 from predmask.metrics import reduce_metrics
@@ -227,16 +227,6 @@ def base_validation_key(engine: Engine, seed: int) -> str:
         "seed": seed, "torch": torch.__version__, "code": code,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def split_metrics(split: str, correct: torch.Tensor, lengths: torch.Tensor) -> dict[str, float]:
-    """One split's evaluation from ``correct`` [problems, n] (bool or 1/0) and the responses' token ``lengths``:
-    avg@n accuracy, pass@k for k = 1..n and the mean response length (means in ``lengths``' dtype)."""
-    n = int(correct.shape[1])
-    out = {M.val_acc(split, n): float(correct.to(lengths.dtype).mean())}
-    out.update({M.val_pass(split, k): v for k, v in pass_at_k_curve(correct).items()})
-    out[M.val_response_length(split)] = float(lengths.mean())
-    return out
 
 
 def validation_metrics(split: str, batch: RolloutBatch, n: int) -> dict[str, float]:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from predmask.command_text import command
+from predmask.evaluation import split_metrics
 from predmask.io import atomic_write_text
 from predmask.rundir import RunDirBusyError, hold_run_lock, metrics_line
 from predmask.verl.vr_cluster import (
@@ -124,9 +125,7 @@ def weight_rows(raw: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def eval_metrics(split: str, correct: Sequence[Sequence[bool]], lengths: Sequence[Sequence[int]]) -> dict[str, float]:
     """One split's evaluation from ``correct`` [problems, n] and the responses' token ``lengths`` [problems, n]:
-    :func:`predmask.rl.engine.split_metrics`, the CPU engine's evaluation."""
-    from predmask.rl.engine import split_metrics  # here: it imports transformers, which replicas never need
-
+    :func:`predmask.evaluation.split_metrics`, the CPU engine's evaluation."""
     hits = torch.tensor([[bool(c) for c in row] for row in correct], dtype=torch.bool)
     if hits.ndim != 2 or hits.numel() == 0:
         raise ValueError(f"split {split}: no evaluated problems")
