@@ -21,9 +21,10 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.store import IngestSummary, StoreError, connect, ingest_paths, paper_command
-from analysis.store.connection import add_db_option, db_or_default
 from analysis.store.ingest import RunIngest
+from predmask.command_text import add_db_option
 from predmask.console import error, make_console
+from predmask.rundir import db_or_default
 
 #: name -> (module, one-line help); each module's ``main(argv) -> int`` parses its own arguments. It is
 #: imported only when called, so a missing or broken analysis never stops `ingest`.

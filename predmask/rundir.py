@@ -64,6 +64,9 @@ RUNS_ENV = "PREDMASK_RUNS"
 ROOT_ENV = "PREDMASK_ROOT"
 #: the folder of run directories under the project root
 RUNS_DIRNAME = "runs"
+#: the variable naming the results database (default ``DEFAULT_DB_RELPATH`` under the project root)
+DB_ENV = "PREDMASK_DB"
+DEFAULT_DB_RELPATH = Path("results") / "predmask.duckdb"
 
 
 def _names_this_project(pyproject: Path) -> bool:
@@ -132,6 +135,17 @@ def runs_root() -> Path:
         return Path(configured)
     root = project_root()
     return Path(RUNS_DIRNAME) if root == Path.cwd().absolute() else root / RUNS_DIRNAME
+
+
+def default_db_path() -> Path:
+    """$PREDMASK_DB if set, else results/predmask.duckdb under ``project_root()``."""
+    env = os.environ.get(DB_ENV)
+    return Path(env) if env else project_root() / DEFAULT_DB_RELPATH
+
+
+def db_or_default(db: str | os.PathLike[str] | None) -> Path:
+    """The database a command's ``--db`` names, else ``default_db_path()``."""
+    return default_db_path() if db is None else Path(db)
 
 
 def sweep_path(sweep: str, root: Path | None = None) -> Path:

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from analysis.store.connection import add_db_option, db_or_default
 from predmask.command_text import (
     ACCURACY_WEIGHTING,
     INGEST,
     PAPER,
     REPORT_VARIATIONAL,
+    add_db_option,
     command,
     sweep_command,
     with_db,
@@ -34,6 +34,7 @@ from predmask.rundir import (
     RUNS_DIRNAME,
     RUNS_ENV,
     DamagedFileError,
+    db_or_default,
     first_line,
     other_roots,
     read_config,

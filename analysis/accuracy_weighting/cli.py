@@ -33,8 +33,7 @@ class AnalysisInputError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from analysis.store.connection import add_db_option
-    from predmask.command_text import python_command
+    from predmask.command_text import add_db_option, python_command
 
     p = argparse.ArgumentParser(
         prog=f"{python_command()} -m analysis accuracy_weighting",
@@ -144,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(cfg: dict[str, Any], args: argparse.Namespace, console: Console) -> int:
     from analysis.accuracy_weighting.measure import bandit_rows, model_rows
     from analysis.store import StoreError, check_db_path, connect, upsert_accuracy_weighting
-    from analysis.store.connection import db_or_default
     from predmask.command_text import command, with_db
     from predmask.config import stable_id
     from predmask.progress import progress
     from predmask.rl.base import single_thread
+    from predmask.rundir import db_or_default
     from predmask.schemas.task_schema import TaskConfig
 
     db = db_or_default(args.db)

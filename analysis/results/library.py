@@ -22,12 +22,12 @@ import polars as pl
 
 from analysis.results import curves
 from analysis.store import connect, run_sweeps, table_exists
-from analysis.store.connection import db_or_default
 from analysis.token_level.summary import study_stats as token_stats
 from analysis.token_level.summary.study_tables import STUDY_TABLES
 from analysis.training import stats as training_stats
 from predmask import config
 from predmask.command_text import command
+from predmask.rundir import db_or_default
 
 Backend = Literal["pandas", "polars"]
 BACKENDS: tuple[str, ...] = ("pandas", "polars")

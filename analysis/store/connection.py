@@ -3,7 +3,6 @@ its default path, and small query helpers."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import os
@@ -22,10 +21,8 @@ import duckdb
 from analysis.store.inputs import find_run_dirs
 from analysis.store.schema import SCHEMA_DDL
 from predmask.command_text import STUDY, command, sweep_command, with_db
-from predmask.rundir import first_line, project_root, runs_root
+from predmask.rundir import db_or_default, default_db_path, first_line, runs_root
 
-DB_ENV = "PREDMASK_DB"
-DEFAULT_DB_RELPATH = Path("results") / "predmask.duckdb"
 #: seconds to wait for the database's lock (a writer waits for readers and for another writer, a reader for a
 #: writer); $PREDMASK_DB_WAIT replaces both defaults, the ``wait_s`` argument of ``connect`` replaces that
 DB_WAIT_ENV = "PREDMASK_DB_WAIT"
@@ -43,6 +40,8 @@ DUCKDB_CONFIG: dict[str, str | bool | int | float | list[str]] = {
 }
 _KNOWN_HEADS = ((b"SQLite format 3\x00", "a SQLite database"), (b"PK\x03\x04", "a zip file"),
                 (b"PAR1", "a Parquet file"))
+
+
 def _given(db: str | os.PathLike[str] | None) -> Path | None:
     """``db`` when it is not the default database (commands then need ``--db``), else None."""
     if db is None:
@@ -77,24 +76,6 @@ def missing_db_hint(db: str | os.PathLike[str] | None = None, root: Path | None 
 
 class StoreError(RuntimeError):
     """A one-line, user-facing problem with the results store (missing file, lock held, bad input)."""
-
-
-def default_db_path() -> Path:
-    """$PREDMASK_DB if set, else results/predmask.duckdb under ``predmask.rundir.project_root()``."""
-    env = os.environ.get(DB_ENV)
-    return Path(env) if env else project_root() / DEFAULT_DB_RELPATH
-
-
-def db_or_default(db: str | os.PathLike[str] | None) -> Path:
-    """The database a command's ``--db`` names, else ``default_db_path()``."""
-    return default_db_path() if db is None else Path(db)
-
-
-def add_db_option(parser: argparse.ArgumentParser, what: str = "results database", *, resolved: bool = False) -> None:
-    """The ``--db`` option of every command that opens the results database (None: the default one, see
-    ``db_or_default``); its help names the default as written, or as ``resolved`` now."""
-    shown = default_db_path() if resolved else DEFAULT_DB_RELPATH
-    parser.add_argument("--db", type=Path, default=None, help=f"{what} (default: ${DB_ENV} or {shown})")
 
 
 def _what_file(head: bytes) -> str:

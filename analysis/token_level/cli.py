@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_run_options(p: argparse.ArgumentParser, dry_run: str) -> None:
     """The options of every command that runs the study's seeds (this one, the drift grid): where the workers run,
     the database, the seed files, the workers, inline, and ``--dry-run`` (``dry_run``: what it prints)."""
-    from analysis.store.connection import add_db_option
+    from predmask.command_text import add_db_option
 
     p.add_argument(
         "--cluster",
@@ -272,9 +272,9 @@ def _run(
     args: argparse.Namespace, cfg: dict[str, Any], study_id: str, seeds: list[int], console: Console
 ) -> int:
     from analysis.store import StoreError, check_db_path, connect, paper_command
-    from analysis.store.connection import db_or_default
     from analysis.token_level.compute.fanout import SeedFiles
     from analysis.token_level.summary.report import load_study, print_report
+    from predmask.rundir import db_or_default
 
     db = db_or_default(args.db)
     study_dir = out_root(args.out) / study_id

@@ -291,9 +291,9 @@ def _run(
     args: argparse.Namespace, grid: Mapping[str, Any], grid_id: str, cells: list[Cell], console: Console
 ) -> int:
     from analysis.store import StoreError, check_db_path, connect, paper_command
-    from analysis.store.connection import db_or_default
     from analysis.store.token_level_tables import upsert_grid
     from analysis.token_level.compute.fanout import SeedFiles
+    from predmask.rundir import db_or_default
 
     t0 = time.perf_counter()
     db, out = db_or_default(args.db), out_root(args.out)
