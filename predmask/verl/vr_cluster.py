@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -95,12 +96,15 @@ def cluster_settings(config: Any) -> VerlClusterConfig:
     return cluster
 
 
+def _eval_files(cluster: VerlClusterConfig) -> list[str]:
+    base = cluster.data_dir.rstrip("/") if cluster.data_dir else cluster.variational.data_dir
+    return [f"{base}/{DATA_FILES[s]}" for s in EVAL_SPLITS]
+
+
 def eval_files(config: Any) -> list[str]:
     """The evaluation files an ``eval`` stage reads, one per EVAL_SPLITS: the RL family's AIME files in
     ``cluster.data_dir`` (else ``cluster.variational.data_dir``); what the eval command passes and the dry run checks."""
-    cluster = cluster_settings(config)
-    base = cluster.data_dir.rstrip("/") if cluster.data_dir else cluster.variational.data_dir
-    return [f"{base}/{DATA_FILES[s]}" for s in EVAL_SPLITS]
+    return _eval_files(cluster_settings(config))
 
 
 def merged_settings(config: Any) -> dict[str, Any]:
@@ -115,101 +119,134 @@ def stage_output(stage: str, run_dir: Any) -> str:
     return f"{str(run_dir).rstrip('/')}/{STAGE_OUTPUTS[stage]}"
 
 
-def _method(config: Any) -> tuple[str, str | None, str | None]:
+#: CPU-engine settings of the variational family (key, the value the cluster path runs): the cluster's data files and
+#: prompts (sweeps.datasets, conf/prompt/) fix q_phi's hint and data, so any other value would be silently ignored
+CPU_ONLY_SETTINGS: tuple[tuple[str, Any], ...] = (("hint.use", True), ("posterior.source", "original"))
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """What a stage's command reads of its config (read once, by :func:`_read_stage`)."""
+
+    stage: str
+    run_dir: str
+    python: str
+    method: str
+    estimator: str | None
+    data: str | None
+    inputs: Any  # upstream stage -> run id (checked where a stage needs one)
+    model_path: Any  # checked by the SFT stages
+    model_name: Any
+    seed: int
+    trackers: dict[str, str]
+    cluster: VerlClusterConfig
+
+
+def _read_stage(config: Any, run_dir: Any, python: str | None) -> _Stage:
+    stage = config_get(config, "stage")
+    if stage not in CLUSTER_STAGES:
+        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(CLUSTER_STAGES)}")
+    for key, runs in CPU_ONLY_SETTINGS:
+        value = config_select(config, key)
+        if value is not None and value != runs:
+            raise ValueError(f"{key}={value!r} runs on the CPU engine only; the cluster path runs {key}={runs!r} "
+                             "(its hint prompts and q_phi's data come from sweeps.datasets and conf/prompt/)")
+    run_dir = str(run_dir).rstrip("/")
     method = config_get(config, "method")
-    if isinstance(method, str):
-        return method, None, None
-    return str(config_get(method, "name")), config_get(method, "estimator"), config_get(method, "data")
+    name, estimator, data = ((method, None, None) if isinstance(method, str) else
+                             (str(config_get(method, "name")), config_get(method, "estimator"), config_get(method, "data")))
+    return _Stage(stage, run_dir, python or sys.executable, name, estimator, data,
+                  inputs=plain_value(config_get(config, "inputs")) or {},
+                  model_path=config_select(config, "model.path"), model_name=config_select(config, "model.name"),
+                  seed=int(require(config, "seed", VR_RUN)),
+                  trackers=tracker_names(config, f"{stage}-{PurePosixPath(run_dir).name}"),
+                  cluster=cluster_settings(config))
 
 
-def _upstream(config: Any, run_dir: str, stage: str) -> dict[str, str]:
+def _upstream(r: _Stage) -> dict[str, str]:
     """Upstream stage -> the output its run left in the sibling run directory ``inputs`` names."""
-    inputs = plain_value(config_get(config, "inputs")) or {}
-    parent = PurePosixPath(run_dir).parent
+    parent = PurePosixPath(r.run_dir).parent
     out = {}
-    for need in stage_inputs(stage, _method(config)[0], cluster=True):
-        run_id = inputs.get(need) if isinstance(inputs, Mapping) else None
+    for need in stage_inputs(r.stage, r.method, cluster=True):
+        run_id = r.inputs.get(need) if isinstance(r.inputs, Mapping) else None
         if not run_id:
-            raise ValueError(f"stage {stage} needs inputs.{need} (the run id of its {need} run); got inputs={inputs!r}")
+            raise ValueError(f"stage {r.stage} needs inputs.{need} (the run id of its {need} run); "
+                             f"got inputs={r.inputs!r}")
         out[need] = stage_output(need, parent / str(run_id))
     return out
 
 
-def _sft_overrides(config: Any, run_dir: str, cluster: VerlClusterConfig, stage: str, train_file: str,
-                   s: SFTStageConfig) -> dict[str, Any]:
-    v, nodes, gpus = cluster.variational, cluster.nodes, cluster.gpus_per_node
-    model = config_get(config, "model")
-    path = config_get(model, "path")
-    if not path:
+def _sft_overrides(r: _Stage, train_file: str, s: SFTStageConfig) -> dict[str, Any]:
+    v, nodes, gpus = r.cluster.variational, r.cluster.nodes, r.cluster.gpus_per_node
+    if not r.model_path:
         raise ValueError("the variational family on a cluster needs a real base model with model.path: give "
                          "model=qwen3_4b_base (the paper's Qwen3-4B-Base; or qwen3_8b_base), not the CPU model "
-                         f"{config_get(model, 'name')!r}")
+                         f"{r.model_name!r}")
     sp = v.sequence_parallel
     if gpus % sp:
         raise ValueError(f"cluster.variational.sequence_parallel={sp} must divide cluster.gpus_per_node={gpus}")
     if s.batch % (nodes * gpus // sp):
-        raise ValueError(f"the {stage} batch {s.batch} must be a multiple of the data-parallel size "
+        raise ValueError(f"the {r.stage} batch {s.batch} must be a multiple of the data-parallel size "
                          f"{nodes * gpus // sp} (nodes x gpus_per_node / sequence_parallel)")
-    seed = int(require(config, "seed", VR_RUN))
     return {
         "data.train_files": [train_file], "data.val_files": None, "data.messages_key": "messages",
         "data.train_batch_size": s.batch, "data.micro_batch_size_per_gpu": 1, "data.use_dynamic_bsz": True,
         "data.max_token_len_per_gpu": v.max_token_len_per_gpu, "data.pad_mode": "no_padding",
         "data.max_length": v.max_length, "data.truncation": "right",
         "data.custom_cls.path": f"pkg://{SFT_MODULE}", "data.custom_cls.name": "WeightedSFTDataset",
-        "model.path": str(path), "model.use_remove_padding": True, "model.enable_gradient_checkpointing": True,
-        "engine.ulysses_sequence_parallel_size": sp, "engine.seed": seed,
+        "model.path": str(r.model_path), "model.use_remove_padding": True, "model.enable_gradient_checkpointing": True,
+        "engine.ulysses_sequence_parallel_size": sp, "engine.seed": r.seed,
         "optim.lr": s.lr, "optim.lr_warmup_steps_ratio": v.warmup_ratio, "optim.lr_scheduler_type": "cosine",
         "optim.clip_grad": 1.0, "checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
-        "trainer.default_local_dir": stage_output(stage, run_dir),
-        **tracker_names(config, f"{stage}-{PurePosixPath(run_dir).name}"),
-        "trainer.total_epochs": s.epochs, "trainer.logger": ["console", "file"], "trainer.seed": seed,
+        "trainer.default_local_dir": stage_output(r.stage, r.run_dir), **r.trackers,
+        "trainer.total_epochs": s.epochs, "trainer.logger": ["console", "file"], "trainer.seed": r.seed,
         "trainer.save_freq": v.save_every, "trainer.test_freq": -1, "trainer.resume_mode": "auto",
-        "trainer.nnodes": nodes, "trainer.n_gpus_per_node": gpus, "hydra.run.dir": f"{run_dir}/{HYDRA_SUBDIR}",
+        "trainer.nnodes": nodes, "trainer.n_gpus_per_node": gpus, "hydra.run.dir": f"{r.run_dir}/{HYDRA_SUBDIR}",
     }
 
 
-def _final_train(config: Any, run_dir: str, data: str, predmask: dict[str, Any]) -> str:
+def _final_train(r: _Stage, predmask: dict[str, Any]) -> str:
     """The final stage's training file (the original data for sft; for rft pi_theta0's correct samples and for vr_*
     the weighted traces, which vr_sft builds from its upstream outputs, whose paths go into ``predmask``)."""
-    name, estimator, setting = _method(config)
+    name, data = r.method, r.cluster.variational.data_dir
     if name not in CLUSTER_RECIPES:
         raise ValueError(f"final recipe method.name={name!r} is not composed for the cluster; allowed: "
                          f"{', '.join(CLUSTER_RECIPES)}")
     if name == "sft":
         return f"{data}/{VR_DATA_FILES['sft']}"
-    train = f"{run_dir}/final_sft.parquet"  # built by vr_sft before training (see predmask.verl.vr_sft)
+    train = f"{r.run_dir}/final_sft.parquet"  # built by vr_sft before training (see predmask.verl.vr_sft)
     if name == "rft":
-        predmask.update({"recipe": name, "samples_file": _upstream(config, run_dir, "final")["rft_samples"],
+        predmask.update({"recipe": name, "samples_file": _upstream(r)["rft_samples"],
                          "questions_file": f"{data}/{VR_DATA_FILES['questions']}", "train_file": train})
         return train
-    setting = setting or "all_weighted"
+    setting = r.data or "all_weighted"
     if setting not in DATA_MODES:
         raise ValueError(f"unknown method.data={setting!r}; allowed: {', '.join(DATA_MODES)}")
     expected = str(group_entry("vr_method", name)["estimator"])  # the recipe's own file owns it
-    if estimator not in (None, expected):
-        raise ValueError(f"method.estimator={estimator!r} does not match recipe {name} (expects {expected!r})")
-    upstream = _upstream(config, run_dir, "final")
+    if r.estimator not in (None, expected):
+        raise ValueError(f"method.estimator={r.estimator!r} does not match recipe {name} (expects {expected!r})")
+    upstream = _upstream(r)
     predmask.update({"recipe": name, "estimator": expected, "data": setting, "weights_file": upstream["weights"],
                      "traces_file": upstream["traces"], "questions_file": f"{data}/{VR_DATA_FILES['questions']}",
                      "original_file": f"{data}/{VR_DATA_FILES['sft']}", "train_file": train})
     return train
 
 
-def _sft_command(config: Any, run_dir: str, python: str, cluster: VerlClusterConfig, stage: str) -> list[str]:
-    v = cluster.variational
-    s: SFTStageConfig = getattr(v, stage)
-    predmask: dict[str, Any] = {"stage": stage, "run_dir": run_dir, "normaliser": float(v.normaliser_tokens) * s.batch}
-    train = (f"{v.data_dir}/{VR_DATA_FILES['sft' if stage == 'prior' else 'posterior']}" if stage != "final"
-             else _final_train(config, run_dir, v.data_dir, predmask))
-    o = _sft_overrides(config, run_dir, cluster, stage, train, s)
+def _sft_command(r: _Stage) -> list[str]:
+    v = r.cluster.variational
+    s: SFTStageConfig = getattr(v, r.stage)
+    predmask: dict[str, Any] = {"stage": r.stage, "run_dir": r.run_dir,
+                                "normaliser": float(v.normaliser_tokens) * s.batch}
+    train = (f"{v.data_dir}/{VR_DATA_FILES['sft' if r.stage == 'prior' else 'posterior']}" if r.stage != "final"
+             else _final_train(r, predmask))
+    o = _sft_overrides(r, train, s)
     o.update({f"predmask.{k}": val for k, val in predmask.items()})
-    return [python, "-m", SFT_MODULE, *(f"{k}={hydra_value(val)}" for k, val in o.items())]
+    return [r.python, "-m", SFT_MODULE, *(f"{k}={hydra_value(val)}" for k, val in o.items())]
 
 
-def _sample_command(config: Any, run_dir: str, python: str, cluster: VerlClusterConfig, stage: str) -> list[str]:
-    upstream = _upstream(config, run_dir, stage)
-    v, gpus = cluster.variational, cluster.gpus_per_node
+def _sample_command(r: _Stage) -> list[str]:
+    upstream = _upstream(r)
+    v, gpus = r.cluster.variational, r.cluster.gpus_per_node
     tp = v.vllm.tensor_parallel
     if gpus % tp:
         raise ValueError(f"cluster.variational.vllm.tensor_parallel={tp} must divide cluster.gpus_per_node={gpus}")
@@ -217,52 +254,31 @@ def _sample_command(config: Any, run_dir: str, python: str, cluster: VerlCluster
     bound = prompt_logprob_tokens(vocab=e.logits_vocab, bytes_per_logit=e.bytes_per_logit,
                                   gpu_memory_gib=e.gpu_memory_gib, utilization=e.gpu_memory_utilization,
                                   reserve_gib=e.reserve_gib, max_model_len=e.max_model_len)
-    common = ["--run-dir", run_dir, "--seed", str(int(require(config, "seed", VR_RUN))),
+    common = ["--run-dir", r.run_dir, "--seed", str(r.seed),
               "--tensor-parallel", str(tp), "--replicas", str(gpus // tp),
               "--gpu-memory-utilization", repr(e.gpu_memory_utilization), "--max-model-len", str(e.max_model_len),
               "--max-num-batched-tokens", str(bound), "--questions", f"{v.data_dir}/{VR_DATA_FILES['questions']}"]
-    if stage == "traces":
+    if r.stage == "traces":
         mode, sampling = "traces", v.traces
         extra = ["--posterior", upstream["posterior"], "--k", str(sampling.k)]
-    elif stage == "rft_samples":
+    elif r.stage == "rft_samples":
         mode, sampling = "rft", v.rft
         extra = ["--prior", upstream["prior"], "--samples", str(sampling.samples)]
-    elif stage == "eval":
+    elif r.stage == "eval":
         mode, sampling, (source,) = "eval", v.eval, upstream.values()
-        files = [a for f in eval_files(config) for a in ("--eval-file", f)]
+        files = [a for f in _eval_files(r.cluster) for a in ("--eval-file", f)]
         extra = ["--model", source, *files, "--n", str(sampling.n)]
     else:
         mode, sampling = "weights", v.weights
         extra = ["--prior", upstream["prior"], "--traces", upstream["traces"], "--m", str(sampling.m)]
-    return [python, "-m", SAMPLE_MODULE, mode, *common, *extra, "--temperature", repr(sampling.temperature),
+    return [r.python, "-m", SAMPLE_MODULE, mode, *common, *extra, "--temperature", repr(sampling.temperature),
             "--top-p", repr(sampling.top_p), "--max-tokens", str(sampling.max_tokens)]
-
-
-#: CPU-engine settings of the variational family (key, the value the cluster path runs): the cluster's data files and
-#: prompts (sweeps.datasets, conf/prompt/) fix q_phi's hint and data, so any other value would be silently ignored
-CPU_ONLY_SETTINGS: tuple[tuple[str, Any], ...] = (("hint.use", True), ("posterior.source", "original"))
-
-
-def _refuse_cpu_only(config: Any) -> None:
-    for key, runs in CPU_ONLY_SETTINGS:
-        value = config_select(config, key)
-        if value is not None and value != runs:
-            raise ValueError(f"{key}={value!r} runs on the CPU engine only; the cluster path runs {key}={runs!r} "
-                             "(its hint prompts and q_phi's data come from sweeps.datasets and conf/prompt/)")
 
 
 def stage_command(config: Any, run_dir: Any, python: str | None = None) -> list[str]:
     """The argv of one variational stage run on the cluster (see the module docstring); raises ValueError."""
-    stage = config_get(config, "stage")
-    if stage not in CLUSTER_STAGES:
-        raise ValueError(f"unknown stage {stage!r}; allowed: {', '.join(CLUSTER_STAGES)}")
-    _refuse_cpu_only(config)
-    cluster = cluster_settings(config)
-    run_dir = str(run_dir).rstrip("/")
-    python = python or sys.executable
-    if stage in SFT_STAGES:
-        return _sft_command(config, run_dir, python, cluster, stage)
-    return _sample_command(config, run_dir, python, cluster, stage)
+    r = _read_stage(config, run_dir, python)
+    return _sft_command(r) if r.stage in SFT_STAGES else _sample_command(r)
 
 
 # -- the files of the stage programs (vr_sft and vr_sample) --------------------------------------------------
