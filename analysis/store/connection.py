@@ -1,5 +1,5 @@
 """Opening the results database (one writer, any number of readers; waiting a bounded time for the file's lock),
-its default path, and small query helpers."""
+what to run when it is missing, and small query helpers (its default path: ``predmask.rundir.default_db_path``)."""
 
 from __future__ import annotations
 
