@@ -22,9 +22,8 @@ from rich.table import Table
 
 from analysis.store import IngestSummary, StoreError, connect, ingest_paths, paper_command
 from analysis.store.ingest import RunIngest
-from predmask.command_text import add_db_option
 from predmask.console import error, make_console
-from predmask.rundir import db_or_default
+from predmask.rundir import add_db_option, db_or_default
 
 #: name -> (module, one-line help); each module's ``main(argv) -> int`` parses its own arguments. It is
 #: imported only when called, so a missing or broken analysis never stops `ingest`.

@@ -1,16 +1,13 @@
-"""How the project's commands are spelled when a message prints one (with the interpreter that is running now), and
-the ``--db`` option they share."""
+"""How the project's commands are spelled when a message prints one (with the interpreter that is running now).
+Standard library only: a linked interpreter outside the project's environment can load it from its file."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import shutil
 import sys
 from pathlib import Path
-
-from predmask.rundir import DB_ENV, DEFAULT_DB_RELPATH, default_db_path
 
 #: the commands (after ``python -m``) that produce the data of the token-level figures and tables
 STUDY = "analysis token_level --seeds 61"
@@ -55,9 +52,3 @@ def with_db(cmd: str, db: str | os.PathLike[str] | None) -> str:
     """``cmd`` reading or writing the database ``db`` (``--db`` only when one is given: None = the default one)."""
     return cmd if db is None else f"{cmd} --db {shlex.quote(os.fspath(db))}"
 
-
-def add_db_option(parser: argparse.ArgumentParser, what: str = "results database", *, resolved: bool = False) -> None:
-    """The ``--db`` option of every command that opens the results database (None: the default one, see
-    ``predmask.rundir.db_or_default``); its help names the default as written, or as ``resolved`` now."""
-    shown = default_db_path() if resolved else DEFAULT_DB_RELPATH
-    parser.add_argument("--db", type=Path, default=None, help=f"{what} (default: ${DB_ENV} or {shown})")

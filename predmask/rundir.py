@@ -19,6 +19,7 @@ The step rule (``as_step``, the one rule of the trainer's resume and of ingest):
 
 from __future__ import annotations
 
+import argparse
 import errno
 import fcntl
 import json
@@ -146,6 +147,13 @@ def default_db_path() -> Path:
 def db_or_default(db: str | os.PathLike[str] | None) -> Path:
     """The database a command's ``--db`` names, else ``default_db_path()``."""
     return default_db_path() if db is None else Path(db)
+
+
+def add_db_option(parser: argparse.ArgumentParser, what: str = "results database", *, resolved: bool = False) -> None:
+    """The ``--db`` option of every command that opens the results database (None: the default one, see
+    :func:`db_or_default`); its help names the default as written, or as ``resolved`` now."""
+    shown = default_db_path() if resolved else DEFAULT_DB_RELPATH
+    parser.add_argument("--db", type=Path, default=None, help=f"{what} (default: ${DB_ENV} or {shown})")
 
 
 def sweep_path(sweep: str, root: Path | None = None) -> Path:

@@ -11,9 +11,8 @@ from pathlib import Path
 from rich.table import Table
 
 from analysis.store import StoreError
-from predmask.command_text import add_db_option
 from predmask.console import error, make_console
-from predmask.rundir import db_or_default
+from predmask.rundir import add_db_option, db_or_default
 from reports import artefact_registry
 from reports.artefact import ArtefactResult
 from reports.artefact_registry import is_variational

@@ -33,7 +33,8 @@ class AnalysisInputError(ValueError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from predmask.command_text import add_db_option, python_command
+    from predmask.command_text import python_command
+    from predmask.rundir import add_db_option
 
     p = argparse.ArgumentParser(
         prog=f"{python_command()} -m analysis accuracy_weighting",

@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_run_options(p: argparse.ArgumentParser, dry_run: str) -> None:
     """The options of every command that runs the study's seeds (this one, the drift grid): where the workers run,
     the database, the seed files, the workers, inline, and ``--dry-run`` (``dry_run``: what it prints)."""
-    from predmask.command_text import add_db_option
+    from predmask.rundir import add_db_option
 
     p.add_argument(
         "--cluster",
