@@ -2,11 +2,13 @@
 
 log w = :func:`trace_log_ratio` + :func:`log_correct_estimate` (:func:`trace_log_weights`), normalised over
 the K traces of a question (:func:`normalise_weights`); the estimators of P̂(correct | x, z) are the registry
-``ESTIMATORS``, one registered function each."""
+``ESTIMATORS``, one registered function each; the weights table has one column per estimator
+(:func:`weights_columns`)."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +18,8 @@ from torch import Tensor
 from predmask.evaluation import check_binary, check_int
 from predmask.registry import Registry
 
+#: what an estimator may be called (its name is part of a column name)
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
 #: summed log-probs up to this far above 0 are rounding (log_softmax in float32) and read as 0
 _LOGP_ROUNDING = 1e-4
 #: ``fn(answer_logp, answer_tokens, correct)``: log P̂(correct | x, z) per trace [N]; unused inputs are None
@@ -39,13 +43,33 @@ get_estimator = ESTIMATORS.lookup
 
 
 def register_estimator(name: str, *, label: str, inputs: tuple[str, ...]) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator: register ``fn`` as the estimator ``name`` needing the keyword inputs ``inputs``."""
+    """Decorator: register ``fn`` as the estimator ``name`` needing the keyword inputs ``inputs``; the name becomes a
+    column (:func:`weight_column`), so it must be lower-case letters, digits and ``_``, starting with a letter."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"estimator name {name!r} is not allowed: lower-case letters, digits and _, starting with a "
+                         "letter (it names the column weight_<name>)")
 
     def decorator(fn: EstimatorFn) -> EstimatorFn:
         ESTIMATORS.add(name, Estimator(name, label, inputs, fn))
         return fn
 
     return decorator
+
+
+#: the weights table's per-trace columns, before its weight columns (``weights_columns``)
+TRACE_FIELDS: tuple[str, ...] = ("question", "trace", "trace_tokens", "answer_tokens", "log_prior", "log_posterior",
+                                 "log_ratio", "answer_logp", "acc", "posterior_correct")
+
+
+def weight_column(estimator: str) -> str:
+    """The weights table's column of the normalised weights of ``estimator``: ``weight_<estimator>``."""
+    return f"weight_{estimator}"
+
+
+def weights_columns() -> tuple[str, ...]:
+    """The weights table's columns: TRACE_FIELDS, then the weight column of every registered estimator in
+    registration order."""
+    return (*TRACE_FIELDS, *(weight_column(name) for name in ESTIMATORS))
 
 
 def check_counts(k: object, m: object) -> tuple[int, int]:

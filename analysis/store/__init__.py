@@ -21,7 +21,7 @@ from analysis.store.connection import (
 )
 from analysis.store.ingest import IngestSummary, ingest_paths, ingest_run_dir
 from analysis.store.runs import EMPTY, run_sweeps, upsert_runs
-from analysis.store.schema import RUN_COLUMNS, STUDY_RESULT_KEYS, VR_TRACE_COLUMNS
+from analysis.store.schema import RUN_COLUMNS, STUDY_RESULT_KEYS, vr_trace_columns
 from analysis.store.token_level_tables import stored_seeds, upsert_grid, upsert_token_level
 from analysis.store.vr_tables import upsert_accuracy_weighting
 
@@ -30,7 +30,6 @@ __all__ = [
     "EMPTY",
     "RUN_COLUMNS",
     "STUDY_RESULT_KEYS",
-    "VR_TRACE_COLUMNS",
     "IngestSummary",
     "StoreError",
     "check_db_path",
@@ -48,4 +47,5 @@ __all__ = [
     "upsert_grid",
     "upsert_runs",
     "upsert_token_level",
+    "vr_trace_columns",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 import duckdb
 
 from analysis.store.inputs import find_run_dirs
-from analysis.store.schema import SCHEMA_DDL
+from analysis.store.schema import schema_ddl
 from predmask.command_text import STUDY, command, sweep_command, with_db
 from predmask.rundir import db_or_default, default_db_path, first_line, runs_root
 
@@ -162,8 +162,9 @@ def check_db_path(path: str | os.PathLike[str]) -> None:
 
 
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Create every table of the results store that does not exist yet (never drops or alters)."""
-    for ddl in SCHEMA_DDL:
+    """Create every table of the results store that does not exist yet and add the weight columns an older
+    `vr_traces` lacks (never drops)."""
+    for ddl in schema_ddl():
         con.execute(ddl)
 
 

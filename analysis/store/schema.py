@@ -128,7 +128,7 @@ GRID_COLUMNS: dict[str, str] = {
 # One row per trace of a variational-reasoning `weights` stage run (docs/math.md §8): the run's weights.parquet
 # (predmask.rl.vr_runner) with the run's id and seed; filled by ingest of the run directory. (run_id, question,
 # trace) is unique.
-VR_TRACE_COLUMNS: dict[str, str] = {
+_VR_TRACE_FIELDS: dict[str, str] = {
     "run_id": "VARCHAR NOT NULL",
     "seed": "INTEGER",
     "question": "INTEGER NOT NULL",  # index into the stage's N questions
@@ -141,10 +141,20 @@ VR_TRACE_COLUMNS: dict[str, str] = {
     "answer_logp": "DOUBLE",  # Σ log π_θ0(y'|x,z)
     "acc": "DOUBLE",  # mean correctness of the M answers sampled from π_θ0(·|x,z)
     "posterior_correct": "BOOLEAN",
-    "weight_acc": "DOUBLE",  # normalised over the K traces of the question
-    "weight_gml": "DOUBLE",
-    "weight_likelihood": "DOUBLE",
 }
+
+
+def vr_weight_columns() -> tuple[str, ...]:
+    """`vr_traces`' weight columns: weight_<estimator> of every registered estimator (``predmask.vr_weights``,
+    imported here: it loads torch, which only a writer and ingest need), normalised over the K traces of a question."""
+    from predmask.vr_weights import ESTIMATORS, weight_column
+
+    return tuple(weight_column(name) for name in ESTIMATORS)
+
+
+def vr_trace_columns() -> dict[str, str]:
+    """The columns of `vr_traces` and their types."""
+    return {**_VR_TRACE_FIELDS, **dict.fromkeys(vr_weight_columns(), "DOUBLE")}
 
 # One row per (source, method, question) of an accuracy-weighting analysis (``python -m analysis
 # accuracy_weighting``, docs/math.md §9): the weight the method's gradient puts on ∇ log p of the question, measured
@@ -180,26 +190,31 @@ STEP_MAX = 2**31 - 1
 #: the parent row of a token-level study or an accuracy-weighting analysis, after its key column
 _CONFIG_ROW = {"config": "JSON", "created_at": "TIMESTAMP"}
 
-SCHEMA_DDL: tuple[str, ...] = (
-    _create("runs", RUN_COLUMNS),
-    _create("run_sweeps", RUN_SWEEP_COLUMNS, ("run_id", "sweep")),
-    # one row per (run_id, step, name), kept by ingest, the table's only writer (``ingest._write_metrics``
-    # writes a run's rows from its de-duplicated files); no PRIMARY KEY: its index lives in memory whole on
-    # every write (about 100 bytes a row, never spilled), which a long run's millions of rows would not fit. A
-    # database created with one keeps it: the same statements write both. step: INTEGER, see STEP_MAX
-    _create("metrics", {"run_id": "VARCHAR NOT NULL", "step": "INTEGER NOT NULL", "name": "VARCHAR NOT NULL",
-                        "value": "DOUBLE"}),
-    _create("token_level_studies", {"study_id": "VARCHAR PRIMARY KEY", **_CONFIG_ROW}),
-    _create("token_level_seeds", SEED_COLUMNS, ("study_id", "seed")),
-    _create("token_level_tokens", TOKEN_COLUMNS),
-    *(
-        _create(table, {"study_id": "VARCHAR NOT NULL", **{k: f"{t} NOT NULL" for k, t in keys.items()}},
-                ("study_id", *keys))
-        for table, keys in STUDY_RESULT_KEYS.items()
-    ),
-    _create("token_level_grid", GRID_COLUMNS, ("grid_id", "study_id")),
-    _create("vr_traces", VR_TRACE_COLUMNS, ("run_id", "question", "trace")),
-    _create("accuracy_weighting_analyses", {"analysis_id": "VARCHAR PRIMARY KEY", **_CONFIG_ROW}),
-    _create("accuracy_weighting", ACCURACY_WEIGHTING_COLUMNS,
-            ("analysis_id", "source", "method", "question")),
-)
+
+def schema_ddl() -> tuple[str, ...]:
+    """Every CREATE TABLE IF NOT EXISTS of the store, then the ALTER TABLE ... ADD COLUMN IF NOT EXISTS that gives an
+    older `vr_traces` the weight column of an estimator registered since (no-ops once the columns exist)."""
+    return (
+        _create("runs", RUN_COLUMNS),
+        _create("run_sweeps", RUN_SWEEP_COLUMNS, ("run_id", "sweep")),
+        # one row per (run_id, step, name), kept by ingest, the table's only writer (``ingest._write_metrics``
+        # writes a run's rows from its de-duplicated files); no PRIMARY KEY: its index lives in memory whole on
+        # every write (about 100 bytes a row, never spilled), which a long run's millions of rows would not fit. A
+        # database created with one keeps it: the same statements write both. step: INTEGER, see STEP_MAX
+        _create("metrics", {"run_id": "VARCHAR NOT NULL", "step": "INTEGER NOT NULL", "name": "VARCHAR NOT NULL",
+                            "value": "DOUBLE"}),
+        _create("token_level_studies", {"study_id": "VARCHAR PRIMARY KEY", **_CONFIG_ROW}),
+        _create("token_level_seeds", SEED_COLUMNS, ("study_id", "seed")),
+        _create("token_level_tokens", TOKEN_COLUMNS),
+        *(
+            _create(table, {"study_id": "VARCHAR NOT NULL", **{k: f"{t} NOT NULL" for k, t in keys.items()}},
+                    ("study_id", *keys))
+            for table, keys in STUDY_RESULT_KEYS.items()
+        ),
+        _create("token_level_grid", GRID_COLUMNS, ("grid_id", "study_id")),
+        _create("vr_traces", vr_trace_columns(), ("run_id", "question", "trace")),
+        _create("accuracy_weighting_analyses", {"analysis_id": "VARCHAR PRIMARY KEY", **_CONFIG_ROW}),
+        _create("accuracy_weighting", ACCURACY_WEIGHTING_COLUMNS,
+                ("analysis_id", "source", "method", "question")),
+        *(f"ALTER TABLE vr_traces ADD COLUMN IF NOT EXISTS {column} DOUBLE" for column in vr_weight_columns()),
+    )

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from analysis.store.connection import registered, transaction
 from analysis.store.runs import upsert_config_row
-from analysis.store.schema import ACCURACY_WEIGHTING_COLUMNS, VR_TRACE_COLUMNS
+from analysis.store.schema import ACCURACY_WEIGHTING_COLUMNS, vr_trace_columns
 
 _AW_KEY = ("source", "method", "question")
 
@@ -78,7 +78,7 @@ def _vr_table(path: Path, run_id: str, seed: int | None) -> pa.Table:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    wanted = [c for c in VR_TRACE_COLUMNS if c not in ("run_id", "seed")]
+    wanted = [c for c in vr_trace_columns() if c not in ("run_id", "seed")]
     missing = [c for c in wanted if c not in table.column_names]
     if missing:
         raise ValueError(f"{path} lacks the column(s) {', '.join(missing)}; a weights stage writes {', '.join(wanted)}")
@@ -109,7 +109,7 @@ def ingest_vr_traces(
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (the weights stage has not written it yet)")
     table = _vr_table(path, run_id, seed)
-    columns = list(VR_TRACE_COLUMNS)
+    columns = list(vr_trace_columns())
     key = ("question", "trace")
 
     def insert() -> None:

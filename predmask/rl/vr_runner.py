@@ -15,7 +15,7 @@ upstream stages it reads (``predmask.vr_stages``; sibling run directories: ``RUN
 - ``posterior`` (no input)              ``model.pt`` = q_phi: SFT of the base model on hint prompts
 - ``traces``    (posterior)             ``traces.parquet``: K traces per question from q_phi (TRACES_COLUMNS)
 - ``weights``   (prior, traces)         ``weights.parquet``: every trace's log-probs, answers and weights
-                                        (WEIGHTS_COLUMNS; the estimators of ``predmask.vr_weights``)
+                                        (``predmask.vr_weights.weights_columns``: one weight per estimator)
 - ``final``     sft / rft: no input; vr_*: traces, weights. ``model.pt`` + its evaluation at the last step.
 
 Every stage writes ``status.json`` and ``metrics.jsonl`` (verl file-logger lines) through ``predmask.rundir``,
@@ -88,9 +88,6 @@ STAGE_OUTPUTS: dict[str, str] = {"prior": MODEL_FILE, "posterior": MODEL_FILE, "
 PRIOR_LABEL = "pi_theta0 = cached base model (predmask.rl.base; CPU stand-in, not a real reasoning model)"
 TRACES_COLUMNS: tuple[str, ...] = ("question", "trace", "prompt", "hint", "trace_text", "answer_text",
                                    "posterior_correct", "trace_tokens", "log_posterior")
-WEIGHTS_COLUMNS: tuple[str, ...] = ("question", "trace", "trace_tokens", "answer_tokens", "log_prior",
-                                    "log_posterior", "log_ratio", "answer_logp", "acc", "posterior_correct",
-                                    "weight_acc", "weight_gml", "weight_likelihood")
 #: fixed sampling seed of every evaluation (paired across runs and seeds)
 EVAL_SEED = 20_261_201
 #: sequences per teacher-forced or sampled chunk
@@ -399,7 +396,7 @@ def trace_weights(frame: pd.DataFrame, correct: Tensor) -> dict[str, Tensor]:
         log_correct = V.log_correct_estimate(
             name, answer_logp=torch.tensor(frame["answer_logp"].to_numpy()),
             answer_tokens=torch.tensor(frame["answer_tokens"].to_numpy(), dtype=torch.long), correct=correct)
-        out[f"weight_{name}"] = V.normalise_weights(V.trace_log_weights(log_ratio, log_correct), group)
+        out[V.weight_column(name)] = V.normalise_weights(V.trace_log_weights(log_ratio, log_correct), group)
     return out
 
 
@@ -422,7 +419,7 @@ def run_weights(st: Stage) -> dict[str, Any]:
     frame["acc"] = correct.double().mean(-1).numpy()
     for name, values in trace_weights(frame, correct).items():
         frame[name] = values.numpy()
-    frame = frame[list(WEIGHTS_COLUMNS)]
+    frame = frame[list(V.weights_columns())]
     data = {M.VR_ANSWER_ACC: float(frame["acc"].mean()), M.VR_LOG_RATIO_MEAN: float(frame["log_ratio"].mean()),
             M.VR_POSTERIOR_CORRECT: float(frame["posterior_correct"].mean()),
             M.VR_TRACE_TOKENS_MEAN: float(frame["trace_tokens"].mean())}
@@ -453,7 +450,7 @@ def _vr_rows(st: Stage, qs: Sequence[Question]) -> list[Row]:
     """The vr_* training rows: all K traces with their weights, or the best trace per question + the original."""
     traces = pd.read_parquet(st.inputs["traces"])
     weights = pd.read_parquet(st.inputs["weights"])
-    col = f"weight_{st.vr.method.estimator}"
+    col = V.weight_column(st.vr.method.estimator)
     joined = traces.merge(weights[["question", "trace", col]], on=["question", "trace"], how="inner",
                           validate="one_to_one")
     if len(joined) != len(traces) or len(weights) != len(traces):

@@ -46,13 +46,12 @@ from predmask.vr_weights import (
     normalise_weights,
     trace_log_ratio,
     trace_log_weights,
+    weight_column,
+    weights_columns,
 )
 
 TRACE_COLUMNS: tuple[str, ...] = ("question", "trace", "prompt", "hint", "trace_text", "answer_text",
                                   "posterior_correct", "trace_tokens", "log_posterior")
-WEIGHT_COLUMNS: tuple[str, ...] = ("question", "trace", "trace_tokens", "answer_tokens", "log_prior", "log_posterior",
-                                   "log_ratio", "answer_logp", "acc", "posterior_correct", "weight_acc", "weight_gml",
-                                   "weight_likelihood")
 RFT_COLUMNS: tuple[str, ...] = ("question", "trace", "response", "correct")
 #: mode -> its stage (names the one-line errors; its output: ``predmask.verl.vr_cluster.STAGE_OUTPUTS``)
 STAGE_OF = {"traces": "traces", "weights": "weights", "rft": "rft_samples", "eval": "eval"}
@@ -118,7 +117,7 @@ def weight_rows(raw: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "log_posterior": float(t["log_posterior"][i]), "log_ratio": float(log_ratio[i]),
             "answer_logp": float(t["answer_logp"][i]), "acc": float(acc[i]),
             "posterior_correct": bool(r["posterior_correct"]),
-            **{f"weight_{name}": float(w[i]) for name, w in weights.items()},
+            **{weight_column(name): float(w[i]) for name, w in weights.items()},
         })
     return out
 
@@ -394,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.mode == "eval":  # one metrics line at step 0 (a rerun replaces it)
                 atomic_write_text(out, metrics_line(0, eval_lines(rows)))
             else:
-                columns = {"traces": TRACE_COLUMNS, "weights": WEIGHT_COLUMNS, "rft": RFT_COLUMNS}[args.mode]
+                columns = {"traces": TRACE_COLUMNS, "weights": weights_columns(), "rft": RFT_COLUMNS}[args.mode]
                 write_parquet(weight_rows(rows) if args.mode == "weights" else rows, out, columns)
     except RunDirBusyError as exc:
         print(f"predmask.verl.vr_sample: {exc}", file=sys.stderr)

@@ -26,7 +26,7 @@ import torch
 
 from predmask.verl.settings import PREFIX
 from predmask.verl.vr_cluster import chat_messages, read_parquet, write_parquet
-from predmask.vr_weights import best_trace, weighted_sft_loss
+from predmask.vr_weights import best_trace, weight_column, weighted_sft_loss
 
 #: the predmask keys this launcher reads (written by predmask.verl.vr_cluster)
 KEYS: tuple[str, ...] = ("stage", "run_dir", "normaliser", "recipe", "estimator", "data", "weights_file",
@@ -81,7 +81,7 @@ def final_rows(questions: Sequence[Mapping[str, Any]], traces: Sequence[Mapping[
     ``all_weighted``: every trace with its normalised weight ``weight_<estimator>`` (weight-0 traces dropped: no
     gradient); ``best_mixed``: the highest-weight trace of each question (weight 1; none for a question whose
     weights are all zero) plus every original sample (weight 1)."""
-    column = f"weight_{estimator}"
+    column = weight_column(estimator)
     by_q = {int(q["question"]): q for q in questions}
     text = {(int(t["question"]), int(t["trace"])): str(t["trace_text"]) for t in traces}
     rows: list[dict[str, Any]] = []
@@ -133,7 +133,8 @@ def build_final_data(keys: Mapping[str, Any]) -> Path:
         questions = read_parquet(str(keys["questions_file"]), "final", how)
         rows = final_rows(questions, traces, weights, estimator=str(keys["estimator"]), data=str(keys["data"]))
         if not rows:
-            raise ValueError(f"stage final: no trace has a positive weight_{keys['estimator']}: nothing to train on")
+            raise ValueError(f"stage final: no trace has a positive {weight_column(str(keys['estimator']))}: nothing "
+                             "to train on")
     out = Path(str(keys["train_file"]))
     write_parquet(rows, out)
     return out

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from analysis.store import VR_TRACE_COLUMNS, connect, ingest_run_dir, upsert_accuracy_weighting
-from predmask.rl.vr_runner import WEIGHTS_COLUMNS
+from analysis.store import connect, ingest_run_dir, upsert_accuracy_weighting, vr_trace_columns
+from predmask.vr_weights import weights_columns
 
 
 def _rows() -> list[dict]:
@@ -73,8 +73,8 @@ WEIGHT_COLUMNS = {
 
 
 def test_vr_traces_columns_are_the_weights_stage_columns() -> None:
-    assert [c for c in VR_TRACE_COLUMNS if c not in ("run_id", "seed")] == list(WEIGHTS_COLUMNS)
-    assert set(WEIGHT_COLUMNS) == set(WEIGHTS_COLUMNS)
+    assert [c for c in vr_trace_columns() if c not in ("run_id", "seed")] == list(weights_columns())
+    assert set(WEIGHT_COLUMNS) == set(weights_columns())
 
 
 def _weights_table(drop: str | None = None) -> pa.Table:

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from analysis.store import connect, ingest_paths, run_sweeps, table_exists
-from analysis.store.schema import SCHEMA_DDL
+from analysis.store.schema import schema_ddl
 
 A, B = "variational_reasoning", "vr_hint_use"
 
@@ -88,7 +88,7 @@ def _old_database(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     con = duckdb.connect(str(path))
     try:
-        for ddl in SCHEMA_DDL:
+        for ddl in schema_ddl():
             if "run_sweeps" not in ddl:
                 con.execute(ddl)
         con.execute("INSERT INTO runs (run_id, sweep, method) VALUES ('shared', ?, 'vr_acc')", [A])

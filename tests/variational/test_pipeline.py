@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from vr_stage_helpers import cli, stage_config, write_stage
+from vr_stage_helpers import cli, register_uniform, stage_config, write_stage
 
 from predmask import metrics as M
 from predmask.rl.base import load_base_model
@@ -25,13 +25,13 @@ from predmask.rl.vr_runner import (
     PRIOR_LABEL,
     TRACES_COLUMNS,
     TRACES_FILE,
-    WEIGHTS_COLUMNS,
     WEIGHTS_FILE,
     run_stage,
 )
 from predmask.rundir import read_metrics
 from predmask.schemas.task_schema import TaskConfig
 from predmask.schemas.train_schema import BaseConfig
+from predmask.vr_weights import weights_columns
 
 #: final runs of the pipeline: run dir name -> (recipe, extra overrides)
 FINALS = {"sft": ("sft", ()), "rft": ("rft", ()), "vr_acc": ("vr_acc", ()),
@@ -171,7 +171,7 @@ def _softmax_by_question(frame: pd.DataFrame, log_w: list[float]) -> list[float]
 def test_weights_file_columns_logprobs_and_normalisation(sweep: Path) -> None:
     frame = pd.read_parquet(sweep / "weights" / WEIGHTS_FILE)
     traces = pd.read_parquet(sweep / "traces" / TRACES_FILE)
-    assert tuple(frame.columns) == WEIGHTS_COLUMNS
+    assert tuple(frame.columns) == weights_columns()
     assert list(frame["log_posterior"]) == list(traces["log_posterior"])
     assert (frame["answer_tokens"] == 4).all()  # \boxed{ n } <eos>
     assert set(frame["acc"] * 3) <= {0.0, 1.0, 2.0, 3.0}  # M = 3 answers per trace
@@ -197,6 +197,20 @@ def test_weights_file_columns_logprobs_and_normalisation(sweep: Path) -> None:
         assert row.log_prior == pytest.approx(_reference_logprob(prior, tok, trace.prompt, response, 0, z), abs=1e-4)
         assert row.answer_logp == pytest.approx(
             _reference_logprob(prior, tok, trace.prompt, response, z, z + 4), abs=1e-4)
+
+
+def test_a_registered_estimator_gets_its_weight_column_in_the_weights_file(sweep: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    register_uniform(monkeypatch)
+    for stage in ("prior", "traces"):
+        (tmp_path / stage).symlink_to(sweep / stage)
+    run_stage(write_stage(tmp_path, "weights", _config(sweep / "weights")))
+    frame = pd.read_parquet(tmp_path / "weights" / WEIGHTS_FILE)
+    assert tuple(frame.columns) == weights_columns() and tuple(frame.columns)[-1] == "weight_uniform"
+    expected = _softmax_by_question(frame, list(frame["log_ratio"]))
+    assert list(frame["weight_uniform"]) == pytest.approx(expected, abs=1e-9)
+    before = pd.read_parquet(sweep / "weights" / WEIGHTS_FILE)
+    pd.testing.assert_frame_equal(frame[list(before.columns)], before)
 
 
 def test_final_recipes_train_on_the_same_steps_and_best_mixed_adds_the_original(sweep: Path) -> None:

@@ -1,5 +1,6 @@
 """Helpers of the variational stage tests: a test-sized config (a model much smaller than cpu_s, a 40-step base
-model), stage run directories written as the sweep writes them (config.yaml in a sibling directory per stage)."""
+model), stage run directories written as the sweep writes them (config.yaml in a sibling directory per stage), and
+an extra estimator registered for one test."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 import yaml
 
+import predmask.vr_weights as vr
 from predmask.config import compose, to_container
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,3 +54,15 @@ def cli(run_dir: Path, **kw) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-m", "predmask.rl.vr_runner", str(run_dir)], cwd=run_dir.parent,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _log_uniform(answer_logp: torch.Tensor | None, answer_tokens: torch.Tensor | None,
+                 correct: torch.Tensor | None) -> torch.Tensor:
+    """log P̂(correct) = 0 for every trace: the weights are the softmax of the log ratios alone."""
+    assert correct is not None
+    return torch.zeros(correct.shape[0], dtype=torch.float64)
+
+
+def register_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The estimator ``uniform`` in ``predmask.vr_weights.ESTIMATORS`` for this test only."""
+    monkeypatch.setitem(vr.ESTIMATORS, "uniform", vr.Estimator("uniform", "uniform", ("correct",), _log_uniform))
