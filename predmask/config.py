@@ -12,12 +12,11 @@ import hashlib
 import json
 import re
 from collections.abc import Collection, Mapping, Sequence
-from importlib import resources
-from pathlib import Path
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 
+from predmask.conf_tree import conf_dir, group_options
 from predmask.schemas.unknown_keys import check_known_keys
 
 #: config keys that say where/how a run is launched or watched, not what it computes: excluded from the run id
@@ -28,11 +27,6 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A config that does not compose or an unknown option; the message is one line."""
-
-
-def conf_dir() -> Path:
-    """The installed config tree (works from any working directory)."""
-    return Path(str(resources.files("conf")))
 
 
 def _engine_schemas() -> dict[tuple[str | None, str], Any]:
@@ -244,11 +238,6 @@ def stable_id(config: Mapping[str, Any], exclude: Collection[str] = LAUNCHER_KEY
     core = _without_display_keys(_without_keys(config, exclude))
     blob = json.dumps(core, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-def group_options(group: str) -> list[str]:
-    """Names of the options of config group ``group`` (conf/<group>/*.yaml), sorted."""
-    return sorted(p.stem for p in (conf_dir() / group).glob("*.yaml"))
 
 
 def group_entry(group: str, name: str) -> dict[str, Any]:

@@ -49,6 +49,7 @@ _SLOW_TESTS: dict[str, tuple[str, ...]] = {
         "test_a_full_disk_under_the_database_is_one_line_and_keeps_what_was_stored",
         "test_a_sqlite_file_as_the_database_of_reports_paper_is_one_line_and_exit_1",
     ),
+    "tests/analysis_store/test_analysis_store_vr_weight_columns.py": (),
     "tests/bench/test_bench_entry.py": (),
     "tests/config/test_config.py": (
         "test_every_family_sweep_expands_to_runs_of_composed_configs",
@@ -103,6 +104,13 @@ _SLOW_TESTS: dict[str, tuple[str, ...]] = {
         "test_cluster_dry_run_lists_the_rft_samples_and_eval_stages_with_their_commands",
         "test_dry_run_json_lists_every_stage_with_its_command",
         "test_on_the_cluster_rft_reads_pi_theta0_samples_and_every_model_has_an_eval_run",
+    ),
+    "tests/test_extension_points.py": (
+        "test_the_copy_without_edits_is_the_project_itself",
+        "test_a_method_is_one_registration_and_its_config_file",
+        "test_a_sweep_is_one_config_file",
+        "test_a_figure_or_a_table_is_one_declared_function",
+        "test_a_variational_estimator_is_one_registration_and_its_recipe_file",
     ),
     "tests/test_fast_subset.py": ("test_the_fast_subset_keeps_tests_of_every_folder",),
     "tests/token_level/test_token_level_cli.py": (),

@@ -9,14 +9,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from predmask.conf_tree import group_options
 from predmask.schemas.unknown_keys import check_known_keys
 from predmask.vr_stages import CLUSTER_STAGES, STAGES
 
 FAMILY = "variational"
 #: ``method.name`` of the stage runs that are not final or eval (set by the sweep; rft_samples: cluster only)
 STAGE_METHODS: tuple[str, ...] = ("prior", "posterior", "traces", "weights", "rft_samples")
-#: ``method.name`` of the final recipes: conf/vr_method/<name>.yaml
-FINAL_RECIPES: tuple[str, ...] = ("sft", "rft", "vr_acc", "vr_gml", "vr_likelihood")
+#: ``method.name`` of the final recipes: one conf/vr_method/<name>.yaml each
+FINAL_RECIPES: tuple[str, ...] = tuple(group_options("vr_method"))
 #: how a vr_* recipe uses the traces: all K with their normalised weights, or the best one per question + the original
 DATA_MODES: tuple[str, ...] = ("all_weighted", "best_mixed")
 
