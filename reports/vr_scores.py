@@ -3,7 +3,7 @@ last value of every val-core metric, with the metric names, the evaluation split
 note, the hint-use gate and the minimum detectable difference its figures and its table share.
 
 A regime (``regimes``): the traces runs' settings that differ between the selected runs, e.g.
-``traces.k = 4``; a final carries its traces run's. The gate (issue 26, the README): ``HintUse.failure``.
+``traces.k = 4``; a final carries its traces run's. The gate (the README): ``HintUse.failure``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ DECOY_FOLLOW_MIN = 0.20
 HINT_GAIN_MIN = 2.0
 #: the traces runs' config sections whose differing settings name a regime
 REGIME_SECTIONS: tuple[str, ...] = ("hint", "traces")
-#: the difference the minimum-detectable-difference note sizes the evaluation for (3 points, issue 26)
+#: the difference the minimum-detectable-difference note sizes the evaluation for (3 points)
 TARGET_DIFFERENCE = 0.03
 NOT_MEASURED = "q_φ's hint use not measured (no traces run logged it): whether VR here used a posterior is unknown"
 

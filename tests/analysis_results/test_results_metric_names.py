@@ -1,5 +1,5 @@
 """Metric names given to ``Results.metrics``: a name twice is read once (also as wide columns), and anything but a
-string or a list of strings is refused in one line saying what is allowed (issue 27). The shared report database of
+string or a list of strings is refused in one line saying what is allowed. The shared report database of
 this folder's conftest, read through the library and through SQL."""
 
 from __future__ import annotations

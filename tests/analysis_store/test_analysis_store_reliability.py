@@ -1,4 +1,4 @@
-"""The results store under hostile or unlucky input (issue 27): a file of another kind as the database, a full or
+"""The results store under hostile or unlucky input: a file of another kind as the database, a full or
 read-only disk, a run without config.yaml, a step beyond the store's range, a run resumed with fewer steps, a file
 streamed in batches. Real files, a real DuckDB, real processes, and real size-limited file systems (a tmpfs mounted
 as root; skipped with the reason otherwise, required under CI=true). Nothing here may touch the network: the

@@ -48,7 +48,7 @@ FINAL_RUNS: tuple[tuple[str, str, str | None, str | None, tuple[int, ...], float
 GRPO_BASE, PRIOR_ACC = 0.38, 0.20
 EVAL_SIZE = 24  # task.eval_size of every run: problems per stand-in split (not the default 30: a literal fails)
 #: the traces runs' hint-use metrics per seed (decoy-following, q_φ's and π_θ0's hinted-answer rates): a posterior
-#: that ignores its hint, as measured on the CPU stand-in (issue 26)
+#: that ignores its hint, as measured on the CPU stand-in
 HINT_USE: dict[int, dict[str, float]] = {
     0: {metrics.VR_DECOY_HIT: 0.01, metrics.VR_POSTERIOR_CORRECT: 0.375, metrics.VR_PRIOR_CORRECT: 0.39},
     1: {metrics.VR_DECOY_HIT: 0.03, metrics.VR_POSTERIOR_CORRECT: 0.385, metrics.VR_PRIOR_CORRECT: 0.39},

@@ -10,23 +10,18 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from predmask.config import group_options
 from predmask.rundir import write_status
-from predmask.schemas.variational_schema import HintConfig
 from sweeps.families import expand
 from sweeps.run_dirs import run_dir
 from sweeps.submit import run_waves
 
 ESTIMATORS = ("vr_acc", "vr_gml", "vr_likelihood")
 TRACE_COUNTS = (1, 2, 4, 8, 16, 32)
-HINT_USE = "use" in {f.name for f in fields(HintConfig)} and "vr_hint_use" in group_options("sweep")
-needs_hint_use = pytest.mark.skipif(not HINT_USE, reason="hint.use (issue 26) is not in conf/variational.yaml yet")
 
 
 def _kinds(specs: list) -> Counter:
@@ -64,7 +59,6 @@ def test_trace_count_sweep_is_k_1_to_32_crossed_with_the_three_estimators() -> N
     assert k8 == main
 
 
-@needs_hint_use
 def test_hint_use_sweep_is_both_arms_crossed_with_the_estimators_in_both_data_settings() -> None:
     specs = expand("vr_hint_use")
     seeds = sorted({s.seed for s in specs if s.stage != "prior"})
@@ -101,7 +95,7 @@ def test_trace_count_dry_run_plans_every_run(tmp_path: Path) -> None:
     assert {r["run_id"] for r in payload["runs"]} == {s.run_id for s in expand("vr_trace_count")}
 
 
-@pytest.mark.parametrize("sweep", ["vr_trace_count", pytest.param("vr_hint_use", marks=needs_hint_use)])
+@pytest.mark.parametrize("sweep", ["vr_trace_count", "vr_hint_use"])
 def test_a_rerun_after_every_run_completed_starts_nothing(tmp_path: Path, sweep: str) -> None:
     """Real run directories marked completed by the project's own status writer; the wave runner then starts no
     job (a started one would need a base model and fail here)."""
