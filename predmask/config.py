@@ -276,6 +276,12 @@ def label(group: str, name: str) -> str:
     return own["label"]
 
 
+def known_label(group: str, name: str) -> str:
+    """:func:`label` of an option conf/ has; else ``name`` itself, so the runs of an option conf/ no longer has still
+    list and draw."""
+    return label(group, name) if name in group_options(group) else name
+
+
 def cpu_standin(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The CPU model to train for a model entry: itself when ``backend: cpu``, else its ``cpu_standin`` entry,
     which carries ``resolved_from`` = the name of the model it replaces."""

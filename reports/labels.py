@@ -21,7 +21,7 @@ def _options(group: str) -> frozenset[str]:
 def _label(group: str, name: str | None, unknown: str) -> str:
     if not name:
         return unknown
-    return config.label(group, name) if name in _options(group) else name
+    return config.known_label(group, name)
 
 
 def method_label(method: str | None) -> str:

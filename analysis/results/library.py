@@ -90,7 +90,7 @@ def _run_setting(run_config: Mapping[str, Any], paper_model: str | None, precisi
 @cache
 def _model_label(model: str) -> str:
     """conf/model's label (for a CPU model it says what it stands in for), or the raw name conf/ lacks."""
-    return config.label("model", model) if model in config.group_options("model") else model
+    return config.known_label("model", model)
 
 
 def _anchor(run_config: Mapping[str, Any]) -> str | None:
