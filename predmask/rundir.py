@@ -23,6 +23,7 @@ import argparse
 import errno
 import fcntl
 import json
+import logging
 import math
 import os
 import re
@@ -502,6 +503,20 @@ def truncate_metrics(path: Path, max_step: int) -> Truncation:
     if result.dropped or result.quarantined:
         atomic_write_text(path, "".join(json.dumps({"step": r.step, "data": r.data}) + "\n" for r in kept))
     return result
+
+
+def cut_metrics(run_dir: Path, step: int | None, log: logging.Logger) -> Truncation:
+    """Cut ``run_dir``'s metrics.jsonl back to ``step`` before a run writes it again (None: a fresh start keeps no
+    line; :func:`truncate_metrics`), and say in ``log`` what went: the lines past it, unparseable lines quarantined."""
+    cut = truncate_metrics(run_dir / METRICS_FILE, -1 if step is None else step)
+    if cut.dropped and step is None:
+        log.info("no checkpoint: starting from step 0, dropped %d metrics lines of an earlier attempt", cut.dropped)
+    elif cut.dropped:
+        log.info("dropped %d metrics lines past step %d", cut.dropped, step)
+    if cut.quarantined:
+        log.warning("%d unparseable line(s) of %s moved to %s%s", cut.quarantined, METRICS_FILE, CORRUPT_METRICS_FILE,
+                    "" if step is None else f"; every valid line up to step {step} is kept")
+    return cut
 
 
 # ----------------------------------------------------------------------------------------------- attempts

@@ -39,19 +39,18 @@ from predmask.rl.task import STANDIN_LABEL, iter_train_prompts
 from predmask.rl.trackers import Trackers, require_installed
 from predmask.rundir import (
     CONFIG_FILE,
-    CORRUPT_METRICS_FILE,
     LOG_FILE,
     METRICS_FILE,
     PHASE_FILE,
     STATUS_FILE,
     MetricsWriter,
     RunDirBusyError,
+    cut_metrics,
     hold_run_lock,
     last_step,
     read_config,
     read_metrics,
     storage_problem,
-    truncate_metrics,
     write_config,
     write_status,
 )
@@ -261,16 +260,8 @@ def _resume(engine: Engine, run_dir: Path, ckpt: Checkpoint | None) -> tuple[int
         load_training_state(ckpt.blob, engine.model, engine.optimizer)
         engine.sync_rollout()
         start_step, data_pos = ckpt.step, int(ckpt.blob["data_position"])
-        cut = truncate_metrics(run_dir / METRICS_FILE, start_step)
-        log.info("resumed from %s (step %d); dropped %d metrics lines past it", ckpt.path.name, start_step,
-                 cut.dropped)
-    else:
-        cut = truncate_metrics(run_dir / METRICS_FILE, -1)
-        if cut.dropped:
-            log.info("no checkpoint: restarting from step 0, dropped %d metrics lines", cut.dropped)
-    if cut.quarantined:
-        log.warning("%d unparseable line(s) of %s moved to %s; every valid line before the checkpoint is kept",
-                    cut.quarantined, METRICS_FILE, CORRUPT_METRICS_FILE)
+        log.info("resumed from %s (step %d)", ckpt.path.name, start_step)
+    cut_metrics(run_dir, None if ckpt is None else start_step, log)
     return start_step, data_pos
 
 

@@ -65,12 +65,12 @@ from predmask.rundir import (
     METRICS_FILE,
     MetricsWriter,
     RunDirBusyError,
+    cut_metrics,
     hold_run_lock,
     last_step,
     read_config,
     read_metrics,
     read_status,
-    truncate_metrics,
     write_status,
 )
 from predmask.schemas.task_schema import TaskConfig
@@ -235,7 +235,7 @@ def _train(st: Stage, model: nn.Module, rows: Sequence[Row], epochs: int, final_
 
 def _log_metrics(st: Stage, data: Mapping[str, Any], step: int = 0) -> None:
     """One metrics line for a stage without training steps (a rerun replaces it)."""
-    truncate_metrics(st.run_dir / METRICS_FILE, -1)
+    cut_metrics(st.run_dir, None, log)
     with closing(MetricsWriter(st.run_dir / METRICS_FILE)) as writer:
         writer.log(data, step)
 

@@ -26,7 +26,7 @@ from predmask.rl.algo import response_logits
 from predmask.rl.base import load_training_state, sft_batch, training_state
 from predmask.rl.tokenizer import ArithmeticTokenizer
 from predmask.rl.train import due
-from predmask.rundir import METRICS_FILE, MetricsWriter, truncate_metrics, write_status
+from predmask.rundir import METRICS_FILE, MetricsWriter, cut_metrics, write_status
 from predmask.schemas.variational_schema import SFTConfig
 
 
@@ -71,9 +71,7 @@ def _resume(run_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, plan: l
         load_training_state(blob, model, opt)
         start = ckpt.step
         log.info("resuming from %s (step %d of %d)", ckpt.path, start, len(plan))
-    cut = truncate_metrics(run_dir / METRICS_FILE, start if ckpt is not None else -1)
-    if cut.dropped:
-        log.info("dropped %d metrics lines past step %d", cut.dropped, start)
+    cut_metrics(run_dir, start if ckpt is not None else None, log)
     return start, ckpt is not None
 
 

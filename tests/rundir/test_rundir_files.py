@@ -4,6 +4,7 @@ resume and by ingest; config.yaml as plain safe YAML; status.json; the attempt f
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -21,6 +22,7 @@ from predmask.rundir import (
     Truncation,
     as_step,
     attempt_files,
+    cut_metrics,
     last_step,
     metrics_line,
     parse_metrics,
@@ -141,6 +143,28 @@ def test_truncate_metrics_drops_lines_past_a_step_and_quarantines_a_torn_line(tm
     assert [r["step"] for r in read_metrics(path)] == [0, 1, 2, 3]
     assert (tmp_path / CORRUPT_METRICS_FILE).read_text() == '{"step": 6, "da\n'
     assert truncate_metrics(path, 3) == Truncation(0, 0)
+
+
+
+@pytest.mark.parametrize(("step", "kept", "lines"), [
+    (3, [0, 1, 2, 3], ["dropped 2 metrics lines past step 3",
+                       ("1 unparseable line(s) of metrics.jsonl moved to metrics.corrupt.jsonl; every valid line up "
+                        "to step 3 is kept")]),
+    (None, [], ["no checkpoint: starting from step 0, dropped 6 metrics lines of an earlier attempt",
+                "1 unparseable line(s) of metrics.jsonl moved to metrics.corrupt.jsonl"]),
+])
+def test_a_resume_cuts_metrics_and_says_what_went(tmp_path: Path, caplog: pytest.LogCaptureFixture, step: int | None,
+                                                  kept: list[int], lines: list[str]) -> None:
+    """The one resume step of the trainer, the weighted SFT and a stage without steps: each line it drops and each
+    line it quarantines is said, nothing is cut silently."""
+    (tmp_path / METRICS_FILE).write_text(
+        "".join(json.dumps({"step": s, "data": {"x": s}}) + "\n" for s in range(6)) + '{"step": 6, "da')
+    with caplog.at_level("INFO", logger="predmask.test"):
+        cut = cut_metrics(tmp_path, step, logging.getLogger("predmask.test"))
+    assert cut == Truncation(dropped=6 - len(kept), quarantined=1)
+    assert [r["step"] for r in read_metrics(tmp_path / METRICS_FILE)] == kept
+    assert caplog.messages == lines
+    assert [r.levelname for r in caplog.records] == ["INFO", "WARNING"]
 
 
 # ----------------------------------------------------------------------------------------------- attempts
