@@ -31,6 +31,7 @@ from omegaconf import DictConfig
 from predmask import metrics as M
 from predmask.checkpoints import Checkpoint, checkpoint_files, latest_valid_checkpoint, save_checkpoint
 from predmask.config import store_schemas
+from predmask.console import error
 from predmask.progress import progress as show_progress
 from predmask.progress import report_phases
 from predmask.rl.base import load_training_state, training_state
@@ -177,7 +178,7 @@ def _run_locked(c: dict[str, Any], run_dir: Path) -> dict[str, Any]:
         try:
             return _start(c, run_dir, ckpt, total)
         except BaseException as exc:
-            _record_failure(run_dir, total, exc)
+            record_failure(run_dir, total, exc)
             raise
 
 
@@ -229,9 +230,10 @@ def _sigint_ignored(ignore: bool) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _record_failure(run_dir: Path, total: int, exc: BaseException) -> None:
-    """status.json says "failed" and why, and train.log gets the line (a traceback only for an unexpected error).
-    When status.json cannot be written the reason is added to ``exc``'s notes, which ``main`` prints."""
+def record_failure(run_dir: Path, total: int, exc: BaseException, logger: logging.Logger = log) -> None:
+    """status.json says "failed" and why, and train.log gets the line (a traceback only for an unexpected error):
+    the trainer's and every variational stage's end by ``exc``. When status.json cannot be written the reason is
+    added to ``exc``'s notes, which :func:`failure_exit` prints."""
     text = _failure_text(run_dir, exc)
     step = last_step(run_dir)
     with _sigint_ignored(isinstance(exc, KeyboardInterrupt)):  # a second Ctrl-C does not cut the record short
@@ -242,9 +244,9 @@ def _record_failure(run_dir: Path, total: int, exc: BaseException) -> None:
     expected = isinstance(exc, (ValueError, KeyboardInterrupt)) or (
         isinstance(exc, OSError) and storage_problem(exc, run_dir) is not None)
     if expected:
-        log.error("failed at step %d: %s", step, text, extra={"console": False})
+        logger.error("failed at step %d: %s", step, text, extra={"console": False})
     else:
-        log.exception("failed at step %d", step)
+        logger.exception("failed at step %d", step)
 
 
 def due(step: int, every: int, last: int) -> bool:
@@ -339,25 +341,36 @@ def main() -> None:
     def _app(cfg: DictConfig) -> None:
         try:
             run(cfg)
-        except (ValueError, RunDirBusyError) as exc:  # bad input, or a live trainer on run_dir: one line, exit 2
-            _exit_with(exc, str(exc), 2)
-        except KeyboardInterrupt as exc:  # Ctrl-C: the one line saying how to resume, no traceback
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process is ending: a second Ctrl-C changes nothing
-            _exit_with(exc, _failure_text(Path(str(cfg.get("run_dir"))), exc), 130)
-        except OSError as exc:
-            line = storage_problem(exc, Path(str(cfg.get("run_dir"))))
-            if line is None:
+        except BaseException as exc:
+            code = failure_exit(exc, Path(str(cfg.get("run_dir"))))
+            if code is None:
                 raise
-            _exit_with(exc, line, 1)  # a full disk, a read-only file system: one line naming the file and the remedy
+            sys.exit(code)
 
     _app()
 
 
-def _exit_with(exc: BaseException, line: str, code: int) -> None:
-    """Print ``error: line`` (``interrupted: ...`` as it is) with ``exc``'s notes on one line to stderr; exit."""
-    notes = "".join(f"; {n}" for n in getattr(exc, "__notes__", ()))
-    print(line + notes if line.startswith("interrupted:") else f"error: {line}{notes}", file=sys.stderr, flush=True)
-    sys.exit(code)
+def failure_exit(exc: BaseException, run_dir: Path) -> int | None:
+    """How a run's command (the trainer, a variational stage) ends on ``exc``, after printing its one line on stderr
+    with ``exc``'s notes: bad input or a live writer on run_dir ``error: ...``, 2; Ctrl-C the line saying how to
+    resume, 130; a full disk or a read-only file system ``error: ...`` naming the file and the remedy, 1. None for
+    any other error: its traceback is the report."""
+    if isinstance(exc, (ValueError, RunDirBusyError)):
+        line, code = str(exc), 2
+    elif isinstance(exc, KeyboardInterrupt):
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process is ending: a second Ctrl-C changes nothing
+        line, code = _failure_text(run_dir, exc), 130
+    elif isinstance(exc, OSError) and (problem := storage_problem(exc, run_dir)) is not None:
+        line, code = problem, 1
+    else:
+        return None
+    line += "".join(f"; {n}" for n in getattr(exc, "__notes__", ()))
+    if code == 130:
+        print(line, file=sys.stderr, flush=True)
+    else:
+        error(line)
+    return code
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ from torch import Tensor, nn
 from predmask import metrics as M
 from predmask import vr_weights as V
 from predmask.checkpoints import load_data
-from predmask.console import error
 from predmask.io import atomic_write
 from predmask.rl.base import load_base_model, sft_batch, single_thread, task_response_budget
 from predmask.rl.engine import resolve_cpu_model, validation_metrics
@@ -51,7 +50,7 @@ from predmask.rl.model import build_policy
 from predmask.rl.rollout import encode_prompts, generate, rollout_problems
 from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, Problem, extract_answer, make_split, reward
 from predmask.rl.tokenizer import ArithmeticTokenizer
-from predmask.rl.train import run_logging
+from predmask.rl.train import failure_exit, record_failure, run_logging
 from predmask.rl.vr_questions import (
     Question,
     answer_text,
@@ -64,10 +63,8 @@ from predmask.rundir import (
     CONFIG_FILE,
     METRICS_FILE,
     MetricsWriter,
-    RunDirBusyError,
     cut_metrics,
     hold_run_lock,
-    last_step,
     read_config,
     read_metrics,
     read_status,
@@ -525,14 +522,13 @@ def run_stage(run_dir: str | Path) -> dict[str, Any]:
                 log.info("completed: %s", st.output)
                 return summary
             except BaseException as exc:
-                write_status(st.run_dir, "failed", last_step(st.run_dir), total,
-                             error=f"{type(exc).__name__}: {exc}")
-                log.exception("failed", extra={"console": not isinstance(exc, ValueError)})
+                record_failure(st.run_dir, total, exc, log)
                 raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m predmask.rl.vr_runner RUN_DIR``: exit 0 done, 2 bad input or a busy run directory."""
+    """``python -m predmask.rl.vr_runner RUN_DIR``: exit 0 done, 2 bad input or a busy run directory, 130 Ctrl-C, 1 a
+    full disk or a read-only file system (:func:`predmask.rl.train.failure_exit`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args in (["-h"], ["--help"]):
         print(__doc__)
@@ -543,9 +539,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         run_stage(args[0])
-    except (ValueError, RunDirBusyError) as exc:
-        error(str(exc))
-        return 2
+    except BaseException as exc:
+        code = failure_exit(exc, Path(args[0]))
+        if code is None:
+            raise
+        return code
     return 0
 
 

@@ -3,6 +3,10 @@ run directory (real subprocesses for the command line, ``main`` in-process for t
 
 from __future__ import annotations
 
+import json
+import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -76,3 +80,40 @@ def test_a_run_dir_without_config_and_a_wrong_family_are_refused(tmp_path: Path,
     assert "family = 'grpo' is not allowed here" in capsys.readouterr().err
     assert sorted(p.name for p in d.iterdir()) == ["config.yaml"]
     assert main([]) == 2 and "usage:" in capsys.readouterr().err
+
+
+def _wait_for_metrics(proc, run_dir: Path, timeout: float = 240) -> None:
+    """Until the stage has written a training step (or the process ended)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if (run_dir / "metrics.jsonl").is_file() and (run_dir / "metrics.jsonl").read_text().count("\n") >= 1:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the stage wrote no step (exit {proc.poll()}): {proc.communicate()}")
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_stage_with_one_line_and_exit_130(tmp_path: Path) -> None:
+    """SIGINT in the posterior's SFT (real subprocess): no traceback, the trainer's one resume line on stderr and in
+    status.json, exit 130."""
+    d = write_stage(tmp_path, "posterior", stage_config(tmp_path / "cache", "posterior", "posterior", {},
+                                                        "posterior.epochs=200"))
+    proc = cli(d, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        _wait_for_metrics(proc, d)
+        time.sleep(0.5)  # past the first checkpoint (sft.save_every=2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.startswith(("interrupted:", "error:"))]  # not the progress lines
+    assert len(lines) == 1 and re.fullmatch(rf"interrupted: run_dir {re.escape(str(d))} stopped at step \d+ \(newest "
+                                            r"checkpoint: step_\d{6}\.pt\); rerun the same command to resume it",
+                                            lines[0]), err
+    status = json.loads((d / "status.json").read_text())
+    assert status["status"] == "failed" and status["error"] == lines[0]
+    assert "Traceback" not in (d / "train.log").read_text()
