@@ -23,6 +23,7 @@ from predmask.config import typed_view
 from predmask.methods import METHODS, TOPK_SUPPORTS, Method, MethodParams, get_method
 from predmask.metrics import LOSS_STATS_DIR
 from predmask.precisions import CLUSTER_PRECISIONS, Precision, get_precision
+from predmask.rundir import METRICS_FILE
 from predmask.schemas.cluster_schema import ClusterModelConfig, VerlClusterConfig
 from predmask.schemas.train_schema import check_loggers
 from predmask.verl.settings import PREFIX
@@ -342,5 +343,5 @@ def verl_command(run_cfg: Any, run_dir: Any, *, python: str | None = None,
     """
     cfg = dict(plain_value(run_cfg) if not isinstance(run_cfg, Mapping) else run_cfg)
     cfg["run_dir"] = str(run_dir)
-    logger_path = file_logger_path or f"{str(run_dir).rstrip('/')}/metrics.jsonl"
+    logger_path = file_logger_path or f"{str(run_dir).rstrip('/')}/{METRICS_FILE}"
     return [python or sys.executable, "-m", "predmask.verl.launch", *verl_overrides(cfg, file_logger_path=logger_path)]
