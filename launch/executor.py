@@ -21,6 +21,11 @@ from launch.local_controller import start_controller
 from launch.shell import check_env_name
 
 BACKENDS = ("local", "slurm")
+#: sbatch's ``--mem`` for all the memory of every node of the job
+WHOLE_NODE_MEM = "0"
+#: the sbatch options that size a job's memory: one of them in ``slurm_additional_parameters`` sizes it in place of
+#: ``mem_gb`` (both set: refused)
+MEMORY_OPTIONS = ("mem", "mem_per_cpu", "mem_per_gpu")
 
 
 def plain_config(cfg: Mapping[str, Any] | Any) -> dict[str, Any]:
@@ -45,6 +50,7 @@ class JobShape:
     timeout_min: int
     max_num_timeout: int
     partition: str | None
+    exclusive: bool  # whole nodes: ``slurm_additional_parameters.exclusive: true``
 
 
 def job_shape(cluster_cfg: Mapping[str, Any]) -> JobShape:
@@ -63,6 +69,7 @@ def job_shape(cluster_cfg: Mapping[str, Any]) -> JobShape:
         timeout_min=_int_at_least(cfg, "timeout_min", 24 * 60),
         max_num_timeout=_int_at_least(cfg, "max_num_timeout", 3, low=0),
         partition=str(cfg["partition"]) if cfg.get("partition") else None,
+        exclusive=_extra(cfg).get("exclusive") is True,
     )
     if backend == "local" and shape.nodes != 1:
         raise ValueError(f"the local backend runs on one node, got nodes={shape.nodes}")
@@ -105,10 +112,35 @@ def setup_lines(cluster_cfg: Mapping[str, Any], env: Mapping[str, str] | None = 
     return lines
 
 
+def slurm_mem(cluster_cfg: Mapping[str, Any]) -> str | None:
+    """sbatch's ``--mem`` of a Slurm job: ``mem_gb`` when set; when it is null, ``0`` (all the memory of every
+    node) on a job that takes whole nodes (``exclusive: true``), since ``--exclusive`` alone may leave the site's
+    default memory per CPU, and nothing (the site's default) on a job that shares its nodes; nothing either when
+    ``slurm_additional_parameters`` sizes the memory itself (``mem``, ``mem_per_cpu``, ``mem_per_gpu``)."""
+    cfg = plain_config(cluster_cfg)
+    shape = job_shape(cfg)
+    given = [key for key in _extra(cfg) if key.replace("-", "_") in MEMORY_OPTIONS]
+    if shape.mem_gb is not None and given:
+        raise ValueError(f"cluster mem_gb={shape.mem_gb} and slurm_additional_parameters.{given[0]}: set one of "
+                         "them, not both")
+    if shape.mem_gb is not None:
+        return _convert_mem(shape.mem_gb)
+    return WHOLE_NODE_MEM if shape.exclusive and not given else None
+
+
+def srun_args(cluster_cfg: Mapping[str, Any]) -> list[str]:
+    """The arguments submitit adds to a Slurm job's ``srun`` line: the job's CPUs per task. submitit's line has no
+    ``--cpus-per-task``, and srun of Slurm 22.05 to 23.02 does not inherit sbatch's, so each task (the Ray node
+    on it included) would get 1 CPU."""
+    shape = job_shape(cluster_cfg)
+    return [] if shape.cpus_per_task is None else [f"--cpus-per-task={shape.cpus_per_task}"]
+
+
 def sbatch_parameters(
     cluster_cfg: Mapping[str, Any], *, name: str | None = None, env: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """The keyword arguments (submitit's names) of submitit's sbatch script for a Slurm cluster config."""
+    """The keyword arguments (submitit's names) of submitit's sbatch script for a Slurm cluster config: the job's
+    shape, :func:`slurm_mem`, :func:`srun_args`, :func:`setup_lines`."""
     cfg = plain_config(cluster_cfg)
     shape = job_shape(cfg)
     params: dict[str, Any] = {
@@ -122,17 +154,17 @@ def sbatch_parameters(
         params["job_name"] = name
     if shape.cpus_per_task is not None:
         params["cpus_per_task"] = shape.cpus_per_task
-    if shape.mem_gb is not None:
-        params["mem"] = _convert_mem(shape.mem_gb)
+        params["srun_args"] = srun_args(cfg)
+    mem = slurm_mem(cfg)
+    if mem is not None:
+        params["mem"] = mem
     if shape.partition:
         params["partition"] = shape.partition
     if cfg.get("signal_delay_s") is not None:
         params["signal_delay_s"] = _int_at_least(cfg, "signal_delay_s", 90)
-    extra = cfg.get("slurm_additional_parameters") or {}
-    if not isinstance(extra, Mapping):
-        raise TypeError(f"slurm_additional_parameters must be a mapping, got {extra!r}")
+    extra = _extra(cfg)
     if extra:
-        params["additional_parameters"] = dict(extra)
+        params["additional_parameters"] = extra
     return params
 
 
@@ -203,10 +235,18 @@ class LocalExecutor(submitit.LocalExecutor):
                                  tasks=list(range(ntasks)))
 
 
+def _extra(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    extra = cfg.get("slurm_additional_parameters") or {}
+    if not isinstance(extra, Mapping):
+        raise TypeError(f"slurm_additional_parameters must be a mapping, got {extra!r}")
+    return dict(extra)
+
+
 def _mem_gb(cfg: Mapping[str, Any]) -> float | None:
     value = cfg.get("mem_gb")
     if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
-        raise ValueError(f"cluster mem_gb must be a number of GB > 0 or null (the site default), got {value!r}")
+        raise ValueError(f"cluster mem_gb must be a number of GB > 0 or null (whole nodes: all their memory; "
+                         f"shared nodes: the site default), got {value!r}")
     return value
 
 

@@ -5,7 +5,9 @@ Modes (each writes its findings as JSON to --out, atomically):
   steps  a resumable counter: one "training step" per --sleep seconds up to --total, progress saved after
          every step in --state, every executed step logged with the Slurm restart count in --log;
   argv   record its own argv (after --) and one environment variable, to check quoting end to end;
-  square compute x*x (a job-array element).
+  square compute x*x (a job-array element);
+  step   what Slurm gave its job step: the argv of the srun that launched it (``scontrol show step`` names its
+         host and pid; the emulated nodes are this host) and the job's CPUs and memory request.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,9 +70,22 @@ def steps(state: str, log: str, total: int, sleep: float, out: str) -> None:
     write_json(out, {"attempt": attempt, "started_at": start, "final_step": total})
 
 
+def _scontrol(*what: str) -> str:
+    return subprocess.run(["scontrol", "show", *what], capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def step(out: str) -> None:
+    job, step_id = os.environ["SLURM_JOB_ID"], os.environ["SLURM_STEP_ID"]
+    shown = _scontrol("step", f"{job}.{step_id}")
+    srun_pid = re.search(r"SrunHost:Pid=\S+:(\d+)", shown)
+    argv = (Path(f"/proc/{srun_pid[1]}/cmdline").read_bytes().split(b"\0")[:-1] if srun_pid else [])
+    fields = dict(re.findall(r"\b(NumCPUs|CPUs/Task|MinMemoryNode|OverSubscribe)=(\S+)", _scontrol("job", job)))
+    write_json(out, {"srun": [a.decode() for a in argv], "job": fields})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=["probe", "steps", "argv", "square"])
+    parser.add_argument("mode", choices=["probe", "steps", "argv", "square", "step"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--state")
     parser.add_argument("--log")
@@ -86,6 +103,8 @@ def main() -> None:
         probe(args.out)
     elif args.mode == "steps":
         steps(args.state, args.log, args.total, args.sleep, args.out)
+    elif args.mode == "step":
+        step(args.out)
     elif args.mode == "argv":
         write_json(args.out, {"argv": rest, "env": os.environ.get(args.env_name), "cwd": os.getcwd()})
     else:

@@ -119,6 +119,35 @@ def test_the_script_rendered_without_slurm_is_the_one_submitit_submits(tmp_path:
     assert "\nmodule load cuda/12.4\n" in submitted and "\nexport A='b c'\n" in submitted
 
 
+def _srun_line(text: str) -> list[str]:
+    (line,) = [line for line in text.splitlines() if line.startswith("srun ")]
+    return shlex.split(line)
+
+
+def test_srun_gets_the_jobs_cpus_per_task_and_whole_nodes_all_their_memory() -> None:
+    """The sbatch text of both cluster configs: submitit's srun line carries the job's --cpus-per-task (srun of
+    Slurm 22.05 to 23.02 does not inherit sbatch's); mem_gb null asks for all of each node's memory (--mem=0) on a
+    job of whole nodes (h20_4x8: exclusive), nothing on a job that shares them (the emulated cluster, or h20_4x8
+    without exclusive, as the token-level study's workers run); a number of GB is that number."""
+    h20 = OmegaConf.to_container(OmegaConf.load(CONF / "h20_4x8.yaml"), resolve=True)
+    emulated = OmegaConf.to_container(OmegaConf.load(CONF / "slurm_emulated.yaml"), resolve=True)
+    text = sbatch_script("/f", h20)
+    srun = _srun_line(text)
+    assert srun[srun.index("--cpus-per-task=64") + 1:] == ["python3", "-u", "-m", "submitit.core._submit", "/f"]
+    assert "#SBATCH --cpus-per-task=64\n" in text and "#SBATCH --mem=0\n" in text and "#SBATCH --exclusive\n" in text
+    text = sbatch_script("/f", emulated)
+    assert "--cpus-per-task=1" in _srun_line(text) and "--mem" not in text
+    shared = sbatch_script("/f", {**h20, "slurm_additional_parameters": {}})
+    assert "--mem" not in shared and "--exclusive" not in shared
+    assert "#SBATCH --mem=900GB\n" in sbatch_script("/f", {**h20, "mem_gb": 900})
+    no_cpus = sbatch_script("/f", {**emulated, "cpus_per_task": None})
+    assert not any(arg.startswith("--cpus-per-task") for arg in _srun_line(no_cpus))
+    per_cpu = sbatch_script("/f", {**h20, "slurm_additional_parameters": {"exclusive": True, "mem-per-cpu": "8G"}})
+    assert "#SBATCH --mem-per-cpu=8G\n" in per_cpu and "--mem=" not in per_cpu
+    with pytest.raises(ValueError, match=re.escape("cluster mem_gb=900 and slurm_additional_parameters.mem: set one")):
+        sbatch_script("/f", {**h20, "mem_gb": 900, "slurm_additional_parameters": {"mem": "100G"}})
+
+
 def test_shell_join_round_trips_through_a_shell(tmp_path: Path) -> None:
     argv = [sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", *NASTY]
     out = subprocess.run(

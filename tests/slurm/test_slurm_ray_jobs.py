@@ -224,3 +224,22 @@ def test_override_with_shell_syntax_reaches_the_command_literally(
     assert (tmp_path / "x").read_text() == "must survive"
     leftovers = {"pwned", "pwned2", "pwned3", "out.txt"} & {p.name for p in tmp_path.rglob("*")}
     assert leftovers == set()
+
+
+def test_srun_gets_the_jobs_cpus_and_a_whole_node_job_all_its_memory(
+    tmp_path: Path, cluster_cfg: dict, jobs: Any, standin: Any
+) -> None:
+    """The srun that launches a task is given the job's CPUs per task (srun of Slurm 22.05 to 23.02 no longer reads
+    sbatch's, and submitit's srun line has none), read from the running srun's own argv (``scontrol show step``
+    names its pid); a job of whole nodes with ``mem_gb: null`` asks for all their memory (``--mem=0``), which the
+    emulated cluster (memory not consumable) runs as it is."""
+    cfg = {**cluster_cfg, "nodes": 1, "gpus_per_node": 0, "cpus_per_task": 2, "mem_gb": None,
+           "slurm_additional_parameters": {"exclusive": True}}
+    executor = make_executor(tmp_path / "submitit", cfg, name="resources")
+    out = tmp_path / "step.json"
+    record = jobs.wait(jobs.track(executor.submit(CommandJob(command=standin("step", "--out", str(out))))), 120)
+    seen = json.loads(out.read_text())
+    assert record["returncode"] == 0
+    assert seen["srun"][0].endswith("srun") and "--cpus-per-task=2" in seen["srun"], seen["srun"]
+    assert seen["job"]["CPUs/Task"] == "2" and seen["job"]["MinMemoryNode"] == "0", seen["job"]
+    assert seen["job"]["OverSubscribe"] == "NO", seen["job"]  # --exclusive: whole nodes
