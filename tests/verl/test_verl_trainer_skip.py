@@ -9,8 +9,10 @@ mu), the checkpoint manager (weight sync to vLLM) and the actor worker group, wh
 ``compute_log_prob`` answers a fixed log-prob pi_old = -0.5 per token (the real worker's forward is checked in
 tests/verl/test_verl_worker_cpu.py), its ``update_actor`` keeps the batch it is given.
 
-Truth: the calls the trainer made, and the ``old_log_probs`` the actor update received (the rollout's mu when the
-forward is skipped, the forward's -0.5 when it runs).
+Truth: the calls the trainer made, the ``old_log_probs`` the actor update received (the rollout's mu when the
+forward is skipped, the forward's -0.5 when it runs), and the metrics verl's ``fit`` hands its trackers (verl's
+``Tracking``, replaced by a recorder): those comparing pi_old with mu are absent when the forward is skipped and
+computed from -0.5 and mu when it runs.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -116,8 +119,24 @@ class FakeRollout:
         return DataProto.from_dict(tensors=dict(self.tensors), non_tensors=non_tensors, meta_info={"timing": {}})
 
 
-def one_step(config: Any) -> tuple[RecordingActor, FakeRollout]:
-    """One step of verl's ``RayPPOTrainer.fit``; the actor's record and the rollout."""
+#: the prefixes of verl's metrics that compare pi_old with mu (its rollout correction's, its debug metrics')
+PI_OLD_VS_MU = ("rollout_corr/", "training/rollout_probs_diff_", "training/rollout_actor_probs_pearson_corr")
+
+
+class RecordingTracking:
+    """verl's ``Tracking`` (the trackers): keeps what ``fit`` logs (W&B, files and consoles are not the point)."""
+
+    logged: list[dict[str, Any]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        RecordingTracking.logged = []
+
+    def log(self, data: dict[str, Any], step: int, backend: Any = None) -> None:
+        RecordingTracking.logged.append(dict(data))
+
+
+def one_step(config: Any) -> tuple[RecordingActor, FakeRollout, dict[str, Any]]:
+    """One step of verl's ``RayPPOTrainer.fit``; the actor's record, the rollout and the step's logged metrics."""
     predmask.verl.plugin.install()
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
@@ -132,8 +151,14 @@ def one_step(config: Any) -> tuple[RecordingActor, FakeRollout]:
                                  "data_source": np.array(["math"] * PROMPTS, dtype=object)}]
     trainer.total_training_steps, trainer.train_dataset = 1, None
     trainer._init_dump_executor()
-    trainer.fit()
-    return actor, rollout
+    with mock.patch("verl.utils.tracking.Tracking", RecordingTracking):
+        trainer.fit()
+    (metrics,) = RecordingTracking.logged
+    return actor, rollout, metrics
+
+
+def pi_old_vs_mu(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in metrics.items() if name.startswith(PI_OLD_VS_MU)}
 
 
 def test_the_hook_is_installed_when_verl_imports_the_trainer() -> None:
@@ -145,23 +170,31 @@ def test_the_hook_is_installed_when_verl_imports_the_trainer() -> None:
 
 def test_a_divergence_method_skips_the_forward_and_anchors_on_mu(compose, monkeypatch) -> None:
     monkeypatch.setenv(SETTINGS_ENV, PluginSettings(top_k=4).to_json())
-    actor, rollout = one_step(trainer_config(compose, "dppo_topk_kl"))
+    actor, rollout, metrics = one_step(trainer_config(compose, "dppo_topk_kl"))
     assert actor.calls == ["update_actor"]
     assert torch.equal(actor.old_log_probs, rollout.mu)
+    assert pi_old_vs_mu(metrics) == {}  # mu against itself (kl 0, ppl_ratio 1) is not logged
+    assert "critic/score/mean" in metrics and "actor/pg_loss" in metrics  # the step's other metrics are
 
 
 def test_grpo_clip_higher_keeps_the_forward(compose, monkeypatch) -> None:
     monkeypatch.setenv(SETTINGS_ENV, PluginSettings(top_k=4).to_json())
-    actor, rollout = one_step(trainer_config(compose, "grpo_clip_higher"))
+    actor, rollout, metrics = one_step(trainer_config(compose, "grpo_clip_higher"))
     assert actor.calls == ["compute_log_prob", "update_actor"]
     mask = rollout.tensors["response_mask"].bool()
     assert torch.equal(actor.old_log_probs[mask], torch.full((int(mask.sum()),), PI_OLD))
+    measured = pi_old_vs_mu(metrics)  # verl's own comparison of the forward's pi_old with mu
+    kl = float((rollout.mu[mask] - PI_OLD).mean())
+    assert measured["rollout_corr/kl"] == pytest.approx(kl, rel=1e-5) and abs(kl) > 0.1
+    assert measured["rollout_corr/ppl_ratio"] != pytest.approx(1.0) and measured["rollout_corr/chi2_token"] > 0
+    assert {"rollout_corr/k3_kl", "training/rollout_probs_diff_mean"} <= set(measured)
 
 
 def test_anchor_old_keeps_the_forward_for_a_divergence_method(compose, monkeypatch) -> None:
     monkeypatch.setenv(SETTINGS_ENV, PluginSettings(top_k=4, anchor="old").to_json())
-    actor, _ = one_step(trainer_config(compose, "predmask_kl_agg"))
+    actor, _, metrics = one_step(trainer_config(compose, "predmask_kl_agg"))
     assert actor.calls == ["compute_log_prob", "update_actor"]
+    assert "rollout_corr/kl" in metrics
 
 
 def test_the_readers_of_the_forward_are_named(compose) -> None:
@@ -175,6 +208,10 @@ def test_the_readers_of_the_forward_are_named(compose) -> None:
     sq = old_log_prob_readers(trainer_config(
         compose, "dppo_topk_kl", "actor_rollout_ref.actor.calculate_sum_pi_squared=true"), rollout)
     assert len(sq) == 1 and "calculate_sum_pi_squared" in sq[0]
+    for key, value in (("rollout_is", "token"), ("rollout_rs", "token_k1")):
+        corrected = old_log_prob_readers(trainer_config(
+            compose, "dppo_topk_kl", f"algorithm.rollout_correction.{key}={value}"), rollout)
+        assert corrected == [f"algorithm.rollout_correction.{key}={value} (it weighs or rejects by pi_old / mu)"]
 
 
 def test_a_skipped_forward_without_rollout_log_probs_says_what_to_set(compose, monkeypatch) -> None:
