@@ -282,6 +282,11 @@ def known_label(group: str, name: str) -> str:
     return label(group, name) if name in group_options(group) else name
 
 
+def cpu_models() -> list[str]:
+    """The options of conf/model that the CPU engine trains (``backend: cpu``), sorted."""
+    return [m for m in group_options("model") if group_entry("model", m).get("backend") == "cpu"]
+
+
 def cpu_standin(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The CPU model to train for a model entry: itself when ``backend: cpu``, else its ``cpu_standin`` entry,
     which carries ``resolved_from`` = the name of the model it replaces."""
@@ -290,7 +295,7 @@ def cpu_standin(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
     name = model_cfg.get("name")
     standin = model_cfg.get("cpu_standin")
     if not standin:
-        cpu = [m for m in group_options("model") if group_entry("model", m).get("backend") == "cpu"]
+        cpu = cpu_models()
         choices = f"{', '.join(cpu[:-1])} or {cpu[-1]}" if len(cpu) > 1 else "".join(cpu)
         raise ConfigError(f"model {name!r} is not a CPU model and names no cpu_standin; use model={choices}")
     if standin not in group_options("model"):

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from analysis.accuracy_weighting.theory import METHODS, check_eps
+from predmask.config import cpu_models
 from predmask.console import error, make_console
 
 PRIMARY = "accuracy_weighting"
@@ -48,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
             "overrides (key=value, composed on conf/accuracy_weighting.yaml):\n"
             "  questions=Q samples=N group_size=G   the real-model measurement (N a multiple of G)\n"
             "  checkpoint=PATH                      a posterior stage's model.pt or run directory\n"
-            "  model=cpu_s|cpu_m|cpu_moe            the CPU model whose cached base model is measured\n"
+            f"  {'model=' + '|'.join(cpu_models()):<36} the CPU model whose cached base model is measured\n"
             "  bandit.group_sizes=[2,4] bandit.accuracies=[0.1,0.5]   the exact bandit's cases\n"
         ),
     )
@@ -77,7 +78,7 @@ def validate(cfg: Mapping[str, Any]) -> None:
     if bad or not cfg["methods"]:
         raise AnalysisInputError(f"methods = {cfg['methods']} is not allowed; allowed: a non-empty subset of {', '.join(METHODS)}")
     if cfg["model"].get("backend") != "cpu":
-        raise AnalysisInputError(f"model = {cfg['model'].get('name')!r} is not allowed; allowed: a CPU model (cpu_s, cpu_m, cpu_moe)")
+        raise AnalysisInputError(f"model = {cfg['model'].get('name')!r} is not allowed; allowed: a CPU model ({', '.join(cpu_models())})")
     if cfg.get("checkpoint") is not None:
         path = _checkpoint_file(cfg["checkpoint"])
         if not path.is_file():

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
+from predmask.config import cpu_models
+
 ARCHS: tuple[str, ...] = ("qwen3", "qwen3_moe")
 #: keys of a conf/model entry that are architecture fields (passed to the transformers config)
 ARCH_KEYS: tuple[str, ...] = (
@@ -37,7 +39,7 @@ def check_cpu_model_config(model_cfg: Mapping[str, Any]) -> None:
     if model_cfg.get("backend") != "cpu":
         raise ValueError(
             f"model {model_cfg.get('name')!r} has backend {model_cfg.get('backend')!r}; the CPU engine needs a "
-            "conf/model entry with backend: cpu (cpu_s, cpu_m, cpu_moe)"
+            f"conf/model entry with backend: cpu ({', '.join(cpu_models())})"
         )
     if model_cfg.get("arch") not in ARCHS:
         raise ValueError(f"model arch {model_cfg.get('arch')!r} unknown; allowed: {', '.join(ARCHS)}")

@@ -286,7 +286,7 @@ def test_cpu_standin_maps_paper_models_to_cpu_models() -> None:
         else:
             assert resolved["name"] == entry["cpu_standin"] and resolved["backend"] == "cpu"
             assert resolved["resolved_from"] == name and resolved["stands_in_for"] == name
-    with pytest.raises(ConfigError, match="names no cpu_standin; use model=cpu_m, cpu_moe or cpu_s"):
+    with pytest.raises(ConfigError, match="names no cpu_standin; use model=cpu_m, cpu_moe, cpu_s or cpu_s32"):
         cpu_standin({"name": "big", "backend": "hf"})
     with pytest.raises(ConfigError, match="cpu_standin 'cpu_xl' of model 'big' has no conf/model/cpu_xl.yaml"):
         cpu_standin({"name": "big", "backend": "hf", "cpu_standin": "cpu_xl"})
