@@ -12,7 +12,11 @@ from collections.abc import Iterable
 
 SPECIALS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>")
 SYMBOLS: tuple[str, ...] = ("+", "-", "=", ",", "\\boxed{", "}", "_")
-_PIECE = re.compile(r"<pad>|<bos>|<eos>|\\boxed\{|\d+|[+\-=,}_]|\S")
+#: what one token is, as ``re.findall`` splits text (whitespace between tokens is dropped)
+PIECE_PATTERN = r"<pad>|<bos>|<eos>|\\boxed\{|\d+|[+\-=,}_]|\S"
+_PIECE = re.compile(PIECE_PATTERN)
+#: ``decode`` joins tokens with spaces, then makes these replacements in order (``\\boxed{ 4 }`` -> ``\\boxed{4}``)
+DECODE_JOINS: tuple[tuple[str, str], ...] = (("\\boxed{ ", "\\boxed{"), (" }", "}"))
 
 
 class ArithmeticTokenizer:
@@ -65,4 +69,6 @@ class ArithmeticTokenizer:
                 continue
             out.append(self.tokens[i])
         text = " ".join(out)
-        return text.replace("\\boxed{ ", "\\boxed{").replace(" }", "}")
+        for spaced, joined in DECODE_JOINS:
+            text = text.replace(spaced, joined)
+        return text
