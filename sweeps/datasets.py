@@ -23,6 +23,17 @@ the paper's ~13k (check the printed counts and manifest.json on the cluster).
 Every problem (training and evaluation) is re-wrapped in one prompt template (:data:`PROMPT_TEMPLATE`) so that
 training and evaluation prompts agree; DAPO-formatted prompts are unwrapped first (:func:`unwrap_problem`).
 
+``--family arithmetic`` writes the CPU engine's synthetic arithmetic task instead (:func:`prepare_arithmetic`; nothing
+read or downloaded), for verl to train the exported CPU stand-in (``python -m predmask.rl.hf_export``) on the task
+the engine trains it on: the training rows are the first ``--train-size`` problems of the stream the engine draws
+for the run's ``seed`` (``predmask.rl.task.iter_train_prompts``; by default ``trainer.steps`` x
+``trainer.train_batch_size`` of conf/train.yaml, in the engine's order, so verl with ``data.shuffle=false`` and the
+same batch size trains on the same batches), the evaluation rows the held-out splits (``make_split``). Each prompt
+is the problem's bare text (``7 + 2 - 5 _ _ _ _ _ _ =``), the text the engine tokenises; the exported tokenizer's
+chat template adds only ``<bos>``. The files, data sources and verl's reward function are those of
+:mod:`predmask.verl.arithmetic_task`. Overrides (``key=value`` on conf/train.yaml: ``task.*``, ``seed``,
+``trainer.*``) follow the options.
+
 ``--family variational`` prepares the variational family's SFT files from a local copy of Bespoke-Stratos-17k
 instead (:func:`prepare_variational`; never downloaded here): each row's assistant turn split into its thought
 and solution, with the prompt templates of conf/prompt/; a malformed row is reported in one line and left out.
@@ -40,8 +51,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from predmask.config import group_entry
+from predmask.config import compose, group_entry, to_container
 from predmask.io import atomic_write_text
+from predmask.rl.task import EVAL_SPLITS, STANDIN_LABEL, iter_train_prompts, make_split
+from predmask.rl.task import Problem as TaskProblem  # this module's own Problem is a text problem
+from predmask.schemas.task_schema import TaskConfig
+from predmask.verl.arithmetic_task import (  # the task's files, data sources and verl reward (no verl import)
+    ARITHMETIC_DATA_FILES,
+    ARITHMETIC_SOURCE,
+    REWARD_FUNCTION_NAME,
+    REWARD_FUNCTION_PATH,
+)
 from predmask.verl.overrides import DATA_FILES  # the file names the verl command reads (no verl import)
 from predmask.verl.vr_cluster import (  # the variational family's file names and response format (no verl import)
     SOLUTION_MARKERS,
@@ -171,12 +191,14 @@ def filter_train(problems: Iterable[Problem], *, max_problem_chars: int | None =
     return rows, report
 
 
-def to_rlhf_rows(problems: Sequence[Problem], *, data_source: str, split: str) -> list[dict[str, Any]]:
-    """verl RLHF rows (the columns verl's RLHFDataset and reward loop read)."""
+def to_rlhf_rows(problems: Sequence[Problem], *, data_source: str, split: str,
+                 template: str = PROMPT_TEMPLATE) -> list[dict[str, Any]]:
+    """verl RLHF rows (the columns verl's RLHFDataset and reward loop read); the user turn is ``template`` with
+    the problem in its ``{problem}`` field."""
     return [
         {
             "data_source": data_source,
-            "prompt": [{"role": "user", "content": PROMPT_TEMPLATE.format(problem=p.problem)}],
+            "prompt": chat_messages("", template.format(problem=p.problem)),
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": p.answer},
             "extra_info": {"index": i, "split": split, "raw_problem": p.problem, "source_id": p.source_id},
@@ -264,6 +286,54 @@ def prepare(
             "stages": [[stage, count] for stage, count in stages], "sha256": _sha256(path),
         }
     atomic_write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+# -- the arithmetic family: the CPU engine's task ------------------------------------------------------------------
+
+#: manifest of ``--family arithmetic`` (beside the RL family's manifest.json)
+ARITHMETIC_MANIFEST = "arithmetic_manifest.json"
+#: the user turn of an arithmetic row: the problem's text and nothing else (what the engine tokenises)
+ARITHMETIC_TEMPLATE = "{problem}"
+
+
+def arithmetic_rows(problems: Sequence[TaskProblem], *, data_source: str, split: str) -> list[dict[str, Any]]:
+    """verl RLHF rows of the task's problems: the bare prompt text, the answer as ``ground_truth``, the position
+    in ``split`` as ``extra_info.index`` (``source_id`` ``<split>-<index>``)."""
+    rows = [Problem(p.prompt, str(p.answer), f"{split}-{i}") for i, p in enumerate(problems)]
+    return to_rlhf_rows(rows, data_source=data_source, split=split, template=ARITHMETIC_TEMPLATE)
+
+
+def arithmetic_train_size(run_cfg: Mapping[str, Any]) -> int:
+    """The prompts the CPU engine draws in a whole run: ``trainer.steps`` x ``trainer.train_batch_size``."""
+    trainer = run_cfg["trainer"]
+    return int(trainer["steps"]) * int(trainer["train_batch_size"])
+
+
+def prepare_arithmetic(out: Path, overrides: Sequence[str] = (), *, train_size: int | None = None) -> dict[str, Any]:
+    """Write the arithmetic family's parquet files and manifest under ``out`` (module docstring) for the run
+    config conf/train.yaml composes with ``overrides``; returns the manifest."""
+    run_cfg = to_container(compose("train", list(overrides)))
+    task = TaskConfig.from_mapping(run_cfg["task"])
+    seed = int(run_cfg["seed"])
+    size = arithmetic_train_size(run_cfg) if train_size is None else train_size
+    if size < 1:
+        raise ValueError(f"--train-size must be >= 1, got {size}")
+    stream = iter_train_prompts(task, replicate=seed)
+    problems = {"train": [next(stream) for _ in range(size)], **{s: make_split(task, s) for s in EVAL_SPLITS}}
+    tables = {key: arithmetic_rows(rows, data_source=ARITHMETIC_SOURCE if key == "train" else key, split=key)
+              for key, rows in problems.items()}
+    manifest: dict[str, Any] = {
+        "family": "arithmetic", "task": task.to_dict(), "label": STANDIN_LABEL, "seed": seed,
+        "train_order": f"the CPU engine's training stream for seed {seed}, data positions 0..{size - 1}",
+        "reward_function": {"path": REWARD_FUNCTION_PATH, "name": REWARD_FUNCTION_NAME}, "sets": {},
+    }
+    for key, rows in tables.items():
+        path = out / ARITHMETIC_DATA_FILES[key]
+        write_parquet(rows, path, schema=_parquet_schema())
+        manifest["sets"][key] = {"file": ARITHMETIC_DATA_FILES[key], "data_source": rows[0]["data_source"],
+                                 "rows": len(rows), "stages": [["generated", len(rows)]], "sha256": _sha256(path)}
+    atomic_write_text(out / ARITHMETIC_MANIFEST, json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
@@ -406,10 +476,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--aime24-hub", type=_hub_arg, help=f"hub NAME[:SPLIT] (default {HUB_SOURCES['aime24'][0]})")
     p.add_argument("--aime25-hub", type=_hub_arg, help=f"hub NAME[:SPLIT] (default {HUB_SOURCES['aime25'][0]})")
     p.add_argument("--max-problem-chars", type=int, help="drop training problems longer than this")
-    p.add_argument("--family", choices=("rl", "variational"), default="rl",
-                   help="rl: DAPO-Math + AIME (default); variational: Bespoke-Stratos-17k SFT files")
+    p.add_argument("--family", choices=("rl", "arithmetic", "variational"), default="rl",
+                   help="rl: DAPO-Math + AIME (default); arithmetic: the CPU engine's synthetic task; variational: "
+                        "Bespoke-Stratos-17k SFT files")
     p.add_argument("--bespoke-file", type=Path, help="local Bespoke-Stratos-17k file or directory (--family variational)")
+    p.add_argument("--train-size", type=int,
+                   help="training problems (--family arithmetic; default trainer.steps x trainer.train_batch_size)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="--family arithmetic: overrides of conf/train.yaml (task.*, seed, trainer.*)")
     args = parser.parse_args(argv)
+    if args.family != "arithmetic" and (args.overrides or args.train_size is not None):
+        print(f"sweeps.datasets: key=value overrides and --train-size are for --family arithmetic, not {args.family}",
+              file=sys.stderr)
+        return 2
+    if args.family == "arithmetic":
+        try:
+            manifest = prepare_arithmetic(args.out, args.overrides, train_size=args.train_size)
+        except (ValueError, OSError) as exc:
+            print(f"sweeps.datasets: {exc}", file=sys.stderr)
+            return 2
+        _print_manifest(manifest, args.out)
+        print(f"verl scores it with reward.custom_reward_function.path={REWARD_FUNCTION_PATH} "
+              f"reward.custom_reward_function.name={REWARD_FUNCTION_NAME}")
+        return 0
     if args.family == "variational":
         if args.bespoke_file is None:
             print("sweeps.datasets: --family variational needs --bespoke-file FILE_OR_DIR (a local copy of "
