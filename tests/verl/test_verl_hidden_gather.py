@@ -3,7 +3,7 @@ logits path's chunked gather on one rank, and over two real gloo ranks each hold
 verl's real FSDP2 actor worker with its fused kernels on (the plugin gathering the support from the hidden states)
 against the same worker with them off (the logits path).
 
-Stand-ins for the worker test, because this machine has no GPU: verl's CPU platform (tests/verl/cpu_platform.py,
+Stand-ins for the worker test, because this machine has no GPU: verl's CPU platform (predmask.verl.cpu,
 gloo), transformers' ``sdpa`` attention, verl's torch backend of the fused kernel (its default; the triton one
 needs a GPU); one process, no Ray (tests/verl/verl_cpu_worker.py).
 """

@@ -8,7 +8,7 @@ micro-batch, the plugin's support gather at the sampled token equals verl's own 
 ``torch.equal``): the support is aligned with verl's tokens in every layout verl splits a batch into; and the
 plugin's loss statistics, merged as ingest merges them, give the same exact metrics in every layout.
 
-Stand-ins, because this machine has no GPU: verl's platform is the CPU one of tests/verl/cpu_platform.py (device
+Stand-ins, because this machine has no GPU: verl's platform is the CPU one of predmask.verl.cpu (device
 ``cpu``, gloo instead of NCCL); attention is transformers' ``sdpa`` because flash-attention needs a GPU. With
 remove-padding, verl packs the sequences of a micro-batch into one row and relies on flash-attention's varlen
 kernel to keep them apart, and its Ulysses all-to-all is a patch of the flash-attention path: under ``sdpa`` the

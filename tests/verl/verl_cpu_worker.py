@@ -1,7 +1,7 @@
 """One rank of verl's real actor worker on the CPU, for test_verl_worker_cpu.py and test_verl_hidden_gather.py:
 build it, run update_actor, save.
 
-:func:`run_rank` is the body of each spawned process: it installs the CPU platform (tests/verl/cpu_platform.py),
+:func:`run_rank` is the body of each spawned process: it installs the CPU platform (predmask.verl.cpu),
 joins a gloo process group, builds ``ActorRolloutRefWorker(role="actor")`` from verl's own Hydra config with the
 FSDP2 engine and the plugin on, computes the old log-probs and updates the actor with a batch prepared the way
 ``RayPPOTrainer._compute_old_log_prob`` and ``_update_actor`` prepare it, and writes to ``out/rank<r>-rmpad<0|1>.pt``
@@ -198,9 +198,9 @@ def run_rank(rank: int, world_size: int, port: int, sp: int, layouts: tuple[bool
     ``out/rank<rank>-rmpad<0|1>[-fused].pt`` (the plugin's loss statistics to ``out/run-rmpad<0|1>[-fused]/
     loss_stats``). Fused kernels off must come first: verl's fused patch replaces the model class's forward for
     the rest of the process."""
-    import cpu_platform
+    from predmask.verl import cpu
 
-    cpu_platform.install()
+    cpu.install()
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)  # verl's own would add NCCL
