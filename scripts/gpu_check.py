@@ -7,17 +7,26 @@ on a transformers forward of the same model, GRPO advantages, every method's los
 prints per method the loss and mask metrics and the largest gap between the sampled token's log-prob from the
 support gather and from a direct log-softmax of the same logits (the alignment check).
 
-    python scripts/gpu_check.py --model PATH [--k 20] [--prompts 8] [--samples 4] [--max-tokens 256]
+    python scripts/gpu_check.py --model PATH [--attn-implementation flash_attention_2|sdpa] [--k 20] [--prompts 8]
+                                [--samples 4] [--max-tokens 256]
+
+First it checks the node itself, as the cluster's jobs will need it: the NVIDIA driver is new enough for the CUDA
+build of torch (``MIN_DRIVER``, read from ``nvidia-smi``) and the attention the cluster config asks for imports
+(``--attn-implementation``, default conf/cluster/h20_4x8.yaml's ``attn_implementation``: flash_attention_2 needs
+flash_attn); the training forward then loads the model with that attention.
 
 Exit status: 0 when every gradient is finite and both checks hold (``PI_SAMPLED_GAP_MAX``,
-``STEP0_DIVERGENCE_MEAN_MAX``), 1 with one line naming what failed, 2 when the machine or the model path
-cannot run the check. All but :func:`rollout` and :func:`training_logits` is tested on CPU
-(tests/verl/test_verl_gpu_check.py)."""
+``STEP0_DIVERGENCE_MEAN_MAX``), 1 with one line naming what failed, 2 when the machine (driver, attention module,
+no GPU) or the model path cannot run the check, one line naming every such problem. All but :func:`rollout` and
+:func:`training_logits` is tested on CPU (tests/verl/test_verl_gpu_check.py)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +38,7 @@ import torch
 from torch import Tensor
 
 from predmask import METHODS, MethodParams, policy_loss
+from predmask.config import group_entry
 from predmask.metrics import (
     CLIPFRAC,
     MASK_DIRECTION_DISAGREE,
@@ -41,6 +51,8 @@ from predmask.metrics import (
     PPO_KL,
 )
 from predmask.rl.algo import grpo_advantages
+from predmask.rundir import first_line
+from predmask.schemas.cluster_schema import ATTENTION_MODULES
 from predmask.support import TopKSupport
 from predmask.verl.gather import chunked_support_logprobs
 from predmask.verl.packing import pack_response_tensor, packed_response_index, support_from_records
@@ -71,6 +83,12 @@ PI_SAMPLED_GAP_MAX = 1e-3
 STEP0_DIVERGENCE_MEAN_MAX = 0.01
 #: the method whose row carries the step-0 divergence (top-K KL, the same D for every KL method on the top-K support)
 DIVERGENCE_ROW = "dppo_topk_kl"
+#: the oldest NVIDIA driver (Linux) that runs builds of each CUDA major release, by CUDA minor version compatibility
+#: (NVIDIA, "CUDA Compatibility", Minor Version Compatibility: 13.x >= 580, 12.x >= 525, 11.x >= 450; the CUDA
+#: release notes give 12.x 525.60.13 and 11.x 450.80.02). torch 2.11.0 from PyPI, vLLM 0.24's pin, is a CUDA 13 build.
+MIN_DRIVER: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
+#: the cluster config whose ``attn_implementation`` is the default of --attn-implementation
+CLUSTER = "h20_4x8"
 
 
 #: the columns :func:`print_rows` shows (without their ``actor/...`` prefix)
@@ -217,6 +235,73 @@ def model_problem(model: str) -> str | None:
     return None
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver version of this node (``nvidia-smi``'s, its first GPU), None when nvidia-smi is not there
+    or says nothing."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    return lines[0] if lines else None
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))
+
+
+def driver_problem(cuda: str | None, driver: str | None) -> str | None:
+    """Why the NVIDIA ``driver`` cannot run torch's CUDA build ``cuda`` (``torch.version.cuda``), else None; None
+    also when the driver is unknown (no nvidia-smi: the GPU check says what is missing)."""
+    if driver is None:
+        return None
+    if cuda is None:
+        return f"torch {torch.__version__} is a CPU build (torch.version.cuda is None): install the CUDA build"
+    try:
+        major, have = int(cuda.split(".")[0]), _version(driver)
+    except ValueError:
+        return f"cannot compare NVIDIA driver {driver!r} with torch's CUDA {cuda!r}"
+    if major not in MIN_DRIVER:
+        return f"torch is built for CUDA {cuda}, for which gpu_check knows no minimum driver (MIN_DRIVER)"
+    need = MIN_DRIVER[major]
+    if have < need:
+        return (f"NVIDIA driver {driver} is older than CUDA {major}.x needs (>= {'.'.join(map(str, need))}) for torch "
+                f"{torch.__version__} (CUDA {cuda}): update the driver or use a torch built for an older CUDA")
+    return None
+
+
+def attention_problem(attn_implementation: str) -> str | None:
+    """Why the attention ``attn_implementation`` cannot load a model on this node (its module, ATTENTION_MODULES,
+    does not import), else None."""
+    if attn_implementation not in ATTENTION_MODULES:
+        return f"unknown attn_implementation {attn_implementation!r}; allowed: {', '.join(ATTENTION_MODULES)}"
+    module = ATTENTION_MODULES[attn_implementation]
+    if module is None:
+        return None
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 -- an ImportError, or a broken build's OSError / RuntimeError
+        return (f"attn_implementation {attn_implementation} needs {module}, which does not import "
+                f"({first_line(exc, typed=True)}): install flash-attn (verl[fsdp] pins 2.8.3) or set "
+                "cluster.attn_implementation=sdpa")
+    return None
+
+
+def node_problems(attn_implementation: str, *, cuda: str | None, driver: str | None, gpu: bool) -> list[str]:
+    """What stops this node from running the check and the cluster's jobs, one phrase each (empty: nothing):
+    the driver against torch's CUDA build ``cuda``, whether a CUDA ``gpu`` is visible, the attention's module."""
+    found = [driver_problem(cuda, driver), None if gpu else "no CUDA GPU visible", attention_problem(attn_implementation)]
+    return [p for p in found if p is not None]
+
+
+def cluster_attention(cluster: str = CLUSTER) -> str:
+    """The ``attn_implementation`` of conf/cluster/<cluster>.yaml."""
+    return str(group_entry("cluster", cluster)["attn_implementation"])
+
+
 def rollout(model: str, prompts: Sequence[str], *, k: int, samples: int, max_tokens: int, seed: int) -> list[Any]:
     """vLLM generation with ``logprobs=k`` (GPU)."""
     from vllm import LLM, SamplingParams
@@ -230,11 +315,13 @@ def rollout(model: str, prompts: Sequence[str], *, k: int, samples: int, max_tok
     return outputs
 
 
-def training_logits(model: str) -> Callable[[list[int]], Tensor]:
-    """A transformers forward of ``model`` on the GPU returning per-sequence logits [T, V] (float32)."""
+def training_logits(model: str, attn_implementation: str) -> Callable[[list[int]], Tensor]:
+    """A transformers forward of ``model`` on the GPU, loaded with ``attn_implementation`` as the cluster's verl jobs
+    load it, returning per-sequence logits [T, V] (float32)."""
     from transformers import AutoModelForCausalLM
 
-    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16, local_files_only=True).cuda().eval()
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16, local_files_only=True,
+                                               attn_implementation=attn_implementation).cuda().eval()
 
     @torch.no_grad()
     def logits_fn(ids: list[int]) -> Tensor:
@@ -247,6 +334,9 @@ def training_logits(model: str) -> Callable[[list[int]], Tensor]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="local directory of a transformers causal LM")
+    parser.add_argument("--attn-implementation", choices=list(ATTENTION_MODULES), default=cluster_attention(),
+                        help="the attention to check and load the model with (default: conf/cluster/"
+                             f"{CLUSTER}.yaml's attn_implementation, %(default)s)")
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--samples", type=int, default=4)
@@ -258,8 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(problem, file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("gpu_check: no CUDA GPU visible", file=sys.stderr)
+    problems = node_problems(args.attn_implementation, cuda=torch.version.cuda, driver=driver_version(),
+                             gpu=torch.cuda.is_available())
+    if problems:
+        print(f"gpu_check: {'; '.join(problems)}", file=sys.stderr)
         return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model only: never reach the hub
     start = time.time()
@@ -269,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts, records, texts = records_from_outputs(outputs, args.k)
     print(f"rollout: {len(records)} samples, {sum(r.length for r in records)} tokens, {time.time() - start:.1f}s")
     rewards = rewards_for(texts, [a for _, a in questions for _ in range(args.samples)])
-    batch = build_batch(prompts, records, training_logits(args.model), rewards, group=args.samples)
+    batch = build_batch(prompts, records, training_logits(args.model, args.attn_implementation), rewards,
+                        group=args.samples)
     rows = method_rows(batch, args.delta)
     print_rows(rows)
     failures = check_failures(rows)
@@ -278,7 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_check: FAIL: {'; '.join(failures)}", file=sys.stderr)
         return 1
     print(f"gpu_check: PASS ({MASK_PI_SAMPLED_GAP} <= {PI_SAMPLED_GAP_MAX}, step-0 {MASK_DIVERGENCE_MEAN} <= "
-          f"{STEP0_DIVERGENCE_MEAN_MAX}, gradients finite)")
+          f"{STEP0_DIVERGENCE_MEAN_MAX}, gradients finite; driver {driver_version()}, torch CUDA {torch.version.cuda}, "
+          f"attention {args.attn_implementation})")
     return 0
 
 

@@ -96,6 +96,8 @@ runs/<sweep>/dry-run/plan.json beside each run's .cmd and .sbatch:
     timeout_min / 60), max_num_timeout, worst_case_hours_with_requeues (x (1 + max_num_timeout)),
     planned_steps, assumed_step_minutes, expected_hours (null: not estimated), partition (null: the site
     default), check_paths, paths: [{kind (data|model), path, prepare, exists, runs}], submit (the command line),
+    attention: [{attention (flash_attention_2, sdpa, or megatron: Megatron's own), runs, needs (the module the nodes must
+    import, null: none beyond torch)}] (verl: what the runs' models attend with),
     warnings: [{cause (unverified|environment|placeholder|shared dirs), text, runs}]
   runs: [{run_id, method, delta, model, precision, seed, command (argv), sbatch (script text, null if local)}]
 Before anything is written, every run is checked as its trainer checks it (e.g. top_k within the vocabulary,

@@ -13,6 +13,7 @@ from typing import Any
 
 from launch.executor import JobShape, job_python, job_shape
 from predmask.command_text import command
+from predmask.verl.overrides import MEGATRON_ATTENTION  # verl-free
 from sweeps.compose import RunSpec, SweepError
 from sweeps.families import describe
 from sweeps.submit import backend_of, job_cluster, trainer_of
@@ -254,6 +255,23 @@ def _job_size(specs: Sequence[RunSpec]) -> tuple[JobShape, str, int]:
     return shape, "CPU core", (shape.cpus_per_task or threads) * shape.tasks_per_node
 
 
+def _attention(specs: Sequence[RunSpec]) -> list[dict[str, Any]]:
+    """What the VeRL runs' models attend with, ``{attention, runs, needs}`` per implementation (first-seen order;
+    ``needs``: the Python module the nodes must import, None for torch's own); vLLM's sampling stages load none."""
+    from predmask.schemas.cluster_schema import ATTENTION_MODULES
+    from predmask.verl.overrides import run_attention  # verl-free
+    from predmask.verl.vr_cluster import stage_attention
+
+    counts: dict[str, int] = {}
+    for spec in specs:
+        if trainer_of(spec) != "verl":
+            continue
+        attention = stage_attention(spec.config) if spec.stage is not None else run_attention(spec.config)
+        if attention is not None:
+            counts[attention] = counts.get(attention, 0) + 1
+    return [{"attention": name, "runs": runs, "needs": ATTENTION_MODULES.get(name)} for name, runs in counts.items()]
+
+
 def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str, root: Path | None = None) -> dict[str, Any]:
     """The plan of a sweep of one cluster as plain data (the ``summary`` of ``--dry-run --format json``, its
     fields in ``python -m sweeps --help``). ``worst_case_hours_with_skip`` takes the assumed share of the
@@ -301,6 +319,7 @@ def plan_summary(specs: Sequence[RunSpec], parallel: int, submit: str, root: Pat
         "old_log_prob_skipped": skipped,
         "assumed_old_log_prob_share": share,
         "worst_case_hours_with_skip": hours - skipped * per_job * shape.timeout_min / 60 * share,
+        "attention": _attention(specs),
         "partition": shape.partition,
         "check_paths": bool(cluster.get("check_paths", True)),
         "paths": [{**asdict(item), "exists": item.exists, "runs": runs} for item, runs in _unique_paths(specs)],
@@ -340,6 +359,22 @@ def _expected_lines(s: dict[str, Any]) -> list[str]:
              f"x {_count(s['per_job'], s['resource'])}")]
 
 
+def _attention_lines(s: dict[str, Any]) -> list[str]:
+    """What the VeRL runs' models attend with, and what the nodes need for it (none for the CPU engine)."""
+    if not s.get("attention"):
+        return []
+    parts = []
+    for item in s["attention"]:
+        part = f"{item['attention']} for {_count(item['runs'], 'run')}"
+        if item["attention"] == MEGATRON_ATTENTION:
+            part += " (Megatron's own attention, verl's megatron attention_backend; not cluster.attn_implementation)"
+        if item["needs"]:
+            part += (f" (the nodes must import {item['needs']}, which scripts/gpu_check.py checks; "
+                     "cluster.attn_implementation=sdpa needs nothing beyond torch)")
+        parts.append(part)
+    return [f"  attention        {'; '.join(parts)}"]
+
+
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The plan as text lines (printed as they are, never wrapped), the warning block first."""
     s, unit = summary, summary["resource"]
@@ -359,6 +394,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         f"  worst case       {worst}",
         *_expected_lines(s),
         *_skip_lines(s),
+        *_attention_lines(s),
         f"  partition        {s['partition'] or '(the site default)'}",
     ]
     if s["paths"]:

@@ -14,6 +14,9 @@ from predmask.vr_stages import SFT_STAGES
 
 #: verl's training engines
 ENGINES: tuple[str, ...] = ("megatron", "fsdp")
+#: the attention implementations a verl job may load its transformers model with (``cluster.attn_implementation``;
+#: verl's own default is flash_attention_2), each with the Python module it needs on the nodes (None: torch's own)
+ATTENTION_MODULES: dict[str, str | None] = {"flash_attention_2": "flash_attn", "sdpa": None}
 
 
 def _positive(section: str, obj: Any, *names: str) -> None:
@@ -232,9 +235,17 @@ class VariationalClusterConfig:
 @dataclass
 class VerlClusterConfig(SlurmClusterConfig):
     """A Slurm cluster whose runs are verl jobs: the prepared data (``python -m sweeps.datasets prepare``), whether
-    GRPO divides its advantages by the group's std (verl's ``algorithm.norm_adv_by_std_in_grpo``) and the
-    variational family's settings."""
+    GRPO divides its advantages by the group's std (verl's ``algorithm.norm_adv_by_std_in_grpo``), the attention
+    the FSDP engine and the SFT stages load the model with (ATTENTION_MODULES; Megatron runs use Megatron's own) and
+    the variational family's settings."""
 
     data_dir: str | None = MISSING
     norm_adv_by_std: bool = MISSING
+    attn_implementation: str = MISSING
     variational: VariationalClusterConfig = MISSING
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.attn_implementation not in ATTENTION_MODULES:
+            raise ValueError(f"unknown cluster.attn_implementation {self.attn_implementation!r}; allowed: "
+                             f"{', '.join(ATTENTION_MODULES)}")

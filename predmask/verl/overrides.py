@@ -39,6 +39,16 @@ DATA_FILES: dict[str, str] = {"train": "dapo_math_13k.parquet", "aime24": "aime2
 RUNTIME_ENV = "+ray_kwargs.ray_init.runtime_env.env_vars"
 #: vLLM's default cap on logprobs per token (engine arg max_logprobs); a larger K raises it
 VLLM_DEFAULT_MAX_LOGPROBS = 20
+#: the key under a verl model section that sets the attention its transformers model is loaded with (verl reads
+#: ``override_config.get("attn_implementation", "flash_attention_2")``, verl/workers/config/model.py)
+ATTN_KEY = "override_config.attn_implementation"
+#: the only attention verl 0.9.1's Ulysses sequence parallelism works with: its all-to-all is patched into
+#: transformers' flash-attention forward (verl/models/transformers/monkey_patch.py), so any other would attend within
+#: each rank's slice of the sequence
+ULYSSES_ATTENTION = "flash_attention_2"
+#: what :func:`run_attention` says of a Megatron run: Megatron's own attention (verl's
+#: ``actor.megatron.override_transformer_config.attention_backend``, default flash), not ``cluster.attn_implementation``
+MEGATRON_ATTENTION = "megatron"
 
 _SAFE = re.compile(r"^[A-Za-z0-9_./@:+-]+$")
 _LOOKS_TYPED = re.compile(r"^(true|false|null|nan|inf|-inf|[+-]?[0-9][0-9_]*(\.[0-9]*)?([eE][+-]?[0-9]+)?)$", re.IGNORECASE)
@@ -216,6 +226,26 @@ def _run(run_cfg: Any) -> _Run:
                 str(run_dir).rstrip("/") if run_dir else None, run_cfg)
 
 
+def attention_overrides(section: str, cluster: VerlClusterConfig, sequence_parallel: int,
+                        sequence_key: str) -> dict[str, str]:
+    """The override that loads the transformers model of verl's model ``section`` with ``cluster.attn_implementation``
+    (always spelled out, verl's default included, so that the command says it); one line when it cannot run with
+    ``sequence_parallel`` Ulysses ranks (set by the run config's ``sequence_key``)."""
+    attn = cluster.attn_implementation
+    if sequence_parallel > 1 and attn != ULYSSES_ATTENTION:
+        raise ValueError(f"cluster.attn_implementation={attn} with {sequence_key}={sequence_parallel}: verl 0.9.1 runs "
+                         f"Ulysses sequence parallelism inside {ULYSSES_ATTENTION} only; set "
+                         f"cluster.attn_implementation={ULYSSES_ATTENTION} or {sequence_key}=1")
+    return {f"+{section}.{ATTN_KEY}": attn}
+
+
+def run_attention(run_cfg: Any) -> str:
+    """The attention a VeRL training run's actor uses: ``cluster.attn_implementation`` on engine=fsdp,
+    :data:`MEGATRON_ATTENTION` on Megatron (what the dry-run says)."""
+    r = _run(run_cfg)
+    return r.cluster.attn_implementation if r.model.engine == "fsdp" else MEGATRON_ATTENTION
+
+
 def _data(r: _Run) -> dict[str, Any]:
     """Data, reward (verl's default dispatch on data_source: DAPO math scoring) and GRPO advantages without KL, divided
     by the group's std or not as the cluster config says."""
@@ -230,13 +260,16 @@ def _data(r: _Run) -> dict[str, Any]:
 
 
 def _actor(r: _Run) -> dict[str, Any]:
-    """The model and the actor: the loss and its parameters (predmask.verl.loss maps them), the PPO epochs per batch
-    (``trainer.ppo_epochs``, the CPU engine's: the paper's one), no KL, the engine's parallelism, FP8 training."""
+    """The model (on FSDP with the cluster's attention) and the actor: the loss and its parameters
+    (predmask.verl.loss maps them), the PPO epochs per batch (``trainer.ppo_epochs``, the CPU engine's: the paper's
+    one), no KL, the engine's parallelism, FP8 training."""
     actor, b, p = "actor_rollout_ref.actor", r.model.batch, r.model.parallel
     o: dict[str, Any] = {"actor_rollout_ref.model.path": r.model.path,
                          "actor_rollout_ref.model.use_remove_padding": True,
-                         "actor_rollout_ref.model.use_fused_kernels": r.model.fused_kernels and r.model.engine == "fsdp",
-                         f"{actor}.policy_loss.loss_mode": r.name, f"{actor}.loss_agg_mode": r.params.loss_agg_mode}
+                         "actor_rollout_ref.model.use_fused_kernels": r.model.fused_kernels and r.model.engine == "fsdp"}
+    if r.model.engine == "fsdp":
+        o |= attention_overrides("actor_rollout_ref.model", r.cluster, p.sequence, "model.parallel.sequence")
+    o |= {f"{actor}.policy_loss.loss_mode": r.name, f"{actor}.loss_agg_mode": r.params.loss_agg_mode}
     if r.method.kind == "clip":  # verl's PPO clip range, in verl's meaning
         o |= {f"{actor}.clip_ratio_low": r.params.eps_low, f"{actor}.clip_ratio_high": r.params.eps_high}
     o |= {f"{actor}.ppo_epochs": _positive_int(require(r.cfg, "trainer.ppo_epochs"), "trainer.ppo_epochs"),

@@ -26,6 +26,7 @@ from predmask.schemas.variational_schema import DATA_MODES, FINAL_RECIPES
 from predmask.verl.overrides import (
     DATA_FILES,
     HYDRA_SUBDIR,
+    attention_overrides,
     config_get,
     config_select,
     hydra_value,
@@ -195,6 +196,7 @@ def _sft_overrides(r: _Stage, train_file: str, s: SFTStageConfig) -> dict[str, A
         "data.max_length": v.max_length, "data.truncation": "right",
         "data.custom_cls.path": f"pkg://{SFT_MODULE}", "data.custom_cls.name": "WeightedSFTDataset",
         "model.path": str(r.model_path), "model.use_remove_padding": True, "model.enable_gradient_checkpointing": True,
+        **attention_overrides("model", r.cluster, sp, "cluster.variational.sequence_parallel"),
         "engine.ulysses_sequence_parallel_size": sp, "engine.seed": r.seed,
         "optim.lr": s.lr, "optim.lr_warmup_steps_ratio": v.warmup_ratio, "optim.lr_scheduler_type": "cosine",
         "optim.clip_grad": 1.0, "checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
@@ -273,6 +275,12 @@ def _sample_command(r: _Stage) -> list[str]:
         extra = ["--prior", upstream["prior"], "--traces", upstream["traces"], "--m", str(sampling.m)]
     return [r.python, "-m", SAMPLE_MODULE, mode, *common, *extra, "--temperature", repr(sampling.temperature),
             "--top-p", repr(sampling.top_p), "--max-tokens", str(sampling.max_tokens)]
+
+
+def stage_attention(config: Any) -> str | None:
+    """The attention a stage loads its transformers model with: ``cluster.attn_implementation`` for the SFT stages,
+    None for the vLLM stages (vLLM's own)."""
+    return cluster_settings(config).attn_implementation if config_get(config, "stage") in SFT_STAGES else None
 
 
 def stage_command(config: Any, run_dir: Any, python: str | None = None) -> list[str]:

@@ -162,3 +162,33 @@ def test_the_plan_takes_the_skipped_old_log_prob_forward_off_the_rollout_anchore
     assert any(line.startswith(f"  old log-prob     {len(rollout)} of 16 runs skip") for line in summary_lines(s))
     local = expand("smoke")
     assert not any("old log-prob" in line for line in summary_lines(plan_summary(local, 1, "x")))
+
+
+def test_the_plan_says_what_the_runs_attend_with() -> None:
+    """main_comparison on h20_4x8: the 8 FSDP runs (Qwen3-4B, 8B) load their model with the cluster's
+    flash_attention_2, which needs flash_attn on the nodes; the 8 Megatron runs (30B-A3B) use Megatron's own;
+    cluster.attn_implementation=sdpa needs nothing more; the variational sweep's SFT stages and grpo run load theirs
+    (its vLLM stages none); the CPU engine's plan has no such line."""
+    from predmask.vr_stages import SFT_STAGES
+    from sweeps.plan import summary_lines
+
+    def attention(sweep: str, *overrides: str) -> tuple[list[dict], list[str]]:
+        specs = expand(sweep, ["cluster=h20_4x8", *overrides])
+        s = plan_summary(specs, max_parallel(specs), "x")
+        return s["attention"], [line for line in summary_lines(s) if line.startswith("  attention")]
+
+    summary, lines = attention("main_comparison")
+    assert summary == [{"attention": "flash_attention_2", "runs": 8, "needs": "flash_attn"},
+                       {"attention": "megatron", "runs": 8, "needs": None}]
+    assert lines == ["  attention        flash_attention_2 for 8 runs (the nodes must import flash_attn, which "
+                     "scripts/gpu_check.py checks; cluster.attn_implementation=sdpa needs nothing beyond torch); "
+                     "megatron for 8 runs (Megatron's own attention, verl's megatron attention_backend; not "
+                     "cluster.attn_implementation)"]
+    summary, lines = attention("main_comparison", "cluster.attn_implementation=sdpa")
+    assert summary[0] == {"attention": "sdpa", "runs": 8, "needs": None} and lines[0].startswith(
+        "  attention        sdpa for 8 runs; megatron for 8 runs")
+    vr = expand("variational_reasoning", ["cluster=h20_4x8", "model=qwen3_4b_base"])
+    stages = [spec for spec in vr if spec.stage in SFT_STAGES]
+    summary, _ = attention("variational_reasoning", "model=qwen3_4b_base")
+    assert summary == [{"attention": "flash_attention_2", "runs": len(stages) + 1, "needs": "flash_attn"}]  # + grpo
+    assert not any(line.startswith("  attention") for line in summary_lines(plan_summary(expand("smoke"), 1, "x")))

@@ -3,11 +3,18 @@
 vLLM's outputs are mocked (``RequestOutput``/``CompletionOutput`` with the documented ``logprobs`` structure) --
 vLLM needs a GPU and cannot be installed here; the script itself runs it on a GPU machine. The "rollout" samples
 from a tiny transformers model, so when it reports that model's own distribution the check must see D = 0.
+
+The node checks are mocked too, since this machine has no GPU, no NVIDIA driver and no flash-attn: ``nvidia-smi`` is
+a stand-in script put first on PATH (it records its arguments and prints a driver version), torch's CUDA build
+(``torch.version.cuda``) is set by the test, and flash_attn is made absent (``sys.modules[name] = None``),
+importable (a stand-in package) or broken (a package whose import raises as a build for another torch does).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -188,5 +195,90 @@ def test_model_is_a_required_local_path(gpu_check, tmp_path, capsys) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
 def test_no_gpu_exit(gpu_check, tmp_path, capsys) -> None:
     tiny_causal_lm(vocab=40).save_pretrained(tmp_path / "tiny")
-    assert gpu_check.main(["--model", str(tmp_path / "tiny"), "--prompts", "1"]) == 2
+    assert gpu_check.main(["--model", str(tmp_path / "tiny"), "--prompts", "1", "--attn-implementation", "sdpa"]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def fake_nvidia_smi(bin_dir: Path, *, prints: str, status: int = 0) -> Path:
+    """An ``nvidia-smi`` stand-in in ``bin_dir``: records its arguments (one a line) in ``bin_dir/args``, prints
+    ``prints`` and exits with ``status``."""
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "nvidia-smi"
+    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > "{bin_dir}/args"\nprintf "{prints}"\nexit {status}\n')
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize(("cuda", "driver", "problem"), [
+    ("13.0", "580.65.06", None), ("13.2", "590.48.01", None), ("12.8", "525.60.13", None), ("12.4", "570.1", None),
+    ("11.8", "450.80.02", None),
+    ("13.0", "575.57.08", "NVIDIA driver 575.57.08 is older than CUDA 13.x needs (>= 580)"),
+    ("12.4", "525.60.12", "NVIDIA driver 525.60.12 is older than CUDA 12.x needs (>= 525.60.13)"),
+    ("12.4", None, None),  # no driver read (no nvidia-smi): the GPU check speaks
+    (None, "580.65.06", "is a CPU build (torch.version.cuda is None)"),
+    ("14.0", "600.1", "CUDA 14.0, for which gpu_check knows no minimum driver"),
+    ("13.0", "N/A", "cannot compare NVIDIA driver 'N/A' with torch's CUDA '13.0'"),
+])
+def test_the_driver_must_fit_torchs_cuda_build(gpu_check, cuda, driver, problem) -> None:
+    """NVIDIA's minimum drivers of CUDA minor version compatibility: 13.x >= 580, 12.x >= 525.60.13 (Linux)."""
+    found = gpu_check.driver_problem(cuda, driver)
+    assert found is None if problem is None else problem in found
+
+
+def test_the_driver_version_is_nvidia_smis(gpu_check, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    fake_nvidia_smi(tmp_path / "bin", prints="580.82.07\\n580.82.07\\n")
+    assert gpu_check.driver_version() == "580.82.07"
+    assert (tmp_path / "bin" / "args").read_text().split() == ["--query-gpu=driver_version", "--format=csv,noheader"]
+    fake_nvidia_smi(tmp_path / "bin", prints="NVIDIA-SMI has failed\\n", status=9)
+    assert gpu_check.driver_version() is None
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert gpu_check.driver_version() is None
+
+
+def test_flash_attention_must_import_when_the_cluster_asks_for_it(gpu_check, tmp_path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # absent
+    problem = gpu_check.attention_problem("flash_attention_2")
+    assert problem.startswith("attn_implementation flash_attention_2 needs flash_attn, which does not import (")
+    assert problem.endswith("install flash-attn (verl[fsdp] pins 2.8.3) or set cluster.attn_implementation=sdpa")
+    assert gpu_check.attention_problem("sdpa") is None  # torch's own
+    package = tmp_path / "flash_attn"  # a build for another torch fails at import, not as a missing module
+    package.mkdir()
+    (package / "__init__.py").write_text("raise OSError('flash_attn_2_cuda.so: undefined symbol: _ZN3c10')\n")
+    monkeypatch.delitem(sys.modules, "flash_attn")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broken = gpu_check.attention_problem("flash_attention_2")
+    assert "(OSError: flash_attn_2_cuda.so: undefined symbol: _ZN3c10)" in broken
+    (package / "__init__.py").write_text("__version__ = '2.8.3'\n")
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    importlib.invalidate_caches()
+    assert gpu_check.attention_problem("flash_attention_2") is None
+
+
+def test_the_default_attention_is_the_cluster_configs(gpu_check, capsys) -> None:
+    from omegaconf import OmegaConf
+
+    shipped = OmegaConf.load(SCRIPT.parents[1] / "conf" / "cluster" / "h20_4x8.yaml")["attn_implementation"]
+    assert gpu_check.cluster_attention() == shipped == "flash_attention_2"
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--help"])
+    assert "h20_4x8.yaml's attn_implementation, flash_attention_2)" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
+def test_every_node_problem_is_named_in_one_line(gpu_check, tmp_path, capsys, monkeypatch) -> None:
+    """A CUDA 13 torch on a 550 driver, no GPU, no flash_attn: exit 2 before any model is loaded, one line naming
+    all three; with sdpa and a fitting driver only the missing GPU remains."""
+    tiny_causal_lm(vocab=40).save_pretrained(tmp_path / "tiny")
+    capsys.readouterr()  # transformers' progress bar
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    fake_nvidia_smi(tmp_path / "bin", prints="550.54.15\\n")
+    monkeypatch.setattr(gpu_check.torch.version, "cuda", "13.0")
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    assert gpu_check.main(["--model", str(tmp_path / "tiny"), "--prompts", "1"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("gpu_check: NVIDIA driver 550.54.15 is older than CUDA 13.x needs (>= 580)")
+    assert "; no CUDA GPU visible; attn_implementation flash_attention_2 needs flash_attn" in line
+    fake_nvidia_smi(tmp_path / "bin", prints="580.82.07\\n")
+    assert gpu_check.main(["--model", str(tmp_path / "tiny"), "--attn-implementation", "sdpa"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["gpu_check: no CUDA GPU visible"]

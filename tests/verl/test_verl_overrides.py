@@ -21,7 +21,14 @@ import predmask
 from predmask import config
 from predmask.config import to_container
 from predmask.verl.launch import launch_argv
-from predmask.verl.overrides import DATA_FILES, PLUGIN_MODULE, hydra_value, verl_command, verl_overrides
+from predmask.verl.overrides import (
+    DATA_FILES,
+    PLUGIN_MODULE,
+    hydra_value,
+    run_attention,
+    verl_command,
+    verl_overrides,
+)
 from predmask.verl.settings import SETTINGS_ENV, PluginSettings, current_settings
 
 pytestmark = pytest.mark.verl
@@ -186,6 +193,32 @@ def test_the_cluster_configs_follow_verls_dppo_recipe(compose, model: str) -> No
             assert (settings.ratio_cap, settings.delta) == (10000.0, 0.15)
     local = to_container(config.compose("train", ["method=dppo_topk_kl", f"model={model}", "cluster=local"]))
     assert "loss_agg_mode" not in local["method"] and "ratio_cap" not in local["method"]  # CPU: MethodParams'
+
+
+def test_the_clusters_attention_loads_the_fsdp_model(compose) -> None:
+    """conf/ as it is: the FSDP models' actor is loaded with cluster.attn_implementation (h20_4x8: flash_attention_2,
+    verl's default, spelled out), where verl's model config reads it (``override_config.attn_implementation``); sdpa
+    on request; a Megatron model gets no such key (Megatron's own attention); sdpa with Ulysses sequence parallelism,
+    which verl 0.9.1 runs inside flash-attention only, and an unknown implementation are one line each."""
+    def run(model: str, *extra: str) -> dict:
+        return to_container(config.compose("train", ["method=dppo_topk_kl", f"model={model}", "cluster=h20_4x8",
+                                                     "cluster.data_dir=/d", *extra]))
+
+    key = "+actor_rollout_ref.model.override_config.attn_implementation"
+    for model in ("qwen3_4b_base", "qwen3_8b_base"):
+        assert f"{key}=flash_attention_2" in verl_overrides(run(model))
+        cfg = compose(verl_overrides(run(model, "cluster.attn_implementation=sdpa")))
+        assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    assert run_attention(run("qwen3_4b_base")) == "flash_attention_2"
+    megatron = run("qwen3_30b_a3b_base")
+    assert not any(o.startswith(key) for o in verl_overrides(megatron)) and run_attention(megatron) == "megatron"
+    assert compose(verl_overrides(megatron)).actor_rollout_ref.model.override_config.get("attn_implementation") is None
+    with pytest.raises(ValueError, match="cluster.attn_implementation=sdpa with model.parallel.sequence=2: verl 0.9.1 "
+                                         "runs Ulysses sequence parallelism inside flash_attention_2 only"):
+        verl_overrides(run("qwen3_4b_base", "cluster.attn_implementation=sdpa", "model.parallel.sequence=2"))
+    with pytest.raises(ValueError, match="unknown cluster.attn_implementation 'xformers'; allowed: flash_attention_2, "
+                                         "sdpa"):
+        verl_overrides(run("qwen3_4b_base", "cluster.attn_implementation=xformers"))
 
 
 def test_the_top_k_only_support_travels_as_its_own_key(compose) -> None:

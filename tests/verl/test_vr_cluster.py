@@ -99,6 +99,8 @@ def test_sft_stage_commands_compose_with_verl_sft_config(compose, stage: str, me
     assert c.trainer.total_epochs == settings["epochs"] and (c.trainer.nnodes, c.trainer.n_gpus_per_node) == (4, 8)
     assert "hf_model" in ckpt.save_contents and c.trainer.default_local_dir == f"{RUN_DIR}/checkpoints"
     assert c.data.pad_mode == "no_padding" and c.model.path == "/models/Qwen3-4B-Base"
+    # the cluster's attention, where verl's model config reads it (its default, flash_attention_2, spelled out)
+    assert c.model.override_config.attn_implementation == "flash_attention_2" == BASE["cluster"]["attn_implementation"]
     assert keys["normaliser"] == SETTINGS["normaliser_tokens"] * settings["batch"] and keys["stage"] == stage
     # the custom dataset verl will load is ours, found through verl's own loader
     cls = load_extern_object(c.data.custom_cls.path, c.data.custom_cls.name)
@@ -151,6 +153,9 @@ def test_sampling_stage_commands() -> None:
     ({**cfg("traces"), "inputs": {}}, "stage traces needs inputs.posterior"),
     (cfg("prior", variational={"prior": {"batch": 100}}), "batch 100 must be a multiple of the data-parallel size 16"),
     (cfg("prior", variational={"k": 8}), "unknown cluster.variational key 'k'"),
+    # verl 0.9.1's Ulysses all-to-all lives in its flash-attention forward: sdpa would attend within each rank's slice
+    (cfg("prior", attn_implementation="sdpa"), ("cluster.attn_implementation=sdpa with "
+     "cluster.variational.sequence_parallel=2: verl 0.9.1 runs Ulysses sequence parallelism inside flash_attention_2")),
     (cfg("weights", variational={"weights": {"m": 0}}), "cluster.variational.weights.m must be a positive int"),
     # settings of the CPU engine's variational stages that the cluster's data files fix: refused, not ignored
     (cfg("traces") | {"hint": {**BASE["hint"], "use": False}},
