@@ -76,16 +76,22 @@ def job_shape(cluster_cfg: Mapping[str, Any]) -> JobShape:
     return shape
 
 
+#: the checkout this code runs from: a relative ``python`` (an environment of the checkout, e.g. .venv-verl) is under it
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
 def job_python(cluster_cfg: Mapping[str, Any]) -> str:
     """The interpreter a job runs: the cluster config's ``python`` (a command on the cluster's nodes, e.g.
-    ``python3`` of the activated environment); this host's own interpreter on the local backend or when
-    ``python`` is null (a cluster that is this host, such as the emulated one)."""
+    ``python3`` of the activated environment; a relative path such as ``.venv-verl/bin/python`` is in this
+    checkout); this host's own interpreter when ``python`` is null."""
     cfg = plain_config(cluster_cfg)
     python = cfg.get("python")
-    if cfg.get("backend") == "local" or python is None:
+    if python is None:
         return sys.executable
     if not isinstance(python, str) or not python.strip():
         raise ValueError(f"cluster python must be an interpreter command such as python3 or null, got {python!r}")
+    if os.sep in python and not os.path.isabs(python):
+        return str(CHECKOUT / python)
     return python
 
 
@@ -203,7 +209,7 @@ def make_executor(
         for key in ("cpus_per_task", "mem_gb"):
             if cfg.get(key) is not None:
                 params[key] = cfg[key]
-        local = LocalExecutor(folder, max_num_timeout=shape.max_num_timeout)
+        local = LocalExecutor(folder, max_num_timeout=shape.max_num_timeout, python=shlex.quote(job_python(cfg)))
         local.update_parameters(**params)
         return local
     sbatch = sbatch_parameters(cfg, name=name, env=env)

@@ -83,8 +83,13 @@ class RayOptions:
 
 
 def ray_options(cluster_cfg: Mapping[str, Any]) -> RayOptions:
-    """The :class:`RayOptions` of a cluster config (its optional ``ray:`` section)."""
-    return RayOptions.from_mapping(plain_config(cluster_cfg).get("ray"))
+    """The :class:`RayOptions` of a cluster config (its optional ``ray:`` section); on the local backend, where no
+    Slurm says the job's GPUs, ``num_gpus: null`` is the config's ``gpus_per_node``."""
+    cfg = plain_config(cluster_cfg)
+    ray = dict(cfg.get("ray") or {})
+    if ray.get("num_gpus") is None and cfg.get("backend") == "local":
+        ray["num_gpus"] = int(cfg.get("gpus_per_node") or 0)
+    return RayOptions.from_mapping(ray)
 
 
 @dataclass(frozen=True)
@@ -193,7 +198,8 @@ class RayNode:
             log.write(f"$ {shell_join(args)}\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                args, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                args, env=node_env({**os.environ, **env}), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         return cls(proc=proc, temp_dir=ctx.temp_dir, log_path=log_path, stop_timeout_s=opts.stop_timeout_s)
 
@@ -235,6 +241,12 @@ class RayNode:
             kill_pid(pid, signal.SIGKILL)
         if not keep_temp:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def node_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A Ray node's environment: ``env`` without an empty ``CUDA_VISIBLE_DEVICES`` (a job whose GPUs are scheduling
+    tokens, as on a CPU machine: Ray refuses ``--num-gpus=N`` beside an empty list of visible devices)."""
+    return {k: v for k, v in env.items() if not (k == "CUDA_VISIBLE_DEVICES" and not v.strip())}
 
 
 _PROBE = r"""

@@ -96,11 +96,15 @@ def test_setup_lines_load_modules_activate_the_env_and_export_in_order(tmp_path:
         setup_lines({"activate": "/venv", "conda": "base"})
 
 
-def test_the_job_interpreter_is_the_clusters_on_slurm_and_this_hosts_locally() -> None:
+def test_the_job_interpreter_is_the_clusters_and_this_hosts_when_none_is_named() -> None:
     h20 = OmegaConf.to_container(OmegaConf.load(CONF / "h20_4x8.yaml"), resolve=True)
     assert job_python(h20) == "python3"
     assert job_python({**h20, "python": None}) == sys.executable  # a cluster that is this host
-    assert job_python({"backend": "local", "python": "python3"}) == sys.executable
+    assert job_python({"backend": "local", "python": None}) == sys.executable
+    # a local cluster may name another environment of this checkout (verl_cpu: .venv-verl), relative to the checkout
+    assert job_python({"backend": "local", "python": ".venv-verl/bin/python"}) == str(
+        Path(__file__).resolve().parents[2] / ".venv-verl" / "bin" / "python")
+    assert job_python({"backend": "local", "python": "/opt/env/bin/python"}) == "/opt/env/bin/python"
     assert "\n# setup\n" in sbatch_script("/f", h20) and " python3 -u -m submitit.core._submit /f\n" in \
         sbatch_script("/f", h20)
     with pytest.raises(ValueError, match="cluster python must be an interpreter command"):
