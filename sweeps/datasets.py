@@ -313,7 +313,11 @@ def arithmetic_train_size(run_cfg: Mapping[str, Any]) -> int:
 def prepare_arithmetic(out: Path, overrides: Sequence[str] = (), *, train_size: int | None = None) -> dict[str, Any]:
     """Write the arithmetic family's parquet files and manifest under ``out`` (module docstring) for the run
     config conf/train.yaml composes with ``overrides``; returns the manifest."""
-    run_cfg = to_container(compose("train", list(overrides)))
+    return write_arithmetic(out, to_container(compose("train", list(overrides))), train_size=train_size)
+
+
+def write_arithmetic(out: Path, run_cfg: Mapping[str, Any], *, train_size: int | None = None) -> dict[str, Any]:
+    """:func:`prepare_arithmetic` for a composed run config ``run_cfg``."""
     task = TaskConfig.from_mapping(run_cfg["task"])
     seed = int(run_cfg["seed"])
     size = arithmetic_train_size(run_cfg) if train_size is None else train_size

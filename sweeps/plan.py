@@ -19,6 +19,8 @@ from sweeps.families import describe
 from sweeps.submit import backend_of, job_cluster, trainer_of
 
 SKIP_CHECK = "cluster.check_paths=false"
+#: the command that makes a CPU verl run's interpreter (.venv-verl)
+VERL_CPU_INSTALL = "EXTRAS=verl-cpu bash scripts/install.sh"
 
 #: verl engines the plugin has never run with, and why the plan says so (docs/cluster.md, "What was verified where")
 UNVERIFIED_ENGINES: dict[str, str] = {
@@ -179,6 +181,8 @@ def input_paths(spec: RunSpec) -> list[InputPath]:
     """The data files and the model a run's job reads (a VeRL run; the CPU engine builds its own and reads none)."""
     if trainer_of(spec) != "verl":
         return []
+    if spec.config["cluster"].get("device") == "cpu":  # the sweep makes the model and data (sweeps.verl_inputs)
+        return [InputPath("environment", job_python(spec.config["cluster"]), VERL_CPU_INSTALL)]
     if spec.stage is not None:
         paths = _vr_data_paths(spec)
     else:

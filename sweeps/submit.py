@@ -37,6 +37,7 @@ from predmask.rundir import (
     write_job_record,
 )
 from predmask.verl.overrides import hydra_value, verl_command  # plain config translation: imports no verl
+from sweeps.verl_inputs import with_verl_inputs
 from sweeps.compose import RunSpec, SweepError
 from sweeps.run_dirs import (
     DAMAGED,
@@ -99,9 +100,10 @@ WORKER_PRELOAD = ("hydra", "predmask.rl.train")
 VR_STAGE_MODULE = "predmask.rl.vr_runner"
 
 
-def job_command(spec: RunSpec, path: Path) -> list[str]:
+def job_command(spec: RunSpec, path: Path, *, make_inputs: bool = False) -> list[str]:
     """The exact argv a run executes with the job's interpreter: the CPU trainer, the VeRL launcher, or a
-    variational stage run's program."""
+    variational stage run's program; ``make_inputs``: make the inputs a verl run on the CPU reads first
+    (sweeps.verl_inputs; else only their paths)."""
     python = job_python(spec.config["cluster"])
     if spec.stage is not None:
         if trainer_of(spec) == "verl":
@@ -110,7 +112,7 @@ def job_command(spec: RunSpec, path: Path) -> list[str]:
             return stage_command(spec.config, path.resolve(), python)
         return [python, "-m", VR_STAGE_MODULE, str(path.resolve())]
     if trainer_of(spec) == "verl":
-        return verl_command(spec.config, path.resolve(), python=python)
+        return verl_command(with_verl_inputs(spec.config, make=make_inputs), path.resolve(), python=python)
     # the CPU trainer (it holds the run's writer lock for its whole life): the sweep's overrides and the run
     # directory, quoted for Hydra's override grammar (a path may hold spaces, quotes, ``$``, ``=``, ``,`` or
     # brackets)
@@ -126,7 +128,7 @@ def make_job(spec: RunSpec, path: Path, worker: str | None = None) -> Any:
     runs), which runs the command in a forked child instead of a new interpreter."""
     log = str(path / JOB_LOG_FILE)
     if trainer_of(spec) == "verl":
-        return RayJob(command=job_command(spec, path), run_dir=str(path), log_file=log,
+        return RayJob(command=job_command(spec, path, make_inputs=True), run_dir=str(path), log_file=log,
                       env=dict(spec.config["cluster"].get("env") or {}), ray=ray_options(spec.config["cluster"]))
     # the job runs inside its run directory: hand it the sweep's base-model cache as an absolute path, so
     # every run of the sweep shares one base model

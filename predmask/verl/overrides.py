@@ -26,6 +26,7 @@ from predmask.precisions import CLUSTER_PRECISIONS, Precision, get_precision
 from predmask.rundir import METRICS_FILE
 from predmask.schemas.cluster_schema import ClusterModelConfig, VerlClusterConfig
 from predmask.schemas.train_schema import check_loggers
+from predmask.verl.cpu_standin import CPU_MODULE, VERL_CPU_OVERRIDES, rollout_dtype, standin_data, standin_model
 from predmask.verl.settings import PREFIX
 
 #: verl's Hydra output directory inside a run directory (how the launcher finds the run directory it writes)
@@ -216,10 +217,14 @@ def _run(run_cfg: Any) -> _Run:
     name, params = _method_params(run_cfg)
     top_k = _positive_int(config_get(run_cfg, "top_k"), "top_k")
     precision = _precision(run_cfg)
-    model = typed_view(ClusterModelConfig, config_get(run_cfg, "model"), "model", VERL_RUN)
+    cluster = typed_view(VerlClusterConfig, config_get(run_cfg, "cluster"), "cluster", VERL_RUN)
+    if cluster.device == "cpu":  # the CPU stand-in in place of the cluster model (predmask.verl.cpu_standin)
+        rollout_dtype(precision)
+        model = typed_view(ClusterModelConfig, standin_model(run_cfg), "model", VERL_RUN)
+    else:
+        model = typed_view(ClusterModelConfig, config_get(run_cfg, "model"), "model", VERL_RUN)
     if precision.train_fp8 and model.engine != "megatron":
         raise ValueError(f"precision {precision.name} (FP8 training) needs model.engine=megatron")
-    cluster = typed_view(VerlClusterConfig, config_get(run_cfg, "cluster"), "cluster", VERL_RUN)
     run_dir = config_get(run_cfg, "run_dir")
     return _Run(name, get_method(name), params, precision, model, cluster, top_k, int(require(run_cfg, "seed")),
                 _positive_int(require(run_cfg, "trainer.val_n"), "trainer.val_n"),
@@ -242,6 +247,9 @@ def attention_overrides(section: str, cluster: VerlClusterConfig, sequence_paral
 def run_attention(run_cfg: Any) -> str:
     """The attention a VeRL training run's actor uses: ``cluster.attn_implementation`` on engine=fsdp,
     :data:`MEGATRON_ATTENTION` on Megatron (what the dry-run says)."""
+    cluster = config_get(run_cfg, "cluster")
+    if config_get(cluster, "device") == "cpu":  # the stand-in on FSDP (predmask.verl.cpu_standin)
+        return str(config_get(cluster, "attn_implementation"))
     r = _run(run_cfg)
     return r.cluster.attn_implementation if r.model.engine == "fsdp" else MEGATRON_ATTENTION
 
@@ -249,7 +257,11 @@ def run_attention(run_cfg: Any) -> str:
 def _data(r: _Run) -> dict[str, Any]:
     """Data, reward (verl's default dispatch on data_source: DAPO math scoring) and GRPO advantages without KL, divided
     by the group's std or not as the cluster config says."""
-    train_files, val_files = data_files(r.cfg)
+    if r.cluster.device == "cpu":
+        data = standin_data(r.cfg)
+        train_files, val_files = data["train_files"], data["val_files"]
+    else:
+        train_files, val_files = data_files(r.cfg)
     b = r.model.batch
     return {"data.train_files": train_files, "data.val_files": val_files, "data.prompt_key": "prompt",
             "data.max_prompt_length": b.max_prompt_length, "data.max_response_length": b.max_response_length,
@@ -307,6 +319,8 @@ def _rollout(r: _Run) -> dict[str, Any]:
           f"{ro}.val_kwargs.temperature": b.val_temperature, f"{ro}.val_kwargs.top_p": b.val_top_p}
     if r.precision.rollout_fp8:
         o[f"{ro}.quantization"] = "fp8"
+    if r.cluster.device == "cpu":
+        o[f"{ro}.dtype"] = rollout_dtype(r.precision)
     return o
 
 
@@ -333,7 +347,10 @@ def _trainer(r: _Run, file_logger_path: str | None) -> dict[str, Any]:
     }
     if r.run_dir:
         o |= {"trainer.default_local_dir": f"{r.run_dir}/checkpoints", "hydra.run.dir": f"{r.run_dir}/{HYDRA_SUBDIR}"}
-    o[f"{RUNTIME_ENV}.{PLUGIN_ENV}"] = PLUGIN_MODULE  # verl/__init__.py imports it in every Ray worker
+    # verl/__init__.py imports them in every Ray worker; on the CPU, the platform first (predmask.verl.cpu)
+    o[f"{RUNTIME_ENV}.{PLUGIN_ENV}"] = f"{CPU_MODULE},{PLUGIN_MODULE}" if r.cluster.device == "cpu" else PLUGIN_MODULE
+    if r.cluster.device == "cpu":
+        o |= VERL_CPU_OVERRIDES
     if file_logger_path:
         o[f"{RUNTIME_ENV}.VERL_FILE_LOGGER_PATH"] = str(file_logger_path)
     return o

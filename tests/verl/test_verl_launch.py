@@ -144,3 +144,33 @@ def test_a_second_launcher_on_a_run_dir_being_written_refuses_in_one_line(tmp_pa
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_the_launcher_keeps_status_json_as_the_cpu_trainer_does(tmp_path) -> None:
+    """status.json follows verl's metrics.jsonl while the run trains, then says how it ended (real files and a real
+    thread; verl itself is replaced by the body of the ``with``)."""
+    import json
+    import time
+
+    from predmask.rundir import METRICS_FILE, STATUS_FILE, metrics_line, read_status
+    from predmask.verl.launch import kept_status, total_steps_of
+
+    assert total_steps_of(["trainer.total_training_steps=7", "a=b"]) == 7 and total_steps_of(["a=b"]) == 0
+    metrics = tmp_path / METRICS_FILE
+    with kept_status(tmp_path, 3, every_s=0.05):
+        assert read_status(tmp_path) | {"updated": 0} == {"status": "running", "step": 0, "total_steps": 3,
+                                                          "updated": 0, "error": None}
+        metrics.write_text(metrics_line(1, {"x": 1.0}) + metrics_line(2, {"x": 2.0}))
+        deadline = time.monotonic() + 10
+        while read_status(tmp_path)["step"] != 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert read_status(tmp_path)["step"] == 2
+    assert (read_status(tmp_path)["status"], read_status(tmp_path)["step"]) == ("completed", 2)
+    for exc, error in ((RuntimeError("vLLM died\nmore"), "RuntimeError: vLLM died"), (KeyboardInterrupt(), "interrupted"),
+                       (SystemExit(1), "SystemExit: 1")):
+        with pytest.raises(type(exc)), kept_status(tmp_path, 3, every_s=0.05):
+            raise exc
+        assert (read_status(tmp_path)["status"], read_status(tmp_path)["error"]) == ("failed", error)
+    with pytest.raises(SystemExit), kept_status(tmp_path, 3):
+        raise SystemExit(0)  # Hydra's normal end
+    assert json.loads((tmp_path / STATUS_FILE).read_text())["status"] == "completed"
