@@ -38,7 +38,9 @@ VERL_FREE: tuple[str, ...] = (
     "predmask.verl.settings",
     "predmask.verl.loss_stats",
     "predmask.verl.vr_cluster",
+    "predmask.verl.cpu_standin",
     "sweeps.datasets",
+    "sweeps.verl_inputs",
 )
 
 #: what the notebook library analysis.results may import of the project (docs/architecture.md, "Rooms")

@@ -143,9 +143,11 @@ def test_the_extras_pin_the_versions_verl_is_built_with() -> None:
     extras = our_extras()
     verl_pin = {canonicalize_name(Requirement(r).name): Requirement(r).specifier for r in extras["verl"]}
     assert verl_pin[VERL] == SpecifierSet("==0.9.1") and metadata.version(VERL) == "0.9.1"
-    theirs = verl_constraints(_verl_requires(), "vllm")["vllm"]  # verl's own vllm extra
-    (vllm,) = (Requirement(r) for r in extras["vllm"] if canonicalize_name(Requirement(r).name) == "vllm")
-    assert vllm.specifier == theirs == SpecifierSet("==0.24.0")
+    # the GPU environment is verl's own vllm extra (vLLM 0.24.0 and the torch, transformers and mbridge it needs), not
+    # vLLM beside our own pins
+    assert verl_constraints(_verl_requires(), "vllm")["vllm"] == SpecifierSet("==0.24.0")
+    (gpu,) = (Requirement(r) for r in extras["vllm"])
+    assert (canonicalize_name(gpu.name), gpu.extras, gpu.specifier) == (VERL, {"vllm"}, SpecifierSet("==0.9.1"))
 
 
 def test_the_check_fails_on_a_spec_wider_than_verls() -> None:
