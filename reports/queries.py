@@ -132,6 +132,7 @@ class PanelKey:
     paper_model: str
     precision: str
     model: str | None
+    on_cpu_verl: bool = False  # trained by verl on a CPU (cluster.device=cpu), not by the CPU engine
 
     @property
     def title(self) -> str:
@@ -139,6 +140,8 @@ class PanelKey:
         if self.model is None:
             stand = labels.cpu_standin(self.paper_model)
             return head + (f"\n(CPU stand-in {stand}: no runs)" if stand else "\n(no runs)")
+        if self.on_cpu_verl:
+            return f"{head}\nCPU stand-in {self.model}, trained by verl on a CPU"
         if self.model != self.paper_model:
             return f"{head}\nCPU stand-in {self.model}, emulated precision"
         return head
@@ -152,25 +155,33 @@ class PanelKey:
         return f"{head} {rest}" if rest.startswith("(") else f"{head} ({rest})"
 
 
+def on_cpu_verl(run: RunInfo) -> bool:
+    """Whether verl trained the run on a CPU (its cluster's ``device: cpu``), not the CPU engine or GPUs."""
+    cluster = run.config.get("cluster") if isinstance(run.config, dict) else None
+    return isinstance(cluster, dict) and cluster.get("trainer") == "verl" and cluster.get("device") == "cpu"
+
+
 def panel_keys(runs: Iterable[RunInfo]) -> list[PanelKey]:
-    """The paper's four settings in order (empty when no run has them), then any other setting found."""
-    found: dict[tuple[str, str], set[str]] = {}
+    """The paper's four settings in order (empty when no run has them), then any other setting found; a model
+    trained both by the CPU engine and by verl on a CPU gets a panel for each."""
+    found: dict[tuple[str, str], set[tuple[str, bool]]] = {}
     for r in runs:
-        found.setdefault(r.setting, set()).add(r.model or "?")
+        found.setdefault(r.setting, set()).add((r.model or "?", on_cpu_verl(r)))
     keys: list[PanelKey] = []
     for setting in labels.paper_settings():
         models = sorted(found.pop(setting, set()))
-        keys.extend(PanelKey(*setting, m) for m in models) if models else keys.append(
+        keys.extend(PanelKey(*setting, m, v) for m, v in models) if models else keys.append(
             PanelKey(*setting, None)
         )
     for setting in sorted(found):
-        keys.extend(PanelKey(*setting, m) for m in sorted(found[setting]))
+        keys.extend(PanelKey(*setting, m, v) for m, v in sorted(found[setting]))
     return keys
 
 
 def runs_in_panel(runs: Iterable[RunInfo], key: PanelKey) -> list[RunInfo]:
     return [
         r for r in runs if r.setting == (key.paper_model, key.precision) and (r.model or "?") == key.model
+        and on_cpu_verl(r) == key.on_cpu_verl
     ]
 
 
