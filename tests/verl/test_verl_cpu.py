@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest
-from verl_helpers import require_verl
+from verl_helpers import require_verl, verl_composer
 
 from predmask import config
 from predmask.config import to_container
@@ -35,27 +35,7 @@ def cpu_run(method: str = "predmask_kl_agg", *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def compose():
-    require_verl()
-    import verl
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    from predmask.verl.launch import launch_argv
-
-    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
-
-    def run(overrides: list[str]):
-        GlobalHydra.instance().clear()
-        initialize_config_dir(config_dir=config_dir, version_base=None)
-        verl_argv, env = launch_argv(overrides, {})
-        cfg = hydra_compose(config_name="ppo_trainer", overrides=[o for o in verl_argv if not o.startswith("hydra.")])
-        OmegaConf.resolve(cfg)
-        return cfg, env
-
-    yield run
-    GlobalHydra.instance().clear()
+    yield from verl_composer()
 
 
 @pytest.mark.parametrize("method", ["grpo_clip_higher", "dppo_topk_kl", "predmask_kl_agg", "predmask_kl_uniform"])

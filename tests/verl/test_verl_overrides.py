@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from verl_helpers import GOLDEN, require_verl
+from verl_helpers import GOLDEN, require_verl, verl_composer
 
 import predmask
 from predmask import config
@@ -104,28 +104,9 @@ def test_no_stale_golden_files() -> None:
 
 @pytest.fixture(scope="module")
 def compose():
-    """Compose overrides with verl's own ppo_trainer config (as main_ppo would), resolved: what the launcher hands
-    verl (``launch_argv``: predmask's own keys taken off, the plugin's environment added)."""
-    require_verl()
-    import verl
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
-
-    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
-
-    def run(overrides: list[str]):
-        # on verl's config directory afresh each time: composing a predmask run config clears Hydra's global state
-        GlobalHydra.instance().clear()
-        initialize_config_dir(config_dir=config_dir, version_base=None)
-        verl_argv, _ = launch_argv(overrides, {})
-        cfg = hydra_compose(config_name="ppo_trainer", overrides=[o for o in verl_argv if not o.startswith("hydra.")])
-        OmegaConf.resolve(cfg)
-        return cfg
-
-    yield run
-    GlobalHydra.instance().clear()
+    """verl's own config composed with a command line (verl_helpers.verl_composer), the config alone."""
+    for run in verl_composer():
+        yield lambda overrides: run(overrides)[0]
 
 
 @pytest.mark.parametrize(("method", "model", "precision"), CASES)
@@ -154,11 +135,11 @@ def test_overrides_compose_with_verl_config(compose, method: str, model: str, pr
     settings = current_settings({SETTINGS_ENV: env[SETTINGS_ENV]})
     run_dir = run_cfg(method, model, precision)["run_dir"]
     if clip:
-        assert settings == PluginSettings(anchor="old", stats_dir=f"{run_dir}/loss_stats")
+        assert settings == PluginSettings(anchor="old", stats_dir=f"{run_dir}/loss_stats", stage_timeout_s=3600)
     else:
         # the cap of verl's DPPO recipe (conf/cluster/recipe/dppo_verl.yaml), as the cluster's method parameter
         assert settings == PluginSettings(delta=0.15, ratio_cap=10000.0, anchor="rollout", top_k=20,
-                                          stats_dir=f"{run_dir}/loss_stats")
+                                          stats_dir=f"{run_dir}/loss_stats", stage_timeout_s=3600)
     assert actor.loss_agg_mode == "seq-mean-token-sum-norm" and cfg.algorithm.norm_adv_by_std_in_grpo is False
     assert rollout.quantization == ("fp8" if precision in ("fp8_rollout", "fp8_e2e") else None)
     fp8 = actor.megatron.override_transformer_config.get("fp8")
@@ -255,7 +236,7 @@ def test_predmask_keys_do_not_compose_as_verl_keys(compose) -> None:
     overrides = verl_overrides(run_cfg("dppo_topk_kl", "qwen3_4b_base", "bf16"))
     ours = [o for o in overrides if o.startswith("predmask.")]
     assert [o.split("=")[0] for o in ours] == ["predmask.delta", "predmask.ratio_cap", "predmask.anchor",
-                                               "predmask.top_k", "predmask.stats_dir"]
+                                               "predmask.top_k", "predmask.stats_dir", "predmask.stage_timeout_s"]
     assert not any("clip_ratio" in o for o in overrides)
     compose(overrides)  # the launcher's argv composes
     with pytest.raises(ConfigCompositionException, match="predmask"):

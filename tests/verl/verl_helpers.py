@@ -8,10 +8,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -122,3 +123,32 @@ def padded_batch(prompt_lens: list[int], response_lens: list[int], width_p: int,
         responses[i, :r] = torch.randint(1, 40, (r,), generator=g)
         attention[i, width_p - p: width_p + r] = 1
     return prompts, responses, attention
+
+
+def verl_composer() -> Iterator[Callable[[list[str]], tuple[Any, dict[str, str]]]]:
+    """A pytest fixture body: compose overrides with verl's own ppo_trainer config (as main_ppo would), resolved,
+    after the launcher's ``launch_argv`` (predmask's keys taken off, the plugin's environment added); yields
+    ``run(overrides) -> (config, the launcher's own environment updates)``."""
+    require_verl()
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from predmask.verl.launch import launch_argv
+
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+
+    def run(overrides: list[str]) -> tuple[Any, dict[str, str]]:
+        # on verl's config directory afresh each time: composing a predmask run config clears Hydra's global state
+        GlobalHydra.instance().clear()
+        initialize_config_dir(config_dir=config_dir, version_base=None)
+        verl_argv, env = launch_argv(overrides, {})
+        cfg = hydra_compose(config_name="ppo_trainer", overrides=[o for o in verl_argv if not o.startswith("hydra.")])
+        OmegaConf.resolve(cfg)
+        return cfg, env
+
+    yield run
+    GlobalHydra.instance().clear()
+
