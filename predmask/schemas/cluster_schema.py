@@ -250,9 +250,15 @@ class VerlClusterConfig(SlurmClusterConfig):
     #: with device=cpu, the CPU model (conf/model) every run trains in place of its cluster model
     #: (predmask.verl.cpu_standin); null on GPUs
     standin: str | None = MISSING
+    #: seconds one rollout or weight sync may last before the run ends with one line naming it
+    #: (predmask.verl.stages, as predmask.stage_timeout_s); null: only the job's time limit bounds a hang
+    stage_timeout_s: int | None = MISSING
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.stage_timeout_s is not None and not self.stage_timeout_s > 0:
+            raise ValueError(f"cluster.stage_timeout_s must be a number of seconds > 0 or null, got "
+                             f"{self.stage_timeout_s!r}")
         if self.device not in DEVICES:
             raise ValueError(f"unknown cluster.device {self.device!r}; allowed: {', '.join(DEVICES)}")
         if self.device == "cpu" and not self.standin:

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+from predmask.console import error
 from predmask.rl.trackers import TENSORBOARD_ENV, WANDB_DIR_ENV, tensorboard_dir, wandb_dir, wandb_run_id
 from predmask.rundir import (
     RunDirBusyError,
@@ -33,12 +36,15 @@ from predmask.rundir import (
     write_status,
 )
 from predmask.verl.overrides import HYDRA_SUBDIR, PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
-from predmask.verl.settings import SETTINGS_ENV, PluginSettings, parse_value, split_argv
+from predmask.verl.settings import SETTINGS_ENV, PluginSettings, current_settings, parse_value, split_argv
+from predmask.verl.stages import STAGE_ENV, STAGE_FILE, hang_line, hung_stage
 
 _KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
 #: variables of this process's environment handed to every Ray worker (verl reads them in the trainer actor)
 #: how often the launcher copies verl's last step into status.json (seconds)
 STATUS_EVERY_S = 5.0
+#: how long the launcher waits for verl to stop after a hung stage interrupted it, before it exits hard (seconds)
+HANG_EXIT_GRACE_S = 60.0
 FORWARDED_ENV: tuple[str, ...] = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", "WANDB_MODE", "WANDB_ENTITY")
 
 
@@ -160,7 +166,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         with hold_run_lock(run_dir):  # one attempt at a time makes (or reads) the run's W&B id
             wandb_id = wandb_run_id(run_dir) if "wandb" in requested_loggers(verl_argv) else None
             verl_argv, tracker_env = tracker_argv(verl_argv, run_dir, os.environ, wandb_id)
-            with kept_status(run_dir, total_steps_of(verl_argv)):
+            watch = StageWatch.of(run_dir, current_settings(env).stage_timeout_s)
+            if watch is not None:  # the trainer actor marks its stages there (predmask.verl.stages)
+                verl_argv = _with_worker_env(verl_argv, STAGE_ENV, str(watch.path))
+            with kept_status(run_dir, total_steps_of(verl_argv), watch=watch):
                 _launch(verl_argv, {**env, **tracker_env})
     except RunDirBusyError as exc:
         raise SystemExit(f"predmask.verl.launch: {exc}") from None
@@ -172,17 +181,53 @@ def total_steps_of(argv: Sequence[str]) -> int:
     return int(value) if value.strip().isdigit() else 0
 
 
+@dataclass
+class StageWatch:
+    """The launcher's bound on a hung rollout or weight sync (:mod:`predmask.verl.stages`): the stage file the trainer
+    actor marks, the timeout, and the line once a stage outlasted it."""
+
+    path: Path
+    timeout_s: float
+    line: str | None = None
+
+    @classmethod
+    def of(cls, run_dir: Path, timeout_s: float | None) -> StageWatch | None:
+        """The watch of a run (None without a timeout); a previous attempt's stage file is removed."""
+        if timeout_s is None:
+            return None
+        path = run_dir / STAGE_FILE
+        path.unlink(missing_ok=True)
+        return cls(path, float(timeout_s))
+
+    def check(self, run_dir: Path) -> bool:
+        """Whether a stage has just outlasted the timeout: then its line is printed (``error: ...``) and kept, and
+        verl, running in this process's main thread, is interrupted (SIGINT)."""
+        hung = None if self.line is not None else hung_stage(self.path, self.timeout_s)
+        if hung is None:
+            return False
+        self.line = hang_line(*hung, self.timeout_s, last_step(run_dir))
+        error(self.line)
+        os.kill(os.getpid(), signal.SIGINT)
+        return True
+
+
 @contextmanager
-def kept_status(run_dir: Path, total_steps: int, every_s: float = STATUS_EVERY_S) -> Iterator[None]:
+def kept_status(run_dir: Path, total_steps: int, every_s: float = STATUS_EVERY_S,
+                watch: StageWatch | None = None) -> Iterator[None]:
     """The run's ``status.json`` while verl trains, as the CPU trainer keeps it: ``running`` with the last step of
     ``metrics.jsonl`` (verl's file logger writes it in its trainer actor) every ``every_s`` seconds, then
-    ``completed``, or ``failed`` with the error's line (``interrupted`` for Ctrl-C)."""
+    ``completed``, or ``failed`` with the error's line (``interrupted`` for Ctrl-C). With ``watch``, a stage that
+    outlasts its timeout ends verl: ``failed`` with the watch's line and exit status 1 (a hard exit when verl has not
+    stopped :data:`HANG_EXIT_GRACE_S` after the interrupt)."""
     write_status(run_dir, "running", last_step(run_dir), total_steps)
     stop = threading.Event()
 
     def follow() -> None:
         while not stop.wait(every_s):
             write_status(run_dir, "running", last_step(run_dir), total_steps)
+            if watch is not None and watch.check(run_dir) and not stop.wait(HANG_EXIT_GRACE_S):
+                write_status(run_dir, "failed", last_step(run_dir), total_steps, error=watch.line)
+                os._exit(1)
 
     thread = threading.Thread(target=follow, name="predmask-status", daemon=True)
     thread.start()
@@ -191,6 +236,9 @@ def kept_status(run_dir: Path, total_steps: int, every_s: float = STATUS_EVERY_S
     except BaseException as exc:
         stop.set()
         thread.join()
+        if watch is not None and watch.line is not None:
+            write_status(run_dir, "failed", last_step(run_dir), total_steps, error=watch.line)
+            raise SystemExit(1) from None
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             write_status(run_dir, "completed", last_step(run_dir), total_steps)
         else:

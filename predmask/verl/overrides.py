@@ -369,6 +369,8 @@ def _predmask(r: _Run) -> dict[str, Any]:
         o[f"{PREFIX}top_k"] = r.top_k
     if r.run_dir:
         o[f"{PREFIX}stats_dir"] = f"{r.run_dir}/{LOSS_STATS_DIR}"
+    if r.cluster.stage_timeout_s is not None:  # the launcher's bound on a hung rollout or weight sync
+        o[f"{PREFIX}stage_timeout_s"] = r.cluster.stage_timeout_s
     return o
 
 

@@ -14,19 +14,21 @@ from types import ModuleType
 
 from predmask.verl._hooks import when_imported
 
-#: verl module -> the plugin module and its function that installs into it
-_HOOKS: dict[str, tuple[str, str]] = {
-    "verl.trainer.ppo.core_algos": ("predmask.verl.loss", "register_all"),
-    "verl.workers.engine_workers": ("predmask.verl.worker", "install_actor"),
-    "verl.workers.rollout.vllm_rollout.vllm_async_server": ("predmask.verl.rollout_hook", "install_rollout"),
-    "verl.experimental.agent_loop.agent_loop": ("predmask.verl.rollout_hook", "install_agent_loop"),
-    "verl.trainer.ppo.ray_trainer": ("predmask.verl.trainer_hook", "install_trainer"),
+#: verl module -> the plugin modules and their functions that install into it, in order
+_HOOKS: dict[str, tuple[tuple[str, str], ...]] = {
+    "verl.trainer.ppo.core_algos": (("predmask.verl.loss", "register_all"),),
+    "verl.workers.engine_workers": (("predmask.verl.worker", "install_actor"),),
+    "verl.workers.rollout.vllm_rollout.vllm_async_server": (("predmask.verl.rollout_hook", "install_rollout"),),
+    "verl.experimental.agent_loop.agent_loop": (("predmask.verl.rollout_hook", "install_agent_loop"),
+                                                ("predmask.verl.stages", "install_rollout_stage")),
+    "verl.checkpoint_engine.base": (("predmask.verl.stages", "install_weight_sync_stage"),),
+    "verl.trainer.ppo.ray_trainer": (("predmask.verl.trainer_hook", "install_trainer"),),
 }
 
 
 def _install_into(module: ModuleType) -> None:
-    plugin_module, function = _HOOKS[module.__name__]
-    getattr(importlib.import_module(plugin_module), function)(module)
+    for plugin_module, function in _HOOKS[module.__name__]:
+        getattr(importlib.import_module(plugin_module), function)(module)
 
 
 def install() -> None:

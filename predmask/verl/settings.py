@@ -35,6 +35,8 @@ class PluginSettings:
     support: str | None = None
     top_k: int = 0
     stats_dir: str | None = None
+    #: seconds a rollout or weight sync may last before the launcher ends the run (predmask.verl.stages); None: no bound
+    stage_timeout_s: float | None = None
     #: the launch that wrote these settings (one per attempt of a run; names its statistics files)
     session: str | None = None
 
@@ -52,6 +54,9 @@ class PluginSettings:
             raise ValueError(f"predmask.anchor must be one of {', '.join(ANCHORS)}, got {self.anchor!r}")
         if self.support is not None and self.support not in TOPK_SUPPORTS:
             raise ValueError(f"predmask.support must be one of {', '.join(TOPK_SUPPORTS)}, got {self.support!r}")
+        value = self.stage_timeout_s
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+            raise ValueError(f"predmask.stage_timeout_s must be a number of seconds > 0 or null, got {value!r}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"predmask.top_k must be an integer >= 0 (0: no top-K records), got {self.top_k!r}")
 
@@ -72,7 +77,7 @@ class PluginSettings:
 
 
 #: the keys a command line may give (``predmask.<key>=<value>``)
-SETTINGS_KEYS: tuple[str, ...] = ("delta", "ratio_cap", "anchor", "support", "top_k", "stats_dir")
+SETTINGS_KEYS: tuple[str, ...] = ("delta", "ratio_cap", "anchor", "support", "top_k", "stats_dir", "stage_timeout_s")
 
 
 def parse_value(text: str) -> Any:

@@ -64,4 +64,4 @@ def test_current_settings_defaults_and_bad_environment() -> None:
         current_settings({SETTINGS_ENV: "[1]"})
     with pytest.raises(ValueError, match="unknown key predmask.eps"):
         current_settings({SETTINGS_ENV: '{"eps": 1}'})
-    assert set(SETTINGS_KEYS) == {"delta", "ratio_cap", "anchor", "support", "top_k", "stats_dir"}
+    assert set(SETTINGS_KEYS) == {"delta", "ratio_cap", "anchor", "support", "top_k", "stats_dir", "stage_timeout_s"}
