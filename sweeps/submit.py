@@ -37,7 +37,6 @@ from predmask.rundir import (
     write_job_record,
 )
 from predmask.verl.overrides import hydra_value, verl_command  # plain config translation: imports no verl
-from sweeps.verl_inputs import recorded_config, with_verl_inputs
 from sweeps.compose import RunSpec, SweepError
 from sweeps.run_dirs import (
     DAMAGED,
@@ -49,6 +48,7 @@ from sweeps.run_dirs import (
     run_dir,
     write_planned_config,
 )
+from sweeps.verl_inputs import recorded_config, with_verl_inputs
 
 
 @dataclass

@@ -49,7 +49,10 @@ def data_dir(run_cfg: Mapping[str, Any], cache: Path) -> Path:
 def verl_inputs(run_cfg: Mapping[str, Any], *, make: bool) -> dict[str, Any]:
     """The paths a CPU verl run of ``run_cfg`` reads (the run config's ``verl_inputs``), made first when ``make``
     and missing; ValueError (one line) for a stand-in vLLM's CPU build cannot serve."""
-    from predmask.rl.hf_export import export_base_model, hf_export_dir  # torch: only where a CPU run is planned
+    from predmask.rl.hf_export import (  # torch: only where a CPU run is planned
+        export_base_model,
+        hf_export_dir,
+    )
 
     model_cfg = _standin_model(run_cfg)
     task = TaskConfig.from_mapping(dict(run_cfg["task"]))

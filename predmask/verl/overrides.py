@@ -26,7 +26,13 @@ from predmask.precisions import CLUSTER_PRECISIONS, Precision, get_precision
 from predmask.rundir import METRICS_FILE
 from predmask.schemas.cluster_schema import ClusterModelConfig, VerlClusterConfig
 from predmask.schemas.train_schema import check_loggers
-from predmask.verl.cpu_standin import CPU_MODULE, VERL_CPU_OVERRIDES, rollout_dtype, standin_data, standin_model
+from predmask.verl.cpu_standin import (
+    CPU_MODULE,
+    VERL_CPU_OVERRIDES,
+    rollout_dtype,
+    standin_data,
+    standin_model,
+)
 from predmask.verl.settings import PREFIX
 
 #: verl's Hydra output directory inside a run directory (how the launcher finds the run directory it writes)

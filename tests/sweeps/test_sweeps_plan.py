@@ -180,10 +180,10 @@ def test_the_plan_says_what_the_runs_attend_with() -> None:
     summary, lines = attention("main_comparison")
     assert summary == [{"attention": "flash_attention_2", "runs": 8, "needs": "flash_attn"},
                        {"attention": "megatron", "runs": 8, "needs": None}]
-    assert lines == ["  attention        flash_attention_2 for 8 runs (the nodes must import flash_attn, which "
-                     "scripts/gpu_check.py checks; cluster.attn_implementation=sdpa needs nothing beyond torch); "
-                     "megatron for 8 runs (Megatron's own attention, verl's megatron attention_backend; not "
-                     "cluster.attn_implementation)"]
+    assert lines == [("  attention        flash_attention_2 for 8 runs (the nodes must import flash_attn, which "
+                      "scripts/gpu_check.py checks; cluster.attn_implementation=sdpa needs nothing beyond torch); "
+                      "megatron for 8 runs (Megatron's own attention, verl's megatron attention_backend; not "
+                      "cluster.attn_implementation)")]
     summary, lines = attention("main_comparison", "cluster.attn_implementation=sdpa")
     assert summary[0] == {"attention": "sdpa", "runs": 8, "needs": None} and lines[0].startswith(
         "  attention        sdpa for 8 runs; megatron for 8 runs")

@@ -9,7 +9,6 @@ for vLLM's layer utilities and platform (said where), and for real by the end-to
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 import pytest

@@ -20,7 +20,6 @@ from verl_helpers import GOLDEN, require_verl, verl_composer
 import predmask
 from predmask import config
 from predmask.config import to_container
-from predmask.verl.launch import launch_argv
 from predmask.verl.overrides import (
     DATA_FILES,
     PLUGIN_MODULE,
@@ -106,7 +105,7 @@ def test_no_stale_golden_files() -> None:
 def compose():
     """verl's own config composed with a command line (verl_helpers.verl_composer), the config alone."""
     for run in verl_composer():
-        yield lambda overrides: run(overrides)[0]
+        yield lambda overrides, run=run: run(overrides)[0]
 
 
 @pytest.mark.parametrize(("method", "model", "precision"), CASES)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar
 from unittest import mock
 
 import numpy as np
@@ -126,7 +126,7 @@ PI_OLD_VS_MU = ("rollout_corr/", "training/rollout_probs_diff_", "training/rollo
 class RecordingTracking:
     """verl's ``Tracking`` (the trackers): keeps what ``fit`` logs (W&B, files and consoles are not the point)."""
 
-    logged: list[dict[str, Any]] = []
+    logged: ClassVar[list[dict[str, Any]]] = []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         RecordingTracking.logged = []
