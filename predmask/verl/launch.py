@@ -40,11 +40,11 @@ from predmask.verl.settings import SETTINGS_ENV, PluginSettings, current_setting
 from predmask.verl.stages import STAGE_ENV, STAGE_FILE, hang_line, hung_stage
 
 _KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
-#: variables of this process's environment handed to every Ray worker (verl reads them in the trainer actor)
 #: how often the launcher copies verl's last step into status.json (seconds)
 STATUS_EVERY_S = 5.0
 #: how long the launcher waits for verl to stop after a hung stage interrupted it, before it exits hard (seconds)
 HANG_EXIT_GRACE_S = 60.0
+#: variables of this process's environment handed to every Ray worker (verl reads them in the trainer actor)
 FORWARDED_ENV: tuple[str, ...] = ("VERL_FILE_LOGGER_PATH", "VERL_FILE_LOGGER_ROOT", "WANDB_MODE", "WANDB_ENTITY")
 
 
@@ -242,8 +242,8 @@ def kept_status(run_dir: Path, total_steps: int, every_s: float = STATUS_EVERY_S
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             write_status(run_dir, "completed", last_step(run_dir), total_steps)
         else:
-            error = "interrupted" if isinstance(exc, KeyboardInterrupt) else first_line(exc, typed=True)
-            write_status(run_dir, "failed", last_step(run_dir), total_steps, error=error)
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else first_line(exc, typed=True)
+            write_status(run_dir, "failed", last_step(run_dir), total_steps, error=why)
         raise
     stop.set()
     thread.join()
