@@ -53,6 +53,8 @@ JOB_RECORD_FILE = "job.json"
 EXIT_STATUS_FILE = "exit_status.json"
 #: the phase that keeps a run from its first step (pretraining its base model), while it lasts (predmask.progress)
 PHASE_FILE = "phase.json"
+#: a verl run's rollout or weight sync in progress, and since when (predmask.verl.stages, watched by its launcher)
+STAGE_FILE = "stage.json"
 CHECKPOINT_DIR = "checkpoints"
 
 #: the status of a run whose status.json still says "running" while no process holds its lock (killed)

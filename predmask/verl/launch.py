@@ -28,6 +28,7 @@ from pathlib import Path
 from predmask.console import error
 from predmask.rl.trackers import TENSORBOARD_ENV, WANDB_DIR_ENV, tensorboard_dir, wandb_dir, wandb_run_id
 from predmask.rundir import (
+    STAGE_FILE,
     RunDirBusyError,
     first_line,
     hold_run_lock,
@@ -37,7 +38,7 @@ from predmask.rundir import (
 )
 from predmask.verl.overrides import HYDRA_SUBDIR, PLUGIN_ENV, PLUGIN_MODULE, RUNTIME_ENV, hydra_value
 from predmask.verl.settings import SETTINGS_ENV, PluginSettings, current_settings, parse_value, split_argv
-from predmask.verl.stages import STAGE_ENV, STAGE_FILE, hang_line, hung_stage
+from predmask.verl.stages import STAGE_ENV, hang_line, hung_stage
 
 _KEY = re.compile(r"^(\+\+|\+|~)?([^=]+)=(.*)$", re.DOTALL)
 #: how often the launcher copies verl's last step into status.json (seconds)

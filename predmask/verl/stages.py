@@ -26,8 +26,6 @@ from predmask.io import atomic_write_text
 
 #: the environment variable naming the stage file in every process of the run (unset: no marks)
 STAGE_ENV = "PREDMASK_STAGE_FILE"
-#: the stage file's name in the run directory
-STAGE_FILE = "stage.json"
 ROLLOUT, WEIGHT_SYNC = "rollout", "weight sync"
 #: what to look at and do when a stage hangs, per stage
 _ADVICE = {

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from predmask.rundir import read_status
+from predmask.rundir import STAGE_FILE, read_status
 from predmask.verl import stages
 from predmask.verl.launch import StageWatch, kept_status
 from predmask.verl.settings import PluginSettings
@@ -90,7 +90,7 @@ def test_the_launcher_ends_a_hung_stage_with_its_line(tmp_path: Path, capsys: py
     """The status thread sees a rollout marked 5 s ago with a 1 s timeout: one ``error:`` line, SIGINT to this
     process (verl's main thread), status.json ``failed`` with the line, exit status 1; a stale mark of an earlier
     attempt is removed first."""
-    stale = tmp_path / stages.STAGE_FILE
+    stale = tmp_path / STAGE_FILE
     stale.write_text(json.dumps({"stage": "rollout", "since": 0.0}))
     watch = StageWatch.of(tmp_path, 1.0)
     assert watch is not None and not stale.exists() and StageWatch.of(tmp_path, None) is None
